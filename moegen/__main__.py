@@ -1,0 +1,3 @@
+from moegen.cli import main
+
+main()

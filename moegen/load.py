@@ -1,0 +1,293 @@
+"""Stage 1, load: a YAML file to a frozen, schema-checked `Spec`, with source locations.
+
+The YAML is parsed node by node (safe loader, no anchors, no custom tags) so that every
+key and value keeps its line and column; schema violations become located diagnostics,
+all of them at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from moegen.diagnostics import Diagnostic, SpecError
+from moegen.spec import Spec
+
+MAX_SPEC_BYTES = 64 * 1024
+FieldPath = tuple[str | int, ...]
+
+_SCALAR_TAGS = {
+    "tag:yaml.org,2002:str",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:null",
+}
+
+
+@dataclass(frozen=True)
+class SpecSource:
+    """The spec file as read: its text, its hash and how it is named in messages."""
+
+    display: str  # path as shown in messages and in the generated header
+    name: str  # module name: the file stem
+    text: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Locations:
+    """Where each key and value of the YAML document sits (1-based line, column)."""
+
+    values: dict[FieldPath, tuple[int, int]]
+    keys: dict[FieldPath, tuple[int, int]]
+
+    def of_value(self, path: FieldPath) -> tuple[int, int]:
+        """Location of the value at `path`, or of its nearest existing parent."""
+        for end in range(len(path), -1, -1):
+            if path[:end] in self.values:
+                return self.values[path[:end]]
+        return (1, 1)
+
+    def of_key(self, path: FieldPath) -> tuple[int, int]:
+        return self.keys.get(path) or self.of_value(path)
+
+
+@dataclass(frozen=True)
+class LoadedSpec:
+    """A schema-valid spec together with its source, for located messages downstream."""
+
+    source: SpecSource
+    spec: Spec
+    locations: Locations
+
+    def diagnostic(self, path: FieldPath, message: str, *, at_key: bool = False) -> Diagnostic:
+        line, col = self.locations.of_key(path) if at_key else self.locations.of_value(path)
+        return Diagnostic(self.source.display, line, col, dotted(path), message)
+
+
+def dotted(path: FieldPath) -> str:
+    """('mesh', 'batch_axes', 1) -> 'mesh.batch_axes[1]'."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def display_path(path: Path) -> str:
+    """The spec path as shown to users: relative to the working directory when inside it."""
+    resolved = path.resolve()
+    try:
+        return resolved.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def load_spec(path: Path) -> LoadedSpec:
+    """Read, parse and schema-check one spec file. Raises SpecError with every problem."""
+    display = display_path(path)
+    if not display.isprintable():
+        # The path is echoed into generated code comments; keep it on one clean line.
+        raise SpecError([Diagnostic(ascii(display), 1, 1, "", "file path must be printable")])
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise SpecError([Diagnostic(display, 1, 1, "", f"cannot read spec: {err.strerror}")])
+    return load_spec_bytes(raw, display, path.stem)
+
+
+def load_spec_bytes(raw: bytes, display: str, name: str) -> LoadedSpec:
+    """Parse spec bytes named `display`; `name` is the module name the spec will produce."""
+
+    def fail(message: str, line: int = 1, col: int = 1) -> SpecError:
+        return SpecError([Diagnostic(display, line, col, "", message)])
+
+    if len(raw) > MAX_SPEC_BYTES:
+        raise fail(f"spec is {len(raw)} bytes; at most {MAX_SPEC_BYTES} are accepted")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise fail(f"spec is not UTF-8 text (byte {err.start})")
+    if not name.isidentifier() or name.startswith("_"):
+        raise fail(
+            f"file name {name!r} must be a Python identifier not starting with '_' "
+            "(it names the generated module), e.g. 'mixtral_8x7b.yaml'"
+        )
+    source = SpecSource(display, name, text, hashlib.sha256(raw).hexdigest())
+    data, locations = _parse_yaml(source)
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(_schema_diagnostics(err, source, locations))
+    return LoadedSpec(source, spec, locations)
+
+
+def _parse_yaml(source: SpecSource) -> tuple[dict[str, Any], Locations]:
+    loader = yaml.SafeLoader(source.text)
+    try:
+        root = loader.get_single_node()
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        problem = err.problem or err.context or "malformed document"
+        raise SpecError([Diagnostic(source.display, line, col, "", f"invalid YAML: {problem}")])
+    except yaml.YAMLError as err:
+        raise SpecError([Diagnostic(source.display, 1, 1, "", f"invalid YAML: {err}")])
+    if root is None:
+        raise SpecError([Diagnostic(source.display, 1, 1, "", "spec is empty")])
+    builder = _NodeConverter(loader, source.display)
+    data = builder.convert(root, ())
+    if builder.diagnostics:
+        raise SpecError(builder.diagnostics)
+    if not isinstance(data, dict):
+        line, col = _start(root)
+        raise SpecError([Diagnostic(source.display, line, col, "", "spec must be a mapping")])
+    return data, Locations(builder.values, builder.keys)
+
+
+def _start(node: yaml.Node) -> tuple[int, int]:
+    return node.start_mark.line + 1, node.start_mark.column + 1
+
+
+class _NodeConverter:
+    """YAML nodes to plain Python values, recording locations and refusing unsafe forms."""
+
+    def __init__(self, loader: yaml.SafeLoader, display: str):
+        self.loader = loader
+        self.display = display
+        self.values: dict[FieldPath, tuple[int, int]] = {}
+        self.keys: dict[FieldPath, tuple[int, int]] = {}
+        self.diagnostics: list[Diagnostic] = []
+        self._seen: set[int] = set()
+
+    def _error(self, node: yaml.Node, path: FieldPath, message: str) -> None:
+        line, col = _start(node)
+        self.diagnostics.append(Diagnostic(self.display, line, col, dotted(path), message))
+
+    def convert(self, node: yaml.Node, path: FieldPath) -> Any:
+        self.values[path] = _start(node)
+        if id(node) in self._seen:
+            line, col = self.keys.get(path, _start(node))
+            self.diagnostics.append(
+                Diagnostic(self.display, line, col, dotted(path), "YAML aliases are not supported")
+            )
+            return None
+        self._seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            return self._mapping(node, path)
+        if isinstance(node, yaml.SequenceNode):
+            return [self.convert(item, (*path, i)) for i, item in enumerate(node.value)]
+        if node.tag not in _SCALAR_TAGS:
+            self._error(node, path, f"unsupported YAML tag {node.tag!r}")
+            return None
+        return self.loader.construct_object(node)
+
+    def _mapping(self, node: yaml.MappingNode, path: FieldPath) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag != "tag:yaml.org,2002:str" or not isinstance(key_node, yaml.ScalarNode):
+                self._error(key_node, path, "keys must be plain strings (merge keys '<<' included)")
+                continue
+            key = key_node.value
+            if key in out:
+                self._error(key_node, (*path, key), "duplicate key")
+                continue
+            self.keys[(*path, key)] = _start(key_node)
+            out[key] = self.convert(value_node, (*path, key))
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# Schema errors (pydantic) to located, human messages.
+
+
+def _schema_diagnostics(
+    err: ValidationError, source: SpecSource, locations: Locations
+) -> list[Diagnostic]:
+    out = []
+    for error in err.errors(include_url=False):
+        loc: FieldPath = tuple(error["loc"])
+        at_key = False
+        if loc and loc[-1] == "[key]":  # a bad key of a free-form mapping (mesh.axes)
+            loc, at_key = (*loc[:-2], loc[-2]), True
+        kind = error["type"]
+        if kind == "missing":
+            field, (line, col) = loc[:-1], locations.of_value(loc[:-1])
+            message = f"required key '{loc[-1]}' is missing"
+        elif kind == "extra_forbidden":
+            field, (line, col) = loc[:-1], locations.of_key(loc)
+            message = _unknown_key_message(str(loc[-1]), _model_at(loc[:-1]))
+        else:
+            field = loc
+            line, col = locations.of_key(loc) if at_key else locations.of_value(loc)
+            message = _value_message(error)
+        out.append(Diagnostic(source.display, line, col, dotted(field), message))
+    return out
+
+
+def _model_at(path: FieldPath) -> type[BaseModel] | None:
+    model: Any = Spec
+    for part in path:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _unknown_key_message(key: str, model: type[BaseModel] | None) -> str:
+    known = list(model.model_fields) if model else []
+    message = f"unknown key '{key}'"
+    close = difflib.get_close_matches(key, known, n=1)
+    if close:
+        return f"{message}; did you mean '{close[0]}'?"
+    if known:
+        return f"{message}; expected one of: {', '.join(known)}"
+    return message
+
+
+def describe(value: Any) -> str:
+    """A YAML-flavoured description of a user value for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _value_message(error: Any) -> str:
+    kind, ctx, value = error["type"], error.get("ctx") or {}, error.get("input")
+    got = describe(value)
+    simple = {
+        "greater_than": lambda: f"must be > {ctx.get('gt')}, got {got}",
+        "less_than_equal": lambda: f"must be <= {ctx.get('le')}, got {got}",
+        "int_type": lambda: f"must be an integer, got {got}",
+        "bool_type": lambda: f"must be true or false, got {got}",
+        "string_type": lambda: f"must be a string, got {got}",
+        "dict_type": lambda: f"must be a mapping, got {got}",
+        "model_type": lambda: f"must be a mapping, got {got}",
+        "list_type": lambda: f"must be a list, got {got}",
+        "too_short": lambda: f"must have at least {ctx.get('min_length')} entries",
+        "string_too_long": lambda: f"must be at most {ctx.get('max_length')} characters",
+    }
+    if kind in simple:
+        return simple[kind]()
+    if kind == "literal_error":
+        expected = ctx.get("expected", "")
+        options = [part.strip(" '") for part in expected.replace(" or ", ",").split(",")]
+        message = f"must be {expected}, got {got}"
+        close = difflib.get_close_matches(str(value), options, n=1) if isinstance(value, str) else []
+        return f"{message}; did you mean '{close[0]}'?" if close else message
+    return f"{error['msg'][0].lower()}{error['msg'][1:]}, got {got}"

@@ -1,0 +1,100 @@
+"""Stage 4, render: a plan to the source of a formatted, lint-clean Python module.
+
+Templates read plan values only (StrictUndefined: a missing value is an error, never an
+empty string). The output goes through `ruff format` and `ruff check` with moegen's own
+fixed settings, so the bytes depend on the plan and the pinned ruff alone.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from ruff.__main__ import find_ruff_bin
+
+from moegen.plan import Plan
+
+LINE_LENGTH = 100
+# Lint rules every generated module must pass: pyflakes, pycodestyle, imports, bugbear, pyupgrade.
+LINT_RULES = "E,F,W,I,B,UP"
+
+
+class RenderError(Exception):
+    """The rendered source could not be formatted or failed lint: a moegen bug."""
+
+
+def templates_dir() -> Path:
+    """Templates ship inside the installed package; in a source checkout they sit beside it."""
+    packaged = Path(str(resources.files("moegen"))) / "templates"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "templates"
+
+
+def _pspec(partition: tuple[Any, ...]) -> str:
+    """('data', 'fsdp') style partition tuple -> PartitionSpec source, trailing Nones kept."""
+    entries = []
+    for entry in partition:
+        if isinstance(entry, tuple):
+            entry = entry[0] if len(entry) == 1 else entry
+        entries.append(repr(entry))
+    return "P(" + ", ".join(entries) + ")"
+
+
+def _pyrepr(value: Any) -> str:
+    """A Python literal; the only way free text from a spec reaches generated code."""
+    if isinstance(value, list):
+        value = tuple(value)
+    if not isinstance(value, str | int | float | bool | tuple | type(None)):
+        raise RenderError(f"refusing to emit non-literal {type(value).__name__} into code")
+    return repr(value)
+
+
+_JNP_DTYPES = {"float32": "jnp.float32", "bfloat16": "jnp.bfloat16"}
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(templates_dir()),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["pspec"] = _pspec
+    env.filters["pyrepr"] = _pyrepr
+    env.filters["jnp_dtype"] = _JNP_DTYPES.__getitem__
+    env.filters["tuple"] = tuple
+    return env
+
+
+def render(plan: Plan) -> str:
+    """The final, formatted source of the module for `plan`."""
+    raw = _environment().get_template("module.py.jinja").render(p=plan)
+    return _ruff_format_and_check(raw, f"{plan.module_name}.py")
+
+
+def _ruff(args: list[str], source: str, filename: str) -> subprocess.CompletedProcess[str]:
+    command = [find_ruff_bin(), *args, "--isolated", "--stdin-filename", filename, "-"]
+    return subprocess.run(command, input=source, capture_output=True, text=True, check=False)
+
+
+def _ruff_format_and_check(source: str, filename: str) -> str:
+    settings = [f"--line-length={LINE_LENGTH}", "--target-version=py312"]
+    formatted = _ruff(["format", *settings], source, filename)
+    if formatted.returncode != 0:
+        raise RenderError(f"ruff format failed on rendered {filename}:\n{formatted.stderr}")
+    lint = _ruff(
+        ["check", *settings, f"--select={LINT_RULES}", "--output-format=concise", "--no-fix"],
+        formatted.stdout,
+        filename,
+    )
+    if lint.returncode != 0:
+        raise RenderError(f"rendered {filename} fails ruff check:\n{lint.stdout}{lint.stderr}")
+    return formatted.stdout

@@ -1,0 +1,118 @@
+"""The spec schema: what a user may write in a moegen YAML file (version 1).
+
+Field-level constraints live here (types, enums, positive sizes); rules that relate
+several fields live in `moegen.validate`, each as a named function.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Sizes above int32 would overflow the index arithmetic of every kernel we target.
+INT32_MAX = 2**31 - 1
+Size = Annotated[int, Field(gt=0, le=INT32_MAX)]
+
+AxisName = Literal["data", "fsdp"]
+Dtype = Literal["float32", "bfloat16"]
+
+
+class _Section(BaseModel):
+    """Base for all spec sections: immutable, no unknown keys, no type coercion."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Layer(_Section):
+    """The MoE layer itself."""
+
+    num_experts: Size = Field(description="Number of routed experts.")
+    embed_dim: Size = Field(description="Model (embedding) width D.")
+    ffn_dim: Size = Field(description="Hidden width F of each expert's FFN.")
+    activation: Literal["swiglu"] = Field(
+        "swiglu", description="Expert FFN: swiglu = down(silu(x @ gate) * (x @ up))."
+    )
+
+
+class Router(_Section):
+    """How each token picks its experts."""
+
+    top_k: Size = Field(description="Experts per token.")
+    score: Literal["softmax", "sigmoid"] = Field(
+        "softmax", description="Score function applied to router logits before top-k."
+    )
+    renormalize: bool = Field(False, description="Rescale the top-k weights to sum to 1.")
+
+
+class Shapes(_Section):
+    """Static global input shape [batch, seq_len, embed_dim]."""
+
+    batch: Size = Field(description="Global batch size.")
+    seq_len: Size = Field(description="Sequence length.")
+
+
+class Dtypes(_Section):
+    """Storage and compute precision. Router math is always float32."""
+
+    params: Dtype = Field("float32", description="Dtype parameters are stored in.")
+    compute: Dtype = Field("bfloat16", description="Dtype of activations and expert matmuls.")
+
+
+class Mesh(_Section):
+    """Device mesh: axis name -> size, in device order (major to minor)."""
+
+    axes: dict[AxisName, Size] = Field(
+        min_length=1,
+        description="Mesh axes and sizes. data: pure data parallel; fsdp: data parallel "
+        "with parameters sharded along embed_dim and gathered inside the layer.",
+    )
+    batch_axes: list[AxisName] | None = Field(
+        None, description="Axes the batch is sharded over (default: every mesh axis)."
+    )
+
+
+class Parallelism(_Section):
+    """How experts are spread over devices and how communication overlaps compute."""
+
+    experts: Literal["replicated"] = Field(
+        "replicated", description="Expert placement: every device holds every expert."
+    )
+    overlap_chunks: Size = Field(
+        1, description="Chunks to overlap expert communication with compute (1 = none)."
+    )
+
+
+class Target(_Section):
+    """Hardware the module is compiled for and the grouped-matmul kernel it uses."""
+
+    hardware: Literal["cpu"] = Field("cpu", description="Compile target.")
+    kernel: Literal["xla"] = Field("xla", description="Grouped matmul: xla = jax.lax.ragged_dot.")
+
+
+class Spec(_Section):
+    """One MoE layer, fully static."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        title="moegen spec",
+        json_schema_extra={"$schema": "https://json-schema.org/draft/2020-12/schema"},
+    )
+
+    version: Literal[1] = Field(description="Spec format version.")
+    description: str = Field("", max_length=500, description="Free text, kept as a constant.")
+    layer: Layer
+    router: Router
+    shapes: Shapes
+    dtypes: Dtypes = Dtypes()
+    mesh: Mesh
+    parallelism: Parallelism = Parallelism()
+    target: Target = Target()
+
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        if self.mesh.batch_axes is None:
+            return tuple(self.mesh.axes)
+        return tuple(self.mesh.batch_axes)

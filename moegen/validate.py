@@ -1,0 +1,192 @@
+"""Stage 2, validate: rules that relate several fields of a schema-valid spec.
+
+Each rule is a named function `LoadedSpec -> list[Diagnostic]`, registered in `RULES`.
+Every rule runs on every spec, so a user sees all violations at once. Messages say what
+is wrong, the values involved, and the nearest valid value where one exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from moegen.diagnostics import Diagnostic, SpecError
+from moegen.load import LoadedSpec
+from moegen.sizes import INT32_LIMIT, axes_label, axes_product, nearest_multiples
+
+Rule = Callable[[LoadedSpec], list[Diagnostic]]
+
+# Fake host devices XLA:CPU can run the twin on without the verify step crawling.
+MAX_CPU_DEVICES = 256
+
+
+def top_k_within_experts(loaded: LoadedSpec) -> list[Diagnostic]:
+    """A token cannot pick more distinct experts than exist (Tutel silently clamps)."""
+    spec = loaded.spec
+    if spec.router.top_k <= spec.layer.num_experts:
+        return []
+    return [
+        loaded.diagnostic(
+            ("router", "top_k"),
+            f"must be <= layer.num_experts ({spec.layer.num_experts}), got {spec.router.top_k}",
+        )
+    ]
+
+
+def batch_axes_are_mesh_axes(loaded: LoadedSpec) -> list[Diagnostic]:
+    """Batch axes name mesh axes, each at most once (an axis used twice double-counts)."""
+    names = loaded.spec.mesh.batch_axes or []
+    out, seen = [], set()
+    for i, name in enumerate(names):
+        path = ("mesh", "batch_axes", i)
+        if name not in loaded.spec.mesh.axes:
+            known = ", ".join(loaded.spec.mesh.axes)
+            out.append(loaded.diagnostic(path, f"'{name}' is not a mesh axis (mesh.axes: {known})"))
+        elif name in seen:
+            out.append(loaded.diagnostic(path, f"'{name}' is listed twice"))
+        seen.add(name)
+    return out
+
+
+def data_parallel_axes_shard_batch(loaded: LoadedSpec) -> list[Diagnostic]:
+    """A data or fsdp axis that does not shard the batch repeats the same work on each device."""
+    listed = loaded.spec.mesh.batch_axes
+    if listed is None:
+        return []
+    missing = [axis for axis in loaded.spec.mesh.axes if axis not in listed]
+    if not missing:
+        return []
+    return [
+        loaded.diagnostic(
+            ("mesh", "batch_axes"),
+            f"data-parallel axes {missing} must shard the batch; "
+            f"add them: {list(dict.fromkeys([*listed, *missing]))}",
+        )
+    ]
+
+
+def batch_divisible_by_batch_axes(loaded: LoadedSpec) -> list[Diagnostic]:
+    """Every device must receive the same whole number of sequences."""
+    spec = loaded.spec
+    axes = [a for a in dict.fromkeys(spec.batch_axes) if a in spec.mesh.axes]
+    shards = axes_product(spec.mesh.axes, axes)
+    if spec.shapes.batch % shards == 0:
+        return []
+    nearest = " or ".join(map(str, nearest_multiples(spec.shapes.batch, shards)))
+    return [
+        loaded.diagnostic(
+            ("shapes", "batch"),
+            f"{spec.shapes.batch} is not divisible by {axes_label(axes)} = {shards}; "
+            f"nearest valid: {nearest}",
+        )
+    ]
+
+
+def embed_divisible_by_fsdp(loaded: LoadedSpec) -> list[Diagnostic]:
+    """FSDP shards every parameter along embed_dim, so each shard must be whole."""
+    spec = loaded.spec
+    fsdp = spec.mesh.axes.get("fsdp", 1)
+    if spec.layer.embed_dim % fsdp == 0:
+        return []
+    nearest = " or ".join(map(str, nearest_multiples(spec.layer.embed_dim, fsdp)))
+    return [
+        loaded.diagnostic(
+            ("layer", "embed_dim"),
+            f"{spec.layer.embed_dim} is not divisible by fsdp = {fsdp} "
+            f"(parameters are sharded along embed_dim); nearest valid: {nearest}",
+        )
+    ]
+
+
+def single_expert_not_renormalized(loaded: LoadedSpec) -> list[Diagnostic]:
+    """Renormalising one weight makes it 1.0: the router would never receive a gradient."""
+    router = loaded.spec.router
+    if not (router.top_k == 1 and router.renormalize):
+        return []
+    return [
+        loaded.diagnostic(
+            ("router", "renormalize"),
+            "with top_k = 1 the renormalised weight is always 1.0 and the router gets zero "
+            "gradient; set renormalize: false",
+        )
+    ]
+
+
+def overlap_needs_expert_communication(loaded: LoadedSpec) -> list[Diagnostic]:
+    """Chunked overlap hides expert communication; replicated experts have none to hide."""
+    parallelism = loaded.spec.parallelism
+    if parallelism.overlap_chunks == 1:
+        return []
+    return [
+        loaded.diagnostic(
+            ("parallelism", "overlap_chunks"),
+            f"{parallelism.overlap_chunks} chunks need an expert-parallel strategy with "
+            f"communication to overlap; experts: {parallelism.experts} has none; set 1",
+        )
+    ]
+
+
+def indices_fit_int32(loaded: LoadedSpec) -> list[Diagnostic]:
+    """Flat indices into the routed buffers must fit int32 (TE #2908 overflowed silently)."""
+    spec = loaded.spec
+    shards = axes_product(spec.mesh.axes, [a for a in spec.batch_axes if a in spec.mesh.axes])
+    local_rows = spec.shapes.batch // max(shards, 1) * spec.shapes.seq_len * spec.router.top_k
+    width = max(spec.layer.embed_dim, spec.layer.ffn_dim)
+    global_rows = spec.shapes.batch * spec.shapes.seq_len * spec.router.top_k
+    out = []
+    if local_rows * width >= INT32_LIMIT:
+        out.append(
+            loaded.diagnostic(
+                ("shapes", "batch"),
+                f"each device routes {local_rows} rows of width {width}: "
+                f"{local_rows * width} elements overflow int32 indexing (< 2**31); "
+                "shard the batch over more devices or shorten it",
+            )
+        )
+    if global_rows >= INT32_LIMIT:
+        out.append(
+            loaded.diagnostic(
+                ("shapes", "seq_len"),
+                f"batch*seq_len*top_k = {global_rows} token slots overflow int32 (< 2**31)",
+            )
+        )
+    return out
+
+
+def mesh_fits_cpu_target(loaded: LoadedSpec) -> list[Diagnostic]:
+    """The cpu target runs on fake host devices; keep their count tractable."""
+    spec = loaded.spec
+    devices = axes_product(spec.mesh.axes, spec.mesh.axes)
+    if spec.target.hardware != "cpu" or devices <= MAX_CPU_DEVICES:
+        return []
+    return [
+        loaded.diagnostic(
+            ("mesh", "axes"),
+            f"{devices} devices; target cpu supports at most {MAX_CPU_DEVICES} host devices",
+        )
+    ]
+
+
+RULES: tuple[Rule, ...] = (
+    top_k_within_experts,
+    batch_axes_are_mesh_axes,
+    data_parallel_axes_shard_batch,
+    batch_divisible_by_batch_axes,
+    embed_divisible_by_fsdp,
+    single_expert_not_renormalized,
+    overlap_needs_expert_communication,
+    indices_fit_int32,
+    mesh_fits_cpu_target,
+)
+
+
+def check_rules(loaded: LoadedSpec) -> list[Diagnostic]:
+    """Run every rule; return all diagnostics (empty when the spec is valid)."""
+    return [diagnostic for rule in RULES for diagnostic in rule(loaded)]
+
+
+def validate(loaded: LoadedSpec) -> LoadedSpec:
+    """Raise SpecError listing every violated rule; return the spec unchanged otherwise."""
+    diagnostics = check_rules(loaded)
+    if diagnostics:
+        raise SpecError(diagnostics)
+    return loaded
