@@ -1,0 +1,192 @@
+"""The `moegen` command line. Exit codes: 0 ok, 1 stale output, 2 usage, 3 invalid spec,
+4 verification failure or internal error."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import click
+
+from moegen import __version__
+from moegen.diagnostics import FORMATS, SpecError, format_diagnostics
+
+EXIT_OK, EXIT_STALE, EXIT_USAGE, EXIT_INVALID, EXIT_FAILED = 0, 1, 2, 3, 4
+SCHEMA_PATH = Path("specs/moegen.schema.json")
+
+spec_paths = click.argument(
+    "specs", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+
+
+def _err(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _fail_invalid(err: SpecError, fmt: str = "text") -> None:
+    click.echo(format_diagnostics(err.diagnostics, fmt), err=fmt == "text")
+    sys.exit(EXIT_INVALID)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="moegen")
+def cli() -> None:
+    """moegen: verified JAX Mixture-of-Experts layers from YAML specs."""
+
+
+@cli.command()
+@click.argument(
+    "specs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option("--out", "out_dir", default="generated", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--no-verify", is_flag=True, help="Skip the twin parity run and the compile.")
+def build(specs: tuple[Path, ...], out_dir: Path, no_verify: bool) -> None:
+    """Generate, verify and write the module of each SPEC (all or nothing)."""
+    from moegen.pipeline import build as run_build
+    from moegen.render import RenderError
+    from moegen.verify import VerifyError
+
+    current: list[str] = []
+
+    def progress(spec: str, step: str, seconds: float, details: dict[str, Any]) -> None:
+        if current[-1:] != [spec]:
+            current.append(spec)
+            _err(spec)
+        _err(f"  {step:<40} {seconds:7.2f} s  {_describe(details)}".rstrip())
+
+    try:
+        results = run_build(list(specs), out_dir, run_verify=not no_verify, progress=progress)
+    except SpecError as err:
+        _fail_invalid(err)
+    except (VerifyError, RenderError) as err:
+        _err(f"verification failed; nothing written:\n{err}")
+        sys.exit(EXIT_FAILED)
+    for target, generated in results:
+        _err(f"  wrote {target}" + ("" if not no_verify else " (not verified)"))
+
+
+def _describe(details: dict[str, Any]) -> str:
+    if "cases" in details:
+        return "; ".join(
+            f"{c['case']}: max rel err {c['max_relative_error']:.1e}"
+            + (f", experts {c['starved_experts']} got 0 tokens" if "starved_experts" in c else "")
+            for c in details["cases"]
+        )
+    if "memory" in details:
+        mem = details["memory"]
+        mib = {k: v / 2**20 for k, v in mem.items()}
+        return (
+            f"per device: args {mib['argument']:.1f} MiB, out {mib['output']:.1f} MiB, "
+            f"temp {mib['temp']:.1f} MiB"
+        )
+    return ""
+
+
+@cli.command(name="validate")
+@spec_paths
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+def validate_command(specs: tuple[Path, ...], fmt: str) -> None:
+    """Check SPECs (default: every spec in specs/) and report every problem, located."""
+    from moegen.pipeline import default_specs, load_valid
+
+    diagnostics = []
+    paths = list(specs) or default_specs()
+    for path in paths:
+        try:
+            load_valid(path)
+        except SpecError as err:
+            diagnostics.extend(err.diagnostics)
+    if diagnostics:
+        click.echo(format_diagnostics(diagnostics, fmt), err=fmt == "text")
+        sys.exit(EXIT_INVALID)
+    if fmt == "json":
+        click.echo("[]")
+    elif fmt == "text":
+        _err(f"{len(paths)} spec(s) valid")
+
+
+@cli.command(name="check")
+@spec_paths
+@click.option("--out", "out_dir", default="generated", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+def check_command(specs: tuple[Path, ...], out_dir: Path) -> None:
+    """Fail when a spec is invalid or a committed module is stale, missing or orphaned."""
+    from moegen.check import check
+    from moegen.pipeline import default_specs
+
+    paths = list(specs) or default_specs()
+    report = check(paths, out_dir, find_orphans=not specs)
+    if report.invalid:
+        _err(format_diagnostics(report.invalid, "text"))
+    for path, diff in report.stale.items():
+        click.echo(diff)
+        _err(f"stale: {path} (run `moegen build` on its spec)")
+    for path in report.missing:
+        _err(f"missing: {path} (run `moegen build` on its spec)")
+    for path in report.orphans:
+        _err(f"orphaned: {path} (no spec generates it; delete it or restore its spec)")
+    if report.invalid:
+        sys.exit(EXIT_INVALID)
+    if not report.ok:
+        sys.exit(EXIT_STALE)
+    _err(f"{len(report.fresh)} generated module(s) fresh")
+
+
+@cli.command(name="plan")
+@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plan_command(spec: Path, as_json: bool) -> None:
+    """Print every static quantity moegen derives from SPEC."""
+    from moegen.pipeline import load_valid
+    from moegen.plan import format_plan, make_plan
+
+    try:
+        plan = make_plan(load_valid(spec))
+    except SpecError as err:
+        _fail_invalid(err)
+    click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else format_plan(plan))
+
+
+@cli.command(name="schema")
+@click.option("--check", "check_only", is_flag=True, help=f"Fail if {SCHEMA_PATH} is stale.")
+@click.option("--write", is_flag=True, help=f"Write {SCHEMA_PATH}.")
+def schema_command(check_only: bool, write: bool) -> None:
+    """Print the spec's JSON Schema (for editors via yaml-language-server)."""
+    from moegen.schema import schema_text
+
+    text = schema_text()
+    if check_only:
+        if not SCHEMA_PATH.is_file() or SCHEMA_PATH.read_text(encoding="utf-8") != text:
+            _err(f"stale: {SCHEMA_PATH} (run `moegen schema --write`)")
+            sys.exit(EXIT_STALE)
+        _err(f"{SCHEMA_PATH} is fresh")
+    elif write:
+        from moegen.emit import write_all
+
+        write_all({SCHEMA_PATH: text})
+        _err(f"wrote {SCHEMA_PATH}")
+    else:
+        click.echo(text, nl=False)
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        _err("aborted")
+        sys.exit(EXIT_FAILED)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(EXIT_USAGE)
+    except SystemExit:
+        raise
+    except Exception as err:  # a moegen bug, not a user mistake
+        _err(f"moegen: internal error: {type(err).__name__}: {err}")
+        if os.environ.get("MOEGEN_DEBUG"):
+            traceback.print_exc()
+        else:
+            _err("(set MOEGEN_DEBUG=1 for the traceback; please report it)")
+        sys.exit(EXIT_FAILED)

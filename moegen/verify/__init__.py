@@ -1,0 +1,148 @@
+"""Stage 5, verify: prove a rendered module before anything is written.
+
+a. import it; b. run its shrunken twin on fake CPU devices against the dense reference,
+forward, aux and gradients (float32, and again in the spec's own dtypes when they differ);
+c. compile the full-size forward and forward+backward for the target.
+
+The work runs in a child process (`moegen.verify.worker`) because JAX fixes its device
+count at start-up, and so that a crash in generated code cannot take moegen down with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moegen.load import LoadedSpec
+from moegen.plan import make_plan
+from moegen.render import render
+from moegen.verify.twin import twin_of
+
+# float32 twin: the issue's bar. Low-precision twins compare bf16 compute to a float32
+# reference, so they only catch gross errors (a wrong path, not rounding).
+TOLERANCES = {"float32": 1e-5, "bfloat16": 5e-2}
+DEFAULT_TIMEOUT_S = 1800
+
+
+class VerifyError(Exception):
+    """The rendered module failed a verification step."""
+
+
+@dataclass
+class VerifyReport:
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+    def step(self, name: str) -> dict[str, Any]:
+        return next(s for s in self.steps if s["step"] == name)
+
+
+def _twins(loaded: LoadedSpec) -> list[tuple[str, LoadedSpec, float]]:
+    twins = [("float32", twin_of(loaded, dtype="float32"), TOLERANCES["float32"])]
+    dtypes = loaded.spec.dtypes
+    if (dtypes.params, dtypes.compute) != ("float32", "float32"):
+        label = f"{dtypes.compute} compute, {dtypes.params} params"
+        worst = max(TOLERANCES[dtypes.params], TOLERANCES[dtypes.compute])
+        twins.append((label, twin_of(loaded, dtype=None), worst))
+    return twins
+
+
+def verify(
+    loaded: LoadedSpec,
+    source: str,
+    *,
+    on_step: Callable[[dict[str, Any]], None] = lambda step: None,
+    timeout_s: float | None = None,
+) -> VerifyReport:
+    """Verify the rendered `source` of `loaded`; raise VerifyError on the first failure."""
+    plan = make_plan(loaded)
+    with tempfile.TemporaryDirectory(prefix="moegen-verify-") as tmp:
+        workdir = Path(tmp)
+        module_path = workdir / f"{plan.module_name}.py"
+        module_path.write_text(source)
+        twins = []
+        for i, (label, twin, tolerance) in enumerate(_twins(loaded)):
+            path = workdir / f"twin_{i}.py"
+            path.write_text(render(make_plan(twin)))
+            twins.append({"path": str(path), "label": label, "tolerance": tolerance})
+        job = {
+            "module": str(module_path),
+            "twins": twins,
+            "router": {
+                "top_k": plan.top_k,
+                "score": plan.score,
+                "renormalize": plan.renormalize,
+            },
+        }
+        job_path = workdir / "job.json"
+        job_path.write_text(json.dumps(job))
+        return _run_worker(job_path, plan.num_devices, on_step, timeout_s)
+
+
+def _run_worker(
+    job_path: Path,
+    num_devices: int,
+    on_step: Callable[[dict[str, Any]], None],
+    timeout_s: float | None,
+) -> VerifyReport:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={num_devices}"
+    ).strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    timeout = timeout_s or float(os.environ.get("MOEGEN_VERIFY_TIMEOUT", DEFAULT_TIMEOUT_S))
+    command = [sys.executable, "-m", "moegen.verify.worker", str(job_path)]
+    report = VerifyReport()
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as proc:
+        try:
+            stdout, stderr = _collect(proc, report, on_step, timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise VerifyError(f"verification timed out after {timeout:.0f} s")
+    if proc.returncode != 0:
+        errors = [line for line in stdout if "error" in line]
+        detail = errors[-1]["error"] if errors else stderr.strip()[-4000:]
+        raise VerifyError(detail or f"verifier exited with code {proc.returncode}")
+    return report
+
+
+def _collect(
+    proc: subprocess.Popen[str],
+    report: VerifyReport,
+    on_step: Callable[[dict[str, Any]], None],
+    timeout: float,
+) -> tuple[list[dict[str, Any]], str]:
+    import threading
+
+    events: list[dict[str, Any]] = []
+    stderr_chunks: list[str] = []
+    drain = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read()), daemon=True)
+    drain.start()
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        for line in proc.stdout:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # stray output from a library
+            events.append(event)
+            if "step" in event:
+                report.steps.append(event)
+                on_step(event)
+        proc.wait()
+    finally:
+        timed_out = not timer.is_alive() and proc.returncode not in (0, 1)
+        timer.cancel()
+        drain.join(timeout=5)
+    if timed_out:
+        raise subprocess.TimeoutExpired(proc.args, timeout)
+    return events, "".join(stderr_chunks)

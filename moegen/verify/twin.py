@@ -1,0 +1,37 @@
+"""The shrunken twin: the same spec with small dimensions, cheap enough to run on CPU.
+
+Everything that decides the code path is kept (mesh axes and sizes, experts, top-k,
+router options, strategy, kernel); only the sizes that merely scale the work shrink,
+and the twin is validated by the same rules as the spec itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from moegen.load import LoadedSpec
+from moegen.sizes import axes_product
+from moegen.validate import validate
+
+TWIN_SEQUENCES_PER_SHARD = 2
+TWIN_SEQ_LEN = 4
+TWIN_MIN_EMBED = 16
+TWIN_FFN = 24  # differs from embed so that a transposed weight cannot go unnoticed
+
+
+def twin_of(loaded: LoadedSpec, *, dtype: str | None = "float32") -> LoadedSpec:
+    """The twin of a validated spec; `dtype` overrides both dtypes (None keeps the spec's)."""
+    spec = loaded.spec
+    fsdp = spec.mesh.axes.get("fsdp", 1)
+    embed = fsdp * -(-TWIN_MIN_EMBED // fsdp)
+    shards = axes_product(spec.mesh.axes, spec.batch_axes)
+    updates = {
+        "layer": spec.layer.model_copy(update={"embed_dim": embed, "ffn_dim": TWIN_FFN}),
+        "shapes": spec.shapes.model_copy(
+            update={"batch": shards * TWIN_SEQUENCES_PER_SHARD, "seq_len": TWIN_SEQ_LEN}
+        ),
+    }
+    if dtype is not None:
+        updates["dtypes"] = spec.dtypes.model_copy(update={"params": dtype, "compute": dtype})
+    twin = replace(loaded, spec=spec.model_copy(update=updates))
+    return validate(twin)

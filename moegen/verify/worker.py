@@ -1,0 +1,185 @@
+"""Runs inside a fresh Python process with fake CPU devices: import, parity, compile.
+
+Invoked as `python -m moegen.verify.worker JOB.json` by `moegen.verify`. The parent sets
+XLA_FLAGS before this process starts, since JAX reads the device count once. Each step
+prints one JSON line on stdout: {"step": ..., "seconds": ..., ...}; a failure prints
+{"error": ...} and exits 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moegen.verify.reference import RouterConfig, dense_moe, tokens_per_expert
+
+
+class ParityError(Exception):
+    pass
+
+
+def emit(**event: Any) -> None:
+    print(json.dumps(event), flush=True)
+
+
+def import_module(path: str, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def relative_error(got: Any, want: Any) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    scale = max(float(np.linalg.norm(want)), 1e-30)
+    return float(np.linalg.norm(got - want)) / scale
+
+
+def _place(module: ModuleType, mesh: Any, params: dict, x: Any) -> tuple[dict, Any]:
+    from jax.sharding import NamedSharding
+
+    placed = {
+        name: jax.device_put(
+            jnp.asarray(value, module.PARAM_DTYPE), NamedSharding(mesh, module.PARAM_SPECS[name])
+        )
+        for name, value in params.items()
+    }
+    return placed, jax.device_put(jnp.asarray(x, module.COMPUTE_DTYPE), module.input_sharding(mesh))
+
+
+def _random_case(module: ModuleType, seed: int) -> tuple[dict, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    params = {
+        name: rng.normal(0.0, module.INIT_SCALES[name], shape).astype(np.float32)
+        for name, shape in module.PARAM_SHAPES.items()
+    }
+    x = rng.normal(0.0, 1.0, module.INPUT_SHAPE).astype(np.float32)
+    cotangent = rng.normal(0.0, 1.0, module.INPUT_SHAPE).astype(np.float32)
+    return params, x, cotangent
+
+
+def _starved_case(module: ModuleType, seed: int) -> tuple[dict, np.ndarray, np.ndarray, list[int]]:
+    """Positive tokens and router columns of one sign: negative columns never win top-k."""
+    params, x, cotangent = _random_case(module, seed)
+    experts, top_k = module.NUM_EXPERTS, module.TOP_K
+    starved = list(range(1, experts, 2))[: experts - top_k]
+    x = np.abs(x) + 0.1
+    router = np.abs(params["router"])
+    router[:, starved] *= -1.0
+    params["router"] = router
+    return params, x, cotangent, starved
+
+
+def check_parity(
+    module: ModuleType, cfg: RouterConfig, params: dict, x: np.ndarray, cotangent: np.ndarray,
+    tolerance: float, case: str,
+) -> dict[str, Any]:
+    """Forward, aux and gradients of the module against the dense reference."""
+    mesh = module.make_mesh(jax.devices()[: module.NUM_DEVICES])
+    placed_params, placed_x = _place(module, mesh, params, x)
+
+    def module_loss(p: dict, xs: Any) -> Any:
+        y, _ = module.moe_layer(p, xs, mesh=mesh)
+        return jnp.sum(y.astype(jnp.float32) * cotangent)
+
+    def reference_loss(p: dict, xs: Any) -> Any:
+        return jnp.sum(dense_moe(p, xs, cfg) * cotangent)
+
+    with jax.set_mesh(mesh):
+        y, aux = jax.jit(functools.partial(module.moe_layer, mesh=mesh))(placed_params, placed_x)
+        grads, grad_x = jax.jit(jax.grad(module_loss, argnums=(0, 1)))(placed_params, placed_x)
+    # The reference sees exactly the values the module saw (after any dtype rounding).
+    host_params = {k: np.asarray(v, np.float32) for k, v in placed_params.items()}
+    host_x = np.asarray(placed_x, np.float32)
+    ref_y = dense_moe(host_params, host_x, cfg)
+    ref_grads, ref_grad_x = jax.grad(reference_loss, argnums=(0, 1))(host_params, host_x)
+    ref_counts = np.asarray(tokens_per_expert(host_params, host_x, cfg))
+
+    errors = {"y": relative_error(y, ref_y), "grad_x": relative_error(grad_x, ref_grad_x)}
+    errors |= {f"grad_{k}": relative_error(grads[k], ref_grads[k]) for k in ref_grads}
+    counts = np.asarray(aux.tokens_per_expert)
+    if not np.array_equal(counts, ref_counts):
+        raise ParityError(f"{case}: aux.tokens_per_expert {counts.tolist()} != {ref_counts.tolist()}")
+    worst = max(errors, key=errors.get)
+    if not errors[worst] < tolerance:
+        raise ParityError(
+            f"{case}: {worst} differs from the dense reference: relative error "
+            f"{errors[worst]:.3e} >= {tolerance:.0e}; all: "
+            + ", ".join(f"{k}={v:.2e}" for k, v in errors.items())
+        )
+    return {"case": case, "max_relative_error": errors[worst], "tokens_per_expert": counts.tolist()}
+
+
+def run_twin(path: str, cfg: RouterConfig, tolerance: float, label: str) -> None:
+    start = time.perf_counter()
+    module = import_module(path, f"moegen_twin_{label}")
+    results = [check_parity(module, cfg, *_random_case(module, 0), tolerance, "random routing")]
+    if module.NUM_EXPERTS > module.TOP_K:
+        params, x, cotangent, starved = _starved_case(module, 1)
+        result = check_parity(module, cfg, params, x, cotangent, tolerance, "starved experts")
+        if any(result["tokens_per_expert"][e] for e in starved):
+            raise ParityError(f"starved experts {starved} received tokens: {result}")
+        results.append(result | {"starved_experts": starved})
+    emit(step=f"twin parity ({label})", seconds=time.perf_counter() - start, cases=results)
+
+
+def _memory(compiled: Any) -> dict[str, int]:
+    stats = compiled.memory_analysis()
+    fields = ("argument", "output", "temp", "alias", "generated_code")
+    return {f: int(getattr(stats, f"{f}_size_in_bytes", 0) or 0) for f in fields}
+
+
+def compile_full(module: ModuleType) -> None:
+    mesh = module.make_mesh(jax.devices()[: module.NUM_DEVICES])
+    params, x = module.param_shapes(mesh), module.input_shape(mesh)
+    forward = functools.partial(module.moe_layer, mesh=mesh)
+
+    def loss(p: dict, xs: Any) -> Any:
+        return jnp.sum(forward(p, xs)[0].astype(jnp.float32))
+
+    programs = {"forward": forward, "forward+backward": jax.grad(loss, argnums=(0, 1))}
+    for name, program in programs.items():
+        start = time.perf_counter()
+        compiled = jax.jit(program).lower(params, x).compile()
+        cost = compiled.cost_analysis() or {}
+        emit(
+            step=f"compile {name}",
+            seconds=time.perf_counter() - start,
+            memory=_memory(compiled),
+            flops=float(cost.get("flops", 0.0)),
+        )
+
+
+def main(job_path: str) -> int:
+    job = json.loads(Path(job_path).read_text())
+    cfg = RouterConfig(**job["router"])
+    try:
+        start = time.perf_counter()
+        module = import_module(job["module"], "moegen_full")
+        emit(step="import", seconds=time.perf_counter() - start)
+        for twin in job["twins"]:
+            run_twin(twin["path"], cfg, twin["tolerance"], twin["label"])
+        compile_full(module)
+    except ParityError as err:
+        emit(error=str(err))
+        return 1
+    except Exception:  # anything else is a bug in generated code; report it whole
+        emit(error=traceback.format_exc())
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
