@@ -73,7 +73,7 @@ def _describe(details: dict[str, Any]) -> str:
     if "cases" in details:
         return "; ".join(
             f"{c['case']}: max rel err {c['max_relative_error']:.1e}"
-            + (f", experts {c['starved_experts']} got 0 tokens" if "starved_experts" in c else "")
+            + (f", {len(c['starved_experts'])} experts got 0 tokens" if "starved_experts" in c else "")
             for c in details["cases"]
         )
     if "memory" in details:

@@ -76,7 +76,8 @@ def _starved_case(module: ModuleType, seed: int) -> tuple[dict, np.ndarray, np.n
     experts, top_k = module.NUM_EXPERTS, module.TOP_K
     starved = list(range(1, experts, 2))[: experts - top_k]
     x = np.abs(x) + 0.1
-    router = np.abs(params["router"])
+    # Small logits keep the scores away from saturation, where gradients vanish.
+    router = 0.25 * np.abs(params["router"])
     router[:, starved] *= -1.0
     params["router"] = router
     return params, x, cotangent, starved
