@@ -91,7 +91,8 @@ def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
     if len(devices) != NUM_DEVICES:
         raise ValueError(
             f"this layer needs exactly {NUM_DEVICES} devices for mesh "
-            f"{dict(zip(MESH_AXES, MESH_SHAPE, strict=True))}, got {len(devices)}"
+            f"{dict(zip(MESH_AXES, MESH_SHAPE, strict=True))}, got {len(devices)}; "
+            f"pass devices=jax.devices()[:{NUM_DEVICES}] to use a subset"
         )
     return jax.make_mesh(MESH_SHAPE, MESH_AXES, devices=devices)
 

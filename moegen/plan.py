@@ -17,6 +17,9 @@ from moegen.sizes import axes_product
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 ROUTER_DTYPE = "float32"  # router math is float32 whatever the compute dtype
 
+# ragged_dot takes groups of any size; tiled kernels (megablox, TE) will need more.
+KERNEL_ROW_ALIGNMENT = {"xla": 1}
+
 PartitionSpec = tuple[str | tuple[str, ...] | None, ...]
 
 
@@ -81,6 +84,8 @@ class Plan:
     local_batch: int
     local_tokens: int
     routed_rows: int  # dropless: every token copy of this device has a row
+    row_alignment: int  # rows per expert group are padded to a multiple of this (kernel need)
+    padded_rows: int  # routed buffer rows including kernel padding
 
     score: str
     renormalize: bool
@@ -152,6 +157,8 @@ def make_plan(loaded: LoadedSpec) -> Plan:
         local_batch=local_batch,
         local_tokens=local_tokens,
         routed_rows=routed_rows,
+        row_alignment=KERNEL_ROW_ALIGNMENT[spec.target.kernel],
+        padded_rows=routed_rows,  # ragged_dot takes any group sizes: nothing to pad
         score=spec.router.score,
         renormalize=spec.router.renormalize,
         activation=spec.layer.activation,
@@ -246,7 +253,8 @@ def format_plan(plan: Plan) -> str:
         f"  input           [{plan.batch}, {plan.seq_len}, {plan.embed_dim}] {plan.compute_dtype}"
         f" -> per device [{plan.local_batch}, {plan.seq_len}, {plan.embed_dim}]",
         f"  tokens/device   {plan.local_tokens}; routed rows {plan.routed_rows} "
-        f"(x top_{plan.top_k}, dropless)",
+        f"(x top_{plan.top_k}, dropless); padded rows {plan.padded_rows} "
+        f"(groups aligned to {plan.row_alignment})",
         f"  experts         {plan.num_experts} ({plan.local_experts} per device, "
         f"{plan.expert_strategy}); kernel {plan.kernel}",
         "  parameters:",

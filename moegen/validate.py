@@ -152,6 +152,26 @@ def indices_fit_int32(loaded: LoadedSpec) -> list[Diagnostic]:
     return out
 
 
+# Beyond this a single parameter would be terabytes: certainly a typo, and big enough to
+# overflow size arithmetic in compilers.
+MAX_TENSOR_ELEMENTS = 2**40
+
+
+def parameters_reasonably_sized(loaded: LoadedSpec) -> list[Diagnostic]:
+    """An expert weight [num_experts, embed_dim, ffn_dim] must stay addressable."""
+    layer = loaded.spec.layer
+    elements = layer.num_experts * layer.embed_dim * layer.ffn_dim
+    if elements < MAX_TENSOR_ELEMENTS:
+        return []
+    return [
+        loaded.diagnostic(
+            ("layer",),
+            f"expert weights of num_experts*embed_dim*ffn_dim = {elements} elements "
+            f"(>= 2**40) per projection; check the sizes",
+        )
+    ]
+
+
 def mesh_fits_cpu_target(loaded: LoadedSpec) -> list[Diagnostic]:
     """The cpu target runs on fake host devices; keep their count tractable."""
     spec = loaded.spec
@@ -175,6 +195,7 @@ RULES: tuple[Rule, ...] = (
     single_expert_not_renormalized,
     overlap_needs_expert_communication,
     indices_fit_int32,
+    parameters_reasonably_sized,
     mesh_fits_cpu_target,
 )
 
