@@ -229,7 +229,8 @@ def _resolve_mesh(x: jax.Array, mesh: Mesh | None) -> Mesh:
     if mesh is None:
         # A concrete x knows its devices; a traced one its (explicit-axes) abstract mesh.
         traced = isinstance(x, jax.core.Tracer)
-        mesh = jax.typeof(x).sharding.mesh if traced else getattr(x.sharding, "mesh", None)
+        placed = getattr(x, "sharding", None)
+        mesh = jax.typeof(x).sharding.mesh if traced else getattr(placed, "mesh", None)
     if mesh is None or mesh.empty:
         mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
