@@ -1,0 +1,613 @@
+"""Unit tests of stage 1, `moegen.load`: YAML bytes to a frozen, located `Spec`."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import pydantic
+import pytest
+
+from moegen.diagnostics import Diagnostic, SpecError
+from moegen.load import (
+    MAX_SPEC_BYTES,
+    Locations,
+    describe,
+    display_path,
+    dotted,
+    load_spec,
+    load_spec_bytes,
+)
+
+VALID = """\
+version: 1
+description: a small layer
+layer:
+  num_experts: 8
+  embed_dim: 64
+  ffn_dim: 128
+router:
+  top_k: 2
+  score: sigmoid
+  renormalize: true
+shapes:
+  batch: 8
+  seq_len: 16
+dtypes:
+  params: bfloat16
+  compute: float32
+mesh:
+  axes:
+    data: 2
+    fsdp: 2
+  batch_axes: [data, fsdp]
+parallelism:
+  experts: replicated
+  overlap_chunks: 1
+target:
+  hardware: cpu
+  kernel: xla
+"""
+
+MINIMAL = """\
+version: 1
+layer: {num_experts: 4, embed_dim: 32, ffn_dim: 64}
+router: {top_k: 1}
+shapes: {batch: 2, seq_len: 8}
+mesh: {axes: {fsdp: 2, data: 1}}
+"""
+
+
+def load(text: str | bytes, name: str = "spec"):
+    raw = text.encode("utf-8") if isinstance(text, str) else text
+    return load_spec_bytes(raw, "spec.yaml", name)
+
+
+def errors(text: str | bytes, name: str = "spec") -> list[tuple[int, int, str, str]]:
+    with pytest.raises(SpecError) as info:
+        load(text, name)
+    for d in info.value.diagnostics:
+        assert d.file == "spec.yaml"
+    return [(d.line, d.column, d.field, d.message) for d in info.value.diagnostics]
+
+
+# ---------------------------------------------------------------------------------------
+# dotted, describe
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ((), ""),
+        (("layer",), "layer"),
+        (("layer", "embed_dim"), "layer.embed_dim"),
+        (("mesh", "batch_axes", 1), "mesh.batch_axes[1]"),
+        (("mesh", "axes", "data"), "mesh.axes.data"),
+        (("a", 0, 2, "b"), "a[0][2].b"),
+    ],
+)
+def test_dotted(path, expected) -> None:
+    assert dotted(path) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, "null"),
+        (True, "true"),
+        (False, "false"),
+        ({"a": 1}, "a mapping"),
+        ([1, 2], "a list"),
+        (8, "8"),
+        (8.5, "8.5"),
+        ("8", "'8'"),
+        ("x" * 58, repr("x" * 58)),  # 60 characters with quotes: kept whole
+        ("x" * 100, "'" + "x" * 56 + "..."),  # cut to 60 characters
+    ],
+)
+def test_describe(value, expected) -> None:
+    assert describe(value) == expected
+    assert len(describe(value)) <= 60
+
+
+# ---------------------------------------------------------------------------------------
+# Locations
+
+
+def test_locations_of_nested_keys_and_values() -> None:
+    loc = load(VALID).locations
+    assert loc.of_key(("version",)) == (1, 1)
+    assert loc.of_value(("version",)) == (1, 10)
+    assert loc.of_key(("layer",)) == (3, 1)
+    assert loc.of_value(("layer",)) == (4, 3)  # a block mapping starts at its first key
+    assert loc.of_key(("layer", "embed_dim")) == (5, 3)
+    assert loc.of_value(("layer", "embed_dim")) == (5, 14)
+    assert loc.of_key(("mesh", "axes", "fsdp")) == (20, 5)
+    assert loc.of_value(("mesh", "axes", "fsdp")) == (20, 11)
+    assert loc.of_key(("mesh", "batch_axes")) == (21, 3)
+    assert loc.of_value(("mesh", "batch_axes")) == (21, 15)
+    assert loc.of_value(("mesh", "batch_axes", 0)) == (21, 16)
+    assert loc.of_value(("mesh", "batch_axes", 1)) == (21, 22)
+    assert loc.of_value(("target", "kernel")) == (27, 11)
+
+
+def test_locations_in_flow_style() -> None:
+    loc = load(MINIMAL).locations
+    assert loc.of_key(("layer", "ffn_dim")) == (2, 40)
+    assert loc.of_value(("layer", "ffn_dim")) == (2, 49)
+    assert loc.of_value(("mesh", "axes")) == (5, 14)
+    assert loc.of_key(("mesh", "axes", "data")) == (5, 24)
+
+
+def test_locations_fall_back_to_the_nearest_parent() -> None:
+    loc = load(MINIMAL).locations
+    # Defaults have no location of their own: they point at their section, or the document.
+    assert loc.of_value(("router", "score")) == loc.of_value(("router",)) == (3, 9)
+    assert loc.of_key(("router", "score")) == (3, 9)
+    assert loc.of_value(("dtypes", "params")) == loc.of_value(()) == (1, 1)
+    assert Locations({}, {}).of_value(("a", "b")) == (1, 1)
+    assert Locations({}, {}).of_key(("a",)) == (1, 1)
+
+
+def test_loaded_diagnostic_points_at_value_or_key() -> None:
+    loaded = load(VALID)
+    at_value = loaded.diagnostic(("router", "top_k"), "too big")
+    assert at_value == Diagnostic("spec.yaml", 8, 10, "router.top_k", "too big")
+    at_key = loaded.diagnostic(("router", "top_k"), "too big", at_key=True)
+    assert (at_key.line, at_key.column) == (8, 3)
+    assert at_value.text() == "spec.yaml:8:10: router.top_k: too big"
+
+
+# ---------------------------------------------------------------------------------------
+# A valid spec: values, defaults, source
+
+
+def test_valid_spec_values_and_source() -> None:
+    loaded = load(VALID, name="small_layer")
+    spec = loaded.spec
+    assert spec.description == "a small layer"
+    assert (spec.layer.num_experts, spec.layer.embed_dim, spec.layer.ffn_dim) == (8, 64, 128)
+    assert (spec.router.top_k, spec.router.score, spec.router.renormalize) == (2, "sigmoid", True)
+    assert (spec.dtypes.params, spec.dtypes.compute) == ("bfloat16", "float32")
+    assert spec.mesh.axes == {"data": 2, "fsdp": 2}
+    assert spec.batch_axes == ("data", "fsdp")
+    assert loaded.source.name == "small_layer"
+    assert loaded.source.display == "spec.yaml"
+    assert loaded.source.text == VALID
+    assert loaded.source.sha256 == hashlib.sha256(VALID.encode()).hexdigest()
+
+
+def test_defaults_applied() -> None:
+    spec = load(MINIMAL).spec
+    assert spec.description == ""
+    assert spec.layer.activation == "swiglu"
+    assert spec.router.score == "softmax"
+    assert spec.router.renormalize is False
+    assert spec.dtypes.params == "float32"
+    assert spec.dtypes.compute == "bfloat16"
+    assert spec.parallelism.experts == "replicated"
+    assert spec.parallelism.overlap_chunks == 1
+    assert spec.target.hardware == "cpu"
+    assert spec.target.kernel == "xla"
+    assert spec.mesh.batch_axes is None
+    # Default batch axes: every mesh axis, in the order the spec lists them.
+    assert spec.batch_axes == ("fsdp", "data")
+
+
+def test_utf8_bom_and_comments_are_accepted() -> None:
+    text = "# leading comment\n" + MINIMAL + "# trailing comment\n"
+    assert load(b"\xef\xbb\xbf" + text.encode()).spec.layer.ffn_dim == 64
+
+
+def test_spec_is_frozen() -> None:
+    loaded = load(VALID)
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
+        loaded.spec.layer.embed_dim = 128  # type: ignore[misc]
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
+        loaded.spec.router = loaded.spec.router  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        loaded.spec = loaded.spec  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        loaded.source.text = ""  # type: ignore[misc]
+    assert loaded.spec.layer.embed_dim == 64
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: Spec is only shallowly frozen; mesh.axes (dict) and mesh.batch_axes (list) "
+    "can be mutated in place after validation",
+)
+def test_spec_containers_are_immutable() -> None:
+    spec = load(VALID).spec
+    with pytest.raises(TypeError):
+        spec.mesh.axes["data"] = 1024  # type: ignore[index]
+    with pytest.raises((TypeError, AttributeError)):
+        spec.mesh.batch_axes.append("data")  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------------------
+# Strict types: nothing is coerced
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "message"),
+    [
+        ("num_experts: 8", 'num_experts: "8"', "layer.num_experts", "must be an integer, got '8'"),
+        ("num_experts: 8", "num_experts: 8.0", "layer.num_experts", "must be an integer, got 8.0"),
+        (
+            "num_experts: 8",
+            "num_experts: true",
+            "layer.num_experts",
+            "must be an integer, got true",
+        ),
+        (
+            "renormalize: true",
+            "renormalize: 1",
+            "router.renormalize",
+            "must be true or false, got 1",
+        ),
+        (
+            "renormalize: true",
+            'renormalize: "true"',
+            "router.renormalize",
+            "must be true or false, got 'true'",
+        ),
+        (
+            "description: a small layer",
+            "description: 12",
+            "description",
+            "must be a string, got 12",
+        ),
+        (
+            "description: a small layer",
+            "description: null",
+            "description",
+            "must be a string, got null",
+        ),
+        (
+            "score: sigmoid",
+            "score: 1",
+            "router.score",
+            "must be 'softmax' or 'sigmoid', got 1",
+        ),
+    ],
+)
+def test_strict_types_no_coercion(old, new, field, message) -> None:
+    assert old in VALID
+    found = errors(VALID.replace(old, new))
+    assert [(f, m) for _, _, f, m in found] == [(field, message)]
+
+
+def test_quoted_version_is_refused() -> None:
+    [(line, col, field, message)] = errors(VALID.replace("version: 1", 'version: "1"'))
+    assert (line, col, field) == (1, 10, "version")
+    assert message.startswith("must be 1, got '1'")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="UNCLEAR: for version: '1' the literal did-you-mean suggests the very same '1' "
+    "('must be 1, got '1'; did you mean '1'?')",
+)
+def test_quoted_version_message_has_no_self_suggestion() -> None:
+    [(*_, message)] = errors(VALID.replace("version: 1", 'version: "1"'))
+    assert "did you mean" not in message
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: version: true and version: 1.0 pass Literal[1] (True == 1.0 == 1) despite "
+    "strict mode",
+)
+@pytest.mark.parametrize("version", ["true", "1.0"])
+def test_version_must_be_the_integer_1(version: str) -> None:
+    errors(VALID.replace("version: 1", f"version: {version}"))
+
+
+# ---------------------------------------------------------------------------------------
+# Every error kind is located, and all are reported together
+
+
+def test_every_schema_error_kind_is_located_and_reported_together() -> None:
+    text = """\
+version: 3
+description: [not, text]
+layer:
+  num_experts: "8"
+  embed_dim: 0
+  ffn_dim: 2147483648
+  activation: gelu
+  hidden: 3
+router:
+  renormalize: 1
+shapes: [16, 256]
+mesh:
+  axes: {}
+  batch_axes: data
+parallelism:
+  overlap_chunks: 1.5
+targte:
+  hardware: cpu
+"""
+    assert errors(text) == [
+        (1, 10, "version", "must be 1, got 3"),
+        (2, 14, "description", "must be a string, got a list"),
+        (4, 16, "layer.num_experts", "must be an integer, got '8'"),
+        (5, 14, "layer.embed_dim", "must be > 0, got 0"),
+        (6, 12, "layer.ffn_dim", "must be <= 2147483647, got 2147483648"),
+        (7, 15, "layer.activation", "must be 'swiglu', got 'gelu'; did you mean 'swiglu'?"),
+        (8, 3, "layer", ("unknown key 'hidden'; expected one of: num_experts, embed_dim, "
+         "ffn_dim, activation")),
+        (10, 3, "router", "required key 'top_k' is missing"),
+        (10, 16, "router.renormalize", "must be true or false, got 1"),
+        (11, 9, "shapes", "must be a mapping, got a list"),
+        (13, 9, "mesh.axes", "must have at least 1 entries"),
+        (14, 15, "mesh.batch_axes", "must be a list, got 'data'"),
+        (16, 19, "parallelism.overlap_chunks", "must be an integer, got 1.5"),
+        (17, 1, "", "unknown key 'targte'; did you mean 'target'?"),
+    ]  # fmt: skip
+
+
+def test_yaml_structure_errors_are_reported_together() -> None:
+    text = """\
+version: 1
+layer:
+  num_experts: &n 8
+  embed_dim: 64
+  embed_dim: 64
+  ffn_dim: !!binary aGVsbG8=
+router:
+  top_k: *n
+  1: 2
+"""
+    assert errors(text) == [
+        (5, 3, "layer.embed_dim", "duplicate key"),
+        (6, 12, "layer.ffn_dim", "unsupported YAML tag 'tag:yaml.org,2002:binary'"),
+        (8, 3, "router.top_k", "YAML aliases are not supported"),
+        (9, 3, "router", "keys must be plain strings (merge keys '<<' included)"),
+    ]
+
+
+def test_mesh_axis_key_errors_point_at_the_key() -> None:
+    text = MINIMAL.replace("{fsdp: 2, data: 1}", "{fsdp: 2, tensor: 2, dta: 1}")
+    assert errors(text) == [
+        (5, 24, "mesh.axes.tensor", "must be 'data' or 'fsdp', got 'tensor'"),
+        (5, 35, "mesh.axes.dta", "must be 'data' or 'fsdp', got 'dta'; did you mean 'data'?"),
+    ]
+
+
+def test_dict_type_and_string_too_long() -> None:
+    text = MINIMAL.replace("{axes: {fsdp: 2, data: 1}}", "{axes: [fsdp, data]}")
+    text += "description: " + "x" * 501 + "\n"
+    assert errors(text) == [
+        (5, 14, "mesh.axes", "must be a mapping, got a list"),
+        (6, 14, "description", "must be at most 500 characters"),
+    ]
+
+
+def test_missing_required_sections_point_at_the_document() -> None:
+    text = "# header comment\nversion: 1\nlayer:\n  num_experts: 8\n"
+    assert errors(text) == [
+        (2, 1, "", "required key 'router' is missing"),
+        (2, 1, "", "required key 'shapes' is missing"),
+        (2, 1, "", "required key 'mesh' is missing"),
+        (4, 3, "layer", "required key 'embed_dim' is missing"),
+        (4, 3, "layer", "required key 'ffn_dim' is missing"),
+    ]
+
+
+def test_null_section_is_not_a_mapping() -> None:
+    assert errors(MINIMAL.replace("router: {top_k: 1}", "router:")) == [
+        (3, 8, "router", "must be a mapping, got null")
+    ]
+
+
+# ---------------------------------------------------------------------------------------
+# Whole-file problems
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "spec is empty"),
+        ("# nothing\n\n", "spec is empty"),
+        ("[1, 2]\n", "spec must be a mapping"),
+        ("just text\n", "spec must be a mapping"),
+        ("null\n", "spec must be a mapping"),
+    ],
+)
+def test_document_must_be_a_mapping(text: str, message: str) -> None:
+    assert errors(text) == [(1, 1, "", message)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="UNCLEAR: a lone document marker '---' (an empty document) is reported as "
+    "'spec must be a mapping' at 2:1, a line the 1-line file does not have, not 'spec is empty'",
+)
+def test_lone_document_marker_is_an_empty_spec() -> None:
+    assert errors("---\n") == [(1, 1, "", "spec is empty")]
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "col", "problem"),
+    [
+        ("a: [1, 2\nb: 3\n", 2, 2, "expected ',' or ']', but got ':'"),
+        ("a:\n\tb: 1\n", 2, 1, "found character '\\t' that cannot start any token"),
+        ("a: 1\n  b: 2\n", 2, 4, "mapping values are not allowed here"),
+        ("a: 1\n---\nb: 2\n", 2, 1, "but found another document"),
+        ("a: 'open\n", 2, 1, "found unexpected end of stream"),
+    ],
+)
+def test_yaml_syntax_errors_are_located(text: str, line: int, col: int, problem: str) -> None:
+    assert errors(text) == [(line, col, "", f"invalid YAML: {problem}")]
+
+
+def test_size_limit() -> None:
+    padded = MINIMAL + "#" * (MAX_SPEC_BYTES - len(MINIMAL) - 1) + "\n"
+    assert len(padded.encode()) == MAX_SPEC_BYTES
+    assert load(padded).spec.layer.embed_dim == 32
+    too_big = padded + "\n"
+    assert errors(too_big) == [
+        (1, 1, "", f"spec is {MAX_SPEC_BYTES + 1} bytes; at most {MAX_SPEC_BYTES} are accepted")
+    ]
+
+
+def test_not_utf8() -> None:
+    assert errors(b"version: 1\ndescription: caf\xe9\n") == [
+        (1, 1, "", "spec is not UTF-8 text (byte 27)")
+    ]
+    assert errors(MINIMAL.encode("utf-16")) == [(1, 1, "", "spec is not UTF-8 text (byte 0)")]
+
+
+@pytest.mark.parametrize("name", ["bad-name", "2fast", "_private", "my spec", "a.b"])
+def test_module_name_must_be_an_identifier(name: str) -> None:
+    [(line, col, field, message)] = errors(MINIMAL, name=name)
+    assert (line, col, field) == (1, 1, "")
+    assert message.startswith(f"file name {name!r} must be a Python identifier")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: Python keywords pass str.isidentifier(); 'class.yaml' would generate "
+    "class.py, which `import class` / `from generated import class` cannot import",
+)
+@pytest.mark.parametrize("name", ["class", "import", "None"])
+def test_module_name_must_not_be_a_keyword(name: str) -> None:
+    errors(MINIMAL, name=name)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: control characters make yaml.SafeLoader() raise ReaderError from outside "
+    "the try in load._parse_yaml; it escapes as a non-SpecError (CLI: internal error, exit 4)",
+)
+@pytest.mark.parametrize("char", ["\x00", "\x07", "\x1b"])
+def test_control_character_is_a_located_diagnostic(char: str) -> None:
+    found = errors(f"version: 1\ndescription: a{char}b\n")
+    assert found[0][:2] == (2, 15)
+
+
+# ---------------------------------------------------------------------------------------
+# Unsafe YAML forms: aliases, merge keys, tags
+
+
+def test_aliases_refused_at_the_key_that_uses_them() -> None:
+    text = MINIMAL.replace("{top_k: 1}", "&r {top_k: 1}") + "parallelism: *r\n"
+    assert errors(text) == [(6, 1, "parallelism", "YAML aliases are not supported")]
+
+
+def test_alias_of_a_scalar_refused() -> None:
+    text = MINIMAL.replace("num_experts: 4", "num_experts: &four 4").replace(
+        "batch: 2", "batch: *four"
+    )
+    assert errors(text) == [(4, 10, "shapes.batch", "YAML aliases are not supported")]
+
+
+def test_recursive_alias_does_not_hang() -> None:
+    assert errors("a: &x [1, *x]\n") == [(1, 4, "a[1]", "YAML aliases are not supported")]
+
+
+def test_alias_in_a_sequence_is_refused() -> None:
+    text = MINIMAL.replace("{fsdp: 2, data: 1}", "{fsdp: 2, data: 1}, batch_axes: [&ax fsdp, *ax]")
+    [(line, _, field, message)] = errors(text)
+    assert (line, field, message) == (5, "mesh.batch_axes[1]", "YAML aliases are not supported")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: an alias inside a sequence is located at its anchor (the composer returns "
+    "the anchored node), not at the '*name' that uses it",
+)
+def test_alias_in_a_sequence_points_at_the_alias() -> None:
+    text = "version: 1\nx: &ax fsdp\ny: [data, *ax]\n"
+    [(line, col, field, _)] = errors(text)
+    assert (line, col, field) == (3, 11, "y[1]")
+
+
+def test_merge_key_refused() -> None:
+    text = MINIMAL.replace("{top_k: 1}", "&r {top_k: 1}") + "parallelism:\n  <<: *r\n"
+    assert errors(text) == [
+        (7, 3, "parallelism", "keys must be plain strings (merge keys '<<' included)")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "tag"),
+    [
+        ("!!python/object:os.system 'ls'", "tag:yaml.org,2002:python/object:os.system"),
+        ("!!python/name:os.system", "tag:yaml.org,2002:python/name:os.system"),
+        ("!!timestamp 2024-01-01", "tag:yaml.org,2002:timestamp"),
+        ("2024-01-01", "tag:yaml.org,2002:timestamp"),  # implicitly resolved
+        ("!custom x", "!custom"),
+    ],
+)
+def test_unsupported_scalar_tags_refused(value: str, tag: str) -> None:
+    text = MINIMAL + f"description: {value}\n"
+    assert errors(text) == [(6, 14, "description", f"unsupported YAML tag {tag!r}")]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: tags on mapping and sequence nodes are never checked; "
+    "'!!python/object/apply:os.system [ls]' or '!!python/object:x {...}' is silently "
+    "read as a plain list/mapping",
+)
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("mesh: {axes:", "mesh: !!python/object:os.system {axes:"),
+        ("router: {top_k: 1}", "router: !!python/object/new:dict {top_k: 1}"),
+        (
+            "mesh: {axes: {fsdp: 2, data: 1}}",
+            "mesh: {axes: {fsdp: 2, data: 1}, batch_axes: !!python/object/apply:os.system [fsdp]}",
+        ),
+    ],
+)
+def test_tags_on_collections_refused(old: str, new: str) -> None:
+    assert old in MINIMAL
+    found = errors(MINIMAL.replace(old, new))
+    assert any("unsupported YAML tag" in message for *_, message in found), found
+
+
+# ---------------------------------------------------------------------------------------
+# load_spec: from a path
+
+
+def test_load_spec_from_path_relative_to_cwd(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "specs").mkdir()
+    path = tmp_path / "specs" / "tiny.yaml"
+    path.write_text(MINIMAL, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    loaded = load_spec(Path("specs/tiny.yaml"))
+    assert loaded.source.display == "specs/tiny.yaml"
+    assert loaded.source.name == "tiny"
+    assert display_path(path) == "specs/tiny.yaml"
+
+
+def test_display_path_outside_cwd_is_kept(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    outside = tmp_path / "elsewhere.yaml"
+    assert display_path(outside) == outside.as_posix()
+
+
+def test_load_spec_missing_file(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SpecError) as info:
+        load_spec(Path("absent.yaml"))
+    assert [d.text() for d in info.value.diagnostics] == [
+        "absent.yaml:1:1: cannot read spec: No such file or directory"
+    ]
+
+
+def test_load_spec_refuses_unprintable_path(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    name = "new\nline.yaml"
+    (tmp_path / name).write_text(MINIMAL, encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        load_spec(Path(name))
+    [d] = info.value.diagnostics
+    assert d.file == ascii(name)
+    assert d.message == "file path must be printable"

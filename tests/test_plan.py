@@ -1,0 +1,332 @@
+"""Stage 3, `moegen.plan`: per-device shapes, partitions, FLOPs and bytes of realistic
+MoE layers on several meshes, checked against the formulas, plus `moegen plan` itself."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from moegen.load import LoadedSpec, load_spec_bytes
+from moegen.pipeline import load_valid
+from moegen.plan import Plan, format_plan, make_plan
+from moegen.validate import validate
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BYTES = {"float32": 4, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class Shape:
+    experts: int
+    embed: int
+    ffn: int
+    top_k: int
+    batch: int
+    seq: int
+    params: str
+    compute: str
+    score: str = "softmax"
+    renormalize: bool = True
+
+
+SHAPES = {
+    "mixtral-8x7b": Shape(8, 4096, 14336, 2, 16, 4096, "float32", "bfloat16"),
+    "qwen3-30b-a3b": Shape(128, 2048, 768, 8, 16, 4096, "bfloat16", "bfloat16"),
+    "deepseek-v3-routed": Shape(256, 7168, 2048, 8, 16, 4096, "float32", "bfloat16", "sigmoid"),
+    "tiny-top1": Shape(4, 64, 128, 1, 16, 128, "float32", "float32", "sigmoid", False),
+}
+
+# name -> (mesh axes in order, explicit batch_axes or None for the default)
+MESHES = {
+    "data8": ({"data": 8}, None),
+    "fsdp8": ({"fsdp": 8}, None),
+    "data2xfsdp4": ({"data": 2, "fsdp": 4}, None),
+    "fsdp4xdata2-batch-fsdp-data": ({"fsdp": 4, "data": 2}, ["fsdp", "data"]),
+}
+
+
+def spec_text(shape: Shape, axes: dict[str, int], batch_axes: list[str] | None) -> str:
+    mesh = "\n".join(f"    {name}: {size}" for name, size in axes.items())
+    listed = f"  batch_axes: [{', '.join(batch_axes)}]\n" if batch_axes is not None else ""
+    return f"""\
+version: 1
+description: plan test
+layer:
+  num_experts: {shape.experts}
+  embed_dim: {shape.embed}
+  ffn_dim: {shape.ffn}
+router:
+  top_k: {shape.top_k}
+  score: {shape.score}
+  renormalize: {"true" if shape.renormalize else "false"}
+shapes:
+  batch: {shape.batch}
+  seq_len: {shape.seq}
+dtypes:
+  params: {shape.params}
+  compute: {shape.compute}
+mesh:
+  axes:
+{mesh}
+{listed}"""
+
+
+def loaded(shape: Shape, axes: dict[str, int], batch_axes: list[str] | None) -> LoadedSpec:
+    raw = spec_text(shape, axes, batch_axes).encode()
+    return validate(load_spec_bytes(raw, "specs/plan_case.yaml", "plan_case"))
+
+
+CASES = [
+    pytest.param((shape_name, mesh_name), id=f"{shape_name}-{mesh_name}")
+    for shape_name in SHAPES
+    for mesh_name in MESHES
+]
+
+
+@pytest.fixture(params=CASES)
+def case(request) -> tuple[Shape, dict[str, int], list[str] | None, Plan]:
+    shape_name, mesh_name = request.param
+    shape = SHAPES[shape_name]
+    axes, batch_axes = MESHES[mesh_name]
+    return shape, axes, batch_axes, make_plan(loaded(shape, axes, batch_axes))
+
+
+def test_global_and_per_device_sizes(case) -> None:
+    s, axes, batch_axes, plan = case
+    devices = math.prod(axes.values())
+    assert plan.mesh_axes == tuple(axes.items())
+    assert plan.num_devices == devices
+    assert plan.batch_axes == tuple(batch_axes or axes)
+    assert plan.input_partition == (tuple(batch_axes or axes), None, None)
+    assert plan.fsdp_axis == ("fsdp" if "fsdp" in axes else None)
+    assert plan.expert_axis is None
+    assert plan.expert_strategy == "replicated"
+    assert (plan.batch, plan.seq_len, plan.embed_dim, plan.ffn_dim) == (
+        s.batch,
+        s.seq,
+        s.embed,
+        s.ffn,
+    )
+    assert (plan.num_experts, plan.local_experts, plan.top_k) == (s.experts, s.experts, s.top_k)
+    # Every batch axis shards the batch (all of them here), so each device gets 1/devices.
+    assert plan.batch_shards == devices
+    assert plan.local_batch == s.batch // devices
+    assert plan.local_tokens == s.batch // devices * s.seq
+    assert plan.routed_rows == s.batch // devices * s.seq * s.top_k
+    assert plan.local_tokens * plan.batch_shards == s.batch * s.seq
+    assert plan.routed_rows * plan.batch_shards == s.batch * s.seq * s.top_k
+    # ragged_dot (kernel xla) takes groups of any size: nothing is padded.
+    assert plan.row_alignment == 1
+    assert plan.padded_rows == plan.routed_rows
+    assert (plan.score, plan.renormalize, plan.activation) == (s.score, s.renormalize, "swiglu")
+    assert (plan.param_dtype, plan.compute_dtype, plan.router_dtype) == (
+        s.params,
+        s.compute,
+        "float32",
+    )
+    assert (plan.hardware, plan.kernel) == ("cpu", "xla")
+    assert plan.module_name == "plan_case"
+    assert plan.spec_display == "specs/plan_case.yaml"
+    assert len(plan.spec_sha256) == 64
+    assert plan.description == "plan test"
+
+
+def test_param_shapes_and_partitions(case) -> None:
+    s, axes, _, plan = case
+    fsdp = axes.get("fsdp", 1)
+    f = "fsdp" if "fsdp" in axes else None
+    E, D, F = s.experts, s.embed, s.ffn
+    expected = {
+        # name: (shape, local shape, partition, gathered dim, use dtype, fan_in)
+        "router": ((D, E), (D // fsdp, E), (f, None), 0, "float32", D),
+        "w_gate": ((E, D, F), (E, D // fsdp, F), (None, f, None), 1, s.compute, D),
+        "w_up": ((E, D, F), (E, D // fsdp, F), (None, f, None), 1, s.compute, D),
+        "w_down": ((E, F, D), (E, F, D // fsdp), (None, None, f), 2, s.compute, F),
+    }
+    assert [p.name for p in plan.params] == list(expected)
+    for p in plan.params:
+        shape, local, partition, gather_axis, use_dtype, fan_in = expected[p.name]
+        assert p.shape == shape, p.name
+        assert p.local_shape == local, p.name
+        assert p.partition == partition, p.name
+        assert p.gather_axis == (gather_axis if f else None), p.name
+        assert p.use_dtype == use_dtype, p.name
+        assert p.init_scale == pytest.approx(1 / math.sqrt(fan_in)), p.name
+        assert len(p.shape_names) == len(p.shape)
+        assert p.doc == "[" + ", ".join(p.shape_names) + "]"
+    names = {p.name: p.shape_names for p in plan.params}
+    assert names["router"] == ("EMBED_DIM", "NUM_EXPERTS")
+    assert names["w_down"] == ("NUM_EXPERTS", "FFN_DIM", "EMBED_DIM")
+    # The local shards tile the global parameter exactly.
+    for p in plan.params:
+        assert math.prod(p.local_shape) * fsdp == math.prod(p.shape)
+
+
+def test_flops_against_formulas(case) -> None:
+    s, axes, _, plan = case
+    t = s.batch // math.prod(axes.values()) * s.seq  # tokens per device
+    c = plan.cost
+    assert c.router_flops == 2 * t * s.embed * s.experts
+    assert c.expert_flops == 6 * t * s.top_k * s.embed * s.ffn
+    assert c.forward_flops == c.router_flops + c.expert_flops
+    assert c.train_flops == 3 * c.forward_flops
+    # Router FLOPs are negligible next to the experts' for every realistic shape.
+    assert c.router_flops < c.expert_flops
+
+
+def test_bytes_against_formulas(case) -> None:
+    s, axes, _, plan = case
+    fsdp = axes.get("fsdp", 1)
+    t = s.batch // math.prod(axes.values()) * s.seq
+    rows = t * s.top_k
+    E, D, F = s.experts, s.embed, s.ffn
+    pb, cb = BYTES[s.params], BYTES[s.compute]
+    c = plan.cost
+    assert c.param_bytes == (D * E + 3 * E * D * F) // fsdp * pb
+    gathered = D * E * 4 + 3 * E * D * F * cb  # router always float32
+    assert c.gathered_weight_bytes == gathered
+    assert c.routed_buffer_bytes == rows * (2 * D + 3 * F) * cb
+    assert c.activation_bytes == 2 * t * D * cb
+    assert c.gather_bytes_received == gathered * (fsdp - 1) // fsdp
+    if fsdp == 1:
+        assert c.gather_bytes_received == 0
+
+
+def test_known_numbers_mixtral_on_data2_fsdp4() -> None:
+    """Hand-computed values for one case, independent of the generic formulas above."""
+    plan = make_plan(loaded(SHAPES["mixtral-8x7b"], {"data": 2, "fsdp": 4}, None))
+    assert (plan.local_batch, plan.local_tokens, plan.routed_rows) == (2, 8192, 16384)
+    assert {p.name: p.local_shape for p in plan.params} == {
+        "router": (1024, 8),
+        "w_gate": (8, 1024, 14336),
+        "w_up": (8, 1024, 14336),
+        "w_down": (8, 14336, 1024),
+    }
+    assert plan.cost.router_flops == 536_870_912
+    assert plan.cost.expert_flops == 5_772_436_045_824
+    # 3 * 8 * 1024 * 14336 + 1024 * 8 parameters per device, float32
+    assert plan.cost.param_bytes == 1_409_318_912
+
+
+def test_summary_states_the_spec(case) -> None:
+    s, axes, _, plan = case
+    mesh = " x ".join(f"{name} {size}" for name, size in axes.items())
+    assert plan.summary.startswith(f"MoE layer: {s.experts} swiglu experts ")
+    assert f"(embed {s.embed}, ffn {s.ffn}), top-{s.top_k} {s.score} routing" in plan.summary
+    assert ("renormalised" in plan.summary) == s.renormalize
+    assert f"on a {mesh} mesh" in plan.summary
+
+
+def test_plan_is_frozen(case) -> None:
+    *_, plan = case
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.batch = 1  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.cost.router_flops = 0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.params[0].local_shape = ()  # type: ignore[misc]
+    assert isinstance(plan.params, tuple)
+    assert isinstance(plan.mesh_axes, tuple)
+    assert hash(plan) == hash(plan)  # every field is immutable, so the plan hashes
+
+
+def test_to_dict_is_json_serialisable(case) -> None:
+    *_, plan = case
+    data = plan.to_dict()
+    text = json.dumps(data)
+    back = json.loads(text)
+    assert back["routed_rows"] == plan.routed_rows
+    assert back["cost"]["expert_flops"] == plan.cost.expert_flops
+    assert [p["name"] for p in back["params"]] == ["router", "w_gate", "w_up", "w_down"]
+    assert back["params"][1]["partition"] == list(plan.params[1].partition)
+    assert back["mesh_axes"] == [list(item) for item in plan.mesh_axes]
+    assert set(back) == {f.name for f in dataclasses.fields(Plan)}
+    # to_dict is a copy: changing it leaves the plan alone.
+    data["batch"] = -1
+    assert plan.batch != -1
+
+
+def test_format_plan_lists_every_parameter(case) -> None:
+    *_, plan = case
+    text = format_plan(plan)
+    assert text.splitlines()[0] == "specs/plan_case.yaml -> plan_case.py"
+    assert f"tokens/device   {plan.local_tokens}; routed rows {plan.routed_rows} " in text
+    for p in plan.params:
+        spec = "P(" + ", ".join(repr(e) for e in p.partition) + ")"
+        assert f"spec {spec} -> per device {list(p.local_shape)}" in text
+    assert f"router {plan.cost.router_flops:.3e}" in text
+
+
+def test_plan_is_deterministic() -> None:
+    shape, (axes, batch_axes) = SHAPES["qwen3-30b-a3b"], MESHES["data2xfsdp4"]
+    first = make_plan(loaded(shape, axes, batch_axes))
+    second = make_plan(loaded(shape, axes, batch_axes))
+    assert first == second
+    assert json.dumps(first.to_dict()) == json.dumps(second.to_dict())
+
+
+# ---------------------------------------------------------------------------------------
+# moegen plan SPEC [--json]
+
+EXAMPLE = "specs/mixtral_small_cpu.yaml"
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "MOEGEN_DEBUG"}
+    return subprocess.run(
+        [sys.executable, "-m", "moegen", *args],
+        check=False,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_cli_plan_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO_ROOT)
+    result = _run_cli("plan", EXAMPLE)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == format_plan(make_plan(load_valid(Path(EXAMPLE)))) + "\n"
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"{EXAMPLE} -> mixtral_small_cpu.py"
+    assert "  mesh            data=2 x fsdp=4 (8 devices); batch over ('data', 'fsdp')" in lines
+    assert "  input           [16, 256, 512] bfloat16 -> per device [2, 256, 512]" in lines
+    assert any(line.startswith("  tokens/device   512; routed rows 1024 ") for line in lines)
+    assert (
+        "    w_down   [8, 1792, 512] float32 spec P(None, None, 'fsdp') -> per device [8, 1792, 128]"
+        in lines
+    )
+
+
+def test_cli_plan_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO_ROOT)
+    result = _run_cli("plan", EXAMPLE, "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    expected = json.loads(json.dumps(make_plan(load_valid(Path(EXAMPLE))).to_dict()))
+    assert data == expected
+    assert data["module_name"] == "mixtral_small_cpu"
+    assert data["spec_display"] == EXAMPLE
+    assert data["local_tokens"] == 512
+    assert data["routed_rows"] == 1024
+    assert data["cost"]["router_flops"] == 2 * 512 * 512 * 8
+    assert data["cost"]["expert_flops"] == 6 * 512 * 2 * 512 * 1792
+
+
+def test_cli_plan_invalid_spec_exits_3() -> None:
+    path = "tests/invalid_specs/top_k_above_num_experts.yaml"
+    result = _run_cli("plan", path)
+    assert result.returncode == 3
+    assert f"{path}:8:10: router.top_k: must be <= layer.num_experts (8), got 9" in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.stdout == ""

@@ -1,0 +1,417 @@
+"""Stage 2, `moegen.validate`: every cross-field rule, passing and failing, located."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from moegen.diagnostics import SpecError
+from moegen.load import LoadedSpec, load_spec, load_spec_bytes
+from moegen.validate import MAX_CPU_DEVICES, RULES, check_rules, validate
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RULES_BY_NAME = {rule.__name__: rule for rule in RULES}
+
+
+def spec_yaml(
+    *,
+    experts: int = 8,
+    embed: int = 64,
+    ffn: int = 128,
+    top_k: int = 2,
+    renormalize: bool = False,
+    batch: int = 16,
+    seq: int = 32,
+    axes: str = "{data: 2, fsdp: 2}",
+    batch_axes: str | None = None,
+    overlap: int = 1,
+) -> str:
+    """A schema-valid spec with every value on a fixed line (see the column comments)."""
+    lines = [
+        "version: 1",  # 1
+        "layer:",  # 2
+        f"  num_experts: {experts}",  # 3, value at column 16
+        f"  embed_dim: {embed}",  # 4, column 14
+        f"  ffn_dim: {ffn}",  # 5, column 12
+        "router:",  # 6
+        f"  top_k: {top_k}",  # 7, column 10
+        f"  renormalize: {'true' if renormalize else 'false'}",  # 8, column 16
+        "shapes:",  # 9
+        f"  batch: {batch}",  # 10, column 10
+        f"  seq_len: {seq}",  # 11, column 12
+        "mesh:",  # 12
+        f"  axes: {axes}",  # 13, column 9
+        f"  batch_axes: {batch_axes}" if batch_axes is not None else "  # batch_axes: default",
+        "parallelism:",  # 15
+        f"  overlap_chunks: {overlap}",  # 16, column 19
+        "target:",  # 17
+        "  hardware: cpu",  # 18
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def loaded_spec(**kwargs) -> LoadedSpec:
+    return load_spec_bytes(spec_yaml(**kwargs).encode(), "rule.yaml", "rule")
+
+
+def found(rule_name: str, **kwargs) -> list[tuple[int, int, str, str]]:
+    diagnostics = RULES_BY_NAME[rule_name](loaded_spec(**kwargs))
+    assert all(d.file == "rule.yaml" for d in diagnostics)
+    return [(d.line, d.column, d.field, d.message) for d in diagnostics]
+
+
+# rule name -> [(spec overrides, expected diagnostics: (line, column, field, message))].
+# Each rule has at least one passing case (expected []) and one failing case.
+CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
+    "top_k_within_experts": [
+        ({}, []),
+        ({"experts": 8, "top_k": 8}, []),  # boundary: every expert
+        (
+            {"experts": 8, "top_k": 9},
+            [(7, 10, "router.top_k", "must be <= layer.num_experts (8), got 9")],
+        ),
+        (
+            {"experts": 1, "top_k": 2},
+            [(7, 10, "router.top_k", "must be <= layer.num_experts (1), got 2")],
+        ),
+    ],
+    "batch_axes_are_mesh_axes": [
+        ({}, []),  # default batch axes
+        ({"batch_axes": "[fsdp, data]"}, []),  # any order
+        ({"batch_axes": "[]"}, []),  # empty is another rule's business
+        (
+            {"axes": "{data: 2}", "batch_axes": "[data, fsdp]"},
+            [(14, 22, "mesh.batch_axes[1]", "'fsdp' is not a mesh axis (mesh.axes: data)")],
+        ),
+        (
+            {"batch_axes": "[data, fsdp, data]"},
+            [(14, 28, "mesh.batch_axes[2]", "'data' is listed twice")],
+        ),
+        (
+            {"axes": "{fsdp: 4}", "batch_axes": "[data, data]"},
+            [
+                (14, 16, "mesh.batch_axes[0]", "'data' is not a mesh axis (mesh.axes: fsdp)"),
+                (14, 22, "mesh.batch_axes[1]", "'data' is not a mesh axis (mesh.axes: fsdp)"),
+            ],
+        ),
+    ],
+    "data_parallel_axes_shard_batch": [
+        ({}, []),
+        ({"batch_axes": "[data, fsdp]"}, []),
+        ({"axes": "{fsdp: 4}", "batch_axes": "[fsdp]"}, []),
+        (
+            {"batch_axes": "[data]"},
+            [
+                (
+                    14,
+                    15,
+                    "mesh.batch_axes",
+                    (
+                        "data-parallel axes ['fsdp'] must shard the batch; "
+                        "add them: ['data', 'fsdp']"
+                    ),
+                )
+            ],
+        ),
+        (
+            {"batch_axes": "[]"},
+            [
+                (
+                    14,
+                    15,
+                    "mesh.batch_axes",
+                    (
+                        "data-parallel axes ['data', 'fsdp'] must shard the batch; "
+                        "add them: ['data', 'fsdp']"
+                    ),
+                )
+            ],
+        ),
+    ],
+    "batch_divisible_by_batch_axes": [
+        ({"batch": 4}, []),  # 4 % (2*2) == 0
+        ({"batch": 2, "batch_axes": "[data]"}, []),  # only the listed axes count
+        ({"batch": 6, "batch_axes": "[data, data]"}, []),  # a repeated axis counts once
+        (
+            {"batch": 12, "axes": "{data: 2, fsdp: 4}"},
+            [
+                (
+                    10,
+                    10,
+                    "shapes.batch",
+                    "12 is not divisible by data*fsdp = 8; nearest valid: 8 or 16",
+                )
+            ],
+        ),
+        (
+            {"batch": 3, "axes": "{data: 2, fsdp: 4}"},
+            [(10, 10, "shapes.batch", "3 is not divisible by data*fsdp = 8; nearest valid: 8")],
+        ),
+        (
+            {"batch": 3, "axes": "{data: 2, fsdp: 4}", "batch_axes": "[fsdp]"},
+            [(10, 10, "shapes.batch", "3 is not divisible by fsdp = 4; nearest valid: 4")],
+        ),
+    ],
+    "embed_divisible_by_fsdp": [
+        ({"embed": 63, "axes": "{data: 2}"}, []),  # no fsdp axis: nothing is sharded
+        ({"embed": 64, "axes": "{fsdp: 8}"}, []),
+        (
+            {"embed": 500, "axes": "{fsdp: 8}"},
+            [
+                (
+                    4,
+                    14,
+                    "layer.embed_dim",
+                    (
+                        "500 is not divisible by fsdp = 8 (parameters are sharded along "
+                        "embed_dim); nearest valid: 496 or 504"
+                    ),
+                )
+            ],
+        ),
+        (
+            {"embed": 3, "axes": "{data: 2, fsdp: 4}"},
+            [
+                (
+                    4,
+                    14,
+                    "layer.embed_dim",
+                    (
+                        "3 is not divisible by fsdp = 4 (parameters are sharded along "
+                        "embed_dim); nearest valid: 4"
+                    ),
+                )
+            ],
+        ),
+    ],
+    "single_expert_not_renormalized": [
+        ({"top_k": 1, "renormalize": False}, []),
+        ({"top_k": 2, "renormalize": True}, []),
+        (
+            {"top_k": 1, "renormalize": True},
+            [
+                (
+                    8,
+                    16,
+                    "router.renormalize",
+                    (
+                        "with top_k = 1 the renormalised weight is always 1.0 and the router gets "
+                        "zero gradient; set renormalize: false"
+                    ),
+                )
+            ],
+        ),
+    ],
+    "overlap_needs_expert_communication": [
+        ({"overlap": 1}, []),
+        (
+            {"overlap": 2},
+            [
+                (
+                    16,
+                    19,
+                    "parallelism.overlap_chunks",
+                    (
+                        "2 chunks need an expert-parallel strategy with communication to overlap; "
+                        "experts: replicated has none; set 1"
+                    ),
+                )
+            ],
+        ),
+    ],
+    "indices_fit_int32": [
+        ({}, []),
+        # per device: (2**18 - 1) * 2 rows of width 4096 = 2**31 - 8192 elements: fits
+        ({"embed": 4096, "ffn": 1024, "batch": 1, "seq": 2**18 - 1, "axes": "{data: 1}"}, []),
+        (
+            {"embed": 4096, "ffn": 1024, "batch": 1, "seq": 2**18, "axes": "{data: 1}"},
+            [
+                (
+                    10,
+                    10,
+                    "shapes.batch",
+                    (
+                        "each device routes 524288 rows of width 4096: 2147483648 elements "
+                        "overflow int32 indexing (< 2**31); shard the batch over more devices "
+                        "or shorten it"
+                    ),
+                )
+            ],
+        ),
+        # the width is the larger of embed_dim and ffn_dim
+        (
+            {"embed": 1024, "ffn": 4096, "batch": 2, "seq": 2**18, "axes": "{data: 2}"},
+            [
+                (
+                    10,
+                    10,
+                    "shapes.batch",
+                    (
+                        "each device routes 524288 rows of width 4096: 2147483648 elements "
+                        "overflow int32 indexing (< 2**31); shard the batch over more devices "
+                        "or shorten it"
+                    ),
+                )
+            ],
+        ),
+        # global token slots: 256 * (2**20 - 1) * 8 < 2**31 fits; 256 * 2**20 * 8 does not
+        (
+            {
+                "embed": 8,
+                "ffn": 8,
+                "batch": 256,
+                "seq": 2**20 - 1,
+                "top_k": 8,
+                "axes": "{data: 256}",
+            },
+            [],
+        ),
+        (
+            {"embed": 8, "ffn": 8, "batch": 256, "seq": 2**20, "top_k": 8, "axes": "{data: 256}"},
+            [
+                (
+                    11,
+                    12,
+                    "shapes.seq_len",
+                    "batch*seq_len*top_k = 2147483648 token slots overflow int32 (< 2**31)",
+                )
+            ],
+        ),
+        (
+            {"embed": 4096, "batch": 256, "seq": 2**20, "top_k": 8, "axes": "{data: 2}"},
+            [
+                (
+                    10,
+                    10,
+                    "shapes.batch",
+                    (
+                        "each device routes 1073741824 rows of width 4096: 4398046511104 elements "
+                        "overflow int32 indexing (< 2**31); shard the batch over more devices "
+                        "or shorten it"
+                    ),
+                ),
+                (
+                    11,
+                    12,
+                    "shapes.seq_len",
+                    "batch*seq_len*top_k = 2147483648 token slots overflow int32 (< 2**31)",
+                ),
+            ],
+        ),
+    ],
+    "parameters_reasonably_sized": [
+        ({}, []),
+        ({"experts": 1023, "embed": 2**15, "ffn": 2**15}, []),  # just under 2**40 elements
+        (
+            {"experts": 1024, "embed": 2**15, "ffn": 2**15},
+            [
+                (
+                    3,
+                    3,
+                    "layer",
+                    (
+                        "expert weights of num_experts*embed_dim*ffn_dim = 1099511627776 elements "
+                        "(>= 2**40) per projection; check the sizes"
+                    ),
+                )
+            ],
+        ),
+    ],
+    "mesh_fits_cpu_target": [
+        ({"batch": 256, "axes": f"{{data: {MAX_CPU_DEVICES}}}"}, []),
+        ({"batch": 256, "axes": "{data: 16, fsdp: 16}"}, []),
+        (
+            {"batch": 512, "axes": "{data: 32, fsdp: 16}"},
+            [(13, 9, "mesh.axes", "512 devices; target cpu supports at most 256 host devices")],
+        ),
+        (
+            {"batch": 514, "axes": "{data: 257}"},
+            [(13, 9, "mesh.axes", "257 devices; target cpu supports at most 256 host devices")],
+        ),
+    ],
+}
+
+RULE_CASES = [
+    pytest.param(name, kwargs, expected, id=f"{name}-{i}-{'pass' if not expected else 'fail'}")
+    for name, cases in CASES.items()
+    for i, (kwargs, expected) in enumerate(cases)
+]
+
+
+def test_every_rule_has_cases() -> None:
+    assert sorted(CASES) == sorted(RULES_BY_NAME), "add CASES for every rule in RULES"
+    assert len(RULES_BY_NAME) == len(RULES), "two rules share a name"
+    for name, cases in CASES.items():
+        assert any(not expected for _, expected in cases), f"{name}: no passing case"
+        assert any(expected for _, expected in cases), f"{name}: no failing case"
+
+
+def test_every_rule_is_documented() -> None:
+    for rule in RULES:
+        assert rule.__doc__ and rule.__doc__.strip(), rule.__name__
+
+
+@pytest.mark.parametrize(("name", "kwargs", "expected"), RULE_CASES)
+def test_rule(name: str, kwargs: dict, expected: list) -> None:
+    assert found(name, **kwargs) == expected
+
+
+@pytest.mark.parametrize(("name", "kwargs", "expected"), RULE_CASES)
+def test_only_the_rule_under_test_fires_in_check_rules(name: str, kwargs: dict, expected) -> None:
+    """The failing cases are minimal: check_rules reports exactly this rule's diagnostics,
+    except where a case needs a second, related rule to fire too."""
+    loaded = loaded_spec(**kwargs)
+    others = [d for rule in RULES if rule.__name__ != name for d in rule(loaded)]
+    everything = check_rules(loaded)
+    assert len(everything) == len(expected) + len(others)
+    if not expected:
+        return
+    related = {
+        ("batch_axes_are_mesh_axes", "data_parallel_axes_shard_batch"),
+        ("data_parallel_axes_shard_batch", "batch_divisible_by_batch_axes"),
+    }
+    for d in others:
+        fired = next(r.__name__ for r in RULES if d in r(loaded))
+        assert (name, fired) in related or (fired, name) in related, (name, d)
+
+
+def test_check_rules_reports_several_violations_at_once() -> None:
+    loaded = loaded_spec(
+        experts=4,
+        top_k=1,
+        renormalize=True,
+        embed=66,
+        batch=6,
+        axes="{data: 2, fsdp: 4}",
+        batch_axes="[data, fsdp, data]",
+        overlap=3,
+    )
+    diagnostics = check_rules(loaded)
+    assert sorted((d.line, d.column, d.field) for d in diagnostics) == [
+        (4, 14, "layer.embed_dim"),
+        (8, 16, "router.renormalize"),
+        (10, 10, "shapes.batch"),
+        (14, 28, "mesh.batch_axes[2]"),
+        (16, 19, "parallelism.overlap_chunks"),
+    ]
+    with pytest.raises(SpecError) as info:
+        validate(loaded)
+    # SpecError keeps every diagnostic, in file order.
+    assert info.value.diagnostics == sorted(
+        diagnostics, key=lambda d: (d.file, d.line, d.column, d.field)
+    )
+    assert str(info.value).splitlines() == [d.text() for d in info.value.diagnostics]
+
+
+def test_validate_returns_a_valid_spec_unchanged() -> None:
+    loaded = loaded_spec()
+    assert check_rules(loaded) == []
+    assert validate(loaded) is loaded
+
+
+@pytest.mark.parametrize("path", sorted((REPO_ROOT / "specs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_example_specs_pass_every_rule(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO_ROOT)
+    loaded = load_spec(path.relative_to(REPO_ROOT))
+    assert check_rules(loaded) == []
