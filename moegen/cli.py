@@ -42,7 +42,13 @@ def cli() -> None:
 @click.argument(
     "specs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )
-@click.option("--out", "out_dir", default="generated", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    "out_dir",
+    default="generated",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+)
 @click.option("--no-verify", is_flag=True, help="Skip the twin parity run and the compile.")
 def build(specs: tuple[Path, ...], out_dir: Path, no_verify: bool) -> None:
     """Generate, verify and write the module of each SPEC (all or nothing)."""
@@ -65,7 +71,7 @@ def build(specs: tuple[Path, ...], out_dir: Path, no_verify: bool) -> None:
     except (VerifyError, RenderError) as err:
         _err(f"verification failed; nothing written:\n{err}")
         sys.exit(EXIT_FAILED)
-    for target, generated in results:
+    for target, _ in results:
         _err(f"  wrote {target}" + ("" if not no_verify else " (not verified)"))
 
 
@@ -73,7 +79,11 @@ def _describe(details: dict[str, Any]) -> str:
     if "cases" in details:
         return "; ".join(
             f"{c['case']}: max rel err {c['max_relative_error']:.1e}"
-            + (f", {len(c['starved_experts'])} experts got 0 tokens" if "starved_experts" in c else "")
+            + (
+                f", {len(c['starved_experts'])} experts got 0 tokens"
+                if "starved_experts" in c
+                else ""
+            )
             for c in details["cases"]
         )
     if "memory" in details:
@@ -111,7 +121,13 @@ def validate_command(specs: tuple[Path, ...], fmt: str) -> None:
 
 @cli.command(name="check")
 @spec_paths
-@click.option("--out", "out_dir", default="generated", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    "out_dir",
+    default="generated",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+)
 def check_command(specs: tuple[Path, ...], out_dir: Path) -> None:
     """Fail when a spec is invalid or a committed module is stale, missing or orphaned."""
     from moegen.check import check

@@ -22,12 +22,19 @@ class Diagnostic:
 
     def text(self) -> str:
         where = f"{self.file}:{self.line}:{self.column}"
-        return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        return (
+            f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        )
 
     def github(self) -> str:
-        # GitHub workflow commands treat '%', CR and LF specially in the message.
-        body = self.text().replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-        return f"::error file={self.file},line={self.line},col={self.column}::{body}"
+        """A GitHub Actions workflow command, escaped as the runner expects."""
+        body = _escape_data(self.text())
+        file = _escape_data(self.file).replace(":", "%3A").replace(",", "%2C")
+        return f"::error file={file},line={self.line},col={self.column}::{body}"
+
+
+def _escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
 class SpecError(Exception):

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import keyword
+import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,9 @@ _SCALAR_TAGS = {
     "tag:yaml.org,2002:bool",
     "tag:yaml.org,2002:null",
 }
+_DID_YOU_MEAN_CUTOFF = 0.75  # close enough to be a typo, not a different (unsupported) choice
+# Spellings other tools use for the values moegen names differently.
+_COMMON_SPELLINGS = {"bf16": "bfloat16", "fp32": "float32", "f32": "float32", "float": "float32"}
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,8 @@ def load_spec(path: Path) -> LoadedSpec:
     try:
         raw = path.read_bytes()
     except OSError as err:
-        raise SpecError([Diagnostic(display, 1, 1, "", f"cannot read spec: {err.strerror}")])
+        problem = Diagnostic(display, 1, 1, "", f"cannot read spec: {err.strerror}")
+        raise SpecError([problem]) from None
     return load_spec_bytes(raw, display, path.stem)
 
 
@@ -113,41 +120,145 @@ def load_spec_bytes(raw: bytes, display: str, name: str) -> LoadedSpec:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise fail(f"spec is not UTF-8 text (byte {err.start})")
-    if not name.isidentifier() or name.startswith("_"):
-        raise fail(
-            f"file name {name!r} must be a Python identifier not starting with '_' "
-            "(it names the generated module), e.g. 'mixtral_8x7b.yaml'"
-        )
+        line = raw.count(b"\n", 0, err.start) + 1
+        col = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise fail(f"spec is not UTF-8 text (byte 0x{raw[err.start]:02x})", line, col) from None
+    problem = module_name_problem(name)
+    if problem:
+        raise fail(problem)
     source = SpecSource(display, name, text, hashlib.sha256(raw).hexdigest())
     data, locations = _parse_yaml(source)
     try:
         spec = Spec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(_schema_diagnostics(err, source, locations))
+        raise SpecError(_schema_diagnostics(err, source, locations)) from None
     return LoadedSpec(source, spec, locations)
 
 
+# Generated modules sit beside user code: their names must import, and not shadow a library.
+_RESERVED_NAMES = set(sys.stdlib_module_names) | {"jax", "jaxlib", "numpy", "moegen", "generated"}
+
+
+def module_name_problem(name: str) -> str | None:
+    """Why the spec file stem `name` cannot name a generated module, or None."""
+    example = "e.g. 'mixtral_8x7b.yaml'"
+    if not name.isidentifier() or name.startswith("_"):
+        return (
+            f"file name {name!r} must be a Python identifier not starting with '_' "
+            f"(it names the generated module), {example}"
+        )
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        return f"file name {name!r} is a Python keyword and cannot name a module, {example}"
+    if name in _RESERVED_NAMES:
+        return f"file name {name!r} would shadow the Python module of that name, {example}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# YAML with locations. The YAML 1.2 core schema: no 1.1 surprises (yes/on as booleans,
+# 010 as octal, 1:30 as sexagesimal, dates as timestamps), no aliases, no custom tags.
+
+_STR, _INT, _FLOAT = "tag:yaml.org,2002:str", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_BOOL, _NULL = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:null"
+_MAP, _SEQ = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
+
+
+class _CoreSchemaResolver(yaml.resolver.BaseResolver):
+    pass
+
+
+for _tag, _pattern, _first in [
+    (_BOOL, r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+    (_INT, r"^[-+]?[0-9]+$", "-+0123456789"),
+    (
+        _FLOAT,
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+        "-+0123456789.",
+    ),
+    (_NULL, r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
+]:
+    _CoreSchemaResolver.add_implicit_resolver(_tag, re.compile(_pattern), list(_first))
+
+
+class _AliasNode(yaml.Node):
+    """Stands where a '*alias' was written, so it is reported there and never expanded."""
+
+    id = "alias"
+
+
+class _SpecLoader(
+    yaml.reader.Reader,
+    yaml.scanner.Scanner,
+    yaml.parser.Parser,
+    yaml.composer.Composer,
+    _CoreSchemaResolver,
+):
+    def __init__(self, text: str):
+        yaml.reader.Reader.__init__(self, text)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        _CoreSchemaResolver.__init__(self)
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            event = self.get_event()
+            return _AliasNode("alias", None, event.start_mark, event.end_mark)
+        return super().compose_node(parent, index)
+
+
+def _yaml_problem(err: yaml.MarkedYAMLError) -> str:
+    """PyYAML's parser vocabulary, translated for people who write specs."""
+    problem = err.problem or err.context or "malformed document"
+    if "'\\t'" in problem or "\t" in problem:
+        return "tabs cannot indent YAML; use spaces"
+    if "but found another document" in problem:
+        return "a spec is one YAML document; remove the '---' line and what follows it"
+    if problem.startswith("expected <block end>"):
+        return "this line's indentation does not match the keys above it"
+    mark, context_mark = err.problem_mark, err.context_mark
+    if err.context and context_mark and mark and context_mark.line != mark.line:
+        problem += f" ({err.context} at {context_mark.line + 1}:{context_mark.column + 1})"
+    return problem
+
+
 def _parse_yaml(source: SpecSource) -> tuple[dict[str, Any], Locations]:
-    loader = yaml.SafeLoader(source.text)
+    def fail(message: str, line: int = 1, col: int = 1) -> SpecError:
+        return SpecError([Diagnostic(source.display, line, col, "", message)])
+
     try:
-        root = loader.get_single_node()
+        loader = _SpecLoader(source.text)
+        try:
+            root = loader.get_single_node()
+        finally:
+            loader.dispose()
+    except yaml.reader.ReaderError as err:
+        line = source.text.count("\n", 0, err.position) + 1
+        col = err.position - (source.text.rfind("\n", 0, err.position) + 1) + 1
+        char = f"U+{ord(err.character):04X}" if isinstance(err.character, str) else "a byte"
+        raise fail(
+            f"invalid YAML: control character {char} is not allowed; "
+            "write it as an escape inside double quotes",
+            line,
+            col,
+        ) from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        problem = err.problem or err.context or "malformed document"
-        raise SpecError([Diagnostic(source.display, line, col, "", f"invalid YAML: {problem}")])
+        raise fail(f"invalid YAML: {_yaml_problem(err)}", line, col) from None
     except yaml.YAMLError as err:
-        raise SpecError([Diagnostic(source.display, 1, 1, "", f"invalid YAML: {err}")])
-    if root is None:
-        raise SpecError([Diagnostic(source.display, 1, 1, "", "spec is empty")])
-    builder = _NodeConverter(loader, source.display)
+        raise fail(f"invalid YAML: {err}") from None
+    if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == _NULL):
+        raise fail("spec is empty")
+    builder = _NodeConverter(source.display)
     data = builder.convert(root, ())
     if builder.diagnostics:
         raise SpecError(builder.diagnostics)
     if not isinstance(data, dict):
-        line, col = _start(root)
-        raise SpecError([Diagnostic(source.display, line, col, "", "spec must be a mapping")])
+        raise fail(
+            "spec must be a mapping of sections (version, layer, router, ...)", *_start(root)
+        )
     return data, Locations(builder.values, builder.keys)
 
 
@@ -155,16 +266,27 @@ def _start(node: yaml.Node) -> tuple[int, int]:
     return node.start_mark.line + 1, node.start_mark.column + 1
 
 
+def _scalar(node: yaml.ScalarNode) -> Any:
+    text = node.value
+    if node.tag == _STR:
+        return text
+    if node.tag == _INT:
+        return int(text)
+    if node.tag == _FLOAT:
+        return float(text.lower().replace(".inf", "inf").replace(".nan", "nan"))
+    if node.tag == _BOOL:
+        return text.lower() == "true"
+    return None  # _NULL
+
+
 class _NodeConverter:
     """YAML nodes to plain Python values, recording locations and refusing unsafe forms."""
 
-    def __init__(self, loader: yaml.SafeLoader, display: str):
-        self.loader = loader
+    def __init__(self, display: str):
         self.display = display
         self.values: dict[FieldPath, tuple[int, int]] = {}
         self.keys: dict[FieldPath, tuple[int, int]] = {}
         self.diagnostics: list[Diagnostic] = []
-        self._seen: set[int] = set()
 
     def _error(self, node: yaml.Node, path: FieldPath, message: str) -> None:
         line, col = _start(node)
@@ -172,31 +294,35 @@ class _NodeConverter:
 
     def convert(self, node: yaml.Node, path: FieldPath) -> Any:
         self.values[path] = _start(node)
-        if id(node) in self._seen:
-            line, col = self.keys.get(path, _start(node))
-            self.diagnostics.append(
-                Diagnostic(self.display, line, col, dotted(path), "YAML aliases are not supported")
-            )
+        if isinstance(node, _AliasNode):
+            self._error(node, path, "YAML aliases are not supported; write the value out")
             return None
-        self._seen.add(id(node))
+        expected = {yaml.MappingNode: _MAP, yaml.SequenceNode: _SEQ}.get(type(node))
+        if expected and node.tag != expected or not expected and node.tag not in _SCALAR_TAGS:
+            self._error(node, path, f"unsupported YAML tag {node.tag!r}")
+            return None
         if isinstance(node, yaml.MappingNode):
             return self._mapping(node, path)
         if isinstance(node, yaml.SequenceNode):
             return [self.convert(item, (*path, i)) for i, item in enumerate(node.value)]
-        if node.tag not in _SCALAR_TAGS:
-            self._error(node, path, f"unsupported YAML tag {node.tag!r}")
-            return None
-        return self.loader.construct_object(node)
+        return _scalar(node)
 
     def _mapping(self, node: yaml.MappingNode, path: FieldPath) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
-            if key_node.tag != "tag:yaml.org,2002:str" or not isinstance(key_node, yaml.ScalarNode):
-                self._error(key_node, path, "keys must be plain strings (merge keys '<<' included)")
+            if key_node.tag == "tag:yaml.org,2002:merge" or getattr(key_node, "value", "") == "<<":
+                self._error(key_node, path, "merge keys '<<' are not supported; write the keys out")
+                continue
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != _STR:
+                shown = key_node.value if isinstance(key_node, yaml.ScalarNode) else "a collection"
+                self._error(key_node, path, f"keys must be strings, got {shown!s}; quote it")
                 continue
             key = key_node.value
             if key in out:
-                self._error(key_node, (*path, key), "duplicate key")
+                first = self.keys[(*path, key)]
+                self._error(
+                    key_node, (*path, key), f"duplicate key (first at {first[0]}:{first[1]})"
+                )
                 continue
             self.keys[(*path, key)] = _start(key_node)
             out[key] = self.convert(value_node, (*path, key))
@@ -245,7 +371,7 @@ def _model_at(path: FieldPath) -> type[BaseModel] | None:
 def _unknown_key_message(key: str, model: type[BaseModel] | None) -> str:
     known = list(model.model_fields) if model else []
     message = f"unknown key '{key}'"
-    close = difflib.get_close_matches(key, known, n=1)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=_DID_YOU_MEAN_CUTOFF)
     if close:
         return f"{message}; did you mean '{close[0]}'?"
     if known:
@@ -279,15 +405,27 @@ def _value_message(error: Any) -> str:
         "dict_type": lambda: f"must be a mapping, got {got}",
         "model_type": lambda: f"must be a mapping, got {got}",
         "list_type": lambda: f"must be a list, got {got}",
-        "too_short": lambda: f"must have at least {ctx.get('min_length')} entries",
+        "too_short": lambda: (
+            "must not be empty"
+            if ctx.get("min_length") == 1
+            else f"must have at least {ctx.get('min_length')} entries"
+        ),
         "string_too_long": lambda: f"must be at most {ctx.get('max_length')} characters",
     }
     if kind in simple:
         return simple[kind]()
+    if kind == "value_error":
+        return f"{ctx.get('error', error['msg'])!s}, got {got}"
     if kind == "literal_error":
         expected = ctx.get("expected", "")
         options = [part.strip(" '") for part in expected.replace(" or ", ",").split(",")]
         message = f"must be {expected}, got {got}"
-        close = difflib.get_close_matches(str(value), options, n=1) if isinstance(value, str) else []
-        return f"{message}; did you mean '{close[0]}'?" if close else message
+        close = (
+            [_COMMON_SPELLINGS[value]]
+            if _COMMON_SPELLINGS.get(value) in options
+            else difflib.get_close_matches(value, options, n=1, cutoff=_DID_YOU_MEAN_CUTOFF)
+            if isinstance(value, str)
+            else []
+        )
+        return f"{message}; did you mean '{close[0]}'?" if close and close[0] != value else message
     return f"{error['msg'][0].lower()}{error['msg'][1:]}, got {got}"

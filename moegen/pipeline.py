@@ -88,7 +88,9 @@ def _refuse_collisions(results: list[tuple[Path, Generated]]) -> None:
         display = generated.loaded.source.display
         if target in seen and seen[target] != display:
             problems.append(
-                Diagnostic(display, 1, 1, "", f"writes {target}, as {seen[target]} does; rename one")
+                Diagnostic(
+                    display, 1, 1, "", f"writes {target}, as {seen[target]} does; rename one"
+                )
             )
         seen.setdefault(target, display)
     if problems:

@@ -175,12 +175,14 @@ def _param_plans(
     experts: int, embed: int, ffn: int, fsdp_axis: str | None, fsdp: int, compute_dtype: str
 ) -> tuple[ParamPlan, ...]:
     """Router [D, E], gate/up [E, D, F], down [E, F, D]; fsdp shards every embed_dim."""
+    e, d, f = "NUM_EXPERTS", "EMBED_DIM", "FFN_DIM"
+    # name, dimension names, shape, the embed_dim axis, dtype in use, fan-in
     layouts = (
-        ("router", ("EMBED_DIM", "NUM_EXPERTS"), (embed, experts), 0, ROUTER_DTYPE, embed),
-        ("w_gate", ("NUM_EXPERTS", "EMBED_DIM", "FFN_DIM"), (experts, embed, ffn), 1, compute_dtype, embed),
-        ("w_up", ("NUM_EXPERTS", "EMBED_DIM", "FFN_DIM"), (experts, embed, ffn), 1, compute_dtype, embed),
-        ("w_down", ("NUM_EXPERTS", "FFN_DIM", "EMBED_DIM"), (experts, ffn, embed), 2, compute_dtype, ffn),
-    )  # fmt: skip
+        ("router", (d, e), (embed, experts), 0, ROUTER_DTYPE, embed),
+        ("w_gate", (e, d, f), (experts, embed, ffn), 1, compute_dtype, embed),
+        ("w_up", (e, d, f), (experts, embed, ffn), 1, compute_dtype, embed),
+        ("w_down", (e, f, d), (experts, ffn, embed), 2, compute_dtype, ffn),
+    )
     plans = []
     for name, names, shape, embed_axis, use_dtype, fan_in in layouts:
         partition = tuple(fsdp_axis if i == embed_axis else None for i in range(len(shape)))
@@ -268,7 +270,8 @@ def format_plan(plan: Plan) -> str:
         "  per device, forward:",
         f"    FLOPs          router {c.router_flops:.3e}, experts {c.expert_flops:.3e}, "
         f"total {c.forward_flops:.3e} (train ~{c.train_flops:.3e})",
-        f"    parameters     {_gib(c.param_bytes)} stored, {_gib(c.gathered_weight_bytes)} gathered",
+        f"    parameters     {_gib(c.param_bytes)} stored, "
+        f"{_gib(c.gathered_weight_bytes)} gathered",
         f"    routed buffers {_gib(c.routed_buffer_bytes)}; activations {_gib(c.activation_bytes)}",
         f"    fsdp gather    {_gib(c.gather_bytes_received)} received",
     ]

@@ -6,9 +6,11 @@ several fields live in `moegen.validate`, each as a named function.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 # Sizes above int32 would overflow the index arithmetic of every kernel we target.
 INT32_MAX = 2**31 - 1
@@ -71,6 +73,25 @@ class Mesh(_Section):
         None, description="Axes the batch is sharded over (default: every mesh axis)."
     )
 
+    # Deeply immutable once validated: a plan must never see a spec change under it.
+    @field_validator("axes", mode="after")
+    @classmethod
+    def _freeze_axes(cls, axes: dict[str, int]) -> Mapping[str, int]:
+        return MappingProxyType(dict(axes))
+
+    @field_validator("batch_axes", mode="after")
+    @classmethod
+    def _freeze_batch_axes(cls, axes: list[str] | None) -> tuple[str, ...] | None:
+        return None if axes is None else tuple(axes)
+
+    @field_serializer("axes")
+    def _serialize_axes(self, axes: Mapping[str, int]) -> dict[str, int]:
+        return dict(axes)
+
+    @field_serializer("batch_axes")
+    def _serialize_batch_axes(self, axes: tuple[str, ...] | None) -> list[str] | None:
+        return None if axes is None else list(axes)
+
 
 class Parallelism(_Section):
     """How experts are spread over devices and how communication overlaps compute."""
@@ -110,6 +131,14 @@ class Spec(_Section):
     mesh: Mesh
     parallelism: Parallelism = Parallelism()
     target: Target = Target()
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_is_integer_one(cls, version: Any) -> Any:
+        # Literal[1] alone would take true and 1.0 (both == 1).
+        if type(version) is not int or version != 1:
+            raise ValueError("must be 1, the only spec version so far")
+        return version
 
     @property
     def batch_axes(self) -> tuple[str, ...]:

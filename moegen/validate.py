@@ -19,6 +19,12 @@ Rule = Callable[[LoadedSpec], list[Diagnostic]]
 MAX_CPU_DEVICES = 256
 
 
+def _known_batch_axes(loaded: LoadedSpec) -> list[str]:
+    """The batch axes that name mesh axes, each once (other rules report the rest)."""
+    spec = loaded.spec
+    return [a for a in dict.fromkeys(spec.batch_axes) if a in spec.mesh.axes]
+
+
 def top_k_within_experts(loaded: LoadedSpec) -> list[Diagnostic]:
     """A token cannot pick more distinct experts than exist (Tutel silently clamps)."""
     spec = loaded.spec
@@ -52,14 +58,15 @@ def data_parallel_axes_shard_batch(loaded: LoadedSpec) -> list[Diagnostic]:
     listed = loaded.spec.mesh.batch_axes
     if listed is None:
         return []
-    missing = [axis for axis in loaded.spec.mesh.axes if axis not in listed]
+    axes = loaded.spec.mesh.axes
+    missing = [axis for axis in axes if axis not in listed]
     if not missing:
         return []
+    suggestion = list(dict.fromkeys([*(a for a in listed if a in axes), *missing]))
     return [
         loaded.diagnostic(
             ("mesh", "batch_axes"),
-            f"data-parallel axes {missing} must shard the batch; "
-            f"add them: {list(dict.fromkeys([*listed, *missing]))}",
+            f"data-parallel axes {missing} must shard the batch; write {suggestion}",
         )
     ]
 
@@ -67,7 +74,7 @@ def data_parallel_axes_shard_batch(loaded: LoadedSpec) -> list[Diagnostic]:
 def batch_divisible_by_batch_axes(loaded: LoadedSpec) -> list[Diagnostic]:
     """Every device must receive the same whole number of sequences."""
     spec = loaded.spec
-    axes = [a for a in dict.fromkeys(spec.batch_axes) if a in spec.mesh.axes]
+    axes = _known_batch_axes(loaded)
     shards = axes_product(spec.mesh.axes, axes)
     if spec.shapes.batch % shards == 0:
         return []
@@ -128,7 +135,7 @@ def overlap_needs_expert_communication(loaded: LoadedSpec) -> list[Diagnostic]:
 def indices_fit_int32(loaded: LoadedSpec) -> list[Diagnostic]:
     """Flat indices into the routed buffers must fit int32 (TE #2908 overflowed silently)."""
     spec = loaded.spec
-    shards = axes_product(spec.mesh.axes, [a for a in spec.batch_axes if a in spec.mesh.axes])
+    shards = axes_product(spec.mesh.axes, _known_batch_axes(loaded))
     local_rows = spec.shapes.batch // max(shards, 1) * spec.shapes.seq_len * spec.router.top_k
     width = max(spec.layer.embed_dim, spec.layer.ffn_dim)
     global_rows = spec.shapes.batch * spec.shapes.seq_len * spec.router.top_k
@@ -139,14 +146,15 @@ def indices_fit_int32(loaded: LoadedSpec) -> list[Diagnostic]:
                 ("shapes", "batch"),
                 f"each device routes {local_rows} rows of width {width}: "
                 f"{local_rows * width} elements overflow int32 indexing (< 2**31); "
-                "shard the batch over more devices or shorten it",
+                "shard the batch over more devices, or reduce shapes.batch or shapes.seq_len",
             )
         )
     if global_rows >= INT32_LIMIT:
         out.append(
             loaded.diagnostic(
                 ("shapes", "seq_len"),
-                f"batch*seq_len*top_k = {global_rows} token slots overflow int32 (< 2**31)",
+                f"batch*seq_len*top_k = {global_rows} token slots overflow int32 (< 2**31); "
+                "reduce shapes.batch, shapes.seq_len or router.top_k",
             )
         )
     return out
@@ -166,7 +174,8 @@ def parameters_reasonably_sized(loaded: LoadedSpec) -> list[Diagnostic]:
     return [
         loaded.diagnostic(
             ("layer",),
-            f"expert weights of num_experts*embed_dim*ffn_dim = {elements} elements "
+            at_key=True,
+            message=f"expert weights of num_experts*embed_dim*ffn_dim = {elements} elements "
             f"(>= 2**40) per projection; check the sizes",
         )
     ]
@@ -181,7 +190,8 @@ def mesh_fits_cpu_target(loaded: LoadedSpec) -> list[Diagnostic]:
     return [
         loaded.diagnostic(
             ("mesh", "axes"),
-            f"{devices} devices; target cpu supports at most {MAX_CPU_DEVICES} host devices",
+            at_key=True,
+            message=f"{devices} devices; target cpu runs at most {MAX_CPU_DEVICES} host devices",
         )
     ]
 

@@ -106,7 +106,7 @@ def _run_worker(
             stdout, stderr = _collect(proc, report, on_step, timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
-            raise VerifyError(f"verification timed out after {timeout:.0f} s")
+            raise VerifyError(f"verification timed out after {timeout:.0f} s") from None
     if proc.returncode != 0:
         errors = [line for line in stdout if "error" in line]
         detail = errors[-1]["error"] if errors else stderr.strip()[-4000:]

@@ -84,8 +84,13 @@ def _starved_case(module: ModuleType, seed: int) -> tuple[dict, np.ndarray, np.n
 
 
 def check_parity(
-    module: ModuleType, cfg: RouterConfig, params: dict, x: np.ndarray, cotangent: np.ndarray,
-    tolerance: float, case: str,
+    module: ModuleType,
+    cfg: RouterConfig,
+    params: dict,
+    x: np.ndarray,
+    cotangent: np.ndarray,
+    tolerance: float,
+    case: str,
 ) -> dict[str, Any]:
     """Forward, aux and gradients of the module against the dense reference."""
     mesh = module.make_mesh(jax.devices()[: module.NUM_DEVICES])
@@ -112,7 +117,9 @@ def check_parity(
     errors |= {f"grad_{k}": relative_error(grads[k], ref_grads[k]) for k in ref_grads}
     counts = np.asarray(aux.tokens_per_expert)
     if not np.array_equal(counts, ref_counts):
-        raise ParityError(f"{case}: aux.tokens_per_expert {counts.tolist()} != {ref_counts.tolist()}")
+        raise ParityError(
+            f"{case}: aux.tokens_per_expert {counts.tolist()} != {ref_counts.tolist()}"
+        )
     worst = max(errors, key=errors.get)
     if not errors[worst] < tolerance:
         raise ParityError(
