@@ -1,0 +1,124 @@
+"""Shared fixtures: the repository root, a throw-away copy of the project, and two ways to
+run the command line (a real `python -m moegen` subprocess, and `moegen.cli.main` in-process
+for the cases where a subprocess per call would be too slow)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SPEC_DIR = REPO_ROOT / "specs"
+GENERATED_DIR = REPO_ROOT / "generated"
+EXAMPLE_SPECS = sorted(SPEC_DIR.glob("*.yaml"))
+EXAMPLE_NAMES = [path.stem for path in EXAMPLE_SPECS]
+
+
+def _clean_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("MOEGEN_DEBUG", None)  # tracebacks must not appear for user mistakes
+    env["PYTHONIOENCODING"] = "utf-8"
+    return env
+
+
+def run_moegen(
+    *args: str | os.PathLike[str],
+    cwd: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
+    """`python -m moegen ARGS` in `cwd` (default: the repository root); never raises on exit."""
+    return subprocess.run(
+        [sys.executable, "-m", "moegen", *map(str, args)],
+        cwd=REPO_ROOT if cwd is None else cwd,
+        env=_clean_env() if env is None else env,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="backslashreplace",
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(name="run_moegen")
+def _run_moegen_fixture() -> Callable[..., subprocess.CompletedProcess[str]]:
+    return run_moegen
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+def copy_project(dest: Path) -> Path:
+    """specs/ (specs and schema) and generated/ of the repository, copied under `dest`."""
+    (dest / "specs").mkdir(parents=True, exist_ok=True)
+    (dest / "generated").mkdir(parents=True, exist_ok=True)
+    for path in [*EXAMPLE_SPECS, SPEC_DIR / "moegen.schema.json"]:
+        shutil.copyfile(path, dest / "specs" / path.name)
+    for path in sorted(GENERATED_DIR.glob("*.py")):
+        shutil.copyfile(path, dest / "generated" / path.name)
+    return dest
+
+
+@pytest.fixture
+def tmp_project(tmp_path: Path) -> Path:
+    """A project layout in tmp_path (specs/, generated/); run the CLI with cwd=tmp_project."""
+    return copy_project(tmp_path)
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` (hidden ones included) -> its bytes."""
+    return {
+        p.relative_to(directory).as_posix(): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+@dataclass(frozen=True)
+class CliResult:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+@pytest.fixture
+def invoke_main(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., CliResult]:
+    """Run `moegen.cli.main` (the console-script entry point) in-process with cwd changed."""
+    from moegen.cli import main
+
+    monkeypatch.delenv("MOEGEN_DEBUG", raising=False)
+
+    def invoke(*args: str | os.PathLike[str], cwd: Path) -> CliResult:
+        monkeypatch.chdir(cwd)
+        monkeypatch.setattr(sys, "argv", ["moegen", *map(str, args)])
+        capsys.readouterr()
+        try:
+            main()
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        out, err = capsys.readouterr()
+        return CliResult(code, out, err)
+
+    return invoke
+
+
+def assert_no_traceback(text: str) -> None:
+    assert "Traceback (most recent call last)" not in text, text
+    assert "internal error" not in text, text

@@ -1,0 +1,334 @@
+"""Stage 6, emit: atomic, all-or-nothing writes; `moegen build` writes nothing on failure."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import GENERATED_DIR, assert_no_traceback, snapshot
+
+import moegen.pipeline
+from moegen.emit import write_all
+from moegen.verify import VerifyError, VerifyReport
+
+
+def temp_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.rglob("*") if p.name.endswith(".tmp"))
+
+
+@pytest.fixture
+def existing(tmp_path: Path) -> dict[Path, str]:
+    """Two targets that already hold old content."""
+    files = {tmp_path / "out" / "a.py": "old a\n", tmp_path / "out" / "b.py": "old b\n"}
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return files
+
+
+# ---------------------------------------------------------------------------------------
+# write_all
+
+
+def test_write_all_writes_every_file_and_leaves_no_temporaries(tmp_path):
+    files = {
+        tmp_path / "out" / "a.py": "a = 1\n",
+        tmp_path / "out" / "nested" / "deeper" / "b.py": "b = 'é ü'\n",
+        tmp_path / "c.txt": "",
+    }
+    write_all(files)
+    for path, text in files.items():
+        assert path.read_bytes() == text.encode("utf-8")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert temp_files(tmp_path) == []
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["a.py", "b.py", "c.txt"]
+
+
+def test_write_all_keeps_newlines_byte_exact(tmp_path):
+    target = tmp_path / "m.py"
+    write_all({target: "x = 1\ny = 2\n"})
+    assert target.read_bytes() == b"x = 1\ny = 2\n"
+
+
+def test_write_all_replaces_existing_files(existing):
+    write_all({path: f"new {path.name}\n" for path in existing})
+    for path in existing:
+        assert path.read_text(encoding="utf-8") == f"new {path.name}\n"
+    assert temp_files(next(iter(existing)).parent) == []
+
+
+def test_write_all_with_nothing_writes_nothing(tmp_path):
+    write_all({})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_all_replaces_rather_than_rewrites_in_place(existing):
+    """A reader holding the old file keeps a complete old module (rename, not truncate)."""
+    path = next(iter(existing))
+    with open(path, encoding="utf-8") as reader:
+        write_all({path: "new content\n"})
+        assert reader.read() == "old a\n"
+    assert path.read_text(encoding="utf-8") == "new content\n"
+
+
+def test_failure_while_staging_leaves_targets_unchanged(existing, monkeypatch):
+    """The second temporary cannot be created: nothing is renamed, no temporary is left."""
+    real_mkstemp = tempfile.mkstemp
+    calls = []
+
+    def failing_mkstemp(*args, **kwargs):
+        calls.append(kwargs)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real_mkstemp(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", failing_mkstemp)
+    with pytest.raises(OSError, match="No space left"):
+        write_all({path: "new\n" for path in existing})
+    for path, text in existing.items():
+        assert path.read_text(encoding="utf-8") == text
+    assert temp_files(next(iter(existing)).parent) == []
+
+
+def test_failure_while_writing_a_temporary_leaves_targets_unchanged(existing):
+    """The second text cannot be encoded: the first target is not touched."""
+    first, second = existing
+    with pytest.raises(UnicodeEncodeError):
+        write_all({first: "new a\n", second: "bad \ud800\n"})
+    for path, text in existing.items():
+        assert path.read_text(encoding="utf-8") == text
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: emit.write_all leaks the temporary whose write failed (it joins `staged` only "
+    "after a successful write, so the cleanup in `finally` never sees it)",
+)
+def test_failure_while_writing_a_temporary_leaves_no_temporary(existing):
+    first, second = existing
+    with pytest.raises(UnicodeEncodeError):
+        write_all({first: "new a\n", second: "bad \ud800\n"})
+    assert temp_files(first.parent) == []
+
+
+def test_failure_when_the_parent_cannot_be_created(tmp_path, existing):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a directory")
+    first = next(iter(existing))
+    with pytest.raises(OSError):
+        write_all({first: "new a\n", blocker / "m.py": "x = 1\n"})
+    assert first.read_text(encoding="utf-8") == existing[first]
+    assert temp_files(tmp_path) == []
+
+
+def _failing_second_replace(monkeypatch):
+    real_replace = os.replace
+    calls = []
+
+    def replace(src, dst, *args, **kwargs):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise PermissionError(13, "Permission denied", str(dst))
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    return calls
+
+
+def test_failed_rename_leaves_no_temporaries(existing, monkeypatch):
+    _failing_second_replace(monkeypatch)
+    with pytest.raises(PermissionError):
+        write_all({path: "new\n" for path in existing})
+    assert temp_files(next(iter(existing)).parent) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: emit.write_all is not all-or-nothing once renaming starts: when the second "
+    "os.replace fails the first target has already been replaced",
+)
+def test_failed_rename_leaves_existing_targets_unchanged(existing, monkeypatch):
+    _failing_second_replace(monkeypatch)
+    with pytest.raises(PermissionError):
+        write_all({path: "new\n" for path in existing})
+    for path, text in existing.items():
+        assert path.read_text(encoding="utf-8") == text
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: emit.write_all is not all-or-nothing when a later target is a directory: "
+    "earlier targets are already replaced when os.replace raises IsADirectoryError",
+)
+def test_target_that_is_a_directory_leaves_existing_targets_unchanged(existing, tmp_path):
+    blocked = tmp_path / "out" / "c.py"
+    blocked.mkdir()
+    files = {path: "new\n" for path in existing} | {blocked: "x = 1\n"}
+    with pytest.raises(OSError):
+        write_all(files)
+    for path, text in existing.items():
+        assert path.read_text(encoding="utf-8") == text
+
+
+def test_target_that_is_a_directory_fails_and_leaves_no_temporaries(existing, tmp_path):
+    blocked = tmp_path / "out" / "c.py"
+    blocked.mkdir()
+    with pytest.raises(OSError):
+        write_all({blocked: "x = 1\n"})
+    assert blocked.is_dir() and list(blocked.iterdir()) == []
+    assert temp_files(tmp_path) == []
+    for path, text in existing.items():
+        assert path.read_text(encoding="utf-8") == text
+
+
+# ---------------------------------------------------------------------------------------
+# build: one valid spec and one whose verification fails -> nothing written, exit 4
+
+
+def _fake_verify(failing: str):
+    seen = []
+
+    def verify(loaded, source, *, on_step=lambda step: None, timeout_s=None):
+        seen.append(loaded.source.name)
+        if loaded.source.name == failing:
+            raise VerifyError(f"twin parity: y differs from the dense reference ({failing})")
+        on_step({"step": "import", "seconds": 0.0})
+        return VerifyReport(steps=[{"step": "import", "seconds": 0.0}])
+
+    return verify, seen
+
+
+@pytest.fixture
+def stale_project(tmp_project: Path) -> Path:
+    """A project whose generated/ holds old content, so any write would show."""
+    for path in (tmp_project / "generated").glob("*.py"):
+        path.write_text("# old\n", encoding="utf-8")
+    return tmp_project
+
+
+def test_pipeline_build_writes_nothing_when_a_later_spec_fails_verification(
+    stale_project, monkeypatch
+):
+    verify, seen = _fake_verify("sigmoid_top1_data_cpu")
+    monkeypatch.setattr(moegen.pipeline, "verify", verify)
+    monkeypatch.chdir(stale_project)
+    before = snapshot(stale_project / "generated")
+    paths = [Path("specs/mixtral_small_cpu.yaml"), Path("specs/sigmoid_top1_data_cpu.yaml")]
+    with pytest.raises(VerifyError):
+        moegen.pipeline.build(paths, Path("generated"))
+    assert seen == ["mixtral_small_cpu", "sigmoid_top1_data_cpu"]
+    assert snapshot(stale_project / "generated") == before
+
+
+def test_pipeline_build_writes_nothing_when_the_first_spec_fails_verification(
+    stale_project, monkeypatch
+):
+    verify, seen = _fake_verify("mixtral_small_cpu")
+    monkeypatch.setattr(moegen.pipeline, "verify", verify)
+    monkeypatch.chdir(stale_project)
+    before = snapshot(stale_project / "generated")
+    paths = [Path("specs/mixtral_small_cpu.yaml"), Path("specs/sigmoid_top1_data_cpu.yaml")]
+    with pytest.raises(VerifyError):
+        moegen.pipeline.build(paths, Path("generated"))
+    assert seen == ["mixtral_small_cpu"]
+    assert snapshot(stale_project / "generated") == before
+
+
+def test_cli_build_exits_4_and_writes_nothing_when_verification_fails(
+    stale_project, monkeypatch, invoke_main
+):
+    verify, _ = _fake_verify("sigmoid_top1_data_cpu")
+    monkeypatch.setattr(moegen.pipeline, "verify", verify)
+    before = snapshot(stale_project / "generated")
+    result = invoke_main(
+        "build",
+        "specs/mixtral_small_cpu.yaml",
+        "specs/sigmoid_top1_data_cpu.yaml",
+        cwd=stale_project,
+    )
+    assert result.code == 4, result.output
+    assert "verification failed; nothing written" in result.stderr
+    assert "y differs from the dense reference" in result.stderr
+    assert "wrote" not in result.output
+    assert_no_traceback(result.output)
+    assert snapshot(stale_project / "generated") == before
+
+
+def test_cli_build_with_fake_verification_writes_both(stale_project, monkeypatch, invoke_main):
+    """The control: the same build with nothing failing writes both modules."""
+    verify, seen = _fake_verify("no_such_spec")
+    monkeypatch.setattr(moegen.pipeline, "verify", verify)
+    result = invoke_main(
+        "build",
+        "specs/mixtral_small_cpu.yaml",
+        "specs/sigmoid_top1_data_cpu.yaml",
+        cwd=stale_project,
+    )
+    assert result.code == 0, result.output
+    assert seen == ["mixtral_small_cpu", "sigmoid_top1_data_cpu"]
+    assert "wrote generated/mixtral_small_cpu.py" in result.stderr
+    for name in seen:
+        written = (stale_project / "generated" / f"{name}.py").read_bytes()
+        assert written == (GENERATED_DIR / f"{name}.py").read_bytes()
+        assert written.startswith(b"# Code generated by moegen")
+    assert temp_files(stale_project) == []
+
+
+def test_cli_build_writes_nothing_when_a_later_spec_is_invalid(stale_project, invoke_main):
+    (stale_project / "specs" / "zz_broken.yaml").write_text(
+        (stale_project / "specs" / "mixtral_small_cpu.yaml")
+        .read_text(encoding="utf-8")
+        .replace("top_k: 2", "top_k: 9"),
+        encoding="utf-8",
+    )
+    before = snapshot(stale_project / "generated")
+    result = invoke_main(
+        "build",
+        "--no-verify",
+        "specs/mixtral_small_cpu.yaml",
+        "specs/zz_broken.yaml",
+        cwd=stale_project,
+    )
+    assert result.code == 3, result.output
+    assert "specs/zz_broken.yaml:9:10: router.top_k" in result.stderr
+    assert_no_traceback(result.output)
+    assert snapshot(stale_project / "generated") == before
+
+
+def test_cli_build_refuses_two_specs_writing_one_module(stale_project, invoke_main):
+    other = stale_project / "other"
+    other.mkdir()
+    source = stale_project / "specs" / "mixtral_small_cpu.yaml"
+    (other / "mixtral_small_cpu.yaml").write_bytes(source.read_bytes())
+    before = snapshot(stale_project / "generated")
+    result = invoke_main(
+        "build",
+        "--no-verify",
+        "specs/mixtral_small_cpu.yaml",
+        "other/mixtral_small_cpu.yaml",
+        cwd=stale_project,
+    )
+    assert result.code == 3, result.output
+    assert (
+        "writes generated/mixtral_small_cpu.py, as specs/mixtral_small_cpu.yaml does"
+        in result.stderr
+    )
+    assert snapshot(stale_project / "generated") == before
+
+
+def test_cli_build_write_failure_is_reported_without_traceback(stale_project, invoke_main):
+    """generated/<name>.py is a directory: the build fails cleanly and writes nothing."""
+    target = stale_project / "generated" / "sigmoid_top1_data_cpu.py"
+    target.unlink()
+    target.mkdir()
+    before = snapshot(stale_project / "generated")
+    result = invoke_main(
+        "build", "--no-verify", "specs/sigmoid_top1_data_cpu.yaml", cwd=stale_project
+    )
+    assert result.code == 4, result.output
+    assert "Traceback" not in result.output
+    assert snapshot(stale_project / "generated") == before
+    assert temp_files(stale_project) == []

@@ -1,0 +1,158 @@
+"""Stage 5, verify: the shrunken-twin parity run (forward, aux, gradients) and full compiles.
+
+Each full verification takes ~10-15 s in a child process with fake CPU devices, so there is
+exactly one per example spec plus one for a mutated module; the cheap failure modes (import
+error, timeout) stop long before any compile.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLE_NAMES, REPO_ROOT
+
+import moegen.verify
+from moegen.pipeline import generate
+from moegen.plan import make_plan
+from moegen.sizes import axes_product
+from moegen.verify import TOLERANCES, VerifyError, verify
+from moegen.verify.twin import TWIN_SEQ_LEN, TWIN_SEQUENCES_PER_SHARD, twin_of
+
+FLOAT32_STEP = "twin parity (float32)"
+REQUIRED_STEPS = ["import", FLOAT32_STEP, "compile forward", "compile forward+backward"]
+
+
+@pytest.fixture
+def in_repo(monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_example_spec_verifies(name, in_repo):
+    generated = generate(Path("specs") / f"{name}.yaml")
+    assert generated.source.encode() == (REPO_ROOT / "generated" / f"{name}.py").read_bytes()
+    events = []
+    report = verify(generated.loaded, generated.source, on_step=events.append)
+    assert events == report.steps  # progress sees every step as it happens
+
+    names = [step["step"] for step in report.steps]
+    spec = generated.loaded.spec
+    low_precision = (spec.dtypes.params, spec.dtypes.compute) != ("float32", "float32")
+    expected = list(REQUIRED_STEPS)
+    if low_precision:
+        label = f"{spec.dtypes.compute} compute, {spec.dtypes.params} params"
+        expected.insert(2, f"twin parity ({label})")
+    assert names == expected
+    assert all(step["seconds"] >= 0 for step in report.steps)
+
+    # Twin parity in float32: both cases, forward + aux + gradients within 1e-5.
+    twin = twin_of(generated.loaded)
+    twin_plan = make_plan(twin)
+    shards = axes_product(spec.mesh.axes, spec.batch_axes)
+    twin_tokens = shards * TWIN_SEQUENCES_PER_SHARD * TWIN_SEQ_LEN
+    assert twin_plan.batch * twin_plan.seq_len == twin_tokens
+    parity = report.step(FLOAT32_STEP)
+    cases = {case["case"]: case for case in parity["cases"]}
+    assert set(cases) == {"random routing", "starved experts"}
+    for case in cases.values():
+        assert case["max_relative_error"] < 1e-5, case
+        assert case["max_relative_error"] < TOLERANCES["float32"]
+        counts = case["tokens_per_expert"]
+        assert len(counts) == spec.layer.num_experts
+        assert sum(counts) == twin_tokens * spec.router.top_k  # dropless
+    starved = cases["starved experts"]
+    assert starved["starved_experts"], "some experts must be starved"
+    assert all(starved["tokens_per_expert"][e] == 0 for e in starved["starved_experts"])
+    assert len(starved["starved_experts"]) <= spec.layer.num_experts - spec.router.top_k
+
+    if low_precision:
+        low = report.steps[2]
+        for case in low["cases"]:
+            assert case["max_relative_error"] < TOLERANCES["bfloat16"], case
+
+    # Full-size compiles, with per-device memory and a FLOP count.
+    plan = make_plan(generated.loaded)
+    for step_name in ("compile forward", "compile forward+backward"):
+        step = report.step(step_name)
+        assert step["memory"]["argument"] > 0 and step["memory"]["output"] > 0
+        assert step["flops"] > 0
+    forward = report.step("compile forward")
+    # Arguments on one device: its parameter shards plus its slice of x.
+    compute_bytes = {"float32": 4, "bfloat16": 2}[spec.dtypes.compute]
+    x_bytes = plan.local_tokens * plan.embed_dim * compute_bytes
+    assert math.isclose(
+        forward["memory"]["argument"], plan.cost.param_bytes + x_bytes, rel_tol=0.05
+    )
+
+
+def test_mutated_module_fails_verification(in_repo, monkeypatch):
+    """silu(up) * gate instead of silu(gate) * up: imports, compiles, but is wrong."""
+    original, mutant = "jax.nn.silu(gate) * up", "jax.nn.silu(up) * gate"
+    name = "mixtral_small_cpu"
+    generated = generate(Path("specs") / f"{name}.yaml")
+    assert generated.source.count(original) == 1
+    real_render = moegen.verify.render
+    twins_rendered = []
+
+    def mutated_render(plan):
+        source = real_render(plan)
+        assert source.count(original) == 1
+        twins_rendered.append(plan.module_name)
+        return source.replace(original, mutant)
+
+    monkeypatch.setattr(moegen.verify, "render", mutated_render)
+    steps = []
+    with pytest.raises(VerifyError, match="relative error") as caught:
+        verify(
+            generated.loaded,
+            generated.source.replace(original, mutant),
+            on_step=steps.append,
+        )
+    assert twins_rendered, "the twin must be rendered through moegen.verify.render"
+    message = str(caught.value)
+    assert "differs from the dense reference" in message
+    assert "random routing" in message
+    # It failed at the parity step: imported fine, never reached a compile.
+    assert [step["step"] for step in steps] == ["import"]
+
+
+def test_module_that_fails_to_import(in_repo):
+    generated = generate(Path("specs/qwen3_moe_fsdp_cpu.yaml"))
+    broken = generated.source + '\nraise RuntimeError("boom at import")\n'
+    with pytest.raises(VerifyError, match="boom at import"):
+        verify(generated.loaded, broken)
+
+
+def test_verification_timeout(in_repo):
+    generated = generate(Path("specs/qwen3_moe_fsdp_cpu.yaml"))
+    with pytest.raises(VerifyError, match="timed out"):
+        verify(generated.loaded, generated.source, timeout_s=0.5)
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_twin_keeps_the_code_path_and_shrinks_the_sizes(name, in_repo):
+    generated = generate(Path("specs") / f"{name}.yaml")
+    plan = generated.plan
+    twin = make_plan(twin_of(generated.loaded))
+    for field in (
+        "mesh_axes",
+        "num_devices",
+        "batch_axes",
+        "fsdp_axis",
+        "expert_strategy",
+        "kernel",
+        "hardware",
+        "num_experts",
+        "top_k",
+        "score",
+        "renormalize",
+        "activation",
+    ):
+        assert getattr(twin, field) == getattr(plan, field), field
+    assert twin.param_dtype == twin.compute_dtype == "float32"
+    assert twin.embed_dim <= plan.embed_dim and twin.embed_dim != twin.ffn_dim
+    assert twin.local_batch == TWIN_SEQUENCES_PER_SHARD and twin.seq_len == TWIN_SEQ_LEN
+    keep = make_plan(twin_of(generated.loaded, dtype=None))
+    assert (keep.param_dtype, keep.compute_dtype) == (plan.param_dtype, plan.compute_dtype)
