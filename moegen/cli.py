@@ -71,6 +71,9 @@ def build(specs: tuple[Path, ...], out_dir: Path, no_verify: bool) -> None:
     except (VerifyError, RenderError) as err:
         _err(f"verification failed; nothing written:\n{err}")
         sys.exit(EXIT_FAILED)
+    except (OSError, UnicodeError) as err:
+        _err(f"cannot write the generated files; nothing changed: {err}")
+        sys.exit(EXIT_FAILED)
     for target, _ in results:
         _err(f"  wrote {target}" + ("" if not no_verify else " (not verified)"))
 

@@ -11,7 +11,6 @@ import difflib
 import hashlib
 import keyword
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,7 +81,12 @@ def dotted(path: FieldPath) -> str:
     """('mesh', 'batch_axes', 1) -> 'mesh.batch_axes[1]'."""
     out = ""
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not part.isidentifier():  # a user's key: shown escaped, never raw
+            out += f"[{part!r}]"
+        else:
+            out += f".{part}" if out else part
     return out
 
 
@@ -98,9 +102,6 @@ def display_path(path: Path) -> str:
 def load_spec(path: Path) -> LoadedSpec:
     """Read, parse and schema-check one spec file. Raises SpecError with every problem."""
     display = display_path(path)
-    if not display.isprintable():
-        # The path is echoed into generated code comments; keep it on one clean line.
-        raise SpecError([Diagnostic(ascii(display), 1, 1, "", "file path must be printable")])
     try:
         raw = path.read_bytes()
     except OSError as err:
@@ -115,6 +116,10 @@ def load_spec_bytes(raw: bytes, display: str, name: str) -> LoadedSpec:
     def fail(message: str, line: int = 1, col: int = 1) -> SpecError:
         return SpecError([Diagnostic(display, line, col, "", message)])
 
+    if not display.isprintable():
+        # The path is echoed into a comment of the generated code: one clean line only.
+        display = ascii(display)
+        raise fail("file path must be printable")
     if len(raw) > MAX_SPEC_BYTES:
         raise fail(f"spec is {len(raw)} bytes; at most {MAX_SPEC_BYTES} are accepted")
     try:
@@ -135,8 +140,12 @@ def load_spec_bytes(raw: bytes, display: str, name: str) -> LoadedSpec:
     return LoadedSpec(source, spec, locations)
 
 
-# Generated modules sit beside user code: their names must import, and not shadow a library.
-_RESERVED_NAMES = set(sys.stdlib_module_names) | {"jax", "jaxlib", "numpy", "moegen", "generated"}
+# Generated modules sit beside user code: their names must not shadow what they import.
+# A fixed set, so that a file name's verdict does not depend on the Python version.
+_RESERVED_NAMES = {
+    "jax", "jaxlib", "numpy", "moegen", "generated", "typing", "collections", "functools",
+    "math", "os", "sys", "types", "abc", "dataclasses", "enum", "re", "json", "io",
+}  # fmt: skip
 
 
 def module_name_problem(name: str) -> str | None:
@@ -370,7 +379,7 @@ def _model_at(path: FieldPath) -> type[BaseModel] | None:
 
 def _unknown_key_message(key: str, model: type[BaseModel] | None) -> str:
     known = list(model.model_fields) if model else []
-    message = f"unknown key '{key}'"
+    message = f"unknown key {key!r}"
     close = difflib.get_close_matches(key, known, n=1, cutoff=_DID_YOU_MEAN_CUTOFF)
     if close:
         return f"{message}; did you mean '{close[0]}'?"

@@ -7,6 +7,7 @@ fixed settings, so the bytes depend on the plan and the pinned ruff alone.
 
 from __future__ import annotations
 
+import re
 import subprocess
 from functools import cache
 from importlib import resources
@@ -20,7 +21,10 @@ from moegen.plan import Plan
 
 LINE_LENGTH = 100
 # Lint rules every generated module must pass: pyflakes, pycodestyle, imports, bugbear, pyupgrade.
+# Line length is the formatter's job; only data (a long spec path in the header comment,
+# a long description) may exceed it, and splitting those would not make them clearer.
 LINT_RULES = "E,F,W,I,B,UP"
+LINT_IGNORE = "E501"
 
 
 class RenderError(Exception):
@@ -54,6 +58,21 @@ def _pyrepr(value: Any) -> str:
     return repr(value)
 
 
+def _pystr_block(text: str, width: int = 72) -> str:
+    """A str literal for free text, split at spaces into implicitly joined lines."""
+    if len(repr(text)) <= width:
+        return repr(text)
+    pieces, current = [], ""
+    for token in re.split(r"(?<= )", text):  # each token keeps its trailing space
+        if current and len(repr(current + token)) > width:
+            pieces.append(current)
+            current = ""
+        current += token
+    pieces.append(current)
+    assert "".join(pieces) == text
+    return "(\n" + "\n".join(f"    {_pyrepr(piece)}" for piece in pieces) + "\n)"
+
+
 _JNP_DTYPES = {"float32": "jnp.float32", "bfloat16": "jnp.bfloat16"}
 
 
@@ -69,6 +88,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["pspec"] = _pspec
     env.filters["pyrepr"] = _pyrepr
+    env.filters["pystr_block"] = _pystr_block
     env.filters["jnp_dtype"] = _JNP_DTYPES.__getitem__
     env.filters["tuple"] = tuple
     return env
@@ -91,7 +111,14 @@ def _ruff_format_and_check(source: str, filename: str) -> str:
     if formatted.returncode != 0:
         raise RenderError(f"ruff format failed on rendered {filename}:\n{formatted.stderr}")
     lint = _ruff(
-        ["check", *settings, f"--select={LINT_RULES}", "--output-format=concise", "--no-fix"],
+        [
+            "check",
+            *settings,
+            f"--select={LINT_RULES}",
+            f"--ignore={LINT_IGNORE}",
+            "--output-format=concise",
+            "--no-fix",
+        ],
         formatted.stdout,
         filename,
     )

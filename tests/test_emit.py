@@ -102,11 +102,6 @@ def test_failure_while_writing_a_temporary_leaves_targets_unchanged(existing):
         assert path.read_text(encoding="utf-8") == text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: emit.write_all leaks the temporary whose write failed (it joins `staged` only "
-    "after a successful write, so the cleanup in `finally` never sees it)",
-)
 def test_failure_while_writing_a_temporary_leaves_no_temporary(existing):
     first, second = existing
     with pytest.raises(UnicodeEncodeError):
@@ -145,11 +140,6 @@ def test_failed_rename_leaves_no_temporaries(existing, monkeypatch):
     assert temp_files(next(iter(existing)).parent) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: emit.write_all is not all-or-nothing once renaming starts: when the second "
-    "os.replace fails the first target has already been replaced",
-)
 def test_failed_rename_leaves_existing_targets_unchanged(existing, monkeypatch):
     _failing_second_replace(monkeypatch)
     with pytest.raises(PermissionError):
@@ -158,11 +148,6 @@ def test_failed_rename_leaves_existing_targets_unchanged(existing, monkeypatch):
         assert path.read_text(encoding="utf-8") == text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: emit.write_all is not all-or-nothing when a later target is a directory: "
-    "earlier targets are already replaced when os.replace raises IsADirectoryError",
-)
 def test_target_that_is_a_directory_leaves_existing_targets_unchanged(existing, tmp_path):
     blocked = tmp_path / "out" / "c.py"
     blocked.mkdir()

@@ -75,10 +75,16 @@ SMALL_MODULES = ["mixtral_small_cpu", "sigmoid_top1_data_cpu", "qwen3_moe_fsdp_c
 def test_generated_module_trains_and_rejects_bad_calls(name: str, tmp_path: Path) -> None:
     script = tmp_path / "call.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(
+        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
+    )
     result = subprocess.run(
         [sys.executable, str(script), str(REPO / "generated" / f"{name}.py")],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all ok" in result.stdout

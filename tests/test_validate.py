@@ -107,10 +107,7 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
                     14,
                     15,
                     "mesh.batch_axes",
-                    (
-                        "data-parallel axes ['fsdp'] must shard the batch; "
-                        "write ['data', 'fsdp']"
-                    ),
+                    ("data-parallel axes ['fsdp'] must shard the batch; write ['data', 'fsdp']"),
                 )
             ],
         ),

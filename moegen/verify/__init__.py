@@ -65,11 +65,11 @@ def verify(
     with tempfile.TemporaryDirectory(prefix="moegen-verify-") as tmp:
         workdir = Path(tmp)
         module_path = workdir / f"{plan.module_name}.py"
-        module_path.write_text(source)
+        module_path.write_text(source, encoding="utf-8")
         twins = []
         for i, (label, twin, tolerance) in enumerate(_twins(loaded)):
             path = workdir / f"twin_{i}.py"
-            path.write_text(render(make_plan(twin)))
+            path.write_text(render(make_plan(twin)), encoding="utf-8")
             twins.append({"path": str(path), "label": label, "tolerance": tolerance})
         job = {
             "module": str(module_path),
@@ -81,7 +81,7 @@ def verify(
             },
         }
         job_path = workdir / "job.json"
-        job_path.write_text(json.dumps(job))
+        job_path.write_text(json.dumps(job), encoding="utf-8")
         return _run_worker(job_path, plan.num_devices, on_step, timeout_s)
 
 
