@@ -11,7 +11,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/make-venv
 	./scripts/make-venv $(VENV)
-	$(VENV)/bin/python -m pip install -q -e ".[dev]"
+	$(VENV)/bin/python -m pip install -q -e ".[dev,tpu]"
 	touch $(STAMP)
 
 example: $(STAMP)

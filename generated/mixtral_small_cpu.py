@@ -13,7 +13,8 @@ Static shapes (global -> per device):
 
 Mesh data=2 x fsdp=4; the batch is sharded over data, fsdp.
 Parameters are sharded over fsdp along embed_dim and all-gathered inside the layer.
-Every device holds all 8 experts. Expert matmuls use jax.lax.ragged_dot (kernel xla).
+Every device holds all 8 experts.
+Expert matmuls use jax.lax.ragged_dot (kernel xla).
 Router math is float32; activations and expert matmuls are bfloat16;
 parameters are stored as float32.
 

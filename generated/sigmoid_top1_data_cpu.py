@@ -13,7 +13,8 @@ Static shapes (global -> per device):
 
 Mesh data=2; the batch is sharded over data.
 Parameters are replicated on every device.
-Every device holds all 16 experts. Expert matmuls use jax.lax.ragged_dot (kernel xla).
+Every device holds all 16 experts.
+Expert matmuls use jax.lax.ragged_dot (kernel xla).
 Router math is float32; activations and expert matmuls are bfloat16;
 parameters are stored as bfloat16.
 

@@ -89,6 +89,8 @@ def _describe(details: dict[str, Any]) -> str:
             )
             for c in details["cases"]
         )
+    if "verdict" in details:
+        return details["verdict"]
     if "memory" in details:
         mem = details["memory"]
         mib = {k: v / 2**20 for k, v in mem.items()}

@@ -11,14 +11,13 @@ import math
 from dataclasses import asdict, dataclass
 
 from moegen import __version__
+from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.sizes import axes_product
+from moegen.tiling import Tile, choose_tile, padded_rows
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 ROUTER_DTYPE = "float32"  # router math is float32 whatever the compute dtype
-
-# ragged_dot takes groups of any size; tiled kernels (megablox, TE) will need more.
-KERNEL_ROW_ALIGNMENT = {"xla": 1}
 
 PartitionSpec = tuple[str | tuple[str, ...] | None, ...]
 
@@ -54,6 +53,16 @@ class CostPlan:
 
 
 @dataclass(frozen=True)
+class MemoryPlan:
+    """Per-device memory estimate of forward+backward, item by item, in bytes."""
+
+    ledger: tuple[tuple[str, int], ...]  # largest first
+    forward_peak: int
+    train_peak: int
+    hbm_bytes_per_device: int  # 0 when the target has no fixed memory (cpu)
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything static about one generated module."""
 
@@ -71,7 +80,14 @@ class Plan:
     expert_axis: str | None  # seam for expert parallelism; None: experts replicated
     expert_strategy: str
     hardware: str
+    topology: str | None
+    tpu_topology_name: str | None  # libtpu's name, e.g. "v5e:2x4"
+    chips_per_host_bounds: tuple[int, int, int] | None
     kernel: str
+    kernel_interpret: bool  # pallas kernels interpreted on CPU (the shrunken twin only)
+    check_vma: bool  # shard_map's varying-axes check; off around Pallas calls
+    gate_up_tile: tuple[int, int, int] | None  # megablox (rows, contraction, output)
+    down_tile: tuple[int, int, int] | None
 
     batch: int
     seq_len: int
@@ -86,6 +102,7 @@ class Plan:
     routed_rows: int  # dropless: every token copy of this device has a row
     row_alignment: int  # rows per expert group are padded to a multiple of this (kernel need)
     padded_rows: int  # routed buffer rows including kernel padding
+    pads_rows: bool  # padded_rows > routed_rows: the kernel gets rows of no expert group
 
     score: str
     renormalize: bool
@@ -97,14 +114,16 @@ class Plan:
     input_partition: PartitionSpec
     params: tuple[ParamPlan, ...]
     cost: CostPlan
+    memory: MemoryPlan
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def make_plan(loaded: LoadedSpec) -> Plan:
-    """Derive the plan of a validated spec."""
+def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
+    """Derive the plan of a validated spec (`interpret`: run Pallas kernels on CPU)."""
     spec = loaded.spec
+    chip = hardware(spec.target.hardware)
     axes = dict(spec.mesh.axes)
     batch_axes = spec.batch_axes
     fsdp_axis = "fsdp" if "fsdp" in axes else None
@@ -112,6 +131,8 @@ def make_plan(loaded: LoadedSpec) -> Plan:
     local_batch = spec.shapes.batch // batch_shards
     local_tokens = local_batch * spec.shapes.seq_len
     routed_rows = local_tokens * spec.router.top_k
+    tiles = _kernel_tiles(loaded, routed_rows)
+    rows = padded_rows(routed_rows, list(tiles)) if tiles else routed_rows
     params = _param_plans(
         spec.layer.num_experts,
         spec.layer.embed_dim,
@@ -145,7 +166,18 @@ def make_plan(loaded: LoadedSpec) -> Plan:
         expert_axis=None,
         expert_strategy=spec.parallelism.experts,
         hardware=spec.target.hardware,
+        topology=spec.target.topology,
+        tpu_topology_name=(
+            f"{chip.topology_prefix}:{spec.target.topology}" if chip.platform == "tpu" else None
+        ),
+        chips_per_host_bounds=(
+            chip.chips_per_host_bounds(spec.target.topology) if chip.platform == "tpu" else None
+        ),
         kernel=spec.target.kernel,
+        kernel_interpret=interpret and spec.target.kernel == "pallas",
+        check_vma=spec.target.kernel != "pallas",
+        gate_up_tile=tiles[0].as_tuple() if tiles else None,
+        down_tile=tiles[1].as_tuple() if tiles else None,
         batch=spec.shapes.batch,
         seq_len=spec.shapes.seq_len,
         embed_dim=spec.layer.embed_dim,
@@ -157,8 +189,9 @@ def make_plan(loaded: LoadedSpec) -> Plan:
         local_batch=local_batch,
         local_tokens=local_tokens,
         routed_rows=routed_rows,
-        row_alignment=KERNEL_ROW_ALIGNMENT[spec.target.kernel],
-        padded_rows=routed_rows,  # ragged_dot takes any group sizes: nothing to pad
+        row_alignment=math.lcm(*(t.rows for t in tiles)) if tiles else 1,
+        padded_rows=rows,
+        pads_rows=rows > routed_rows,
         score=spec.router.score,
         renormalize=spec.router.renormalize,
         activation=spec.layer.activation,
@@ -168,7 +201,69 @@ def make_plan(loaded: LoadedSpec) -> Plan:
         input_partition=(batch_axes or None, None, None),
         params=params,
         cost=cost,
+        memory=_memory_plan(
+            cost,
+            local_tokens=local_tokens,
+            padded_rows=rows,
+            embed_dim=spec.layer.embed_dim,
+            ffn_dim=spec.layer.ffn_dim,
+            num_experts=spec.layer.num_experts,
+            compute_bytes=DTYPE_BYTES[spec.dtypes.compute],
+            hbm=chip.hbm_bytes_per_device,
+        ),
     )
+
+
+def _kernel_tiles(loaded: LoadedSpec, routed_rows: int) -> tuple[Tile, Tile] | None:
+    """Megablox tiles for (gate, up) and down: pinned by the spec, else chosen here."""
+    spec = loaded.spec
+    if spec.target.kernel != "pallas":
+        return None  # ragged_dot takes groups of any size: nothing to tile or pad
+    budget = hardware(spec.target.hardware).vmem_bytes_for_tiles
+    dtype = spec.dtypes.compute
+    embed, ffn = spec.layer.embed_dim, spec.layer.ffn_dim
+    pinned = spec.target.tiles
+    gate_up = (
+        Tile(*pinned.gate_up)
+        if pinned and pinned.gate_up
+        else choose_tile(routed_rows, embed, ffn, dtype, budget)
+    )
+    down = (
+        Tile(*pinned.down)
+        if pinned and pinned.down
+        else choose_tile(routed_rows, ffn, embed, dtype, budget)
+    )
+    return gate_up, down
+
+
+def _memory_plan(
+    cost: CostPlan,
+    *,
+    local_tokens: int,
+    padded_rows: int,
+    embed_dim: int,
+    ffn_dim: int,
+    num_experts: int,
+    compute_bytes: int,
+    hbm: int,
+) -> MemoryPlan:
+    """What forward+backward keeps live on one device, by the plan's own count."""
+    routed = padded_rows * (2 * embed_dim + 3 * ffn_dim) * compute_bytes
+    activations = local_tokens * embed_dim * compute_bytes
+    router = local_tokens * num_experts * 4 * 3  # logits, scores, their gradient (float32)
+    items = {
+        "parameters (stored shards)": cost.param_bytes,
+        "parameter gradients (stored shards)": cost.param_bytes,
+        "gathered expert weights, kept for the backward pass": cost.gathered_weight_bytes,
+        "gradients of the gathered weights, before the reduce-scatter": cost.gathered_weight_bytes,
+        "routed activations (dispatched rows, gate, up, hidden, expert out)": routed,
+        "gradients of the routed activations": routed,
+        "layer input, output and input gradient": 3 * activations,
+        "router logits, scores and their gradients": router,
+    }
+    forward = cost.param_bytes + cost.gathered_weight_bytes + routed + 2 * activations + router // 3
+    ledger = tuple(sorted(items.items(), key=lambda item: -item[1]))
+    return MemoryPlan(ledger, forward, sum(items.values()), hbm)
 
 
 def _param_plans(
@@ -240,7 +335,8 @@ def _summary(loaded: LoadedSpec) -> str:
         f"MoE layer: {spec.layer.num_experts} {spec.layer.activation} experts "
         f"(embed {spec.layer.embed_dim}, ffn {spec.layer.ffn_dim}), top-{spec.router.top_k} "
         f"{spec.router.score} routing{renorm}, {spec.parallelism.experts} experts, "
-        f"on a {mesh} mesh, kernel {spec.target.kernel}, target {spec.target.hardware}."
+        f"on a {mesh} mesh, kernel {spec.target.kernel}, target {spec.target.hardware}"
+        + (f" {spec.target.topology}." if spec.target.topology else ".")
     )
 
 
@@ -258,7 +354,8 @@ def format_plan(plan: Plan) -> str:
         f"(x top_{plan.top_k}, dropless); padded rows {plan.padded_rows} "
         f"(groups aligned to {plan.row_alignment})",
         f"  experts         {plan.num_experts} ({plan.local_experts} per device, "
-        f"{plan.expert_strategy}); kernel {plan.kernel}",
+        f"{plan.expert_strategy}); kernel {plan.kernel}; target {plan.hardware}"
+        + (f" {plan.topology}" if plan.topology else ""),
         "  parameters:",
     ]
     for p in plan.params:
@@ -275,6 +372,19 @@ def format_plan(plan: Plan) -> str:
         f"    routed buffers {_gib(c.routed_buffer_bytes)}; activations {_gib(c.activation_bytes)}",
         f"    fsdp gather    {_gib(c.gather_bytes_received)} received",
     ]
+    if plan.gate_up_tile:
+        down = list(plan.down_tile or ())
+        lines.append(
+            f"  megablox tiles  gate/up {list(plan.gate_up_tile)}, down {down} "
+            "(rows, contraction, output)"
+        )
+    m = plan.memory
+    hbm = f" of {_gib(m.hbm_bytes_per_device)} HBM" if m.hbm_bytes_per_device else ""
+    lines.append(
+        f"  memory estimate forward {_gib(m.forward_peak)}, forward+backward "
+        f"{_gib(m.train_peak)}{hbm} per device"
+    )
+    lines += [f"    {_gib(size):>12}  {name}" for name, size in m.ledger]
     return "\n".join(lines)
 
 

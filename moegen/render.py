@@ -107,7 +107,13 @@ def _ruff(args: list[str], source: str, filename: str) -> subprocess.CompletedPr
 
 def _ruff_format_and_check(source: str, filename: str) -> str:
     settings = [f"--line-length={LINE_LENGTH}", "--target-version=py312"]
-    formatted = _ruff(["format", *settings], source, filename)
+    # Imports are laid out by ruff (isort rules), so templates may add them anywhere.
+    sorted_imports = _ruff(
+        ["check", *settings, "--select=I", "--fix-only", "--exit-zero"], source, filename
+    )
+    if sorted_imports.returncode != 0:
+        raise RenderError(f"ruff could not sort imports of {filename}:\n{sorted_imports.stderr}")
+    formatted = _ruff(["format", *settings], sorted_imports.stdout, filename)
     if formatted.returncode != 0:
         raise RenderError(f"ruff format failed on rendered {filename}:\n{formatted.stderr}")
     lint = _ruff(

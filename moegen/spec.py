@@ -104,11 +104,40 @@ class Parallelism(_Section):
     )
 
 
+Tile = Annotated[list[Size], Field(min_length=3, max_length=3)]
+
+
+class Tiles(_Section):
+    """Pinned megablox tiles [rows, contraction, output] per projection (else moegen picks)."""
+
+    gate_up: Tile | None = Field(None, description="Tiles of the gate and up projections.")
+    down: Tile | None = Field(None, description="Tiles of the down projection.")
+
+    @field_validator("gate_up", "down", mode="after")
+    @classmethod
+    def _freeze(cls, tile: list[int] | None) -> tuple[int, ...] | None:
+        return None if tile is None else tuple(tile)
+
+    @field_serializer("gate_up", "down")
+    def _serialize(self, tile: tuple[int, ...] | None) -> list[int] | None:
+        return None if tile is None else list(tile)
+
+
 class Target(_Section):
     """Hardware the module is compiled for and the grouped-matmul kernel it uses."""
 
-    hardware: Literal["cpu"] = Field("cpu", description="Compile target.")
-    kernel: Literal["xla"] = Field("xla", description="Grouped matmul: xla = jax.lax.ragged_dot.")
+    hardware: Literal["cpu", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu7x"] = Field(
+        "cpu", description="Compile target."
+    )
+    topology: str | None = Field(
+        None, max_length=32, description="TPU slice shape, e.g. 2x4 (v5e, v6e) or 2x2x1 (v5p)."
+    )
+    kernel: Literal["xla", "pallas"] = Field(
+        "xla",
+        description="Grouped matmul: xla = jax.lax.ragged_dot (anywhere); "
+        "pallas = megablox gmm/tgmm (TPU).",
+    )
+    tiles: Tiles | None = Field(None, description="Pin the pallas kernel's tiles.")
 
 
 class Spec(_Section):

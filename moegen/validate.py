@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from moegen.diagnostics import Diagnostic, SpecError
+from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.sizes import INT32_LIMIT, axes_label, axes_product, nearest_multiples
+from moegen.tiling import Tile, tile_problems
 
 Rule = Callable[[LoadedSpec], list[Diagnostic]]
 
@@ -181,6 +183,97 @@ def parameters_reasonably_sized(loaded: LoadedSpec) -> list[Diagnostic]:
     ]
 
 
+def topology_matches_hardware(loaded: LoadedSpec) -> list[Diagnostic]:
+    """A TPU target names one of its generation's slice shapes; cpu has none."""
+    target = loaded.spec.target
+    chip = hardware(target.hardware)
+    if chip.platform == "cpu":
+        if target.topology is None:
+            return []
+        return [
+            loaded.diagnostic(("target", "topology"), "target cpu takes no topology; remove it")
+        ]
+    if target.topology is None:
+        return [
+            loaded.diagnostic(
+                ("target",),
+                at_key=True,
+                message=f"{target.hardware} needs target.topology, one of: "
+                + ", ".join(chip.topologies),
+            )
+        ]
+    if target.topology in chip.topologies:
+        return []
+    devices = axes_product(loaded.spec.mesh.axes, loaded.spec.mesh.axes)
+    matching = [t for t in chip.topologies if chip.devices(t) == devices]
+    hint = f"; with {devices} devices: {', '.join(matching)}" if matching else ""
+    return [
+        loaded.diagnostic(
+            ("target", "topology"),
+            f"{target.topology!r} is not a {target.hardware} slice; valid: "
+            f"{', '.join(chip.topologies)}{hint}",
+        )
+    ]
+
+
+def mesh_matches_topology(loaded: LoadedSpec) -> list[Diagnostic]:
+    """The mesh spans the whole slice: one mesh position per device."""
+    target = loaded.spec.target
+    chip = hardware(target.hardware)
+    if chip.platform == "cpu" or target.topology not in chip.topologies:
+        return []
+    devices = axes_product(loaded.spec.mesh.axes, loaded.spec.mesh.axes)
+    want = chip.devices(target.topology)
+    if devices == want:
+        return []
+    per_chip = f" ({chip.devices_per_chip} per chip)" if chip.devices_per_chip > 1 else ""
+    return [
+        loaded.diagnostic(
+            ("mesh", "axes"),
+            at_key=True,
+            message=f"the mesh has {devices} devices but {target.hardware} {target.topology} "
+            f"has {want}{per_chip}; make the product of the axis sizes {want}",
+        )
+    ]
+
+
+def kernel_runs_on_target(loaded: LoadedSpec) -> list[Diagnostic]:
+    """Pallas megablox kernels are TPU kernels; pinned tiles only mean something to them."""
+    target = loaded.spec.target
+    out = []
+    if target.kernel == "pallas" and hardware(target.hardware).platform != "tpu":
+        out.append(
+            loaded.diagnostic(
+                ("target", "kernel"),
+                f"kernel pallas (megablox) runs on TPU targets only, not {target.hardware}; "
+                "use kernel: xla",
+            )
+        )
+    if target.tiles is not None and target.kernel != "pallas":
+        out.append(
+            loaded.diagnostic(
+                ("target", "tiles"), at_key=True, message="tiles apply to kernel pallas only"
+            )
+        )
+    return out
+
+
+def pinned_tiles_run(loaded: LoadedSpec) -> list[Diagnostic]:
+    """A pinned tile must be lane/sublane aligned and fit the generation's scoped VMEM."""
+    target = loaded.spec.target
+    if target.tiles is None or target.kernel != "pallas":
+        return []
+    budget = hardware(target.hardware).vmem_bytes_for_tiles
+    out = []
+    for name in ("gate_up", "down"):
+        values = getattr(target.tiles, name)
+        if values is None:
+            continue
+        for problem in tile_problems(Tile(*values), loaded.spec.dtypes.compute, budget):
+            out.append(loaded.diagnostic(("target", "tiles", name), problem))
+    return out
+
+
 def mesh_fits_cpu_target(loaded: LoadedSpec) -> list[Diagnostic]:
     """The cpu target runs on fake host devices; keep their count tractable."""
     spec = loaded.spec
@@ -206,6 +299,10 @@ RULES: tuple[Rule, ...] = (
     overlap_needs_expert_communication,
     indices_fit_int32,
     parameters_reasonably_sized,
+    topology_matches_hardware,
+    mesh_matches_topology,
+    kernel_runs_on_target,
+    pinned_tiles_run,
     mesh_fits_cpu_target,
 )
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from moegen.load import LoadedSpec
-from moegen.plan import make_plan
+from moegen.plan import Plan, make_plan
 from moegen.render import render
 from moegen.verify.twin import twin_of
 
@@ -69,7 +69,7 @@ def verify(
         twins = []
         for i, (label, twin, tolerance) in enumerate(_twins(loaded)):
             path = workdir / f"twin_{i}.py"
-            path.write_text(render(make_plan(twin)), encoding="utf-8")
+            path.write_text(render(make_plan(twin, interpret=True)), encoding="utf-8")
             twins.append({"path": str(path), "label": label, "tolerance": tolerance})
         job = {
             "module": str(module_path),
@@ -79,10 +79,63 @@ def verify(
                 "score": plan.score,
                 "renormalize": plan.renormalize,
             },
+            "tpu": None
+            if plan.tpu_topology_name is None
+            else {
+                "topology_name": plan.tpu_topology_name,
+                "chips_per_host_bounds": list(plan.chips_per_host_bounds or ()),
+            },
         }
         job_path = workdir / "job.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")
-        return _run_worker(job_path, plan.num_devices, on_step, timeout_s)
+        report = _run_worker(job_path, plan.num_devices, on_step, timeout_s)
+    verdict = memory_verdict(plan, report)
+    if verdict:
+        report.steps.append({"step": "memory verdict", "seconds": 0.0, "verdict": verdict})
+        on_step(report.steps[-1])
+    return report
+
+
+def peak_bytes(memory: dict[str, int]) -> int:
+    """Per-device peak of a compiled program: what XLA must hold at once."""
+    return memory["argument"] + memory["output"] + memory["temp"] - memory["alias"]
+
+
+def memory_verdict(plan: Plan, report: VerifyReport) -> str | None:
+    """Compiled peaks against the device's HBM (None on targets without fixed memory).
+
+    Raises VerifyError naming the largest buffers and what to change when one does not fit.
+    """
+    hbm = plan.memory.hbm_bytes_per_device
+    if not hbm:
+        return None
+    compiled = [s for s in report.steps if "memory" in s]
+    for step in compiled:
+        if "memory" not in step or peak_bytes(step["memory"]) <= hbm:
+            continue
+        mem = step["memory"]
+        largest = "; ".join(
+            f"{name} {size / 2**30:.2f} GiB" for name, size in plan.memory.ledger[:4]
+        )
+        raise VerifyError(
+            f"{step['step'].removeprefix('compile ')} does not fit {plan.hardware} "
+            f"{plan.topology}: {peak_bytes(mem) / 2**30:.2f} GiB per device "
+            f"(arguments {mem['argument'] / 2**30:.2f}, outputs {mem['output'] / 2**30:.2f}, "
+            f"temporaries {mem['temp'] / 2**30:.2f}) > {hbm / 2**30:.2f} GiB HBM.\n"
+            f"Largest buffers by the plan: {largest}.\n"
+            "To fit: shard parameters over more devices (a larger fsdp axis), shorten the "
+            "per-device batch (shapes.batch or seq_len, or more batch shards), store parameters "
+            "in bfloat16, or pick a larger slice or a generation with more HBM."
+        )
+    peaks = ", ".join(
+        f"{s['step'].removeprefix('compile ')} {peak_bytes(s['memory']) / 2**30:.2f} GiB"
+        for s in compiled
+    )
+    return (
+        f"fits: {peaks} of {hbm / 2**30:.2f} GiB HBM per device "
+        f"(plan estimate: forward {plan.memory.forward_peak / 2**30:.2f}, "
+        f"forward+backward {plan.memory.train_peak / 2**30:.2f} GiB)"
+    )
 
 
 def _run_worker(

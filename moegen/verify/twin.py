@@ -11,12 +11,16 @@ from dataclasses import replace
 
 from moegen.load import LoadedSpec
 from moegen.sizes import axes_product
+from moegen.spec import Tiles
 from moegen.validate import validate
 
 TWIN_SEQUENCES_PER_SHARD = 2
-TWIN_SEQ_LEN = 4
+TWIN_SEQ_LEN = 5  # 10 tokens per device: routed rows 10*top_k, ragged against 32-row tiles
 TWIN_MIN_EMBED = 16
 TWIN_FFN = 24  # differs from embed so that a transposed weight cannot go unnoticed
+# Pallas twins run megablox interpreted with small tiles: rows padded past a ragged last tile,
+# contraction and output dimensions smaller than one tile (both masked by the kernel).
+TWIN_TILE = [32, 128, 128]
 
 
 def twin_of(loaded: LoadedSpec, *, dtype: str | None = "float32") -> LoadedSpec:
@@ -31,6 +35,9 @@ def twin_of(loaded: LoadedSpec, *, dtype: str | None = "float32") -> LoadedSpec:
             update={"batch": shards * TWIN_SEQUENCES_PER_SHARD, "seq_len": TWIN_SEQ_LEN}
         ),
     }
+    if spec.target.kernel == "pallas":
+        tiles = Tiles(gate_up=TWIN_TILE, down=TWIN_TILE)
+        updates["target"] = spec.target.model_copy(update={"tiles": tiles})
     if dtype is not None:
         updates["dtypes"] = spec.dtypes.model_copy(update={"params": dtype, "compute": dtype})
     twin = replace(loaded, spec=spec.model_copy(update=updates))

@@ -25,7 +25,7 @@ import numpy as np
 from moegen.verify.reference import RouterConfig, dense_moe, tokens_per_expert
 
 
-class ParityError(Exception):
+class CheckFailed(Exception):
     pass
 
 
@@ -117,12 +117,12 @@ def check_parity(
     errors |= {f"grad_{k}": relative_error(grads[k], ref_grads[k]) for k in ref_grads}
     counts = np.asarray(aux.tokens_per_expert)
     if not np.array_equal(counts, ref_counts):
-        raise ParityError(
+        raise CheckFailed(
             f"{case}: aux.tokens_per_expert {counts.tolist()} != {ref_counts.tolist()}"
         )
     worst = max(errors, key=errors.get)
     if not errors[worst] < tolerance:
-        raise ParityError(
+        raise CheckFailed(
             f"{case}: {worst} differs from the dense reference: relative error "
             f"{errors[worst]:.3e} >= {tolerance:.0e}; all: "
             + ", ".join(f"{k}={v:.2e}" for k, v in errors.items())
@@ -138,7 +138,7 @@ def run_twin(path: str, cfg: RouterConfig, tolerance: float, label: str) -> None
         params, x, cotangent, starved = _starved_case(module, 1)
         result = check_parity(module, cfg, params, x, cotangent, tolerance, "starved experts")
         if any(result["tokens_per_expert"][e] for e in starved):
-            raise ParityError(f"starved experts {starved} received tokens: {result}")
+            raise CheckFailed(f"starved experts {starved} received tokens: {result}")
         results.append(result | {"starved_experts": starved})
     emit(step=f"twin parity ({label})", seconds=time.perf_counter() - start, cases=results)
 
@@ -149,8 +149,27 @@ def _memory(compiled: Any) -> dict[str, int]:
     return {f: int(getattr(stats, f"{f}_size_in_bytes", 0) or 0) for f in fields}
 
 
-def compile_full(module: ModuleType) -> None:
-    mesh = module.make_mesh(jax.devices()[: module.NUM_DEVICES])
+def target_devices(module: ModuleType, tpu: dict[str, Any] | None) -> list[Any]:
+    """Fake CPU devices, or compile-only devices of the TPU slice (libtpu, no TPU needed)."""
+    if tpu is None:
+        return jax.devices()[: module.NUM_DEVICES]
+    if importlib.util.find_spec("libtpu") is None:
+        raise CheckFailed(
+            "compiling for TPU needs libtpu: pip install 'moegen[tpu]' (libtpu==0.0.51)"
+        )
+    from jax.experimental import topologies
+
+    return topologies.get_topology_desc(
+        platform="tpu",
+        topology_name=tpu["topology_name"],
+        chip_config_name="default",
+        chips_per_host_bounds=tuple(tpu["chips_per_host_bounds"]),
+        num_slices=1,
+    ).devices
+
+
+def compile_full(module: ModuleType, tpu: dict[str, Any] | None) -> None:
+    mesh = module.make_mesh(target_devices(module, tpu))
     params, x = module.param_shapes(mesh), module.input_shape(mesh)
     forward = functools.partial(module.moe_layer, mesh=mesh)
 
@@ -179,8 +198,8 @@ def main(job_path: str) -> int:
         emit(step="import", seconds=time.perf_counter() - start)
         for twin in job["twins"]:
             run_twin(twin["path"], cfg, twin["tolerance"], twin["label"])
-        compile_full(module)
-    except ParityError as err:
+        compile_full(module, job["tpu"])
+    except CheckFailed as err:
         emit(error=str(err))
         return 1
     except Exception:  # anything else is a bug in generated code; report it whole

@@ -1,0 +1,79 @@
+"""The hardware catalogue: plain data about every compile target moegen knows.
+
+Figures are the datasheet leads (bf16 dense peak) collected in the project's hardware reference
+(shared/reference/hardware-and-roofline.md); the per-generation pages of Google Cloud's TPU
+documentation (cloud.google.com/tpu/docs/v5e, v5p, v6e, tpu7x) are where they come from.
+Topologies are the slice shapes Google Cloud offers for each generation; tpu7x shows JAX two
+devices per chip. Scoped VMEM budgets are the compiler's defaults per generation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GB = 10**9
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One compile target."""
+
+    name: str  # as written in specs: target.hardware
+    platform: str  # "cpu" | "tpu"
+    topology_prefix: str  # libtpu's name for the generation, as in "v5e:2x4"
+    devices_per_chip: int
+    hbm_bytes_per_chip: int
+    peak_bf16_flops_per_chip: float
+    hbm_bytes_per_s_per_chip: float
+    ici_bytes_per_s_per_chip: float  # bidirectional
+    topologies: tuple[str, ...]  # valid slice shapes, e.g. "2x4" or "2x2x1"
+    vmem_bytes_for_tiles: int  # scoped VMEM a kernel's tiles may use (double-buffered)
+
+    @property
+    def hbm_bytes_per_device(self) -> int:
+        return self.hbm_bytes_per_chip // max(self.devices_per_chip, 1)
+
+    def chips(self, topology: str) -> int:
+        count = 1
+        for dim in topology.split("x"):
+            count *= int(dim)
+        return count
+
+    def devices(self, topology: str) -> int:
+        return self.chips(topology) * self.devices_per_chip
+
+    def chips_per_host_bounds(self, topology: str) -> tuple[int, int, int]:
+        """How libtpu splits the slice into hosts (compile-only devices need it)."""
+        dims = [int(d) for d in topology.split("x")] + [1]
+        if len(topology.split("x")) == 2:  # v5e / v6e: hosts of up to 2x4 chips
+            return (min(dims[0], 2), min(dims[1], 4), 1)
+        return (min(dims[0], 2), min(dims[1], 2), 1)  # v5p / tpu7x: hosts of 2x2x1 chips
+
+
+_PLANAR = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
+_CUBIC = (
+    "2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8",
+    "8x8x16", "8x16x16", "16x16x16", "16x16x24",
+)  # fmt: skip
+_MIB = 2**20
+
+CATALOGUE: dict[str, Hardware] = {
+    "cpu": Hardware("cpu", "cpu", "", 1, 0, 0.0, 0.0, 0.0, (), 0),
+    "tpu-v5e": Hardware(
+        "tpu-v5e", "tpu", "v5e", 1, 16 * GB, 197e12, 819e9, 400e9, _PLANAR, 16 * _MIB
+    ),
+    "tpu-v5p": Hardware(
+        "tpu-v5p", "tpu", "v5p", 1, 95 * GIB, 459e12, 2765e9, 1200e9, _CUBIC, 16 * _MIB
+    ),
+    "tpu-v6e": Hardware(
+        "tpu-v6e", "tpu", "v6e", 1, 32 * GB, 918e12, 1638e9, 800e9, _PLANAR, 32 * _MIB
+    ),
+    "tpu7x": Hardware(
+        "tpu7x", "tpu", "tpu7x", 2, 192 * GIB, 2307e12, 7380e9, 1200e9, _CUBIC[:9], 32 * _MIB
+    ),
+}
+
+
+def hardware(name: str) -> Hardware:
+    return CATALOGUE[name]

@@ -1,0 +1,95 @@
+"""Megablox tile arithmetic: which (rows, contraction, output) tiles a projection may use.
+
+Plain integer rules shared by validation (a pinned tile that breaks one is a located error)
+and by the plan (which picks tiles when the spec does not). `gmm` needs the row count to be
+a whole number of row tiles, and its custom VJP reuses the same tiling for the input gradient
+(`gmm` again) and the weight gradient (`tgmm`), so every row tile of every projection must
+divide the padded row count: the plan pads to the least common multiple of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+LANES = 128  # contraction and output tiles are whole vector lanes
+ROW_MULTIPLE = {"float32": 8, "bfloat16": 16}  # sublanes of one vreg per dtype
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+DEFAULT_TILE = (512, 1024, 1024)  # megablox's sweet spot for large MoE layers (rows, k, n)
+
+
+@dataclass(frozen=True)
+class Tile:
+    rows: int
+    contraction: int
+    output: int
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        return (self.rows, self.contraction, self.output)
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def vmem_bytes(tile: Tile, dtype: str) -> int:
+    """Scoped VMEM of one grid step: double-buffered inputs and output, float32 accumulator."""
+    size = DTYPE_BYTES[dtype]
+    inputs = (tile.rows * tile.contraction + tile.contraction * tile.output) * size
+    return 2 * inputs + 2 * tile.rows * tile.output * size + tile.rows * tile.output * 4
+
+
+def tile_problems(tile: Tile, dtype: str, vmem_budget: int) -> list[str]:
+    """Why `tile` cannot run (empty when it can)."""
+    problems = []
+    rows_multiple = ROW_MULTIPLE[dtype]
+    if tile.rows % rows_multiple:
+        problems.append(
+            f"row tile {tile.rows} must be a multiple of {rows_multiple} for {dtype}; "
+            f"nearest valid: {_nearest(tile.rows, rows_multiple)}"
+        )
+    for name, value in (("contraction", tile.contraction), ("output", tile.output)):
+        if value % LANES:
+            problems.append(
+                f"{name} tile {value} must be a multiple of {LANES} lanes; "
+                f"nearest valid: {_nearest(value, LANES)}"
+            )
+    need = vmem_bytes(tile, dtype)
+    if need > vmem_budget:
+        problems.append(
+            f"tiles {list(tile.as_tuple())} need {need / 2**20:.1f} MiB of VMEM, more than the "
+            f"{vmem_budget / 2**20:.0f} MiB a kernel may use; halve the largest tile"
+        )
+    return problems
+
+
+def _nearest(value: int, multiple: int) -> str:
+    below = value // multiple * multiple
+    options = [m for m in (below, below + multiple) if m > 0]
+    return " or ".join(map(str, options))
+
+
+def choose_tile(rows: int, contraction: int, output: int, dtype: str, vmem_budget: int) -> Tile:
+    """The largest tiles up to DEFAULT_TILE that fit the problem and the VMEM budget."""
+    row_cap, k_cap, n_cap = DEFAULT_TILE
+    tile = Tile(
+        rows=min(row_cap, round_up(rows, ROW_MULTIPLE[dtype])),
+        contraction=min(k_cap, round_up(contraction, LANES)),
+        output=min(n_cap, round_up(output, LANES)),
+    )
+    while vmem_bytes(tile, dtype) > vmem_budget:
+        if max(tile.contraction, tile.output) > LANES:
+            if tile.contraction >= tile.output:
+                tile = Tile(tile.rows, tile.contraction // 2, tile.output)
+            else:
+                tile = Tile(tile.rows, tile.contraction, tile.output // 2)
+        elif tile.rows > ROW_MULTIPLE[dtype]:
+            tile = Tile(max(ROW_MULTIPLE[dtype], tile.rows // 2), tile.contraction, tile.output)
+        else:
+            break
+    return tile
+
+
+def padded_rows(rows: int, tiles: list[Tile]) -> int:
+    """Rows rounded up so that every row tile used, forward and backward, divides them."""
+    return round_up(rows, math.lcm(*(t.rows for t in tiles)))
