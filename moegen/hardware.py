@@ -4,7 +4,9 @@ Figures are the datasheet leads (bf16 dense peak) collected in the project's har
 (shared/reference/hardware-and-roofline.md); the per-generation pages of Google Cloud's TPU
 documentation (cloud.google.com/tpu/docs/v5e, v5p, v6e, tpu7x) are where they come from.
 Topologies are the slice shapes Google Cloud offers for each generation; tpu7x shows JAX two
-devices per chip. Scoped VMEM budgets are the compiler's defaults per generation.
+devices per chip. Scoped VMEM budgets are the compiler's defaults per generation. HBM is
+counted in GiB, as the TPU compiler counts it (datasheets write "16 GB" for v5e's 16 GiB;
+libtpu reports 15.75 GiB of it available to a program).
 """
 
 from __future__ import annotations
@@ -61,13 +63,13 @@ _MIB = 2**20
 CATALOGUE: dict[str, Hardware] = {
     "cpu": Hardware("cpu", "cpu", "", 1, 0, 0.0, 0.0, 0.0, (), 0),
     "tpu-v5e": Hardware(
-        "tpu-v5e", "tpu", "v5e", 1, 16 * GB, 197e12, 819e9, 400e9, _PLANAR, 16 * _MIB
+        "tpu-v5e", "tpu", "v5e", 1, 16 * GIB, 197e12, 819e9, 400e9, _PLANAR, 16 * _MIB
     ),
     "tpu-v5p": Hardware(
         "tpu-v5p", "tpu", "v5p", 1, 95 * GIB, 459e12, 2765e9, 1200e9, _CUBIC, 16 * _MIB
     ),
     "tpu-v6e": Hardware(
-        "tpu-v6e", "tpu", "v6e", 1, 32 * GB, 918e12, 1638e9, 800e9, _PLANAR, 32 * _MIB
+        "tpu-v6e", "tpu", "v6e", 1, 32 * GIB, 918e12, 1638e9, 800e9, _PLANAR, 32 * _MIB
     ),
     "tpu7x": Hardware(
         "tpu7x", "tpu", "tpu7x", 2, 192 * GIB, 2307e12, 7380e9, 1200e9, _CUBIC[:9], 32 * _MIB

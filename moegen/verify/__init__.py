@@ -109,23 +109,29 @@ def memory_verdict(plan: Plan, report: VerifyReport) -> str | None:
     hbm = plan.memory.hbm_bytes_per_device
     if not hbm:
         return None
+    largest = "; ".join(f"{name} {size / 2**30:.2f} GiB" for name, size in plan.memory.ledger[:4])
+    advice = (
+        f"Largest buffers by the plan: {largest}.\n"
+        "To fit: shard parameters over more devices (a larger fsdp axis), shorten the "
+        "per-device batch (shapes.batch or seq_len, or more batch shards), store parameters "
+        "in bfloat16, or pick a larger slice or a generation with more HBM."
+    )
+    for step in report.steps:
+        if "oom" in step:
+            raise VerifyError(
+                f"{step['step'].removeprefix('compile ')} does not fit {plan.hardware} "
+                f"{plan.topology}; the TPU compiler says:\n  {step['oom']}\n{advice}"
+            )
     compiled = [s for s in report.steps if "memory" in s]
     for step in compiled:
-        if "memory" not in step or peak_bytes(step["memory"]) <= hbm:
+        if peak_bytes(step["memory"]) <= hbm:
             continue
         mem = step["memory"]
-        largest = "; ".join(
-            f"{name} {size / 2**30:.2f} GiB" for name, size in plan.memory.ledger[:4]
-        )
         raise VerifyError(
             f"{step['step'].removeprefix('compile ')} does not fit {plan.hardware} "
             f"{plan.topology}: {peak_bytes(mem) / 2**30:.2f} GiB per device "
             f"(arguments {mem['argument'] / 2**30:.2f}, outputs {mem['output'] / 2**30:.2f}, "
-            f"temporaries {mem['temp'] / 2**30:.2f}) > {hbm / 2**30:.2f} GiB HBM.\n"
-            f"Largest buffers by the plan: {largest}.\n"
-            "To fit: shard parameters over more devices (a larger fsdp axis), shorten the "
-            "per-device batch (shapes.batch or seq_len, or more batch shards), store parameters "
-            "in bfloat16, or pick a larger slice or a generation with more HBM."
+            f"temporaries {mem['temp'] / 2**30:.2f}) > {hbm / 2**30:.2f} GiB HBM.\n{advice}"
         )
     peaks = ", ".join(
         f"{s['step'].removeprefix('compile ')} {peak_bytes(s['memory']) / 2**30:.2f} GiB"

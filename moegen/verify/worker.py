@@ -179,7 +179,15 @@ def compile_full(module: ModuleType, tpu: dict[str, Any] | None) -> None:
     programs = {"forward": forward, "forward+backward": jax.grad(loss, argnums=(0, 1))}
     for name, program in programs.items():
         start = time.perf_counter()
-        compiled = jax.jit(program).lower(params, x).compile()
+        try:
+            compiled = jax.jit(program).lower(params, x).compile()
+        except jax.errors.JaxRuntimeError as err:
+            if "RESOURCE_EXHAUSTED" not in str(err):
+                raise
+            # The compiler itself proved the program cannot fit: a verdict, not a crash.
+            first_line = str(err).strip().splitlines()[0]
+            emit(step=f"compile {name}", seconds=time.perf_counter() - start, oom=first_line)
+            return
         cost = compiled.cost_analysis() or {}
         emit(
             step=f"compile {name}",
