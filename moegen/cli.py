@@ -79,6 +79,7 @@ def build(specs: tuple[Path, ...], out_dir: Path, no_verify: bool) -> None:
 
 
 def _describe(details: dict[str, Any]) -> str:
+    """One line for a verification step's figures."""
     if "cases" in details:
         return "; ".join(
             f"{c['case']}: max rel err {c['max_relative_error']:.1e}"
@@ -159,16 +160,37 @@ def check_command(specs: tuple[Path, ...], out_dir: Path) -> None:
 @cli.command(name="plan")
 @click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def plan_command(spec: Path, as_json: bool) -> None:
+@click.option(
+    "--compile",
+    "compile_too",
+    is_flag=True,
+    help="Also compile the full-size layer for the target and show its memory beside the plan's.",
+)
+def plan_command(spec: Path, as_json: bool, compile_too: bool) -> None:
     """Print every static quantity moegen derives from SPEC."""
-    from moegen.pipeline import load_valid
-    from moegen.plan import format_plan, make_plan
+    from moegen.pipeline import generate
+    from moegen.plan import format_plan
+    from moegen.verify import VerifyError, verify
 
     try:
-        plan = make_plan(load_valid(spec))
+        generated = generate(spec)
     except SpecError as err:
         _fail_invalid(err)
-    click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else format_plan(plan))
+    plan = generated.plan
+    compiled: list[dict[str, Any]] = []
+    if compile_too:
+        try:
+            report = verify(generated.loaded, generated.source, run_twins=False)
+        except VerifyError as err:
+            _err(f"compile failed:\n{err}")
+            sys.exit(EXIT_FAILED)
+        compiled = [s for s in report.steps if s["step"] != "import"]
+    if as_json:
+        click.echo(json.dumps(plan.to_dict() | {"compiled": compiled}, indent=2))
+        return
+    click.echo(format_plan(plan))
+    for step in compiled:
+        click.echo(f"  {step['step']:<26} {_describe(step)}")
 
 
 @cli.command(name="schema")

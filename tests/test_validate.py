@@ -26,8 +26,18 @@ def spec_yaml(
     axes: str = "{data: 2, fsdp: 2}",
     batch_axes: str | None = None,
     overlap: int = 1,
+    hardware: str = "cpu",
+    topology: str | None = None,
+    kernel: str = "xla",
+    gate_up: str | None = None,
+    down: str | None = None,
+    compute: str = "bfloat16",
 ) -> str:
-    """A schema-valid spec with every value on a fixed line (see the column comments)."""
+    """A schema-valid spec with every value on a fixed line (see the column comments).
+
+    `gate_up` / `down` are YAML flow lists such as "[512, 1024, 1024]"; target.tiles is
+    written (line 21) when either is given."""
+    tiles = gate_up is not None or down is not None
     lines = [
         "version: 1",  # 1
         "layer:",  # 2
@@ -46,7 +56,14 @@ def spec_yaml(
         "parallelism:",  # 15
         f"  overlap_chunks: {overlap}",  # 16, column 19
         "target:",  # 17
-        "  hardware: cpu",  # 18
+        f"  hardware: {hardware}",  # 18, column 13
+        f"  topology: {topology}" if topology is not None else "  # topology: none",  # 19, col 13
+        f"  kernel: {kernel}",  # 20, column 11
+        "  tiles:" if tiles else "  # tiles: none",  # 21, key at column 3
+        f"    gate_up: {gate_up}" if gate_up is not None else "    # gate_up: auto",  # 22, col 14
+        f"    down: {down}" if down is not None else "    # down: auto",  # 23, column 11
+        "dtypes:",  # 24
+        f"  compute: {compute}",  # 25, column 12
     ]
     return "\n".join(lines) + "\n"
 
@@ -60,6 +77,16 @@ def found(rule_name: str, **kwargs) -> list[tuple[int, int, str, str]]:
     assert all(d.file == "rule.yaml" for d in diagnostics)
     return [(d.line, d.column, d.field, d.message) for d in diagnostics]
 
+
+# Valid slice shapes as the messages list them.
+V5E_SLICES = "1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16"  # v6e offers the same
+V5P_SLICES = (
+    "2x2x1, 2x2x2, 2x2x4, 2x4x4, 4x4x4, 4x4x8, 4x8x8, 8x8x8, 8x8x16, 8x16x16, 16x16x16, 16x16x24"
+)
+TPU7X_SLICES = "2x2x1, 2x2x2, 2x2x4, 2x4x4, 4x4x4, 4x4x8, 4x8x8, 8x8x8, 8x8x16"
+# Pallas targets matching the default 4-device mesh.
+PALLAS_V5E = {"hardware": "tpu-v5e", "topology": "2x2", "kernel": "pallas"}
+PALLAS_V6E = {"hardware": "tpu-v6e", "topology": "2x2", "kernel": "pallas"}
 
 # rule name -> [(spec overrides, expected diagnostics: (line, column, field, message))].
 # Each rule has at least one passing case (expected []) and one failing case.
@@ -314,6 +341,268 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
                         "(>= 2**40) per projection; check the sizes"
                     ),
                 )
+            ],
+        ),
+    ],
+    "topology_matches_hardware": [
+        ({}, []),  # cpu: no topology
+        ({"hardware": "tpu-v5e", "topology": "2x2"}, []),  # 4 chips, the 4-device mesh
+        ({"hardware": "tpu-v6e", "topology": "2x4", "axes": "{data: 2, fsdp: 4}"}, []),
+        ({"hardware": "tpu-v5p", "topology": "2x2x1"}, []),
+        ({"hardware": "tpu7x", "topology": "2x2x1", "axes": "{data: 2, fsdp: 4}"}, []),
+        (
+            {"hardware": "tpu-v5e"},
+            [(17, 1, "target", f"tpu-v5e needs target.topology, one of: {V5E_SLICES}")],
+        ),
+        (
+            {"hardware": "tpu7x", "kernel": "pallas"},
+            [(17, 1, "target", f"tpu7x needs target.topology, one of: {TPU7X_SLICES}")],
+        ),
+        (
+            {"topology": "2x2"},
+            [(19, 13, "target.topology", "target cpu takes no topology; remove it")],
+        ),
+        (
+            {"hardware": "tpu-v5e", "topology": "2x2x1"},  # a v5p shape on a v5e
+            [
+                (
+                    19,
+                    13,
+                    "target.topology",
+                    f"'2x2x1' is not a tpu-v5e slice; valid: {V5E_SLICES}; with 4 devices: 2x2",
+                )
+            ],
+        ),
+        (
+            {"hardware": "tpu-v5p", "topology": "2x4", "axes": "{data: 2, fsdp: 4}"},
+            [
+                (
+                    19,
+                    13,
+                    "target.topology",
+                    f"'2x4' is not a tpu-v5p slice; valid: {V5P_SLICES}; with 8 devices: 2x2x2",
+                )
+            ],
+        ),
+        # tpu7x has two devices per chip: 8 devices are the 4 chips of 2x2x1
+        (
+            {"hardware": "tpu7x", "topology": "2x2x2", "axes": "{data: 2, fsdp: 4}"},
+            [],
+        ),
+        (
+            {"hardware": "tpu7x", "topology": "2x4", "axes": "{data: 2, fsdp: 4}"},
+            [
+                (
+                    19,
+                    13,
+                    "target.topology",
+                    f"'2x4' is not a tpu7x slice; valid: {TPU7X_SLICES}; with 8 devices: 2x2x1",
+                )
+            ],
+        ),
+        # libtpu's own spelling is not the spec's; the hint still names the right shape
+        (
+            {"hardware": "tpu-v6e", "topology": "v6e:2x2"},
+            [
+                (
+                    19,
+                    13,
+                    "target.topology",
+                    f"'v6e:2x2' is not a tpu-v6e slice; valid: {V5E_SLICES}; with 4 devices: 2x2",
+                )
+            ],
+        ),
+        # no slice of this generation has 12 devices: no hint
+        (
+            {"hardware": "tpu-v6e", "topology": "3x4", "batch": 12, "axes": "{data: 12}"},
+            [(19, 13, "target.topology", f"'3x4' is not a tpu-v6e slice; valid: {V5E_SLICES}")],
+        ),
+    ],
+    "mesh_matches_topology": [
+        ({}, []),  # cpu
+        ({"hardware": "tpu-v5e", "topology": "2x2"}, []),
+        ({"hardware": "tpu-v5e", "topology": "1x1", "axes": "{data: 1}"}, []),
+        ({"hardware": "tpu-v5p", "topology": "2x2x2", "axes": "{data: 2, fsdp: 4}"}, []),
+        ({"hardware": "tpu7x", "topology": "2x2x1", "axes": "{data: 2, fsdp: 4}"}, []),
+        ({"hardware": "tpu-v5e"}, []),  # no topology: topology_matches_hardware reports it
+        ({"hardware": "tpu-v5e", "topology": "2x3"}, []),  # not a slice: likewise
+        (
+            {"hardware": "tpu-v5e", "topology": "2x4"},
+            [
+                (
+                    13,
+                    3,
+                    "mesh.axes",
+                    "the mesh has 4 devices but tpu-v5e 2x4 has 8; "
+                    "make the product of the axis sizes 8",
+                )
+            ],
+        ),
+        (
+            {"hardware": "tpu-v6e", "topology": "4x4", "axes": "{data: 2, fsdp: 4}"},
+            [
+                (
+                    13,
+                    3,
+                    "mesh.axes",
+                    "the mesh has 8 devices but tpu-v6e 4x4 has 16; "
+                    "make the product of the axis sizes 16",
+                )
+            ],
+        ),
+        # one mesh position per chip is not enough on tpu7x: JAX sees 2 devices per chip
+        (
+            {"hardware": "tpu7x", "topology": "2x2x1"},
+            [
+                (
+                    13,
+                    3,
+                    "mesh.axes",
+                    "the mesh has 4 devices but tpu7x 2x2x1 has 8 (2 per chip); "
+                    "make the product of the axis sizes 8",
+                )
+            ],
+        ),
+    ],
+    "kernel_runs_on_target": [
+        ({}, []),  # cpu, xla
+        ({"hardware": "tpu-v5e", "topology": "2x2"}, []),  # ragged_dot runs on TPU too
+        ({"hardware": "tpu-v5e", "topology": "2x2", "kernel": "pallas"}, []),
+        (
+            {
+                "hardware": "tpu-v5e",
+                "topology": "2x2",
+                "kernel": "pallas",
+                "gate_up": "[512, 1024, 1024]",
+            },
+            [],
+        ),
+        (
+            {"kernel": "pallas"},
+            [
+                (
+                    20,
+                    11,
+                    "target.kernel",
+                    "kernel pallas (megablox) runs on TPU targets only, not cpu; use kernel: xla",
+                )
+            ],
+        ),
+        (
+            {"hardware": "tpu-v5e", "topology": "2x2", "down": "[512, 1024, 1024]"},
+            [(21, 3, "target.tiles", "tiles apply to kernel pallas only")],
+        ),
+        (
+            {"gate_up": "[512, 1024, 1024]"},  # cpu, xla
+            [(21, 3, "target.tiles", "tiles apply to kernel pallas only")],
+        ),
+    ],
+    "pinned_tiles_run": [
+        ({}, []),
+        (dict(PALLAS_V5E, gate_up="[512, 1024, 1024]", down="[256, 512, 2048]"), []),
+        (dict(PALLAS_V5E, gate_up="[16, 128, 128]"), []),  # the smallest bfloat16 tile
+        (dict(PALLAS_V5E, gate_up="[8, 128, 128]", compute="float32"), []),  # float32: 8 rows
+        (dict(PALLAS_V5E, gate_up="[8, 128, 127]", kernel="xla"), []),  # kernel_runs_on_target
+        # [512, 2048, 2048] bfloat16 needs 28 MiB: too much for v5e's 16, fine in v6e's 32
+        (dict(PALLAS_V6E, gate_up="[512, 2048, 2048]"), []),
+        (
+            dict(PALLAS_V5E, gate_up="[8, 128, 128]"),
+            [
+                (
+                    22,
+                    14,
+                    "target.tiles.gate_up",
+                    "row tile 8 must be a multiple of 16 for bfloat16; nearest valid: 16",
+                )
+            ],
+        ),
+        (
+            dict(PALLAS_V5E, down="[500, 1024, 1024]"),
+            [
+                (
+                    23,
+                    11,
+                    "target.tiles.down",
+                    "row tile 500 must be a multiple of 16 for bfloat16; nearest valid: 496 or 512",
+                )
+            ],
+        ),
+        (
+            dict(PALLAS_V5E, gate_up="[12, 128, 128]", compute="float32"),
+            [
+                (
+                    22,
+                    14,
+                    "target.tiles.gate_up",
+                    "row tile 12 must be a multiple of 8 for float32; nearest valid: 8 or 16",
+                )
+            ],
+        ),
+        (
+            dict(PALLAS_V5E, gate_up="[512, 100, 1000]"),
+            [
+                (
+                    22,
+                    14,
+                    "target.tiles.gate_up",
+                    "contraction tile 100 must be a multiple of 128 lanes; nearest valid: 128",
+                ),
+                (
+                    22,
+                    14,
+                    "target.tiles.gate_up",
+                    "output tile 1000 must be a multiple of 128 lanes; nearest valid: 896 or 1024",
+                ),
+            ],
+        ),
+        (
+            dict(PALLAS_V5E, gate_up="[512, 2048, 2048]"),
+            [
+                (
+                    22,
+                    14,
+                    "target.tiles.gate_up",
+                    "tiles [512, 2048, 2048] need 28.0 MiB of VMEM, more than the 16 MiB a "
+                    "kernel may use; halve the largest tile",
+                )
+            ],
+        ),
+        # float32 doubles every buffer: the default tile (10 MiB in bfloat16) needs 18 MiB
+        (
+            dict(PALLAS_V5E, down="[512, 1024, 1024]", compute="float32"),
+            [
+                (
+                    23,
+                    11,
+                    "target.tiles.down",
+                    "tiles [512, 1024, 1024] need 18.0 MiB of VMEM, more than the 16 MiB a "
+                    "kernel may use; halve the largest tile",
+                )
+            ],
+        ),
+        # every problem of both projections, in order
+        (
+            dict(PALLAS_V5E, gate_up="[24, 4096, 2050]", down="[16, 128, 256]"),
+            [
+                (
+                    22,
+                    14,
+                    "target.tiles.gate_up",
+                    "row tile 24 must be a multiple of 16 for bfloat16; nearest valid: 16 or 32",
+                ),
+                (
+                    22,
+                    14,
+                    "target.tiles.gate_up",
+                    "output tile 2050 must be a multiple of 128 lanes; nearest valid: 2048 or 2176",
+                ),
+                (
+                    22,
+                    14,
+                    "target.tiles.gate_up",
+                    "tiles [24, 4096, 2050] need 32.8 MiB of VMEM, more than the 16 MiB a "
+                    "kernel may use; halve the largest tile",
+                ),
             ],
         ),
     ],

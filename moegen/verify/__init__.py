@@ -59,15 +59,19 @@ def verify(
     *,
     on_step: Callable[[dict[str, Any]], None] = lambda step: None,
     timeout_s: float | None = None,
+    run_twins: bool = True,
 ) -> VerifyReport:
-    """Verify the rendered `source` of `loaded`; raise VerifyError on the first failure."""
+    """Verify the rendered `source` of `loaded`; raise VerifyError on the first failure.
+
+    `run_twins=False` only imports and compiles (what `moegen plan --compile` shows).
+    """
     plan = make_plan(loaded)
     with tempfile.TemporaryDirectory(prefix="moegen-verify-") as tmp:
         workdir = Path(tmp)
         module_path = workdir / f"{plan.module_name}.py"
         module_path.write_text(source, encoding="utf-8")
         twins = []
-        for i, (label, twin, tolerance) in enumerate(_twins(loaded)):
+        for i, (label, twin, tolerance) in enumerate(_twins(loaded) if run_twins else []):
             path = workdir / f"twin_{i}.py"
             path.write_text(render(make_plan(twin, interpret=True)), encoding="utf-8")
             twins.append({"path": str(path), "label": label, "tolerance": tolerance})
