@@ -23,6 +23,16 @@ spec_paths = click.argument(
 )
 
 
+out_dir_option = click.option(
+    "--out",
+    "out_dir",
+    default="generated",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where generated modules live.",
+)
+
+
 def _err(message: str) -> None:
     click.echo(message, err=True)
 
@@ -42,13 +52,7 @@ def cli() -> None:
 @click.argument(
     "specs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )
-@click.option(
-    "--out",
-    "out_dir",
-    default="generated",
-    show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
-)
+@out_dir_option
 @click.option("--no-verify", is_flag=True, help="Skip the twin parity run and the compile.")
 def build(specs: tuple[Path, ...], out_dir: Path, no_verify: bool) -> None:
     """Generate, verify and write the module of each SPEC (all or nothing)."""
@@ -127,13 +131,7 @@ def validate_command(specs: tuple[Path, ...], fmt: str) -> None:
 
 @cli.command(name="check")
 @spec_paths
-@click.option(
-    "--out",
-    "out_dir",
-    default="generated",
-    show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
-)
+@out_dir_option
 def check_command(specs: tuple[Path, ...], out_dir: Path) -> None:
     """Fail when a spec is invalid or a committed module is stale, missing or orphaned."""
     from moegen.check import check
