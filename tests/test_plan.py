@@ -314,7 +314,8 @@ def test_cli_plan_json(monkeypatch: pytest.MonkeyPatch) -> None:
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     expected = json.loads(json.dumps(make_plan(load_valid(Path(EXAMPLE))).to_dict()))
-    assert data == expected
+    # without --compile, nothing was compiled
+    assert data == expected | {"compiled": []}
     assert data["module_name"] == "mixtral_small_cpu"
     assert data["spec_display"] == EXAMPLE
     assert data["local_tokens"] == 512
@@ -330,3 +331,213 @@ def test_cli_plan_invalid_spec_exits_3() -> None:
     assert f"{path}:8:10: router.top_k: must be <= layer.num_experts (8), got 9" in result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     assert result.stdout == ""
+
+
+# ---------------------------------------------------------------------------------------
+# TPU targets and the pallas kernel
+
+TPU_EXAMPLE = "specs/mixtral_8x7b_v5e.yaml"
+
+
+def tpu_spec(
+    hardware: str,
+    topology: str,
+    axes: dict[str, int],
+    *,
+    kernel: str = "pallas",
+    shape: Shape = SHAPES["mixtral-8x7b"],
+    tiles: str = "",
+) -> LoadedSpec:
+    target = f"target:\n  hardware: {hardware}\n  topology: {topology}\n  kernel: {kernel}\n"
+    raw = (spec_text(shape, axes, None) + target + tiles).encode()
+    return validate(load_spec_bytes(raw, "specs/plan_case.yaml", "plan_case"))
+
+
+# name -> (hardware, topology, mesh axes, libtpu topology name, chips per host)
+TPU_TARGETS = {
+    "v5e-2x4": ("tpu-v5e", "2x4", {"fsdp": 8}, "v5e:2x4", (2, 4, 1)),
+    "v6e-4x4": ("tpu-v6e", "4x4", {"data": 4, "fsdp": 4}, "v6e:4x4", (2, 4, 1)),
+    "v5p-2x2x2": ("tpu-v5p", "2x2x2", {"data": 2, "fsdp": 4}, "v5p:2x2x2", (2, 2, 1)),
+    "tpu7x-2x2x1": ("tpu7x", "2x2x1", {"fsdp": 8}, "tpu7x:2x2x1", (2, 2, 1)),
+}
+
+
+@pytest.mark.parametrize("target", list(TPU_TARGETS))
+def test_tpu_target_fields(target: str) -> None:
+    from moegen.hardware import hardware
+
+    name, topology, axes, libtpu_name, host_bounds = TPU_TARGETS[target]
+    plan = make_plan(tpu_spec(name, topology, axes))
+    assert (plan.hardware, plan.topology, plan.kernel) == (name, topology, "pallas")
+    assert plan.tpu_topology_name == libtpu_name
+    assert plan.chips_per_host_bounds == host_bounds
+    assert plan.num_devices == hardware(name).devices(topology)
+    assert plan.memory.hbm_bytes_per_device == hardware(name).hbm_bytes_per_device > 0
+    assert plan.summary.endswith(f", kernel pallas, target {name} {topology}.")
+    # pallas: tiles chosen, shard_map's varying-axes check off, compiled (not interpreted)
+    assert plan.gate_up_tile is not None and plan.down_tile is not None
+    assert plan.check_vma is False
+    assert plan.kernel_interpret is False
+    assert make_plan(tpu_spec(name, topology, axes), interpret=True).kernel_interpret is True
+
+
+@pytest.mark.parametrize("target", list(TPU_TARGETS))
+def test_xla_kernel_on_tpu(target: str) -> None:
+    name, topology, axes, libtpu_name, host_bounds = TPU_TARGETS[target]
+    plan = make_plan(tpu_spec(name, topology, axes, kernel="xla"), interpret=True)
+    assert (plan.tpu_topology_name, plan.chips_per_host_bounds) == (libtpu_name, host_bounds)
+    assert (plan.gate_up_tile, plan.down_tile) == (None, None)
+    assert plan.check_vma is True
+    assert plan.kernel_interpret is False  # nothing to interpret: ragged_dot is XLA's own
+    assert (plan.row_alignment, plan.padded_rows, plan.pads_rows) == (1, plan.routed_rows, False)
+
+
+def test_cpu_plan_has_no_tpu_fields(case) -> None:
+    *_, plan = case
+    assert (plan.hardware, plan.topology) == ("cpu", None)
+    assert (plan.tpu_topology_name, plan.chips_per_host_bounds) == (None, None)
+    assert (plan.gate_up_tile, plan.down_tile) == (None, None)
+    assert (plan.kernel_interpret, plan.check_vma, plan.pads_rows) == (False, True, False)
+    assert plan.memory.hbm_bytes_per_device == 0
+
+
+def test_pallas_tiles_chosen_for_the_v5e_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO_ROOT)
+    plan = make_plan(load_valid(Path(TPU_EXAMPLE)))
+    assert (plan.gate_up_tile, plan.down_tile) == ((512, 1024, 1024), (512, 1024, 1024))
+    assert (plan.routed_rows, plan.padded_rows, plan.row_alignment) == (8192, 8192, 512)
+    assert plan.pads_rows is False
+    assert plan.tpu_topology_name == "v5e:2x4"
+    assert plan.chips_per_host_bounds == (2, 4, 1)
+
+
+def test_pinned_tiles_are_used_and_rows_padded() -> None:
+    tiles = "  tiles:\n    gate_up: [256, 512, 512]\n    down: [384, 256, 512]\n"
+    shape = dataclasses.replace(SHAPES["qwen3-30b-a3b"], batch=8, seq=1000)
+    plan = make_plan(tpu_spec("tpu-v5e", "2x4", {"data": 8}, shape=shape, tiles=tiles))
+    assert (plan.gate_up_tile, plan.down_tile) == ((256, 512, 512), (384, 256, 512))
+    # 1000 tokens x top-8 = 8000 rows, padded to a multiple of lcm(256, 384) = 768
+    assert (plan.routed_rows, plan.row_alignment, plan.padded_rows) == (8000, 768, 8448)
+    assert plan.pads_rows is True
+    # the memory estimate counts the padded buffer, the cost estimate only real rows
+    D, F, cb = shape.embed, shape.ffn, BYTES[shape.compute]
+    assert (
+        dict(plan.memory.ledger)[
+            "routed activations (dispatched rows, gate, up, hidden, expert out)"
+        ]
+        == 8448 * (2 * D + 3 * F) * cb
+    )
+    assert plan.cost.routed_buffer_bytes == 8000 * (2 * D + 3 * F) * cb
+
+
+def _memory_cases() -> list[LoadedSpec]:
+    return [
+        tpu_spec(name, topology, axes, shape=shape)
+        for name, topology, axes, *_ in TPU_TARGETS.values()
+        for shape in SHAPES.values()
+    ]
+
+
+def test_memory_ledger_sorted_and_summed() -> None:
+    for loaded_spec in _memory_cases():
+        plan = make_plan(loaded_spec)
+        m = plan.memory
+        sizes = [size for _, size in m.ledger]
+        assert sizes == sorted(sizes, reverse=True), m.ledger
+        assert sum(sizes) == m.train_peak
+        assert len({name for name, _ in m.ledger}) == len(m.ledger) == 8
+        assert all(size > 0 for size in sizes)
+        assert 0 < m.forward_peak < m.train_peak
+
+
+def test_memory_known_numbers_v5e_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mixtral 8x7B, 8192 rows per device on fsdp=8, by hand."""
+    monkeypatch.chdir(REPO_ROOT)
+    m = make_plan(load_valid(Path(TPU_EXAMPLE))).memory
+    params = (4096 * 8 + 3 * 8 * 4096 * 14336) // 8 * 4  # float32 shards
+    gathered = 4096 * 8 * 4 + 3 * 8 * 4096 * 14336 * 2  # bfloat16 experts, float32 router
+    routed = 8192 * (2 * 4096 + 3 * 14336) * 2
+    activations = 4096 * 4096 * 2
+    router = 4096 * 8 * 4 * 3
+    assert dict(m.ledger) == {
+        "parameters (stored shards)": params,
+        "parameter gradients (stored shards)": params,
+        "gathered expert weights, kept for the backward pass": gathered,
+        "gradients of the gathered weights, before the reduce-scatter": gathered,
+        "routed activations (dispatched rows, gate, up, hidden, expert out)": routed,
+        "gradients of the routed activations": routed,
+        "layer input, output and input gradient": 3 * activations,
+        "router logits, scores and their gradients": router,
+    }
+    assert m.train_peak == 8_825_503_744
+    assert m.forward_peak == params + gathered + routed + 2 * activations + router // 3
+    assert m.forward_peak == 4_429_463_552
+
+
+def test_cli_plan_tpu_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    from moegen.hardware import hardware
+
+    monkeypatch.chdir(REPO_ROOT)
+    result = _run_cli("plan", TPU_EXAMPLE)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == format_plan(make_plan(load_valid(Path(TPU_EXAMPLE)))) + "\n"
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"{TPU_EXAMPLE} -> mixtral_8x7b_v5e.py"
+    assert (
+        "  megablox tiles  gate/up [512, 1024, 1024], down [512, 1024, 1024] "
+        "(rows, contraction, output)"
+    ) in lines
+    hbm = hardware("tpu-v5e").hbm_bytes_per_device / 2**30
+    assert (
+        f"  memory estimate forward 4.125 GiB, forward+backward 8.219 GiB of {hbm:.3f} GiB HBM "
+        "per device"
+    ) in lines
+    # the ledger follows, largest first
+    start = lines.index(next(line for line in lines if line.startswith("  memory estimate")))
+    assert lines[start + 1 :] == [
+        "       2.625 GiB  gathered expert weights, kept for the backward pass",
+        "       2.625 GiB  gradients of the gathered weights, before the reduce-scatter",
+        "       0.781 GiB  routed activations (dispatched rows, gate, up, hidden, expert out)",
+        "       0.781 GiB  gradients of the routed activations",
+        "       0.656 GiB  parameters (stored shards)",
+        "       0.656 GiB  parameter gradients (stored shards)",
+        "       0.094 GiB  layer input, output and input gradient",
+        "       384.0 KiB  router logits, scores and their gradients",
+    ]
+    assert "  experts         8 (8 per device, replicated); kernel pallas; target tpu-v5e 2x4" in (
+        lines
+    )
+
+
+def test_cli_plan_json_tpu_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO_ROOT)
+    result = _run_cli("plan", TPU_EXAMPLE, "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["gate_up_tile"] == data["down_tile"] == [512, 1024, 1024]
+    assert data["tpu_topology_name"] == "v5e:2x4"
+    assert data["chips_per_host_bounds"] == [2, 4, 1]
+    assert (data["kernel_interpret"], data["check_vma"]) == (False, False)
+    assert sum(size for _, size in data["memory"]["ledger"]) == data["memory"]["train_peak"]
+
+
+def test_cli_plan_cpu_has_no_tile_line() -> None:
+    result = _run_cli("plan", EXAMPLE)
+    assert result.returncode == 0, result.stderr
+    assert "megablox tiles" not in result.stdout
+    assert any(line.startswith("  memory estimate forward ") for line in result.stdout.splitlines())
+    assert " HBM per device" not in result.stdout  # cpu has no fixed memory to compare with
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG (unclear message): `moegen plan` says 'padded rows N (groups aligned to A)' and "
+    "Plan.row_alignment is documented as 'rows per expert group are padded to a multiple of "
+    "this', but only the total row count is rounded up to a multiple of A; expert groups "
+    "start anywhere (megablox masks partial row tiles)",
+)
+def test_plan_text_says_what_is_padded() -> None:
+    tiles = "  tiles:\n    gate_up: [256, 512, 512]\n    down: [384, 256, 512]\n"
+    shape = dataclasses.replace(SHAPES["qwen3-30b-a3b"], batch=8, seq=1000)
+    text = format_plan(make_plan(tpu_spec("tpu-v5e", "2x4", {"data": 8}, shape=shape, tiles=tiles)))
+    assert "groups aligned" not in text

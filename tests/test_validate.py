@@ -703,3 +703,82 @@ def test_example_specs_pass_every_rule(path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.chdir(REPO_ROOT)
     loaded = load_spec(path.relative_to(REPO_ROOT))
     assert check_rules(loaded) == []
+
+
+def test_tpu_rules_report_together() -> None:
+    """A TPU spec with every target field wrong: each problem once, where it is written."""
+    loaded = loaded_spec(
+        hardware="tpu-v5e",
+        topology="2x2x1",
+        kernel="pallas",
+        gate_up="[8, 1024, 1024]",
+        down="[512, 1000, 1024]",
+    )
+    assert [(d.line, d.column, d.field) for d in check_rules(loaded)] == [
+        (19, 13, "target.topology"),
+        (22, 14, "target.tiles.gate_up"),
+        (23, 11, "target.tiles.down"),
+    ]
+
+
+def test_example_tpu_spec_needs_its_topology() -> None:
+    """The v5e example without its topology line is refused at the target key."""
+    text = (REPO_ROOT / "specs" / "mixtral_8x7b_v5e.yaml").read_text(encoding="utf-8")
+    assert "  topology: 2x4\n" in text
+    loaded = load_spec_bytes(text.replace("  topology: 2x4\n", "").encode(), "v5e.yaml", "v5e")
+    [diagnostic] = check_rules(loaded)
+    assert diagnostic.field == "target"
+    assert diagnostic.message.startswith("tpu-v5e needs target.topology, one of: ")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: pinned_tiles_run checks tiles against hardware('cpu').vmem_bytes_for_tiles == 0 "
+    "when kernel pallas is (wrongly) used on cpu, adding 'need 10.0 MiB of VMEM, more than the "
+    "0 MiB a kernel may use; halve the largest tile' on top of kernel_runs_on_target's error",
+)
+def test_pallas_on_cpu_with_tiles_reports_only_the_kernel() -> None:
+    loaded = loaded_spec(kernel="pallas", gate_up="[512, 1024, 1024]")
+    assert [(d.field, d.message) for d in check_rules(loaded)] == [
+        (
+            "target.kernel",
+            "kernel pallas (megablox) runs on TPU targets only, not cpu; use kernel: xla",
+        )
+    ]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: tiling.vmem_bytes counts only the gmm grid step ([tm, tn] output and float32 "
+    "accumulator); the custom VJP's tgmm step holds a [tk, tn] output block (double-buffered) "
+    "and a [tk, tn] float32 accumulator, so tiles with tk > tm pass validation but the "
+    "backward pass fails to compile (CompileTimeScopedVmemOom on v5e, checked with libtpu "
+    "compile-only devices)",
+)
+@pytest.mark.parametrize(
+    "tile",
+    [
+        "[256, 1024, 2048]",  # gmm step 13 MiB; tgmm step 3 + 8 + 8 = 19 MiB > 16
+        "[16, 1024, 2048]",  # gmm step 8.3 MiB; tgmm step 16.2 MiB > 16
+    ],
+)
+def test_pinned_tile_whose_weight_gradient_overflows_vmem_is_refused(tile: str) -> None:
+    loaded = loaded_spec(**PALLAS_V5E, gate_up=tile)
+    problems = [d for d in check_rules(loaded) if d.field == "target.tiles.gate_up"]
+    assert problems and "VMEM" in problems[0].message
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG (unclear message): the VMEM advice 'halve the largest tile', followed once, can "
+    "leave a tile that still overflows: [512, 2048, 2048] (28 MiB) -> [512, 1024, 2048] needs "
+    "18 MiB of v5e's 16; the message names no tile that fits",
+)
+def test_vmem_advice_followed_once_fits() -> None:
+    from moegen.tiling import Tile, tile_problems
+
+    [diagnostic] = check_rules(loaded_spec(**PALLAS_V5E, gate_up="[512, 2048, 2048]"))
+    assert diagnostic.message.endswith("; halve the largest tile")
+    rows, contraction, output = 512, 2048, 2048
+    halved = Tile(rows, contraction // 2, output)  # either 2048 is 'the largest'
+    assert tile_problems(halved, "bfloat16", 16 * 2**20) == []
