@@ -31,9 +31,14 @@ _SCALAR_TAGS = {
     "tag:yaml.org,2002:bool",
     "tag:yaml.org,2002:null",
 }
-_DID_YOU_MEAN_CUTOFF = 0.75  # close enough to be a typo, not a different (unsupported) choice
+_DID_YOU_MEAN_CUTOFF = 0.8  # close enough to be a typo, not a different (unsupported) choice
 # Spellings other tools use for the values moegen names differently.
-_COMMON_SPELLINGS = {"bf16": "bfloat16", "fp32": "float32", "f32": "float32", "float": "float32"}
+_COMMON_SPELLINGS = {
+    "bf16": "bfloat16", "fp32": "float32", "f32": "float32", "float": "float32",
+    "v5e": "tpu-v5e", "tpu-v5lite": "tpu-v5e", "v5litepod": "tpu-v5e", "v5p": "tpu-v5p",
+    "v6e": "tpu-v6e", "trillium": "tpu-v6e", "v7x": "tpu7x", "tpu-v7x": "tpu7x",
+    "tpu-v7": "tpu7x", "ironwood": "tpu7x", "megablox": "pallas", "ragged_dot": "xla",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ class Plan:
     local_batch: int
     local_tokens: int
     routed_rows: int  # dropless: every token copy of this device has a row
-    row_alignment: int  # rows per expert group are padded to a multiple of this (kernel need)
+    row_alignment: int  # the routed buffer's row count is a multiple of this (every row tile)
     padded_rows: int  # routed buffer rows including kernel padding
     pads_rows: bool  # padded_rows > routed_rows: the kernel gets rows of no expert group
 
@@ -352,7 +352,7 @@ def format_plan(plan: Plan) -> str:
         f" -> per device [{plan.local_batch}, {plan.seq_len}, {plan.embed_dim}]",
         f"  tokens/device   {plan.local_tokens}; routed rows {plan.routed_rows} "
         f"(x top_{plan.top_k}, dropless); padded rows {plan.padded_rows} "
-        f"(groups aligned to {plan.row_alignment})",
+        f"(a multiple of {plan.row_alignment}: whole row tiles)",
         f"  experts         {plan.num_experts} ({plan.local_experts} per device, "
         f"{plan.expert_strategy}); kernel {plan.kernel}; target {plan.hardware}"
         + (f" {plan.topology}" if plan.topology else ""),

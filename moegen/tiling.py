@@ -32,11 +32,27 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+# The compiler needs room of its own beside the tiles: keep a quarter of the scoped VMEM free
+# ([512, 1024, 1792] in bfloat16 counts exactly 16 MiB and does not compile on v5e).
+VMEM_HEADROOM = 0.75
+
+
 def vmem_bytes(tile: Tile, dtype: str) -> int:
-    """Scoped VMEM of one grid step: double-buffered inputs and output, float32 accumulator."""
+    """Scoped VMEM of the largest grid step the custom VJP runs with these tiles.
+
+    Each step holds double-buffered input and output blocks and a float32 accumulator.
+    gmm (forward, and the input gradient with the roles of k and n swapped) keeps a
+    [rows, output] result; tgmm (weight gradient) keeps a [contraction, output] result.
+    """
     size = DTYPE_BYTES[dtype]
-    inputs = (tile.rows * tile.contraction + tile.contraction * tile.output) * size
-    return 2 * inputs + 2 * tile.rows * tile.output * size + tile.rows * tile.output * 4
+    m, k, n = tile.as_tuple()
+    gmm = 2 * (m * k + k * n) * size + 2 * m * n * size + m * n * 4
+    tgmm = 2 * (k * m + m * n) * size + 2 * k * n * size + k * n * 4
+    return max(gmm, tgmm)
+
+
+def usable_vmem(vmem_budget: int) -> int:
+    return int(vmem_budget * VMEM_HEADROOM)
 
 
 def tile_problems(tile: Tile, dtype: str, vmem_budget: int) -> list[str]:
@@ -55,10 +71,12 @@ def tile_problems(tile: Tile, dtype: str, vmem_budget: int) -> list[str]:
                 f"nearest valid: {_nearest(value, LANES)}"
             )
     need = vmem_bytes(tile, dtype)
-    if need > vmem_budget:
+    if need > usable_vmem(vmem_budget):
+        fitting = shrink_to_fit(tile, dtype, vmem_budget)
         problems.append(
-            f"tiles {list(tile.as_tuple())} need {need / 2**20:.1f} MiB of VMEM, more than the "
-            f"{vmem_budget / 2**20:.0f} MiB a kernel may use; halve the largest tile"
+            f"tiles {list(tile.as_tuple())} need {need / 2**20:.1f} MiB of VMEM forward or "
+            f"backward, more than the {usable_vmem(vmem_budget) / 2**20:.0f} MiB tiles may use; "
+            f"for example {list(fitting.as_tuple())} fits"
         )
     return problems
 
@@ -77,17 +95,33 @@ def choose_tile(rows: int, contraction: int, output: int, dtype: str, vmem_budge
         contraction=min(k_cap, round_up(contraction, LANES)),
         output=min(n_cap, round_up(output, LANES)),
     )
-    while vmem_bytes(tile, dtype) > vmem_budget:
+    return shrink_to_fit(tile, dtype, vmem_budget)
+
+
+def shrink_to_fit(tile: Tile, dtype: str, vmem_budget: int) -> Tile:
+    """Halve the largest lane tile (then the row tile) until the tiles fit VMEM, aligned."""
+    rows_multiple = ROW_MULTIPLE[dtype]
+    tile = Tile(
+        max(rows_multiple, tile.rows // rows_multiple * rows_multiple),
+        max(LANES, tile.contraction // LANES * LANES),
+        max(LANES, tile.output // LANES * LANES),
+    )
+    while vmem_bytes(tile, dtype) > usable_vmem(vmem_budget):
         if max(tile.contraction, tile.output) > LANES:
             if tile.contraction >= tile.output:
-                tile = Tile(tile.rows, tile.contraction // 2, tile.output)
+                tile = Tile(tile.rows, _half(tile.contraction, LANES), tile.output)
             else:
-                tile = Tile(tile.rows, tile.contraction, tile.output // 2)
-        elif tile.rows > ROW_MULTIPLE[dtype]:
-            tile = Tile(max(ROW_MULTIPLE[dtype], tile.rows // 2), tile.contraction, tile.output)
+                tile = Tile(tile.rows, tile.contraction, _half(tile.output, LANES))
+        elif tile.rows > rows_multiple:
+            tile = Tile(_half(tile.rows, rows_multiple), tile.contraction, tile.output)
         else:
             break
     return tile
+
+
+def _half(value: int, multiple: int) -> int:
+    """About half of `value`, still a positive multiple of `multiple`."""
+    return max(multiple, value // 2 // multiple * multiple)
 
 
 def padded_rows(rows: int, tiles: list[Tile]) -> int:

@@ -261,9 +261,10 @@ def kernel_runs_on_target(loaded: LoadedSpec) -> list[Diagnostic]:
 def pinned_tiles_run(loaded: LoadedSpec) -> list[Diagnostic]:
     """A pinned tile must be lane/sublane aligned and fit the generation's scoped VMEM."""
     target = loaded.spec.target
-    if target.tiles is None or target.kernel != "pallas":
-        return []
-    budget = hardware(target.hardware).vmem_bytes_for_tiles
+    chip = hardware(target.hardware)
+    if target.tiles is None or target.kernel != "pallas" or chip.platform != "tpu":
+        return []  # kernel_runs_on_target reports tiles and pallas off TPU
+    budget = chip.vmem_bytes_for_tiles
     out = []
     for name in ("gate_up", "down"):
         values = getattr(target.tiles, name)

@@ -159,6 +159,8 @@ def _run_worker(
         env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={num_devices}"
     ).strip()
     env["JAX_PLATFORMS"] = "cpu"
+    # Compile-only TPU devices need no exclusive hold on libtpu: let verifications run side by side.
+    env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
     timeout = timeout_s or float(os.environ.get("MOEGEN_VERIFY_TIMEOUT", DEFAULT_TIMEOUT_S))
     command = [sys.executable, "-m", "moegen.verify.worker", str(job_path)]
     report = VerifyReport()
