@@ -13,7 +13,7 @@ Static shapes (global -> per device):
 
 Mesh data=2; the batch is sharded over data.
 Parameters are replicated on every device.
-Every device holds all 16 experts.
+Every device holds all 16 experts and runs them on its own tokens.
 Expert matmuls use jax.lax.ragged_dot (kernel xla).
 Router math is float32; activations and expert matmuls are bfloat16;
 parameters are stored as bfloat16.
@@ -51,6 +51,7 @@ TOP_K = 1
 LOCAL_BATCH = 2  # BATCH / 2 batch shards
 LOCAL_TOKENS = 1024  # LOCAL_BATCH * SEQ_LEN
 ROUTED_ROWS = 1024  # LOCAL_TOKENS * TOP_K: a row for every token copy, none dropped
+FFN_ROWS = 1024  # rows of one grouped-matmul call, worst case
 
 PARAM_DTYPE = jnp.bfloat16
 COMPUTE_DTYPE = jnp.bfloat16
@@ -154,7 +155,7 @@ def moe_layer(params: Params, x: jax.Array, *, mesh: Mesh | None = None) -> tupl
         _moe_shard,
         mesh=mesh,
         in_specs=(PARAM_SPECS, INPUT_SPEC),
-        out_specs=(INPUT_SPEC, Aux(tokens_per_expert=P())),
+        out_specs=(INPUT_SPEC, Aux(*[P()] * len(Aux._fields))),
     )
     return layer(params, x)
 
@@ -164,8 +165,10 @@ def _moe_shard(params: Params, x: jax.Array) -> tuple[jax.Array, Aux]:
     tokens = x.reshape(LOCAL_TOKENS, EMBED_DIM)
     weights = _gather_weights(params)
     combine_weights, expert_ids = _route(tokens, weights["router"])
-    y, tokens_per_expert = _routed_experts(tokens, weights, combine_weights, expert_ids)
-    aux = Aux(tokens_per_expert=jax.lax.psum(tokens_per_expert, BATCH_AXES))
+    local_counts = jnp.bincount(expert_ids.reshape(ROUTED_ROWS), length=NUM_EXPERTS)
+    tokens_per_expert = jax.lax.psum(local_counts.astype(jnp.int32), BATCH_AXES)
+    y = _routed_experts(tokens, weights, combine_weights, expert_ids)
+    aux = Aux(tokens_per_expert=tokens_per_expert)
     return y.reshape(LOCAL_BATCH, SEQ_LEN, EMBED_DIM), aux
 
 
@@ -187,26 +190,31 @@ def _route(tokens: jax.Array, router: jax.Array) -> tuple[jax.Array, jax.Array]:
     return combine_weights, expert_ids
 
 
-def _routed_experts(
-    tokens: jax.Array, weights: Params, combine_weights: jax.Array, expert_ids: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """Token copies sorted by expert, swiglu FFN per expert group, combined back."""
-    # 1. Sort the ROUTED_ROWS token copies by expert so each expert's rows are contiguous.
-    flat_ids = expert_ids.reshape(ROUTED_ROWS)
-    order = jnp.argsort(flat_ids, stable=True)
-    group_sizes = jnp.bincount(flat_ids, length=NUM_EXPERTS).astype(jnp.int32)
-    rows = tokens[order // TOP_K]
-
-    # 2. Expert FFN on each contiguous group.
+def _expert_ffn(rows: jax.Array, weights: Params, group_sizes: jax.Array) -> jax.Array:
+    """swiglu FFN of each expert on its contiguous group of rows: [FFN_ROWS, D]."""
     gate = jax.lax.ragged_dot(rows, weights["w_gate"], group_sizes)
     up = jax.lax.ragged_dot(rows, weights["w_up"], group_sizes)
     hidden = jax.nn.silu(gate) * up
     out = jax.lax.ragged_dot(hidden, weights["w_down"], group_sizes)
+    return out
+
+
+def _routed_experts(
+    tokens: jax.Array, weights: Params, combine_weights: jax.Array, expert_ids: jax.Array
+) -> jax.Array:
+    """Token copies sorted by expert, FFN per expert group, combined back: [LOCAL_TOKENS, D]."""
+    # 1. Sort the ROUTED_ROWS token copies by expert so each expert's rows are contiguous.
+    flat_ids = expert_ids.reshape(ROUTED_ROWS)
+    order = jnp.argsort(flat_ids, stable=True)
+    group_sizes = jnp.bincount(flat_ids, length=NUM_EXPERTS).astype(jnp.int32)
+
+    # 2. Expert FFN on each contiguous group.
+    out = _expert_ffn(tokens[order // TOP_K], weights, group_sizes)
 
     # 3. Undo the sort and sum each token's copies, weighted, in float32.
     out = out[jnp.argsort(order)].reshape(LOCAL_TOKENS, TOP_K, EMBED_DIM)
     y = jnp.einsum("tkd,tk->td", out, combine_weights, preferred_element_type=jnp.float32)
-    return y.astype(COMPUTE_DTYPE), group_sizes
+    return y.astype(COMPUTE_DTYPE)
 
 
 def _check_shapes(params: Params, x: jax.Array) -> None:

@@ -53,6 +53,24 @@ class CostPlan:
 
 
 @dataclass(frozen=True)
+class ExpertPlan:
+    """How experts are spread and how many rows their grouped matmuls see, per device."""
+
+    strategy: str
+    axis: str | None  # "expert" or None (replicated)
+    shards: int  # devices along the expert axis
+    local_experts: int
+    group_tokens: int  # tokens of the whole expert group (ring_of_experts gathers them)
+    ffn_rows: int  # worst-case rows of one grouped-matmul call, before tile padding
+    ffn_calls: int  # grouped-matmul calls per projection (ring steps when chunked)
+    receive_rows: int  # ragged_all_to_all: the certified receive buffer (0 otherwise)
+    overlap_chunks: int
+    chunk_width: int  # embedding columns per chunk
+    emulate_ragged_all_to_all: bool  # XLA:CPU lacks the op: the twin uses an all_gather twin
+    communication_bytes: tuple[tuple[str, int], ...]  # forward, per strategy (the chosen first)
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     """Per-device memory estimate of forward+backward, item by item, in bytes."""
 
@@ -113,6 +131,7 @@ class Plan:
 
     input_partition: PartitionSpec
     params: tuple[ParamPlan, ...]
+    experts: ExpertPlan
     cost: CostPlan
     memory: MemoryPlan
 
@@ -131,8 +150,9 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
     local_batch = spec.shapes.batch // batch_shards
     local_tokens = local_batch * spec.shapes.seq_len
     routed_rows = local_tokens * spec.router.top_k
-    tiles = _kernel_tiles(loaded, routed_rows)
-    rows = padded_rows(routed_rows, list(tiles)) if tiles else routed_rows
+    experts = _expert_plan(loaded, local_tokens, emulate=interpret)
+    tiles = _kernel_tiles(loaded, experts.ffn_rows, experts.chunk_width)
+    rows = padded_rows(experts.ffn_rows, list(tiles)) if tiles else experts.ffn_rows
     params = _param_plans(
         spec.layer.num_experts,
         spec.layer.embed_dim,
@@ -140,6 +160,8 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         fsdp_axis,
         axes.get("fsdp", 1),
         spec.dtypes.compute,
+        experts.axis,
+        experts.shards,
     )
     cost = _cost_plan(
         params,
@@ -163,7 +185,7 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         num_devices=axes_product(axes, axes),
         batch_axes=batch_axes,
         fsdp_axis=fsdp_axis,
-        expert_axis=None,
+        expert_axis=experts.axis,
         expert_strategy=spec.parallelism.experts,
         hardware=spec.target.hardware,
         topology=spec.target.topology,
@@ -183,7 +205,7 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         embed_dim=spec.layer.embed_dim,
         ffn_dim=spec.layer.ffn_dim,
         num_experts=spec.layer.num_experts,
-        local_experts=spec.layer.num_experts,
+        local_experts=experts.local_experts,
         top_k=spec.router.top_k,
         batch_shards=batch_shards,
         local_batch=local_batch,
@@ -191,7 +213,7 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         routed_rows=routed_rows,
         row_alignment=math.lcm(*(t.rows for t in tiles)) if tiles else 1,
         padded_rows=rows,
-        pads_rows=rows > routed_rows,
+        pads_rows=rows > experts.ffn_rows,
         score=spec.router.score,
         renormalize=spec.router.renormalize,
         activation=spec.layer.activation,
@@ -200,11 +222,12 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         router_dtype=ROUTER_DTYPE,
         input_partition=(batch_axes or None, None, None),
         params=params,
+        experts=experts,
         cost=cost,
         memory=_memory_plan(
             cost,
             local_tokens=local_tokens,
-            padded_rows=rows,
+            padded_rows=rows * experts.ffn_calls,
             embed_dim=spec.layer.embed_dim,
             ffn_dim=spec.layer.ffn_dim,
             num_experts=spec.layer.num_experts,
@@ -214,24 +237,77 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
     )
 
 
-def _kernel_tiles(loaded: LoadedSpec, routed_rows: int) -> tuple[Tile, Tile] | None:
-    """Megablox tiles for (gate, up) and down: pinned by the spec, else chosen here."""
+def _expert_plan(loaded: LoadedSpec, local_tokens: int, *, emulate: bool) -> ExpertPlan:
+    """Expert placement, worst-case grouped-matmul rows and communication per strategy."""
+    spec = loaded.spec
+    strategy = spec.parallelism.experts
+    shards = spec.mesh.axes.get("expert", 1)
+    local_experts = spec.layer.num_experts // shards
+    top_k = spec.router.top_k
+    # A token sends at most min(top_k, local_experts) copies to any one device: the most
+    # rows a device can be asked to process, when every token of the group picks its experts.
+    per_token = min(top_k, local_experts)
+    group_tokens = local_tokens * shards
+    chunks = spec.parallelism.overlap_chunks
+    if strategy == "replicated":
+        ffn_rows, calls = local_tokens * top_k, 1
+    elif strategy == "ring_of_experts" and chunks > 1:
+        ffn_rows, calls = local_tokens * per_token, shards  # one call per ring step
+    else:
+        ffn_rows, calls = group_tokens * per_token, 1
+    compute_bytes = DTYPE_BYTES[spec.dtypes.compute]
+    embed = spec.layer.embed_dim
+    traffic = {
+        "ragged_all_to_all": 2
+        * compute_bytes
+        * local_tokens
+        * top_k
+        * embed
+        * (shards - 1)
+        // shards,
+        # tokens gathered in the compute dtype, partial outputs reduce-scattered in float32
+        "ring_of_experts": (compute_bytes + 4) * local_tokens * embed * (shards - 1),
+    }
+    ordered = sorted(traffic.items(), key=lambda item: item[0] != strategy)
+    return ExpertPlan(
+        strategy=strategy,
+        axis="expert" if shards > 1 or strategy != "replicated" else None,
+        shards=shards,
+        local_experts=local_experts,
+        group_tokens=group_tokens,
+        ffn_rows=ffn_rows,
+        ffn_calls=calls,
+        receive_rows=ffn_rows if strategy == "ragged_all_to_all" else 0,
+        overlap_chunks=chunks,
+        chunk_width=embed // chunks,
+        # XLA:CPU has no ragged all-to-all: CPU twins, and modules for target cpu, emulate it
+        emulate_ragged_all_to_all=strategy == "ragged_all_to_all"
+        and (emulate or spec.target.hardware == "cpu"),
+        communication_bytes=tuple(ordered) if strategy != "replicated" else (),
+    )
+
+
+def _kernel_tiles(loaded: LoadedSpec, ffn_rows: int, chunk_width: int) -> tuple[Tile, Tile] | None:
+    """Megablox tiles for (gate, up) and down: pinned by the spec, else chosen here.
+
+    With overlap chunks the gate and up matmuls contract over one chunk of the embedding.
+    """
     spec = loaded.spec
     if spec.target.kernel != "pallas":
         return None  # ragged_dot takes groups of any size: nothing to tile or pad
     budget = hardware(spec.target.hardware).vmem_bytes_for_tiles
     dtype = spec.dtypes.compute
-    embed, ffn = spec.layer.embed_dim, spec.layer.ffn_dim
+    embed, ffn = chunk_width, spec.layer.ffn_dim
     pinned = spec.target.tiles
     gate_up = (
         Tile(*pinned.gate_up)
         if pinned and pinned.gate_up
-        else choose_tile(routed_rows, embed, ffn, dtype, budget)
+        else choose_tile(ffn_rows, embed, ffn, dtype, budget)
     )
     down = (
         Tile(*pinned.down)
         if pinned and pinned.down
-        else choose_tile(routed_rows, ffn, embed, dtype, budget)
+        else choose_tile(ffn_rows, ffn, spec.layer.embed_dim, dtype, budget)
     )
     return gate_up, down
 
@@ -267,9 +343,20 @@ def _memory_plan(
 
 
 def _param_plans(
-    experts: int, embed: int, ffn: int, fsdp_axis: str | None, fsdp: int, compute_dtype: str
+    experts: int,
+    embed: int,
+    ffn: int,
+    fsdp_axis: str | None,
+    fsdp: int,
+    compute_dtype: str,
+    expert_axis: str | None,
+    expert_shards: int,
 ) -> tuple[ParamPlan, ...]:
-    """Router [D, E], gate/up [E, D, F], down [E, F, D]; fsdp shards every embed_dim."""
+    """Router [D, E], gate/up [E, D, F], down [E, F, D].
+
+    fsdp shards every embed_dim (gathered inside the layer); the expert axis shards the
+    experts of the expert weights (never gathered: each device runs its own experts).
+    """
     e, d, f = "NUM_EXPERTS", "EMBED_DIM", "FFN_DIM"
     # name, dimension names, shape, the embed_dim axis, dtype in use, fan-in
     layouts = (
@@ -280,8 +367,19 @@ def _param_plans(
     )
     plans = []
     for name, names, shape, embed_axis, use_dtype, fan_in in layouts:
-        partition = tuple(fsdp_axis if i == embed_axis else None for i in range(len(shape)))
-        local = tuple(n // fsdp if i == embed_axis else n for i, n in enumerate(shape))
+        sharded_experts = expert_axis is not None and name != "router"
+        partition = tuple(
+            fsdp_axis if i == embed_axis else expert_axis if i == 0 and sharded_experts else None
+            for i in range(len(shape))
+        )
+        local = tuple(
+            n // fsdp
+            if i == embed_axis
+            else n // expert_shards
+            if i == 0 and sharded_experts
+            else n
+            for i, n in enumerate(shape)
+        )
         plans.append(
             ParamPlan(
                 name=name,
@@ -311,8 +409,15 @@ def _cost_plan(
     fsdp: int,
 ) -> CostPlan:
     router_flops = 2 * local_tokens * embed_dim * num_experts
-    expert_flops = 6 * routed_rows * embed_dim * ffn_dim  # gate, up, down matmuls
-    gathered = sum(math.prod(p.shape) * DTYPE_BYTES[p.use_dtype] for p in params)
+    # gate, up, down matmuls; with experts sharded, the group's rows average out per device
+    expert_flops = 6 * routed_rows * embed_dim * ffn_dim
+    # Each device gathers the fsdp shards of its own parameters (its experts only).
+    gathered = sum(
+        math.prod(p.local_shape)
+        * (fsdp if p.gather_axis is not None else 1)
+        * DTYPE_BYTES[p.use_dtype]
+        for p in params
+    )
     return CostPlan(
         router_flops=router_flops,
         expert_flops=expert_flops,
@@ -356,6 +461,7 @@ def format_plan(plan: Plan) -> str:
         f"  experts         {plan.num_experts} ({plan.local_experts} per device, "
         f"{plan.expert_strategy}); kernel {plan.kernel}; target {plan.hardware}"
         + (f" {plan.topology}" if plan.topology else ""),
+        *_expert_lines(plan),
         "  parameters:",
     ]
     for p in plan.params:
@@ -386,6 +492,28 @@ def format_plan(plan: Plan) -> str:
     )
     lines += [f"    {_gib(size):>12}  {name}" for name, size in m.ledger]
     return "\n".join(lines)
+
+
+def _expert_lines(plan: Plan) -> list[str]:
+    experts = plan.experts
+    if experts.strategy == "replicated":
+        return []
+    calls = f" x {experts.ffn_calls} ring steps" if experts.ffn_calls > 1 else ""
+    lines = [f"  expert FFN rows {experts.ffn_rows}{calls} per device, worst case (dropless)"]
+    if experts.receive_rows:
+        lines.append(
+            f"  receive buffer  {experts.receive_rows} rows: every token of the expert group "
+            f"sending min(top_k, local experts) copies here; no per-expert padding"
+        )
+    if experts.overlap_chunks > 1:
+        lines.append(
+            f"  overlap         {experts.overlap_chunks} chunks of {experts.chunk_width} columns "
+            "(ring of ppermute steps, transfer of the next block under the grouped matmul)"
+        )
+    for name, size in experts.communication_bytes:
+        chosen = " (chosen)" if name == experts.strategy else ""
+        lines.append(f"  comm forward    {name:<18} {_gib(size)} per device{chosen}")
+    return lines
 
 
 def _spec_text(partition: PartitionSpec) -> str:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_valid
 INT32_MAX = 2**31 - 1
 Size = Annotated[int, Field(gt=0, le=INT32_MAX)]
 
-AxisName = Literal["data", "fsdp"]
+AxisName = Literal["data", "fsdp", "expert"]
 Dtype = Literal["float32", "bfloat16"]
 
 
@@ -67,7 +67,8 @@ class Mesh(_Section):
     axes: dict[AxisName, Size] = Field(
         min_length=1,
         description="Mesh axes and sizes. data: pure data parallel; fsdp: data parallel "
-        "with parameters sharded along embed_dim and gathered inside the layer.",
+        "with parameters sharded along embed_dim and gathered inside the layer; expert: "
+        "experts sharded over it (tokens too), with parallelism.experts saying how tokens travel.",
     )
     batch_axes: list[AxisName] | None = Field(
         None, description="Axes the batch is sharded over (default: every mesh axis)."
@@ -96,11 +97,17 @@ class Mesh(_Section):
 class Parallelism(_Section):
     """How experts are spread over devices and how communication overlaps compute."""
 
-    experts: Literal["replicated"] = Field(
-        "replicated", description="Expert placement: every device holds every expert."
+    experts: Literal["replicated", "ragged_all_to_all", "ring_of_experts"] = Field(
+        "replicated",
+        description="replicated: every device holds every expert. ragged_all_to_all: each "
+        "token copy travels to the device of its expert and back. ring_of_experts: tokens are "
+        "all-gathered over the expert axis, each device runs its experts, results are "
+        "reduce-scattered.",
     )
     overlap_chunks: Size = Field(
-        1, description="Chunks to overlap expert communication with compute (1 = none)."
+        1,
+        description="ring_of_experts: split the embedding into this many chunks and overlap "
+        "each chunk's token transfer with the previous chunk's grouped matmul (1 = no overlap).",
     )
 
 

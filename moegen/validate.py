@@ -13,7 +13,7 @@ from moegen.diagnostics import Diagnostic, SpecError
 from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.sizes import INT32_LIMIT, axes_label, axes_product, nearest_multiples
-from moegen.tiling import Tile, tile_problems
+from moegen.tiling import LANES, Tile, tile_problems
 
 Rule = Callable[[LoadedSpec], list[Diagnostic]]
 
@@ -56,7 +56,10 @@ def batch_axes_are_mesh_axes(loaded: LoadedSpec) -> list[Diagnostic]:
 
 
 def data_parallel_axes_shard_batch(loaded: LoadedSpec) -> list[Diagnostic]:
-    """A data or fsdp axis that does not shard the batch repeats the same work on each device."""
+    """A mesh axis that does not shard the batch repeats the same work on each of its devices.
+
+    That holds for the expert axis too: it shards tokens as well as experts (counted once).
+    """
     listed = loaded.spec.mesh.batch_axes
     if listed is None:
         return []
@@ -68,7 +71,7 @@ def data_parallel_axes_shard_batch(loaded: LoadedSpec) -> list[Diagnostic]:
     return [
         loaded.diagnostic(
             ("mesh", "batch_axes"),
-            f"data-parallel axes {missing} must shard the batch; write {suggestion}",
+            f"mesh axes {missing} must shard the batch too; write {suggestion}",
         )
     ]
 
@@ -120,18 +123,87 @@ def single_expert_not_renormalized(loaded: LoadedSpec) -> list[Diagnostic]:
     ]
 
 
-def overlap_needs_expert_communication(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Chunked overlap hides expert communication; replicated experts have none to hide."""
-    parallelism = loaded.spec.parallelism
-    if parallelism.overlap_chunks == 1:
+def expert_axis_matches_strategy(loaded: LoadedSpec) -> list[Diagnostic]:
+    """Experts are sharded over the `expert` axis exactly when a strategy moves tokens to them."""
+    spec = loaded.spec
+    strategy = spec.parallelism.experts
+    has_axis = "expert" in spec.mesh.axes
+    if strategy == "replicated" and has_axis:
+        return [
+            loaded.diagnostic(
+                ("mesh", "axes", "expert"),
+                at_key=True,
+                message="an expert axis shards experts, but parallelism.experts is replicated; "
+                "set it to ragged_all_to_all or ring_of_experts",
+            )
+        ]
+    if strategy != "replicated" and not has_axis:
+        return [
+            loaded.diagnostic(
+                ("parallelism", "experts"),
+                f"{strategy} shards experts over a mesh axis named expert; add one to mesh.axes",
+            )
+        ]
+    return []
+
+
+def experts_divisible_by_expert_axis(loaded: LoadedSpec) -> list[Diagnostic]:
+    """Every device of the expert axis holds the same number of whole experts."""
+    spec = loaded.spec
+    shards = spec.mesh.axes.get("expert", 1)
+    if spec.layer.num_experts % shards == 0:
         return []
+    nearest = " or ".join(map(str, nearest_multiples(spec.layer.num_experts, shards)))
     return [
         loaded.diagnostic(
-            ("parallelism", "overlap_chunks"),
-            f"{parallelism.overlap_chunks} chunks need an expert-parallel strategy with "
-            f"communication to overlap; experts: {parallelism.experts} has none; set 1",
+            ("layer", "num_experts"),
+            f"{spec.layer.num_experts} experts do not split over expert = {shards} devices; "
+            f"nearest valid: {nearest}",
         )
     ]
+
+
+def overlap_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
+    """Overlap chunks split the embedding of ring-of-experts transfers into whole, aligned parts.
+
+    Only ring_of_experts gathers activations to overlap; each chunk must hold the same number
+    of columns (MaxText's 7 chunks over 512 silently drop one), and for the pallas kernel a
+    chunk is a contraction block, so it must be a whole number of 128-lane tiles.
+    """
+    spec = loaded.spec
+    chunks = spec.parallelism.overlap_chunks
+    if chunks == 1:
+        return []
+    path = ("parallelism", "overlap_chunks")
+    if spec.parallelism.experts != "ring_of_experts":
+        return [
+            loaded.diagnostic(
+                path,
+                f"{chunks} chunks overlap the token all-gather of ring_of_experts; "
+                f"experts: {spec.parallelism.experts} has none to overlap; set 1",
+            )
+        ]
+    embed = spec.layer.embed_dim
+    if embed % chunks:
+        valid = [c for c in range(2, min(embed, 64) + 1) if embed % c == 0]
+        return [
+            loaded.diagnostic(
+                path,
+                f"embed_dim {embed} does not split into {chunks} equal chunks; "
+                f"valid chunk counts: {', '.join(map(str, valid[:8])) or 'none'}",
+            )
+        ]
+    width = embed // chunks
+    if spec.target.kernel == "pallas" and width % LANES:
+        valid = [c for c in range(2, embed // LANES + 1) if embed % (c * LANES) == 0]
+        return [
+            loaded.diagnostic(
+                path,
+                f"chunks of {width} columns are not whole {LANES}-lane tiles for the pallas "
+                f"kernel; valid chunk counts: {', '.join(map(str, valid[:8])) or 'none'}",
+            )
+        ]
+    return []
 
 
 def indices_fit_int32(loaded: LoadedSpec) -> list[Diagnostic]:
@@ -297,7 +369,9 @@ RULES: tuple[Rule, ...] = (
     batch_divisible_by_batch_axes,
     embed_divisible_by_fsdp,
     single_expert_not_renormalized,
-    overlap_needs_expert_communication,
+    expert_axis_matches_strategy,
+    experts_divisible_by_expert_axis,
+    overlap_chunks_fit,
     indices_fit_int32,
     parameters_reasonably_sized,
     topology_matches_hardware,

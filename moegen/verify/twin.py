@@ -7,11 +7,13 @@ and the twin is validated by the same rules as the spec itself.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from moegen.load import LoadedSpec
 from moegen.sizes import axes_product
 from moegen.spec import Tiles
+from moegen.tiling import LANES
 from moegen.validate import validate
 
 TWIN_SEQUENCES_PER_SHARD = 2
@@ -27,7 +29,11 @@ def twin_of(loaded: LoadedSpec, *, dtype: str | None = "float32") -> LoadedSpec:
     """The twin of a validated spec; `dtype` overrides both dtypes (None keeps the spec's)."""
     spec = loaded.spec
     fsdp = spec.mesh.axes.get("fsdp", 1)
-    embed = fsdp * -(-TWIN_MIN_EMBED // fsdp)
+    chunks = spec.parallelism.overlap_chunks
+    # embed must split over fsdp and into overlap chunks (whole lane tiles for pallas)
+    chunk_unit = chunks * LANES if spec.target.kernel == "pallas" and chunks > 1 else chunks
+    unit = math.lcm(fsdp, chunk_unit)
+    embed = unit * -(-TWIN_MIN_EMBED // unit)
     shards = axes_product(spec.mesh.axes, spec.batch_axes)
     updates = {
         "layer": spec.layer.model_copy(update={"embed_dim": embed, "ffn_dim": TWIN_FFN}),
