@@ -385,12 +385,25 @@ def _model_at(path: FieldPath) -> type[BaseModel] | None:
 def _unknown_key_message(key: str, model: type[BaseModel] | None) -> str:
     known = list(model.model_fields) if model else []
     message = f"unknown key {key!r}"
-    close = difflib.get_close_matches(key, known, n=1, cutoff=_DID_YOU_MEAN_CUTOFF)
+    close = _suggest(key, known)
     if close:
         return f"{message}; did you mean '{close[0]}'?"
     if known:
         return f"{message}; expected one of: {', '.join(known)}"
     return message
+
+
+def _suggest(written: str, options: list[str]) -> list[str]:
+    """The option `written` was probably meant to be: a known other spelling, a close typo,
+    the same letters swapped, or a longer name that contains it ('experts' -> 'num_experts')."""
+    if _COMMON_SPELLINGS.get(written) in options:
+        return [_COMMON_SPELLINGS[written]]
+    close = difflib.get_close_matches(written, options, n=1, cutoff=_DID_YOU_MEAN_CUTOFF)
+    if close:
+        return close
+    swapped = [o for o in options if sorted(o) == sorted(written)]
+    containing = [o for o in options if len(written) >= 4 and written in o]
+    return (swapped or containing)[:1]
 
 
 def describe(value: Any) -> str:
@@ -434,12 +447,6 @@ def _value_message(error: Any) -> str:
         expected = ctx.get("expected", "")
         options = [part.strip(" '") for part in expected.replace(" or ", ",").split(",")]
         message = f"must be {expected}, got {got}"
-        close = (
-            [_COMMON_SPELLINGS[value]]
-            if _COMMON_SPELLINGS.get(value) in options
-            else difflib.get_close_matches(value, options, n=1, cutoff=_DID_YOU_MEAN_CUTOFF)
-            if isinstance(value, str)
-            else []
-        )
+        close = _suggest(value, options) if isinstance(value, str) else []
         return f"{message}; did you mean '{close[0]}'?" if close and close[0] != value else message
     return f"{error['msg'][0].lower()}{error['msg'][1:]}, got {got}"

@@ -456,8 +456,13 @@ def format_plan(plan: Plan) -> str:
         f"  input           [{plan.batch}, {plan.seq_len}, {plan.embed_dim}] {plan.compute_dtype}"
         f" -> per device [{plan.local_batch}, {plan.seq_len}, {plan.embed_dim}]",
         f"  tokens/device   {plan.local_tokens}; routed rows {plan.routed_rows} "
-        f"(x top_{plan.top_k}, dropless); padded rows {plan.padded_rows} "
-        f"(a multiple of {plan.row_alignment}: whole row tiles)",
+        f"(x top_{plan.top_k}, dropless)"
+        + (
+            f"; grouped-matmul rows padded to {plan.padded_rows} "
+            f"(a multiple of {plan.row_alignment}: whole row tiles)"
+            if plan.row_alignment > 1
+            else "; no row padding (groups of any size)"
+        ),
         f"  experts         {plan.num_experts} ({plan.local_experts} per device, "
         f"{plan.expert_strategy}); kernel {plan.kernel}; target {plan.hardware}"
         + (f" {plan.topology}" if plan.topology else ""),

@@ -33,7 +33,8 @@ def round_up(value: int, multiple: int) -> int:
 
 
 # The compiler needs room of its own beside the tiles: keep a quarter of the scoped VMEM free
-# ([512, 1024, 1792] in bfloat16 counts exactly 16 MiB and does not compile on v5e).
+# (on v5e a gmm step of exactly 16 MiB, [512, 1024, 1792] in bfloat16, does not compile;
+# 14 MiB does, 15 MiB does not).
 VMEM_HEADROOM = 0.75
 
 
