@@ -1,0 +1,165 @@
+"""Stage 3, plan: every static quantity the generated module needs, in plain Python.
+
+The plan is the single source of numbers for the templates (which do no arithmetic) and
+for `moegen plan`: shapes global and per device, PartitionSpecs, kernel tiles, the expert
+placement and its worst-case buffers, and FLOP / byte / memory estimates per device.
+This package splits the work: params (layouts and shardings), experts (strategy, buffers,
+communication), costs (FLOPs, bytes, the memory ledger), report (the text of `moegen plan`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from moegen import __version__
+from moegen.hardware import hardware
+from moegen.load import LoadedSpec
+from moegen.plan.costs import DTYPE_BYTES, CostPlan, MemoryPlan, cost_plan, memory_plan
+from moegen.plan.experts import ExpertPlan, expert_plan
+from moegen.plan.model import Plan
+from moegen.plan.params import ROUTER_DTYPE, ParamPlan, PartitionSpec, param_plans
+from moegen.plan.report import format_plan
+from moegen.sizes import axes_product
+from moegen.tiling import Tile, choose_tile, padded_rows
+
+__all__ = [
+    "CostPlan", "ExpertPlan", "MemoryPlan", "ParamPlan", "PartitionSpec", "Plan",
+    "format_plan", "make_plan",
+]  # fmt: skip
+
+
+def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
+    """Derive the plan of a validated spec (`interpret`: run Pallas kernels on CPU)."""
+    spec = loaded.spec
+    chip = hardware(spec.target.hardware)
+    axes = dict(spec.mesh.axes)
+    batch_axes = spec.batch_axes
+    fsdp_axis = "fsdp" if "fsdp" in axes else None
+    batch_shards = axes_product(axes, batch_axes)
+    local_batch = spec.shapes.batch // batch_shards
+    local_tokens = local_batch * spec.shapes.seq_len
+    routed_rows = local_tokens * spec.router.top_k
+    experts = expert_plan(loaded, local_tokens, emulate=interpret)
+    tiles = _kernel_tiles(loaded, experts.ffn_rows, experts.chunk_width)
+    rows = padded_rows(experts.ffn_rows, list(tiles)) if tiles else experts.ffn_rows
+    params = param_plans(
+        spec.layer.num_experts,
+        spec.layer.embed_dim,
+        spec.layer.ffn_dim,
+        fsdp_axis,
+        axes.get("fsdp", 1),
+        spec.dtypes.compute,
+        experts.axis,
+        experts.shards,
+    )
+    cost = cost_plan(
+        params,
+        local_tokens=local_tokens,
+        routed_rows=routed_rows,
+        embed_dim=spec.layer.embed_dim,
+        ffn_dim=spec.layer.ffn_dim,
+        num_experts=spec.layer.num_experts,
+        param_bytes=DTYPE_BYTES[spec.dtypes.params],
+        compute_bytes=DTYPE_BYTES[spec.dtypes.compute],
+        fsdp=axes.get("fsdp", 1),
+    )
+    return Plan(
+        moegen_version=__version__,
+        module_name=loaded.source.name,
+        spec_display=loaded.source.display,
+        spec_sha256=loaded.source.sha256,
+        description=spec.description,
+        summary=_summary(loaded),
+        mesh_axes=tuple(axes.items()),
+        num_devices=axes_product(axes, axes),
+        batch_axes=batch_axes,
+        fsdp_axis=fsdp_axis,
+        expert_axis=experts.axis,
+        expert_strategy=spec.parallelism.experts,
+        hardware=spec.target.hardware,
+        topology=spec.target.topology,
+        tpu_topology_name=(
+            f"{chip.topology_prefix}:{spec.target.topology}" if chip.platform == "tpu" else None
+        ),
+        chips_per_host_bounds=(
+            chip.chips_per_host_bounds(spec.target.topology) if chip.platform == "tpu" else None
+        ),
+        kernel=spec.target.kernel,
+        kernel_interpret=interpret and spec.target.kernel == "pallas",
+        check_vma=spec.target.kernel != "pallas",
+        gate_up_tile=tiles[0].as_tuple() if tiles else None,
+        down_tile=tiles[1].as_tuple() if tiles else None,
+        batch=spec.shapes.batch,
+        seq_len=spec.shapes.seq_len,
+        embed_dim=spec.layer.embed_dim,
+        ffn_dim=spec.layer.ffn_dim,
+        num_experts=spec.layer.num_experts,
+        local_experts=experts.local_experts,
+        top_k=spec.router.top_k,
+        batch_shards=batch_shards,
+        local_batch=local_batch,
+        local_tokens=local_tokens,
+        routed_rows=routed_rows,
+        row_alignment=math.lcm(*(t.rows for t in tiles)) if tiles else 1,
+        padded_rows=rows,
+        pads_rows=rows > experts.ffn_rows,
+        score=spec.router.score,
+        renormalize=spec.router.renormalize,
+        activation=spec.layer.activation,
+        param_dtype=spec.dtypes.params,
+        compute_dtype=spec.dtypes.compute,
+        router_dtype=ROUTER_DTYPE,
+        input_partition=(batch_axes or None, None, None),
+        params=params,
+        experts=experts,
+        cost=cost,
+        memory=memory_plan(
+            cost,
+            local_tokens=local_tokens,
+            padded_rows=rows * experts.ffn_calls,
+            embed_dim=spec.layer.embed_dim,
+            ffn_dim=spec.layer.ffn_dim,
+            num_experts=spec.layer.num_experts,
+            compute_bytes=DTYPE_BYTES[spec.dtypes.compute],
+            hbm=chip.hbm_bytes_per_device,
+        ),
+    )
+
+
+def _kernel_tiles(loaded: LoadedSpec, ffn_rows: int, chunk_width: int) -> tuple[Tile, Tile] | None:
+    """Megablox tiles for (gate, up) and down: pinned by the spec, else chosen here.
+
+    With overlap chunks the gate and up matmuls contract over one chunk of the embedding.
+    """
+    spec = loaded.spec
+    if spec.target.kernel != "pallas":
+        return None  # ragged_dot takes groups of any size: nothing to tile or pad
+    budget = hardware(spec.target.hardware).vmem_bytes_for_tiles
+    dtype = spec.dtypes.compute
+    embed, ffn = chunk_width, spec.layer.ffn_dim
+    pinned = spec.target.tiles
+    gate_up = (
+        Tile(*pinned.gate_up)
+        if pinned and pinned.gate_up
+        else choose_tile(ffn_rows, embed, ffn, dtype, budget)
+    )
+    down = (
+        Tile(*pinned.down)
+        if pinned and pinned.down
+        else choose_tile(ffn_rows, ffn, spec.layer.embed_dim, dtype, budget)
+    )
+    return gate_up, down
+
+
+def _summary(loaded: LoadedSpec) -> str:
+    """One sentence stating the spec, built from validated numbers and enums only."""
+    spec = loaded.spec
+    renorm = ", renormalised" if spec.router.renormalize else ""
+    mesh = " x ".join(f"{name} {size}" for name, size in spec.mesh.axes.items())
+    return (
+        f"MoE layer: {spec.layer.num_experts} {spec.layer.activation} experts "
+        f"(embed {spec.layer.embed_dim}, ffn {spec.layer.ffn_dim}), top-{spec.router.top_k} "
+        f"{spec.router.score} routing{renorm}, {spec.parallelism.experts} experts, "
+        f"on a {mesh} mesh, kernel {spec.target.kernel}, target {spec.target.hardware}"
+        + (f" {spec.target.topology}." if spec.target.topology else ".")
+    )

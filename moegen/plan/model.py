@@ -1,0 +1,68 @@
+"""The plan object: everything static about one generated module."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from moegen.plan.costs import CostPlan, MemoryPlan
+from moegen.plan.experts import ExpertPlan
+from moegen.plan.params import ParamPlan, PartitionSpec
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything static about one generated module."""
+
+    moegen_version: str
+    module_name: str
+    spec_display: str
+    spec_sha256: str
+    description: str
+    summary: str
+
+    mesh_axes: tuple[tuple[str, int], ...]
+    num_devices: int
+    batch_axes: tuple[str, ...]
+    fsdp_axis: str | None
+    expert_axis: str | None  # seam for expert parallelism; None: experts replicated
+    expert_strategy: str
+    hardware: str
+    topology: str | None
+    tpu_topology_name: str | None  # libtpu's name, e.g. "v5e:2x4"
+    chips_per_host_bounds: tuple[int, int, int] | None
+    kernel: str
+    kernel_interpret: bool  # pallas kernels interpreted on CPU (the shrunken twin only)
+    check_vma: bool  # shard_map's varying-axes check; off around Pallas calls
+    gate_up_tile: tuple[int, int, int] | None  # megablox (rows, contraction, output)
+    down_tile: tuple[int, int, int] | None
+
+    batch: int
+    seq_len: int
+    embed_dim: int
+    ffn_dim: int
+    num_experts: int
+    local_experts: int
+    top_k: int
+    batch_shards: int
+    local_batch: int
+    local_tokens: int
+    routed_rows: int  # dropless: every token copy of this device has a row
+    row_alignment: int  # the routed buffer's row count is a multiple of this (every row tile)
+    padded_rows: int  # routed buffer rows including kernel padding
+    pads_rows: bool  # padded_rows > routed_rows: the kernel gets rows of no expert group
+
+    score: str
+    renormalize: bool
+    activation: str
+    param_dtype: str
+    compute_dtype: str
+    router_dtype: str
+
+    input_partition: PartitionSpec
+    params: tuple[ParamPlan, ...]
+    experts: ExpertPlan
+    cost: CostPlan
+    memory: MemoryPlan
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,90 @@
+"""The text `moegen plan` prints."""
+
+from __future__ import annotations
+
+from moegen.plan.model import Plan
+from moegen.plan.params import PartitionSpec
+
+
+def format_plan(plan: Plan) -> str:
+    """Human-readable plan for `moegen plan`."""
+    c = plan.cost
+    mesh = " x ".join(f"{name}={size}" for name, size in plan.mesh_axes)
+    lines = [
+        f"{plan.spec_display} -> {plan.module_name}.py",
+        f"  {plan.summary}",
+        f"  mesh            {mesh} ({plan.num_devices} devices); batch over {plan.batch_axes}",
+        f"  input           [{plan.batch}, {plan.seq_len}, {plan.embed_dim}] {plan.compute_dtype}"
+        f" -> per device [{plan.local_batch}, {plan.seq_len}, {plan.embed_dim}]",
+        f"  tokens/device   {plan.local_tokens}; routed rows {plan.routed_rows} "
+        f"(x top_{plan.top_k}, dropless)"
+        + (
+            f"; grouped-matmul rows padded to {plan.padded_rows} "
+            f"(a multiple of {plan.row_alignment}: whole row tiles)"
+            if plan.row_alignment > 1
+            else "; no row padding (groups of any size)"
+        ),
+        f"  experts         {plan.num_experts} ({plan.local_experts} per device, "
+        f"{plan.expert_strategy}); kernel {plan.kernel}; target {plan.hardware}"
+        + (f" {plan.topology}" if plan.topology else ""),
+        *_expert_lines(plan),
+        "  parameters:",
+    ]
+    for p in plan.params:
+        lines.append(
+            f"    {p.name:<8} {list(p.shape)} {plan.param_dtype} "
+            f"spec {_spec_text(p.partition)} -> per device {list(p.local_shape)}"
+        )
+    lines += [
+        "  per device, forward:",
+        f"    FLOPs          router {c.router_flops:.3e}, experts {c.expert_flops:.3e}, "
+        f"total {c.forward_flops:.3e} (train ~{c.train_flops:.3e})",
+        f"    parameters     {_gib(c.param_bytes)} stored, "
+        f"{_gib(c.gathered_weight_bytes)} gathered",
+        f"    routed buffers {_gib(c.routed_buffer_bytes)}; activations {_gib(c.activation_bytes)}",
+        f"    fsdp gather    {_gib(c.gather_bytes_received)} received",
+    ]
+    if plan.gate_up_tile:
+        down = list(plan.down_tile or ())
+        lines.append(
+            f"  megablox tiles  gate/up {list(plan.gate_up_tile)}, down {down} "
+            "(rows, contraction, output)"
+        )
+    m = plan.memory
+    hbm = f" of {_gib(m.hbm_bytes_per_device)} HBM" if m.hbm_bytes_per_device else ""
+    lines.append(
+        f"  memory estimate forward {_gib(m.forward_peak)}, forward+backward "
+        f"{_gib(m.train_peak)}{hbm} per device"
+    )
+    lines += [f"    {_gib(size):>12}  {name}" for name, size in m.ledger]
+    return "\n".join(lines)
+
+
+def _expert_lines(plan: Plan) -> list[str]:
+    experts = plan.experts
+    if experts.strategy == "replicated":
+        return []
+    calls = f" x {experts.ffn_calls} ring steps" if experts.ffn_calls > 1 else ""
+    lines = [f"  expert FFN rows {experts.ffn_rows}{calls} per device, worst case (dropless)"]
+    if experts.receive_rows:
+        lines.append(
+            f"  receive buffer  {experts.receive_rows} rows: every token of the expert group "
+            f"sending min(top_k, local experts) copies here; no per-expert padding"
+        )
+    if experts.overlap_chunks > 1:
+        lines.append(
+            f"  overlap         {experts.overlap_chunks} chunks of {experts.chunk_width} columns "
+            "(ring of ppermute steps, transfer of the next block under the grouped matmul)"
+        )
+    for name, size in experts.communication_bytes:
+        chosen = " (chosen)" if name == experts.strategy else ""
+        lines.append(f"  comm forward    {name:<18} {_gib(size)} per device{chosen}")
+    return lines
+
+
+def _spec_text(partition: PartitionSpec) -> str:
+    return "P(" + ", ".join(repr(entry) for entry in partition) + ")"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3f} GiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
