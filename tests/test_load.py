@@ -373,13 +373,6 @@ def test_expert_parallel_spelling_hints(old: str, new: str, field: str, message:
     assert found.endswith(message), found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (unhelpful message): an unknown key's did-you-mean names a key the same "
-    "mapping already has ('experts' beside 'num_experts' -> \"did you mean 'num_experts'?\"); "
-    "renaming as told makes a duplicate key. Now more frequent with containment matches; "
-    "see the several_schema_errors golden",
-)
 @pytest.mark.parametrize("extra", ["experts: 8", "embed_dm: 8"])
 def test_no_hint_names_a_key_already_written(extra: str) -> None:
     [(line, _, field, message)] = errors(

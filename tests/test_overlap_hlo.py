@@ -141,7 +141,7 @@ def overlapped(hlo_text: str) -> list[PermuteWindow]:
 # --------------------------------------------------------------------------------------
 
 _GMM = (
-    '{name} = f32[128,128]{{1,0:T(8,128)}} custom-call(%lhs, %rhs{extra}), '
+    "{name} = f32[128,128]{{1,0:T(8,128)}} custom-call(%lhs, %rhs{extra}), "
     'custom_call_target="tpu_custom_call", metadata={{op_name="jit(f)/jit(gmm)/pallas_call"}}'
 )
 
@@ -170,7 +170,7 @@ def _start(name: str, operand: str = "param") -> str:
     return (
         f"%{name} = (bf16[8,128]{{1,0:T(8,128)(2,1)S(1)}}, bf16[8,128]{{1,0:T(8,128)(2,1)S(1)}}, "
         f"u32[]{{:S(2)}}, u32[]{{:S(2)}}) collective-permute-start(%{operand}), channel_id=1, "
-        "source_target_pairs={{0,1},{1,0}}, backend_config={\"flag_configs\":[]}"
+        'source_target_pairs={{0,1},{1,0}}, backend_config={"flag_configs":[]}'
     )
 
 
@@ -194,11 +194,17 @@ def test_parser_reads_names_opcodes_and_operands() -> None:
         "rhs.1",
     )
     assert is_grouped_matmul(instruction)
-    start = parse_instruction("  " + _start("collective-permute-start.4", "collective-permute-done"))
+    start = parse_instruction(
+        "  " + _start("collective-permute-start.4", "collective-permute-done")
+    )
     assert start is not None and start.opcode == "collective-permute-start"
     assert start.operands == ("collective-permute-done",)
     root = parse_instruction("  ROOT %tuple.9 = (f32[2]{0}, s32[]) tuple(%a.1, %b)")
-    assert root is not None and (root.name, root.opcode, root.operands) == ("tuple.9", "tuple", ("a.1", "b"))
+    assert root is not None and (root.name, root.opcode, root.operands) == (
+        "tuple.9",
+        "tuple",
+        ("a.1", "b"),
+    )
     allocate = parse_instruction(
         '  %custom-call.6 = u32[4]{0:T(128)S(1)} custom-call(), custom_call_target="AllocateBuffer"'
     )
@@ -353,7 +359,9 @@ def compiled_hlo(tmp_path_factory) -> dict[str, str]:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr[-6000:]
-    return {variant: Path(f"{path}.hlo").read_text(encoding="utf-8") for variant, path in paths.items()}
+    return {
+        variant: Path(f"{path}.hlo").read_text(encoding="utf-8") for variant, path in paths.items()
+    }
 
 
 def test_plans_compiled_here() -> None:

@@ -158,17 +158,23 @@ def np_dispatch(
     devices, num_tokens, top_k = ids.shape
     copies = []  # per sender: (expert, flat copy index, token), in the sender's sorted order
     for s in range(devices):
-        mine = [(int(ids[s, t, k]), t * top_k + k, t) for t in range(num_tokens) for k in range(top_k)]
+        mine = [
+            (int(ids[s, t, k]), t * top_k + k, t) for t in range(num_tokens) for k in range(top_k)
+        ]
         copies.append(sorted(mine))
     counts = np.zeros((devices, devices, local_experts), np.int64)
     for s in range(devices):
         for e, _, _ in copies[s]:
             counts[s, e // local_experts, e % local_experts] += 1
-    sorted_rows = np.stack([np.stack([tokens[s, t] for _, _, t in copies[s]]) for s in range(devices)])
+    sorted_rows = np.stack(
+        [np.stack([tokens[s, t] for _, _, t in copies[s]]) for s in range(devices)]
+    )
     received, received_experts, grouped = [], [], []
     width = tokens.shape[2]
     for r in range(devices):
-        mine = [(s, e, t) for s in range(devices) for e, _, t in copies[s] if e // local_experts == r]
+        mine = [
+            (s, e, t) for s in range(devices) for e, _, t in copies[s] if e // local_experts == r
+        ]
         received.append(np.array([tokens[s, t] for s, _, t in mine]).reshape(-1, width))
         received_experts.append([e - r * local_experts for _, e, _ in mine])
         by_expert = sorted(mine, key=lambda c: c[1])  # stable: sender order within an expert
@@ -602,9 +608,7 @@ def test_routed_experts_with_a_fake_ffn_combine_every_copy(run: Run) -> None:
 
 def test_adversarial_routings_never_exceed_receive_rows_and_the_worst_reaches_it(run: Run) -> None:
     receive = run.constants["RECEIVE_ROWS"]
-    received = {
-        name: run.routed(name)["received"].tolist() for name in run.routed_names
-    }
+    received = {name: run.routed(name)["received"].tolist() for name in run.routed_names}
     for name, per_device in received.items():
         assert max(per_device) <= receive, (name, per_device)
     if run.case is K3:
