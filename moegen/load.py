@@ -362,7 +362,8 @@ def _schema_diagnostics(
             message = f"required key '{loc[-1]}' is missing"
         elif kind == "extra_forbidden":
             field, (line, col) = loc[:-1], locations.of_key(loc)
-            message = _unknown_key_message(str(loc[-1]), _model_at(loc[:-1]))
+            written = {k[-1] for k in locations.keys if k[:-1] == loc[:-1]}
+            message = _unknown_key_message(str(loc[-1]), _model_at(loc[:-1]), written)
         else:
             field = loc
             line, col = locations.of_key(loc) if at_key else locations.of_value(loc)
@@ -382,14 +383,15 @@ def _model_at(path: FieldPath) -> type[BaseModel] | None:
     return model
 
 
-def _unknown_key_message(key: str, model: type[BaseModel] | None) -> str:
-    known = list(model.model_fields) if model else []
+def _unknown_key_message(key: str, model: type[BaseModel] | None, written: set) -> str:
+    # A key the mapping already has is no fix: suggesting it would make a duplicate.
+    fields = list(model.model_fields) if model else []
     message = f"unknown key {key!r}"
-    close = _suggest(key, known)
+    close = _suggest(key, [name for name in fields if name not in written])
     if close:
         return f"{message}; did you mean '{close[0]}'?"
-    if known:
-        return f"{message}; expected one of: {', '.join(known)}"
+    if fields:
+        return f"{message}; expected one of: {', '.join(fields)}"
     return message
 
 

@@ -184,26 +184,27 @@ def overlap_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
             )
         ]
     embed = spec.layer.embed_dim
+    lanes = LANES if spec.target.kernel == "pallas" else 1
+
+    def fits(count: int) -> bool:
+        return embed % count == 0 and (embed // count) % lanes == 0
+
+    if fits(chunks):
+        return []
+    valid = [str(c) for c in range(2, 65) if fits(c)][:8]
+    options = (
+        f"valid chunk counts: {', '.join(valid)}, or 1 (no overlap)"
+        if valid
+        else "set 1 (no overlap)"
+    )
     if embed % chunks:
-        valid = [c for c in range(2, min(embed, 64) + 1) if embed % c == 0]
-        return [
-            loaded.diagnostic(
-                path,
-                f"embed_dim {embed} does not split into {chunks} equal chunks; "
-                f"valid chunk counts: {', '.join(map(str, valid[:8])) or 'none'}",
-            )
-        ]
-    width = embed // chunks
-    if spec.target.kernel == "pallas" and width % LANES:
-        valid = [c for c in range(2, embed // LANES + 1) if embed % (c * LANES) == 0]
-        return [
-            loaded.diagnostic(
-                path,
-                f"chunks of {width} columns are not whole {LANES}-lane tiles for the pallas "
-                f"kernel; valid chunk counts: {', '.join(map(str, valid[:8])) or 'none'}",
-            )
-        ]
-    return []
+        problem = f"embed_dim {embed} does not split into {chunks} equal chunks"
+    else:
+        problem = (
+            f"chunks of {embed // chunks} columns are not whole {LANES}-lane tiles "
+            "for the pallas kernel"
+        )
+    return [loaded.diagnostic(path, f"{problem}; {options}")]
 
 
 def indices_fit_int32(loaded: LoadedSpec) -> list[Diagnostic]:

@@ -17,13 +17,7 @@ def format_plan(plan: Plan) -> str:
         f"  input           [{plan.batch}, {plan.seq_len}, {plan.embed_dim}] {plan.compute_dtype}"
         f" -> per device [{plan.local_batch}, {plan.seq_len}, {plan.embed_dim}]",
         f"  tokens/device   {plan.local_tokens}; routed rows {plan.routed_rows} "
-        f"(x top_{plan.top_k}, dropless)"
-        + (
-            f"; grouped-matmul rows padded to {plan.padded_rows} "
-            f"(a multiple of {plan.row_alignment}: whole row tiles)"
-            if plan.row_alignment > 1
-            else "; no row padding (groups of any size)"
-        ),
+        f"(x top_{plan.top_k}, dropless)" + _padding_text(plan),
         f"  experts         {plan.num_experts} ({plan.local_experts} per device, "
         f"{plan.expert_strategy}); kernel {plan.kernel}; target {plan.hardware}"
         + (f" {plan.topology}" if plan.topology else ""),
@@ -58,6 +52,18 @@ def format_plan(plan: Plan) -> str:
     )
     lines += [f"    {_gib(size):>12}  {name}" for name, size in m.ledger]
     return "\n".join(lines)
+
+
+def _padding_text(plan: Plan) -> str:
+    rows = plan.experts.ffn_rows
+    if plan.pads_rows:
+        return (
+            f"; grouped-matmul calls of {rows} rows padded to {plan.padded_rows} "
+            f"(a multiple of {plan.row_alignment}: whole row tiles)"
+        )
+    if plan.row_alignment > 1:
+        return f"; grouped-matmul calls of {rows} rows, already whole row tiles"
+    return f"; grouped-matmul calls of {rows} rows, no padding (groups of any size)"
 
 
 def _expert_lines(plan: Plan) -> list[str]:
