@@ -19,9 +19,10 @@ the copies routed to them and the weighted results are reduce-scattered back to 
 tokens' devices. Dropless: a grouped-matmul call has FFN_ROWS = 4096 rows, every copy the
 tokens it sees can send this device.
 Communication overlaps compute: the tokens travel around the ring with jax.lax.ppermute in
-4 chunks of 512 embedding columns; while the gate and up grouped matmuls run on the block
-of one device (partial sums over chunks added in float32), the next block is in flight
-(collective-permute start/done around the kernels in the compiled HLO).
+4 chunks of 512 embedding columns, so that while the gate and up grouped matmuls run on
+the block of one device (partial sums over chunks added in float32) the next block can be
+in flight. The compiler's scheduler decides; `moegen build` reports how many ring
+transfers of the compiled TPU module overlap a grouped matmul.
 Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 512, 768] (gate, up)
 and [512, 768, 1024] (down), as (rows, contraction, output).
 The 4096 rows of a grouped-matmul call are a whole number of row tiles.

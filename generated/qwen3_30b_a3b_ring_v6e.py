@@ -12,7 +12,7 @@ Static shapes (global -> per device):
     routed    4096 per device (512 tokens x top-8): dropless
 
 Mesh expert=8; the batch is sharded over expert.
-Parameters are replicated on every device.
+The router is replicated; expert weights are sharded over the expert axis only.
 Experts are sharded over the expert axis, 16 per device (ring of experts). The routing of
 all 4096 tokens of the expert group is all-gathered; each device runs its own experts on
 the copies routed to them and the weighted results are reduce-scattered back to the

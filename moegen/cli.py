@@ -99,10 +99,16 @@ def _describe(details: dict[str, Any]) -> str:
     if "memory" in details:
         mem = details["memory"]
         mib = {k: v / 2**20 for k, v in mem.items()}
-        return (
+        text = (
             f"per device: args {mib['argument']:.1f} MiB, out {mib['output']:.1f} MiB, "
             f"temp {mib['temp']:.1f} MiB"
         )
+        if "transfers" in details:
+            text += (
+                f"; {details['hidden_transfers']} of {details['transfers']} ring transfers "
+                "overlap a grouped matmul"
+            )
+        return text
     return ""
 
 

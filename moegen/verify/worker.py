@@ -168,6 +168,28 @@ def target_devices(module: ModuleType, tpu: dict[str, Any] | None) -> list[Any]:
     ).devices
 
 
+def hidden_transfers(hlo: str) -> tuple[int, int]:
+    """(collective-permutes with a grouped-matmul kernel between start and done, all of them)
+    in the scheduled ENTRY computation of a compiled TPU module."""
+    entry = hlo[hlo.find("\nENTRY") :]
+    open_starts: dict[str, bool] = {}
+    hidden = total = 0
+    for line in entry.splitlines():
+        name = line.strip().split(" ", 1)[0].lstrip("%")
+        if "collective-permute-start(" in line:
+            open_starts[name] = False
+        elif "collective-permute-done(" in line:
+            started = line.split("collective-permute-done(", 1)[1].split(")", 1)[0]
+            started = started.split()[-1].lstrip("%")
+            if started in open_starts:
+                total += 1
+                hidden += open_starts.pop(started)
+        elif "tpu_custom_call" in line and "gmm" in line:
+            for start in open_starts:
+                open_starts[start] = True
+    return hidden, total
+
+
 def compile_full(module: ModuleType, tpu: dict[str, Any] | None) -> None:
     mesh = module.make_mesh(target_devices(module, tpu))
     params, x = module.param_shapes(mesh), module.input_shape(mesh)
@@ -189,11 +211,16 @@ def compile_full(module: ModuleType, tpu: dict[str, Any] | None) -> None:
             emit(step=f"compile {name}", seconds=time.perf_counter() - start, oom=first_line)
             return
         cost = compiled.cost_analysis() or {}
+        overlap = {}
+        if tpu is not None and getattr(module, "OVERLAP_CHUNKS", 1) > 1:
+            hidden, total = hidden_transfers(compiled.as_text())
+            overlap = {"hidden_transfers": hidden, "transfers": total}
         emit(
             step=f"compile {name}",
             seconds=time.perf_counter() - start,
             memory=_memory(compiled),
             flops=float(cost.get("flops", 0.0)),
+            **overlap,
         )
 
 
