@@ -308,13 +308,6 @@ def test_pallas_overlap_twin_forward_matches_the_dense_reference(tmp_path: Path)
     assert error < 1e-5, error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: with experts sharded over the expert axis and no fsdp axis, the module "
-    "docstring says 'Parameters are replicated on every device.' although PARAM_SPECS shard "
-    "w_gate, w_up and w_down over expert (only the router is replicated)",
-)
 def test_module_doc_does_not_call_expert_sharded_weights_replicated() -> None:
     plan = make_plan(Case("ragged_all_to_all", {"expert": 4}).load())
     assert {p.name: p.partition[0] for p in plan.params}["w_gate"] == "expert"
