@@ -20,7 +20,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -718,24 +717,23 @@ LOCK_HOLDER = textwrap.dedent(
 )
 
 
-def _hold_libtpu(env: dict[str, str]) -> subprocess.Popen[str]:
-    """A process that holds libtpu as another verification would; retried while a process
-    elsewhere on this shared machine has it (then no holder could start)."""
-    for _ in range(30):
-        holder = subprocess.Popen(
-            [sys.executable, "-c", LOCK_HOLDER],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=env,
-            text=True,
-        )
-        if holder.stdout.readline().strip() == "ready":
-            return holder
-        holder.stdin.close()
-        holder.wait(timeout=60)
-        time.sleep(2)
-    pytest.skip("libtpu stayed busy in another process for a minute")
+def _hold_libtpu(env: dict[str, str]) -> subprocess.Popen[str] | None:
+    """A process that holds libtpu as another verification would, or None when another
+    process already holds it (this test process, or a build elsewhere on the machine):
+    the situation under test holds either way."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        text=True,
+    )
+    if holder.stdout.readline().strip() == "ready":
+        return holder
+    holder.stdin.close()
+    holder.wait(timeout=60)
+    return None
 
 
 def test_concurrent_tpu_verifications_do_not_collide(tmp_path, monkeypatch):
@@ -752,6 +750,7 @@ def test_concurrent_tpu_verifications_do_not_collide(tmp_path, monkeypatch):
     try:
         report = verify(generated.loaded, generated.source, timeout_s=300)
     finally:
-        holder.stdin.close()
-        holder.wait(timeout=60)
+        if holder is not None:
+            holder.stdin.close()
+            holder.wait(timeout=60)
     assert report.step("memory verdict")["verdict"].startswith("fits")
