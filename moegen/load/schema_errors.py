@@ -1,0 +1,128 @@
+"""Pydantic's schema errors as located, human messages with did-you-mean hints."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from moegen.diagnostics import Diagnostic
+from moegen.load.source import FieldPath, Locations, SpecSource, dotted
+from moegen.spec import Spec
+
+_DID_YOU_MEAN_CUTOFF = 0.8  # close enough to be a typo, not a different (unsupported) choice
+# Spellings other tools use for the values moegen names differently.
+_COMMON_SPELLINGS = {
+    "bf16": "bfloat16", "fp32": "float32", "f32": "float32", "float": "float32",
+    "v5e": "tpu-v5e", "tpu-v5lite": "tpu-v5e", "v5litepod": "tpu-v5e", "v5p": "tpu-v5p",
+    "v6e": "tpu-v6e", "trillium": "tpu-v6e", "v7x": "tpu7x", "tpu-v7x": "tpu7x",
+    "tpu-v7": "tpu7x", "ironwood": "tpu7x", "megablox": "pallas", "ragged_dot": "xla",
+}  # fmt: skip
+
+
+def schema_diagnostics(
+    err: ValidationError, source: SpecSource, locations: Locations
+) -> list[Diagnostic]:
+    out = []
+    for error in err.errors(include_url=False):
+        loc: FieldPath = tuple(error["loc"])
+        at_key = False
+        if loc and loc[-1] == "[key]":  # a bad key of a free-form mapping (mesh.axes)
+            loc, at_key = (*loc[:-2], loc[-2]), True
+        kind = error["type"]
+        if kind == "missing":
+            field, (line, col) = loc[:-1], locations.of_value(loc[:-1])
+            message = f"required key '{loc[-1]}' is missing"
+        elif kind == "extra_forbidden":
+            field, (line, col) = loc[:-1], locations.of_key(loc)
+            written = {k[-1] for k in locations.keys if k[:-1] == loc[:-1]}
+            message = _unknown_key_message(str(loc[-1]), _model_at(loc[:-1]), written)
+        else:
+            field = loc
+            line, col = locations.of_key(loc) if at_key else locations.of_value(loc)
+            message = _value_message(error)
+        out.append(Diagnostic(source.display, line, col, dotted(field), message))
+    return out
+
+
+def _model_at(path: FieldPath) -> type[BaseModel] | None:
+    model: Any = Spec
+    for part in path:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _unknown_key_message(key: str, model: type[BaseModel] | None, written: set) -> str:
+    # A key the mapping already has is no fix: suggesting it would make a duplicate.
+    fields = list(model.model_fields) if model else []
+    message = f"unknown key {key!r}"
+    close = _suggest(key, [name for name in fields if name not in written])
+    if close:
+        return f"{message}; did you mean '{close[0]}'?"
+    if fields:
+        return f"{message}; expected one of: {', '.join(fields)}"
+    return message
+
+
+def _suggest(written: str, options: list[str]) -> list[str]:
+    """The option `written` was probably meant to be: a known other spelling, a close typo,
+    the same letters swapped, or a longer name that contains it ('experts' -> 'num_experts')."""
+    if _COMMON_SPELLINGS.get(written) in options:
+        return [_COMMON_SPELLINGS[written]]
+    close = difflib.get_close_matches(written, options, n=1, cutoff=_DID_YOU_MEAN_CUTOFF)
+    if close:
+        return close
+    swapped = [o for o in options if sorted(o) == sorted(written)]
+    containing = [o for o in options if len(written) >= 4 and written in o]
+    return (swapped or containing)[:1]
+
+
+def describe(value: Any) -> str:
+    """A YAML-flavoured description of a user value for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _value_message(error: Any) -> str:
+    kind, ctx, value = error["type"], error.get("ctx") or {}, error.get("input")
+    got = describe(value)
+    simple = {
+        "greater_than": lambda: f"must be > {ctx.get('gt')}, got {got}",
+        "less_than_equal": lambda: f"must be <= {ctx.get('le')}, got {got}",
+        "int_type": lambda: f"must be an integer, got {got}",
+        "bool_type": lambda: f"must be true or false, got {got}",
+        "string_type": lambda: f"must be a string, got {got}",
+        "dict_type": lambda: f"must be a mapping, got {got}",
+        "model_type": lambda: f"must be a mapping, got {got}",
+        "list_type": lambda: f"must be a list, got {got}",
+        "too_short": lambda: (
+            "must not be empty"
+            if ctx.get("min_length") == 1
+            else f"must have at least {ctx.get('min_length')} entries"
+        ),
+        "string_too_long": lambda: f"must be at most {ctx.get('max_length')} characters",
+    }
+    if kind in simple:
+        return simple[kind]()
+    if kind == "value_error":
+        return f"{ctx.get('error', error['msg'])!s}, got {got}"
+    if kind == "literal_error":
+        expected = ctx.get("expected", "")
+        options = [part.strip(" '") for part in expected.replace(" or ", ",").split(",")]
+        message = f"must be {expected}, got {got}"
+        close = _suggest(value, options) if isinstance(value, str) else []
+        return f"{message}; did you mean '{close[0]}'?" if close and close[0] != value else message
+    return f"{error['msg'][0].lower()}{error['msg'][1:]}, got {got}"
