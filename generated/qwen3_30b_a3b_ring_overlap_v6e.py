@@ -251,8 +251,8 @@ def _weighted_sum(
 
 
 def _accumulate(total: jax.Array | None, part: jax.Array) -> jax.Array:
-    # The pinned megablox's existing_out keeps the rows a call does not write but does not
-    # add to the rows it writes, so partial sums over chunks are added here, in float32.
+    # Partial sums over chunks are added here, in float32: the pinned megablox's existing_out
+    # keeps the rows a call does not write but does not add to the rows it writes.
     return part if total is None else total + part
 
 
