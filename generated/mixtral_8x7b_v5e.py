@@ -17,6 +17,9 @@ Every device holds all 8 experts and runs them on its own tokens.
 Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 1024, 1024] (gate,
 up) and [512, 1024, 1024] (down), as (rows, contraction, output).
 The 8192 rows of a grouped-matmul call are a whole number of row tiles.
+Routing: softmax scores, the top-2 experts, weighted by their scores, renormalised to sum
+to 1.
+Experts compute down(silu(x @ gate) * (x @ up)).
 Router math is float32; activations and expert matmuls are bfloat16;
 parameters are stored as float32.
 
@@ -130,7 +133,7 @@ def param_shapes(mesh: Mesh | None = None) -> dict[str, jax.ShapeDtypeStruct]:
 
 
 def init_params(key: jax.Array, mesh: Mesh | None = None) -> Params:
-    """Random parameters, normal with std 1/sqrt(fan_in), created already sharded."""
+    """Random parameters, normal with std INIT_SCALES[name], created already sharded."""
     shapes = param_shapes(mesh)
     keys = dict(zip(shapes, jax.random.split(key, len(shapes)), strict=True))
 
@@ -174,11 +177,13 @@ def _moe_shard(params: Params, x: jax.Array) -> tuple[jax.Array, Aux]:
     """Per device: [LOCAL_BATCH, SEQ_LEN, EMBED_DIM] tokens through their experts."""
     tokens = x.reshape(LOCAL_TOKENS, EMBED_DIM)
     weights = _gather_weights(params)
-    combine_weights, expert_ids = _route(tokens, weights["router"])
+    combine_weights, expert_ids = _route(tokens, weights)
     local_counts = jnp.bincount(expert_ids.reshape(ROUTED_ROWS), length=NUM_EXPERTS)
     tokens_per_expert = jax.lax.psum(local_counts.astype(jnp.int32), BATCH_AXES)
     y = _routed_experts(tokens, weights, combine_weights, expert_ids)
-    aux = Aux(tokens_per_expert=tokens_per_expert)
+    aux = Aux(
+        tokens_per_expert=tokens_per_expert,
+    )
     return y.reshape(LOCAL_BATCH, SEQ_LEN, EMBED_DIM), aux
 
 
@@ -200,9 +205,11 @@ def _gather_weights(params: Params) -> Params:
     }
 
 
-def _route(tokens: jax.Array, router: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _route(tokens: jax.Array, weights: Params) -> tuple[jax.Array, jax.Array]:
     """Top-2 experts of each token and their combine weights, [LOCAL_TOKENS, TOP_K]."""
-    logits = jnp.dot(tokens.astype(ROUTER_DTYPE), router, precision=jax.lax.Precision.HIGHEST)
+    logits = jnp.dot(
+        tokens.astype(ROUTER_DTYPE), weights["router"], precision=jax.lax.Precision.HIGHEST
+    )
     scores = jax.nn.softmax(logits, axis=-1)
     combine_weights, expert_ids = jax.lax.top_k(scores, TOP_K)
     combine_weights = combine_weights / jnp.sum(combine_weights, axis=-1, keepdims=True)
@@ -210,7 +217,10 @@ def _route(tokens: jax.Array, router: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _expert_ffn(rows: jax.Array, weights: Params, group_sizes: jax.Array) -> jax.Array:
-    """swiglu FFN of each expert on its contiguous group of rows: [FFN_ROWS, D]."""
+    """Each expert's FFN on its contiguous group of rows: [FFN_ROWS, D].
+
+    down(silu(x @ gate) * (x @ up)).
+    """
     gate = megablox.gmm(rows, weights["w_gate"], group_sizes, COMPUTE_DTYPE, GATE_UP_TILING)
     up = megablox.gmm(rows, weights["w_up"], group_sizes, COMPUTE_DTYPE, GATE_UP_TILING)
     hidden = jax.nn.silu(gate) * up

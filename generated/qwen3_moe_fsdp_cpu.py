@@ -15,6 +15,9 @@ Mesh fsdp=4; the batch is sharded over fsdp.
 Parameters are sharded over fsdp along embed_dim and all-gathered inside the layer.
 Every device holds all 128 experts and runs them on its own tokens.
 Expert matmuls use jax.lax.ragged_dot (kernel xla).
+Routing: softmax scores, the top-8 experts, weighted by their scores, renormalised to sum
+to 1.
+Experts compute down(silu(x @ gate) * (x @ up)).
 Router math is float32; activations and expert matmuls are float32;
 parameters are stored as float32.
 
@@ -122,7 +125,7 @@ def param_shapes(mesh: Mesh | None = None) -> dict[str, jax.ShapeDtypeStruct]:
 
 
 def init_params(key: jax.Array, mesh: Mesh | None = None) -> Params:
-    """Random parameters, normal with std 1/sqrt(fan_in), created already sharded."""
+    """Random parameters, normal with std INIT_SCALES[name], created already sharded."""
     shapes = param_shapes(mesh)
     keys = dict(zip(shapes, jax.random.split(key, len(shapes)), strict=True))
 
@@ -165,11 +168,13 @@ def _moe_shard(params: Params, x: jax.Array) -> tuple[jax.Array, Aux]:
     """Per device: [LOCAL_BATCH, SEQ_LEN, EMBED_DIM] tokens through their experts."""
     tokens = x.reshape(LOCAL_TOKENS, EMBED_DIM)
     weights = _gather_weights(params)
-    combine_weights, expert_ids = _route(tokens, weights["router"])
+    combine_weights, expert_ids = _route(tokens, weights)
     local_counts = jnp.bincount(expert_ids.reshape(ROUTED_ROWS), length=NUM_EXPERTS)
     tokens_per_expert = jax.lax.psum(local_counts.astype(jnp.int32), BATCH_AXES)
     y = _routed_experts(tokens, weights, combine_weights, expert_ids)
-    aux = Aux(tokens_per_expert=tokens_per_expert)
+    aux = Aux(
+        tokens_per_expert=tokens_per_expert,
+    )
     return y.reshape(LOCAL_BATCH, SEQ_LEN, EMBED_DIM), aux
 
 
@@ -191,9 +196,11 @@ def _gather_weights(params: Params) -> Params:
     }
 
 
-def _route(tokens: jax.Array, router: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _route(tokens: jax.Array, weights: Params) -> tuple[jax.Array, jax.Array]:
     """Top-8 experts of each token and their combine weights, [LOCAL_TOKENS, TOP_K]."""
-    logits = jnp.dot(tokens.astype(ROUTER_DTYPE), router, precision=jax.lax.Precision.HIGHEST)
+    logits = jnp.dot(
+        tokens.astype(ROUTER_DTYPE), weights["router"], precision=jax.lax.Precision.HIGHEST
+    )
     scores = jax.nn.softmax(logits, axis=-1)
     combine_weights, expert_ids = jax.lax.top_k(scores, TOP_K)
     combine_weights = combine_weights / jnp.sum(combine_weights, axis=-1, keepdims=True)
@@ -201,7 +208,10 @@ def _route(tokens: jax.Array, router: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _expert_ffn(rows: jax.Array, weights: Params, group_sizes: jax.Array) -> jax.Array:
-    """swiglu FFN of each expert on its contiguous group of rows: [FFN_ROWS, D]."""
+    """Each expert's FFN on its contiguous group of rows: [FFN_ROWS, D].
+
+    down(silu(x @ gate) * (x @ up)).
+    """
     gate = jax.lax.ragged_dot(rows, weights["w_gate"], group_sizes)
     up = jax.lax.ragged_dot(rows, weights["w_up"], group_sizes)
     hidden = jax.nn.silu(gate) * up

@@ -92,6 +92,7 @@ def _describe(details: dict[str, Any]) -> str:
                 if "starved_experts" in c
                 else ""
             )
+            + (f", {c['dropped']} copies dropped" if c.get("dropped") else "")
             for c in details["cases"]
         )
     if "verdict" in details:

@@ -32,8 +32,43 @@ class Layer(_Section):
     num_experts: Size = Field(description="Number of routed experts.")
     embed_dim: Size = Field(description="Model (embedding) width D.")
     ffn_dim: Size = Field(description="Hidden width F of each expert's FFN.")
-    activation: Literal["swiglu"] = Field(
-        "swiglu", description="Expert FFN: swiglu = down(silu(x @ gate) * (x @ up))."
+    activation: Literal["swiglu", "geglu", "gelu", "relu"] = Field(
+        "swiglu",
+        description="Expert FFN. Gated: swiglu = down(silu(x @ gate) * (x @ up)), "
+        "geglu = down(gelu(x @ gate) * (x @ up)); plain: gelu = down(gelu(x @ up)), "
+        "relu = down(relu(x @ up)). gelu is the exact (erf) form.",
+    )
+    ffn_bias: bool = Field(
+        False, description="Add a per-expert bias after each projection of the routed experts."
+    )
+    shared_ffn_dim: Size | None = Field(
+        None,
+        description="Hidden width of the always-on shared expert beside the routed ones "
+        "(same activation, no bias; n shared experts of width F are one of width n*F). "
+        "Omit for none.",
+    )
+
+
+class GroupLimit(_Section):
+    """Group-limited routing (DeepSeek-V3): pick experts only from the best groups."""
+
+    groups: Size = Field(description="Experts are split into this many equal groups, in order.")
+    keep: Size = Field(
+        description="Groups kept per token, ranked by the sum of their top (top_k / keep) scores."
+    )
+
+
+class Capacity(_Section):
+    """Token dropping: each expert takes at most a fixed number of copies per device."""
+
+    factor: Annotated[float, Field(gt=0, le=1024, allow_inf_nan=False)] = Field(
+        description="Copies per expert per device = ceil(factor * local tokens * top_k / "
+        "num_experts); the rest are dropped (their weight becomes 0)."
+    )
+    drop: Literal["probability", "position"] = Field(
+        "probability",
+        description="Which copies an expert keeps when over capacity: the highest combine "
+        "weights (probability) or the earliest tokens (position).",
     )
 
 
@@ -41,10 +76,33 @@ class Router(_Section):
     """How each token picks its experts."""
 
     top_k: Size = Field(description="Experts per token.")
-    score: Literal["softmax", "sigmoid"] = Field(
-        "softmax", description="Score function applied to router logits before top-k."
+    score: Literal["softmax", "sigmoid", "sqrtsoftplus"] = Field(
+        "softmax", description="Score function applied to the router logits."
+    )
+    score_after_top_k: bool = Field(
+        False,
+        description="softmax only: choose the top-k experts by logit and take the softmax over "
+        "the chosen logits alone (Mixtral, gpt-oss), instead of over all experts.",
     )
     renormalize: bool = Field(False, description="Rescale the top-k weights to sum to 1.")
+    routed_scaling: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = Field(
+        1.0, description="Multiply the combine weights by this factor (DeepSeek-V3: 2.5)."
+    )
+    group_limit: GroupLimit | None = Field(None, description="Group-limited routing.")
+    routing_bias: bool = Field(
+        False,
+        description="Aux-loss-free balancing: a per-expert bias added to the scores for "
+        "choosing experts only (sigmoid-type scores); update it with update_routing_bias.",
+    )
+    load_balance_loss: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] = Field(
+        0.0, description="Weight of the switch-style load-balancing loss in aux (0 = none)."
+    )
+    z_loss: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] = Field(
+        0.0, description="Weight of the router z-loss in aux (0 = none)."
+    )
+    capacity: Capacity | None = Field(
+        None, description="Drop token copies over a per-expert capacity (omit: dropless)."
+    )
 
 
 class Shapes(_Section):

@@ -23,8 +23,20 @@ from moegen.pipeline import load_valid
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CORPUS_DIR = Path("tests/invalid_specs")  # relative to REPO_ROOT, as shown in messages
-CASES = sorted((REPO_ROOT / CORPUS_DIR).glob("*.yaml"))
-CASE_IDS = [path.stem for path in CASES]
+# Cases whose golden states the intended text while moegen still prints something else;
+# their tests are strict xfails, and MOEGEN_UPDATE_GOLDENS leaves their goldens alone.
+KNOWN_BUGS: dict[str, str] = {}
+CASES = [
+    pytest.param(
+        path,
+        id=path.stem,
+        marks=[pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[path.stem])]
+        if path.stem in KNOWN_BUGS
+        else [],
+    )
+    for path in sorted((REPO_ROOT / CORPUS_DIR).glob("*.yaml"))
+]
+CASE_IDS = [param.id for param in CASES]
 UPDATE = os.environ.get("MOEGEN_UPDATE_GOLDENS") == "1"
 EXIT_INVALID = 3
 
@@ -66,13 +78,17 @@ def test_every_case_has_a_golden_and_every_golden_a_case() -> None:
     assert [g.stem for g in goldens] == CASE_IDS
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_known_bugs_are_cases() -> None:
+    assert set(KNOWN_BUGS) <= set(CASE_IDS)
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_load_valid_reports_golden_diagnostics(case: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO_ROOT)
     with pytest.raises(SpecError) as info:
         load_valid(_relative(case))
     actual = "\n".join(d.text() for d in info.value.diagnostics) + "\n"
-    if UPDATE:
+    if UPDATE and case.stem not in KNOWN_BUGS:
         _golden_path(case).write_text(actual, encoding="utf-8")
     assert actual == _golden(case)
     # Every diagnostic is located in this file, on a line that exists (1 for an empty file).
@@ -83,7 +99,7 @@ def test_load_valid_reports_golden_diagnostics(case: Path, monkeypatch: pytest.M
         assert d.column >= 1, d
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", CASES)
 def test_cli_validate_reports_golden_in_every_format(case: Path) -> None:
     golden = _golden(case)
     path = _relative(case).as_posix()

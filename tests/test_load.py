@@ -182,8 +182,16 @@ def test_defaults_applied() -> None:
     spec = load(MINIMAL).spec
     assert spec.description == ""
     assert spec.layer.activation == "swiglu"
+    assert spec.layer.ffn_bias is False
+    assert spec.layer.shared_ffn_dim is None
     assert spec.router.score == "softmax"
+    assert spec.router.score_after_top_k is False
     assert spec.router.renormalize is False
+    assert spec.router.routed_scaling == 1.0
+    assert spec.router.group_limit is None
+    assert spec.router.routing_bias is False
+    assert (spec.router.load_balance_loss, spec.router.z_loss) == (0.0, 0.0)
+    assert spec.router.capacity is None  # dropless
     assert spec.dtypes.params == "float32"
     assert spec.dtypes.compute == "bfloat16"
     assert spec.parallelism.experts == "replicated"
@@ -193,6 +201,182 @@ def test_defaults_applied() -> None:
     assert spec.mesh.batch_axes is None
     # Default batch axes: every mesh axis, in the order the spec lists them.
     assert spec.batch_axes == ("fsdp", "data")
+
+
+# DeepSeek-V3's layer (scaled down): every router and expert feature written out.
+FEATURES = """\
+version: 1
+description: DeepSeek-V3-like
+layer:
+  num_experts: 16
+  embed_dim: 64
+  ffn_dim: 32
+  activation: geglu
+  ffn_bias: true
+  shared_ffn_dim: 96
+router:
+  top_k: 4
+  score: sqrtsoftplus
+  renormalize: true
+  routed_scaling: 2.5
+  group_limit:
+    groups: 4
+    keep: 2
+  routing_bias: true
+  load_balance_loss: 1e-4
+  z_loss: 0.001
+  capacity: {factor: 1.25, drop: position}
+shapes: {batch: 2, seq_len: 8}
+mesh: {axes: {data: 2}}
+"""
+
+
+def test_router_and_expert_features_load() -> None:
+    spec = load(FEATURES).spec
+    layer, router = spec.layer, spec.router
+    assert (layer.activation, layer.ffn_bias, layer.shared_ffn_dim) == ("geglu", True, 96)
+    assert (router.score, router.score_after_top_k, router.renormalize) == (
+        "sqrtsoftplus",
+        False,
+        True,
+    )
+    assert router.routed_scaling == 2.5
+    assert (router.group_limit.groups, router.group_limit.keep) == (4, 2)
+    assert router.routing_bias is True
+    # YAML 1.2 floats: an exponent needs no dot
+    assert (router.load_balance_loss, router.z_loss) == (1e-4, 0.001)
+    assert (router.capacity.factor, router.capacity.drop) == (1.25, "position")
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "geglu", "gelu", "relu"])
+def test_every_activation_loads(activation: str) -> None:
+    text = FEATURES.replace("activation: geglu", f"activation: {activation}")
+    assert load(text).spec.layer.activation == activation
+
+
+def test_feature_defaults_inside_sections() -> None:
+    """capacity drops by probability unless told; an integer is a float where one is wanted."""
+    text = FEATURES.replace("{factor: 1.25, drop: position}", "{factor: 2}").replace(
+        "routed_scaling: 2.5", "routed_scaling: 1"
+    )
+    router = load(text).spec.router
+    assert (router.capacity.factor, router.capacity.drop) == (2.0, "probability")
+    assert router.routed_scaling == 1.0
+    for no_shared in ("", "  shared_ffn_dim: null\n"):  # omitted or null: no shared expert
+        text = FEATURES.replace("  shared_ffn_dim: 96\n", no_shared)
+        assert load(text).spec.layer.shared_ffn_dim is None
+
+
+# Schema errors of the feature fields, each at the value (or the mapping) that is wrong.
+FEATURE_ERRORS = [
+    # (old, new, line, column, field, message)
+    ("activation: geglu", "activation: silu", 7, 15, "layer.activation",
+     "must be 'swiglu', 'geglu', 'gelu' or 'relu', got 'silu'; did you mean 'swiglu'?"),
+    ("activation: geglu", "activation: gegelu", 7, 15, "layer.activation",
+     "must be 'swiglu', 'geglu', 'gelu' or 'relu', got 'gegelu'; did you mean 'geglu'?"),
+    ("ffn_bias: true", "ffn_bias: 1", 8, 13, "layer.ffn_bias", "must be true or false, got 1"),
+    ("shared_ffn_dim: 96", "shared_ffn_dim: 0", 9, 19, "layer.shared_ffn_dim",
+     "must be > 0, got 0"),
+    ("shared_ffn_dim: 96", "shared_ffn_dim: 96.0", 9, 19, "layer.shared_ffn_dim",
+     "must be an integer, got 96.0"),
+    ("score: sqrtsoftplus", "score: softplus", 12, 10, "router.score",
+     "must be 'softmax', 'sigmoid' or 'sqrtsoftplus', got 'softplus'; did you mean 'sqrtsoftplus'?"),
+    ("score: sqrtsoftplus", "score: tanh", 12, 10, "router.score",
+     "must be 'softmax', 'sigmoid' or 'sqrtsoftplus', got 'tanh'"),
+    ("renormalize: true", "score_after_top_k: yes", 13, 22, "router.score_after_top_k",
+     "must be true or false, got 'yes'"),
+    ("routed_scaling: 2.5", "routed_scaling: 0", 14, 19, "router.routed_scaling",
+     "must be > 0, got 0"),
+    ("routed_scaling: 2.5", "routed_scaling: .nan", 14, 19, "router.routed_scaling",
+     "must be a finite number, got nan"),
+    # a missing key: at the mapping that lacks it
+    ("    keep: 2\n", "", 16, 5, "router.group_limit", "required key 'keep' is missing"),
+    ("keep: 2", "keep: 0", 17, 11, "router.group_limit.keep", "must be > 0, got 0"),
+    ("routing_bias: true", "routing_bias: 0.001", 18, 17, "router.routing_bias",
+     "must be true or false, got 0.001"),
+    ("z_loss: 0.001", "z_loss: .inf", 20, 11, "router.z_loss",
+     "must be a finite number, got inf"),
+    ("{factor: 1.25, drop: position}", "{factor: 0}", 21, 22, "router.capacity.factor",
+     "must be > 0, got 0"),
+    ("{factor: 1.25, drop: position}", "{factor: -1.5}", 21, 22, "router.capacity.factor",
+     "must be > 0, got -1.5"),
+    ("{factor: 1.25, drop: position}", "{factor: 2048}", 21, 22, "router.capacity.factor",
+     "must be <= 1024, got 2048"),
+    ("{factor: 1.25, drop: position}", "{drop: position}", 21, 13, "router.capacity",
+     "required key 'factor' is missing"),
+    ("drop: position", "drop: postion", 21, 34, "router.capacity.drop",
+     "must be 'probability' or 'position', got 'postion'; did you mean 'position'?"),
+    ("drop: position", "drop: random", 21, 34, "router.capacity.drop",
+     "must be 'probability' or 'position', got 'random'"),
+    ("capacity: {factor: 1.25, drop: position}", "capacity: 1.25", 21, 13, "router.capacity",
+     "must be a mapping, got 1.25"),
+    # other tools' flat key: not close enough to 'capacity' for a hint, so the keys are listed
+    ("capacity: {factor: 1.25, drop: position}", "capacity_factor: 1.25", 21, 3, "router",
+     "unknown key 'capacity_factor'; expected one of: top_k, score, score_after_top_k, "
+     "renormalize, routed_scaling, group_limit, routing_bias, load_balance_loss, z_loss, "
+     "capacity"),
+    ("routing_bias: true", "routing_bais: true", 18, 3, "router",
+     "unknown key 'routing_bais'; did you mean 'routing_bias'?"),
+    ("shared_ffn_dim: 96", "shared_ffn: 96", 9, 3, "layer",
+     "unknown key 'shared_ffn'; did you mean 'shared_ffn_dim'?"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "line", "col", "field", "message"),
+    FEATURE_ERRORS,
+    ids=[f"{field}-{new.split(':')[-1].strip()}" for _, new, _, _, field, _ in FEATURE_ERRORS],
+)
+def test_feature_schema_errors_are_located(old, new, line, col, field, message) -> None:
+    assert old in FEATURES
+    assert errors(FEATURES.replace(old, new)) == [(line, col, field, message)]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "line", "col", "field", "message"),
+    [
+        ("keep: 2", "keep: 2\n    top_k: 4", 18, 5, "router.group_limit",
+         "unknown key 'top_k'; expected one of: groups, keep"),
+        ("drop: position", "drop: position, policy: x", 21, 44, "router.capacity",
+         "unknown key 'policy'; expected one of: factor, drop"),
+        # 'drop' is already written: suggesting it would make a duplicate key
+        ("drop: position", "drop: position, dorp: x", 21, 44, "router.capacity",
+         "unknown key 'dorp'; expected one of: factor, drop"),
+        # the typo alone is a misspelt 'drop'
+        ("drop: position", "dorp: x", 21, 28, "router.capacity",
+         "unknown key 'dorp'; did you mean 'drop'?"),
+    ],
+)  # fmt: skip
+def test_unknown_key_in_an_optional_section_gets_a_hint(old, new, line, col, field, message):
+    found = errors(FEATURES.replace(old, new))
+    assert (line, col, field, message) in found, found
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "line", "col", "field", "got"),
+    [
+        ("routed_scaling: 2.5", "routed_scaling: true", 14, 19, "router.routed_scaling", "true"),
+        ("z_loss: 0.001", 'z_loss: "0.001"', 20, 11, "router.z_loss", "'0.001'"),
+        ("factor: 1.25", "factor: [1.25]", 21, 22, "router.capacity.factor", "a list"),
+    ],
+)
+def test_float_field_given_a_non_number_says_must_be_a_number(old, new, line, col, field, got):
+    assert errors(FEATURES.replace(old, new)) == [
+        (line, col, field, f"must be a number, got {got}")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "line", "col", "field"),
+    [
+        ("load_balance_loss: 1e-4", "load_balance_loss: -0.01", 19, 22, "router.load_balance_loss"),
+        ("z_loss: 0.001", "z_loss: -1", 20, 11, "router.z_loss"),
+    ],
+)
+def test_negative_loss_weight_says_must_be_at_least_0(old, new, line, col, field) -> None:
+    [(found_line, found_col, found_field, message)] = errors(FEATURES.replace(old, new))
+    assert (found_line, found_col, found_field) == (line, col, field)
+    assert message == f"must be >= 0, got {new.split(': ')[1]}"
 
 
 def test_utf8_bom_and_comments_are_accepted() -> None:
@@ -264,7 +448,7 @@ def test_spec_containers_are_immutable() -> None:
             "score: sigmoid",
             "score: 1",
             "router.score",
-            "must be 'softmax' or 'sigmoid', got 1",
+            "must be 'softmax', 'sigmoid' or 'sqrtsoftplus', got 1",
         ),
     ],
 )
@@ -397,7 +581,7 @@ def test_expert_is_a_mesh_axis() -> None:
 def test_collection_where_a_choice_is_expected_is_located(value: str) -> None:
     [(line, _, field, message)] = errors(VALID.replace("score: sigmoid", f"score: {value}"))
     assert (line, field) == (9, "router.score")
-    assert message.startswith("must be 'softmax' or 'sigmoid', got ")
+    assert message.startswith("must be 'softmax', 'sigmoid' or 'sqrtsoftplus', got ")
 
 
 # ---------------------------------------------------------------------------------------
@@ -412,7 +596,7 @@ layer:
   num_experts: "8"
   embed_dim: 0
   ffn_dim: 2147483648
-  activation: gelu
+  activation: gelu_tanh
   hidden: 3
 router:
   renormalize: 1
@@ -431,9 +615,9 @@ targte:
         (4, 16, "layer.num_experts", "must be an integer, got '8'"),
         (5, 14, "layer.embed_dim", "must be > 0, got 0"),
         (6, 12, "layer.ffn_dim", "must be <= 2147483647, got 2147483648"),
-        (7, 15, "layer.activation", "must be 'swiglu', got 'gelu'"),
+        (7, 15, "layer.activation", "must be 'swiglu', 'geglu', 'gelu' or 'relu', got 'gelu_tanh'"),
         (8, 3, "layer", ("unknown key 'hidden'; expected one of: num_experts, embed_dim, "
-         "ffn_dim, activation")),
+         "ffn_dim, activation, ffn_bias, shared_ffn_dim")),
         (10, 3, "router", "required key 'top_k' is missing"),
         (10, 16, "router.renormalize", "must be true or false, got 1"),
         (11, 9, "shapes", "must be a mapping, got a list"),

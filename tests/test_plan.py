@@ -574,3 +574,446 @@ def test_plan_text_says_padded_only_when_rows_are_padded(experts: str) -> None:
     assert plan.row_alignment > 1 and not plan.pads_rows
     assert plan.padded_rows == plan.experts.ffn_rows
     assert "padded to" not in _tokens_line(plan)
+
+
+# ---------------------------------------------------------------------------------------
+# Router and expert features: capacity, the parameter set, FLOPs and bytes, by hand
+
+
+def feature_plan(
+    *,
+    experts: int = 8,
+    embed: int = 64,
+    ffn: int = 32,
+    top_k: int = 2,
+    batch: int = 16,
+    seq: int = 64,
+    axes: dict[str, int] | None = None,
+    layer: dict | None = None,
+    router: dict | None = None,
+    parallelism: dict | None = None,
+    compute: str = "float32",
+) -> Plan:
+    """The plan of a spec written as JSON (a YAML flow mapping), float32 parameters."""
+    data = {
+        "version": 1,
+        "layer": {"num_experts": experts, "embed_dim": embed, "ffn_dim": ffn, **(layer or {})},
+        "router": {"top_k": top_k, **(router or {})},
+        "shapes": {"batch": batch, "seq_len": seq},
+        "dtypes": {"params": "float32", "compute": compute},
+        "mesh": {"axes": axes or {"data": 2}},
+    }
+    if parallelism:
+        data["parallelism"] = parallelism
+    raw = json.dumps(data).encode()
+    return make_plan(validate(load_spec_bytes(raw, "specs/plan_case.yaml", "plan_case")))
+
+
+def capacity(factor: float, drop: str = "probability") -> dict:
+    """Router settings for a capacity, with the load-balancing loss validation asks for."""
+    return {"load_balance_loss": 0.01, "capacity": {"factor": factor, "drop": drop}}
+
+
+A2A = {"experts": "ragged_all_to_all"}
+RING = {"experts": "ring_of_experts"}
+
+
+def test_dropless_plan_has_no_capacity() -> None:
+    plan = feature_plan()
+    assert (plan.capacity, plan.drop_policy, plan.experts.capacity) == (None, None, None)
+    # data=2: 8 of 16 sequences of 64 tokens per device, top-2
+    assert (plan.local_tokens, plan.routed_rows, plan.experts.ffn_rows) == (512, 1024, 1024)
+    assert "(x top_2, dropless)" in _tokens_line(plan)
+
+
+@pytest.mark.parametrize(
+    ("factor", "expected_capacity", "expected_rows"),
+    [
+        # 512 tokens x top-2 = 1024 copies over 8 experts: 128 copies an expert on average
+        (1.25, 160, 1024),  # 8 * 160 = 1280 slots > 1024 copies: nothing to cut
+        (1.0, 128, 1024),  # exactly as many slots as copies
+        (0.5, 64, 512),  # 8 * 64
+        (0.3, 39, 312),  # ceil(38.4) = 39; 8 * 39
+        (0.001, 1, 8),  # ceil(0.128): at least one copy an expert
+    ],
+)
+def test_capacity_replicated(factor: float, expected_capacity: int, expected_rows: int) -> None:
+    plan = feature_plan(router=capacity(factor, "position"))
+    assert plan.capacity == plan.experts.capacity == expected_capacity
+    assert plan.drop_policy == "position"
+    assert plan.experts.ffn_rows == plan.padded_rows == expected_rows
+    # routed_rows counts every chosen copy, before dropping; so do the FLOPs (an upper bound)
+    assert plan.routed_rows == 1024
+    assert plan.cost.expert_flops == 6 * 1024 * 64 * 32
+    assert (
+        f"(x top_2, at most {expected_capacity} per expert kept, drop by position)"
+        in _tokens_line(plan)
+    )
+    assert f"capacity factor {factor:g} (drop by position)" in plan.summary
+
+
+def test_capacity_drop_policy_defaults_to_probability() -> None:
+    plan = feature_plan(router={"load_balance_loss": 0.01, "capacity": {"factor": 2}})
+    assert (plan.capacity, plan.drop_policy) == (256, "probability")  # ceil(2 * 1024 / 8)
+
+
+@pytest.mark.parametrize(
+    ("factor", "expected_capacity", "expected_rows"),
+    [
+        # data 2 x expert 4: 128 tokens a device, 256 copies over 8 experts: C = ceil(32 f).
+        # Dropless bound: 4 devices' 512 tokens, each sending min(top 2, 2 local experts) = 2
+        # copies to this device: 1024 rows. With C: 4 source devices x 2 experts x C.
+        (1.0, 32, 256),
+        (0.3, 10, 80),  # ceil(9.6) = 10
+        (4.0, 128, 1024),  # 4 * 2 * 128 = 1024: both bounds meet
+        (5.0, 160, 1024),  # 1280 > 1024: the dropless bound holds
+    ],
+)
+def test_capacity_ragged_all_to_all(
+    factor: float, expected_capacity: int, expected_rows: int
+) -> None:
+    plan = feature_plan(axes={"data": 2, "expert": 4}, router=capacity(factor), parallelism=A2A)
+    e = plan.experts
+    assert (plan.local_tokens, e.local_experts, e.group_tokens) == (128, 2, 512)
+    assert e.capacity == expected_capacity
+    assert (e.ffn_rows, e.receive_rows, e.ffn_calls) == (expected_rows, expected_rows, 1)
+    assert plan.padded_rows == expected_rows
+
+
+@pytest.mark.parametrize(
+    ("factor", "expected_capacity", "expected_rows"),
+    [
+        # expert 4 alone: 256 tokens a device, top-4 of 16 experts: 1024 copies, C = ceil(64 f).
+        # Dropless: 4 x 256 tokens x min(4, 4 local experts) = 4096 rows; with C, 4 x 4 x C.
+        (1.0, 64, 1024),
+        (2.0, 128, 2048),
+        (0.1, 7, 112),  # ceil(6.4) = 7
+        (20.0, 1280, 4096),
+    ],
+)
+def test_capacity_ring_of_experts(factor: float, expected_capacity: int, expected_rows: int):
+    plan = feature_plan(
+        experts=16, top_k=4, axes={"expert": 4}, router=capacity(factor), parallelism=RING
+    )
+    e = plan.experts
+    assert (plan.local_tokens, e.local_experts, e.group_tokens) == (256, 4, 1024)
+    assert (e.capacity, e.ffn_rows, e.ffn_calls, e.receive_rows) == (
+        expected_capacity,
+        expected_rows,
+        1,
+        0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("experts", "top_k", "factor", "expected_capacity", "expected_rows"),
+    [
+        # expert 4, 2 chunks: each ring step runs one device's 256 tokens. 16 experts, top 4:
+        # 4 local, 256 x 4 = 1024 rows dropless; C = ceil(64 f), 4 local experts x C
+        (16, 4, 1.0, 64, 256),
+        (16, 4, 0.1, 7, 28),
+        (16, 4, 8.0, 512, 1024),  # 4 x 512 = 2048 > 1024
+        # 8 experts, top 4: 2 local, so a token sends at most 2 copies: 512 rows;
+        # C = ceil(f * 1024 / 8) = ceil(128 f), 2 x C
+        (8, 4, 1.0, 128, 256),
+        (8, 4, 3.0, 384, 512),
+    ],
+)
+def test_capacity_chunked_ring_of_experts(
+    experts: int, top_k: int, factor: float, expected_capacity: int, expected_rows: int
+) -> None:
+    plan = feature_plan(
+        experts=experts,
+        top_k=top_k,
+        axes={"expert": 4},
+        router=capacity(factor),
+        parallelism={**RING, "overlap_chunks": 2},
+    )
+    e = plan.experts
+    assert plan.local_tokens == 256
+    assert (e.capacity, e.ffn_rows, e.ffn_calls) == (expected_capacity, expected_rows, 4)
+
+
+def test_capacity_is_exact_for_decimal_factors() -> None:
+    # data 2: 8 sequences of 375 tokens = 3000 tokens a device, top-2: 6000 copies
+    plan = feature_plan(seq=375, router=capacity(1.1))
+    assert plan.local_tokens == 3000
+    assert plan.capacity == 825  # 1.1 * 6000 / 8 = 11 * 600 / 8 = 825 exactly
+
+
+# name: (shape, local shape, partition, gathered dim, use dtype, init std)
+ParamRow = tuple[tuple[int, ...], tuple[int, ...], tuple, int | None, str, float]
+
+
+def _params(plan: Plan) -> dict[str, ParamRow]:
+    return {
+        p.name: (p.shape, p.local_shape, p.partition, p.gather_axis, p.use_dtype, p.init_scale)
+        for p in plan.params
+    }
+
+
+def test_params_non_gated_biased_shared_routing_bias_on_fsdp_and_expert() -> None:
+    """gelu (no gate), biases, a shared expert of width 96 and a routing bias, with fsdp 2
+    and expert 2: expert weights and biases are split along experts (dim 0); every embed
+    dim (the router's, b_down's, the shared expert's) along fsdp; routing_bias, b_up (no
+    embed dim) are split by neither fsdp nor, for routing_bias, expert."""
+    plan = feature_plan(
+        axes={"fsdp": 2, "expert": 2},
+        layer={"activation": "gelu", "ffn_bias": True, "shared_ffn_dim": 96},
+        router={"score": "sigmoid", "routing_bias": True},
+        parallelism=A2A,
+        compute="bfloat16",
+    )
+    bf16, f32 = "bfloat16", "float32"
+    assert _params(plan) == {
+        "router": ((64, 8), (32, 8), ("fsdp", None), 0, f32, 1 / 8),
+        "routing_bias": ((8,), (8,), (None,), None, f32, 0.0),
+        "w_up": ((8, 64, 32), (4, 32, 32), ("expert", "fsdp", None), 1, bf16, 1 / 8),
+        "w_down": ((8, 32, 64), (4, 32, 32), ("expert", None, "fsdp"), 2, bf16, 1 / math.sqrt(32)),
+        "b_up": ((8, 32), (4, 32), ("expert", None), None, bf16, 0.0),
+        "b_down": ((8, 64), (4, 32), ("expert", "fsdp"), 1, bf16, 0.0),
+        "shared_up": ((64, 96), (32, 96), ("fsdp", None), 0, bf16, 1 / 8),
+        "shared_down": ((96, 64), (96, 32), (None, "fsdp"), 1, bf16, 1 / math.sqrt(96)),
+    }
+    names = {p.name: p.shape_names for p in plan.params}
+    assert names["routing_bias"] == ("NUM_EXPERTS",)
+    assert names["b_up"] == ("NUM_EXPERTS", "FFN_DIM")
+    assert names["b_down"] == ("NUM_EXPERTS", "EMBED_DIM")
+    assert names["shared_up"] == ("EMBED_DIM", "SHARED_FFN_DIM")
+    assert names["shared_down"] == ("SHARED_FFN_DIM", "EMBED_DIM")
+    assert (plan.activation, plan.gated, plan.ffn_bias, plan.shared_ffn_dim) == (
+        "gelu",
+        False,
+        True,
+        96,
+    )
+    assert plan.routing_bias is True
+    text = format_plan(plan)
+    for p in plan.params:
+        spec = "P(" + ", ".join(repr(e) for e in p.partition) + ")"
+        assert f"{p.name} " in text
+        assert f"spec {spec} -> per device {list(p.local_shape)}" in text
+
+
+def test_params_gated_biased_shared_on_data_and_fsdp() -> None:
+    """swiglu with biases and a shared expert, experts replicated: gate beside up, in the
+    routed and in the shared expert; nothing is split along experts."""
+    plan = feature_plan(
+        axes={"data": 2, "fsdp": 2},
+        layer={"activation": "swiglu", "ffn_bias": True, "shared_ffn_dim": 96},
+    )
+    f32 = "float32"
+    expert_in = ((8, 64, 32), (8, 32, 32), (None, "fsdp", None), 1, f32, 1 / 8)
+    ffn_bias = ((8, 32), (8, 32), (None, None), None, f32, 0.0)
+    shared_in = ((64, 96), (32, 96), ("fsdp", None), 0, f32, 1 / 8)
+    assert _params(plan) == {
+        "router": ((64, 8), (32, 8), ("fsdp", None), 0, f32, 1 / 8),
+        "w_gate": expert_in,
+        "w_up": expert_in,
+        "w_down": ((8, 32, 64), (8, 32, 32), (None, None, "fsdp"), 2, f32, 1 / math.sqrt(32)),
+        "b_gate": ffn_bias,
+        "b_up": ffn_bias,
+        "b_down": ((8, 64), (8, 32), (None, "fsdp"), 1, f32, 0.0),
+        "shared_gate": shared_in,
+        "shared_up": shared_in,
+        "shared_down": ((96, 64), (96, 32), (None, "fsdp"), 1, f32, 1 / math.sqrt(96)),
+    }
+    assert plan.gated is True
+
+
+@pytest.mark.parametrize(
+    ("activation", "names"),
+    [
+        ("swiglu", ["router", "w_gate", "w_up", "w_down"]),
+        ("geglu", ["router", "w_gate", "w_up", "w_down"]),
+        ("gelu", ["router", "w_up", "w_down"]),
+        ("relu", ["router", "w_up", "w_down"]),
+    ],
+)
+def test_only_gated_activations_have_a_gate(activation: str, names: list[str]) -> None:
+    plan = feature_plan(layer={"activation": activation})
+    assert [p.name for p in plan.params] == names
+    assert plan.gated is (activation in ("swiglu", "geglu"))
+    assert plan.summary.startswith(f"MoE layer: 8 {activation} experts ")
+
+
+def test_params_relu_on_the_expert_axis_alone() -> None:
+    """No fsdp: nothing is gathered; the expert axis splits only the routed experts."""
+    plan = feature_plan(
+        axes={"expert": 4},
+        layer={"activation": "relu", "ffn_bias": True, "shared_ffn_dim": 48},
+        parallelism=RING,
+    )
+    f32 = "float32"
+    assert _params(plan) == {
+        "router": ((64, 8), (64, 8), (None, None), None, f32, 1 / 8),
+        "w_up": ((8, 64, 32), (2, 64, 32), ("expert", None, None), None, f32, 1 / 8),
+        "w_down": ((8, 32, 64), (2, 32, 64), ("expert", None, None), None, f32, 1 / math.sqrt(32)),
+        "b_up": ((8, 32), (2, 32), ("expert", None), None, f32, 0.0),
+        "b_down": ((8, 64), (2, 64), ("expert", None), None, f32, 0.0),
+        "shared_up": ((64, 48), (64, 48), (None, None), None, f32, 1 / 8),
+        "shared_down": ((48, 64), (48, 64), (None, None), None, f32, 1 / math.sqrt(48)),
+    }
+
+
+def test_costs_non_gated_with_shared_expert_by_hand() -> None:
+    """gelu experts (up, down), a shared expert of width 96, fsdp 2 x expert 2, bfloat16
+    compute, float32 storage: 4 sequences of 64 = 256 tokens a device, 512 routed copies."""
+    plan = feature_plan(
+        axes={"fsdp": 2, "expert": 2},
+        layer={"activation": "gelu", "ffn_bias": True, "shared_ffn_dim": 96},
+        router={"score": "sigmoid", "routing_bias": True},
+        parallelism=A2A,
+        compute="bfloat16",
+    )
+    c = plan.cost
+    assert (plan.local_tokens, plan.routed_rows) == (256, 512)
+    assert c.router_flops == 262_144  # 2 * 256 * 64 * 8
+    assert c.expert_flops == 4_194_304  # 2 matmuls x 2 * 512 * 64 * 32
+    assert c.shared_expert_flops == 6_291_456  # 2 matmuls x 2 * 256 * 64 * 96
+    assert c.forward_flops == 10_747_904
+    assert c.train_flops == 32_243_712
+    # a row and its output [64] each, up and hidden [32] each, 2 bytes: 384
+    assert c.routed_row_bytes == 384
+    assert c.routed_buffer_bytes == 512 * 384
+    assert c.shared_activation_bytes == 98_304  # 256 tokens x (up, hidden) x 96 x 2 bytes
+    # local elements: router 256, routing_bias 8, w_up 4096, w_down 4096, b_up 128,
+    # b_down 128, shared_up 3072, shared_down 3072 = 14856, float32
+    assert c.param_bytes == 59_424
+    # in use: router 2 * 256 * 4, routing_bias 8 * 4, w_up and w_down 2 * 4096 * 2 each,
+    # b_up 128 * 2, b_down 2 * 128 * 2, shared_up and shared_down 2 * 3072 * 2 each
+    assert c.gathered_weight_bytes == 60_192
+    assert c.activation_bytes == 65_536  # input and output, 256 x 64 x 2 bytes
+    assert "shared expert 6.291e+06, " in format_plan(plan)
+
+
+def test_costs_gated_with_shared_expert_by_hand() -> None:
+    """The same layer with swiglu: a third matmul, in the routed and the shared expert."""
+    plan = feature_plan(
+        axes={"fsdp": 2, "expert": 2},
+        layer={"activation": "swiglu", "shared_ffn_dim": 96},
+        parallelism=A2A,
+        compute="bfloat16",
+    )
+    c = plan.cost
+    assert c.expert_flops == 6_291_456  # 3 x 2 * 512 * 64 * 32
+    assert c.shared_expert_flops == 9_437_184  # 3 x 2 * 256 * 64 * 96
+    assert c.forward_flops == 262_144 + 6_291_456 + 9_437_184
+    assert c.routed_row_bytes == 448  # (2 * 64 + 3 * 32) * 2
+    assert c.shared_activation_bytes == 147_456  # 256 x (gate, up, hidden) x 96 x 2
+
+
+def test_costs_without_shared_expert_have_none() -> None:
+    plan = feature_plan(layer={"activation": "relu"})
+    c = plan.cost
+    assert (c.shared_expert_flops, c.shared_activation_bytes) == (0, 0)
+    assert c.expert_flops == 4 * 1024 * 64 * 32  # up and down only
+    assert c.forward_flops == c.router_flops + c.expert_flops
+    assert "shared expert" not in format_plan(plan)
+    assert len(plan.memory.ledger) == 8
+
+
+def test_memory_ledger_with_shared_expert_by_hand() -> None:
+    plan = feature_plan(
+        axes={"fsdp": 2, "expert": 2},
+        layer={"activation": "gelu", "ffn_bias": True, "shared_ffn_dim": 96},
+        router={"score": "sigmoid", "routing_bias": True},
+        parallelism=A2A,
+        compute="bfloat16",
+    )
+    # ragged_all_to_all: 2 devices' 512 tokens x min(top 2, 4 local experts) = 1024 rows
+    assert plan.padded_rows == 1024
+    routed = 1024 * 384
+    activations = 256 * 64 * 2
+    router = 256 * 8 * 4 * 3
+    assert dict(plan.memory.ledger) == {
+        "parameters (stored shards)": 59_424,
+        "parameter gradients (stored shards)": 59_424,
+        "gathered expert weights, kept for the backward pass": 60_192,
+        "gradients of the gathered weights, before the reduce-scatter": 60_192,
+        "routed activations (dispatched rows, gate, up, hidden, expert out)": routed,
+        "gradients of the routed activations": routed,
+        "layer input, output and input gradient": 3 * activations,
+        "router logits, scores and their gradients": router,
+        "shared expert activations and their gradients": 2 * 98_304,
+    }
+    assert plan.memory.forward_peak == 684_864
+    assert plan.memory.train_peak == 1_345_152
+
+
+def test_gather_traffic_counts_only_gathered_parameters() -> None:
+    plan = feature_plan(
+        axes={"fsdp": 2, "expert": 2},
+        layer={"activation": "gelu", "ffn_bias": True, "shared_ffn_dim": 96},
+        router={"score": "sigmoid", "routing_bias": True},
+        parallelism=A2A,
+        compute="bfloat16",
+    )
+    # the other fsdp shard of: router 256 x 4 B, w_up and w_down 4096 x 2 B each,
+    # b_down 128 x 2 B, shared_up and shared_down 3072 x 2 B each
+    assert plan.cost.gather_bytes_received == 29_952
+
+
+def test_plan_text_under_a_capacity_does_not_say_dropless() -> None:
+    # data 2 x expert 4, factor 1: C = 32, rows 4 x 2 x 32 = 256 (dropless bound 1024)
+    plan = feature_plan(axes={"data": 2, "expert": 4}, router=capacity(1.0), parallelism=A2A)
+    assert plan.experts.ffn_rows == 256
+    text = format_plan(plan)
+    [rows_line] = [line for line in text.splitlines() if "expert FFN rows" in line]
+    [receive_line] = [line for line in text.splitlines() if "receive buffer" in line]
+    assert "dropless" not in rows_line, rows_line
+    assert "every token of the expert group" not in receive_line, receive_line
+
+
+def test_router_settings_reach_the_plan() -> None:
+    """DeepSeek-V3's router on 64 experts: 8 groups of 8, the best 4 kept, each ranked by
+    the sum of its top 8 / 4 = 2 scores."""
+    plan = feature_plan(
+        experts=64,
+        top_k=8,
+        layer={"shared_ffn_dim": 64},
+        router={
+            "score": "sigmoid",
+            "renormalize": True,
+            "routed_scaling": 2.5,
+            "group_limit": {"groups": 8, "keep": 4},
+            "routing_bias": True,
+            "z_loss": 0.001,
+        },
+    )
+    assert (plan.expert_groups, plan.kept_groups) == (8, 4)
+    assert (plan.group_top_k, plan.experts_per_group) == (2, 8)
+    assert (plan.routed_scaling, plan.routing_bias) == (2.5, True)
+    assert (plan.load_balance_weight, plan.z_loss_weight) == (0.0, 0.001)
+    assert plan.score_after_top_k is False
+    assert plan.global_tokens == 16 * 64
+    assert plan.summary.startswith(
+        "MoE layer: 64 swiglu experts (embed 64, ffn 32, shared expert ffn 64), top-8 sigmoid "
+        "routing in 4 of 8 groups, renormalised, scaled by 2.5, balancing bias, z-loss 0.001, "
+        "replicated experts, on a data 2 mesh"
+    )
+
+
+def test_router_defaults_in_the_plan() -> None:
+    plan = feature_plan()
+    assert (plan.expert_groups, plan.kept_groups, plan.group_top_k, plan.experts_per_group) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    assert (plan.routed_scaling, plan.routing_bias, plan.score_after_top_k) == (1.0, False, False)
+    assert (plan.load_balance_weight, plan.z_loss_weight) == (0.0, 0.0)
+    assert (plan.ffn_bias, plan.shared_ffn_dim, plan.gated) == (False, None, True)
+
+
+@pytest.mark.parametrize(
+    ("activation", "check_vma"),
+    [("swiglu", True), ("relu", True), ("gelu", False), ("geglu", False)],
+)
+def test_erf_activations_turn_the_varying_axes_check_off(activation: str, check_vma: bool):
+    plan = feature_plan(layer={"activation": activation})
+    assert plan.check_vma is check_vma
+    assert plan.vma_unchecked_reason == (
+        "" if check_vma else "XLA's erf polynomial carries no varying-axes types"
+    )

@@ -34,13 +34,18 @@ def spec_yaml(
     gate_up: str | None = None,
     down: str | None = None,
     compute: str = "bfloat16",
+    router: tuple[str, ...] = (),
 ) -> str:
     """A schema-valid spec with every value on a fixed line (see the column comments).
 
     `gate_up` / `down` are YAML flow lists such as "[512, 1024, 1024]"; target.tiles is
     written (line 21) when either is given. `strategy` sets parallelism.experts without
     moving a line: the parallelism section becomes a flow mapping over lines 15-16, with
-    the strategy at line 15, column 24, and overlap_chunks still at line 16, column 19."""
+    the strategy at line 15, column 24, and overlap_chunks still at line 16, column 19.
+
+    `router` adds lines to the router section, each indented by 2 (so a key is at column 3)
+    and written from line 9 on: a spec that uses them has every line from 9 on moved down
+    by their number; lines 1-8 stay where they are."""
     tiles = gate_up is not None or down is not None
     lines = [
         "version: 1",  # 1
@@ -51,6 +56,7 @@ def spec_yaml(
         "router:",  # 6
         f"  top_k: {top_k}",  # 7, column 10
         f"  renormalize: {'true' if renormalize else 'false'}",  # 8, column 16
+        *(f"  {line}" for line in router),  # 9 on
         "shapes:",  # 9
         f"  batch: {batch}",  # 10, column 10
         f"  seq_len: {seq}",  # 11, column 12
@@ -93,6 +99,32 @@ PALLAS_V5E = {"hardware": "tpu-v5e", "topology": "2x2", "kernel": "pallas"}
 PALLAS_V6E = {"hardware": "tpu-v6e", "topology": "2x2", "kernel": "pallas"}
 # Experts sharded over a 4-device expert axis, chunked overlap possible.
 RING = {"axes": "{expert: 4}", "strategy": "ring_of_experts"}
+
+
+def group_limit(groups: int, keep: int) -> tuple[str, ...]:
+    """Router lines for group-limited routing, written first: group_limit at line 9, the
+    value of groups at line 10, column 13, and of keep at line 11, column 11."""
+    return ("group_limit:", f"  groups: {groups}", f"  keep: {keep}")
+
+
+# DeepSeek-V3's router: 256 experts in 8 groups, the best 4 kept, top-8 sigmoid scores with
+# the aux-loss-free bias, renormalised and scaled by 2.5.
+DEEPSEEK_V3 = {
+    "experts": 256,
+    "top_k": 8,
+    "renormalize": True,
+    "router": (*group_limit(8, 4), "score: sigmoid", "routing_bias: true", "routed_scaling: 2.5"),
+}
+ROUTING_BIAS_ON_SOFTMAX = (
+    "a routing bias balances sigmoid-type scores; with score: softmax the experts compete "
+    "inside one softmax and the bias has no defined effect; set score: sigmoid (or "
+    "sqrtsoftplus), or routing_bias: false"
+)
+NOTHING_BALANCES = (
+    "a capacity drops what unbalanced routing sends past it, and nothing here balances the "
+    "routing; set router.load_balance_loss (e.g. 0.01) or router.routing_bias: true "
+    "(sigmoid-type scores), or remove capacity (dropless)"
+)
 
 # rule name -> [(spec overrides, expected diagnostics: (line, column, field, message))].
 # Each rule has at least one passing case (expected []) and one failing case.
@@ -813,6 +845,258 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
             ],
         ),
     ],
+    "routing_bias_needs_sigmoid_scores": [
+        ({}, []),
+        ({"router": ("score: sigmoid", "routing_bias: true")}, []),
+        ({"router": ("score: sqrtsoftplus", "routing_bias: true")}, []),
+        ({"router": ("score: softmax", "routing_bias: false")}, []),
+        (DEEPSEEK_V3, []),
+        # softmax by default: the bias is refused where it is written
+        (
+            {"router": ("routing_bias: true",)},
+            [(9, 17, "router.routing_bias", ROUTING_BIAS_ON_SOFTMAX)],
+        ),
+        (
+            {"router": ("score: softmax", "routing_bias: true")},
+            [(10, 17, "router.routing_bias", ROUTING_BIAS_ON_SOFTMAX)],
+        ),
+    ],
+    "score_after_top_k_is_meaningful": [
+        ({}, []),
+        ({"router": ("score_after_top_k: true",)}, []),  # Mixtral: top-2 softmax over 2 logits
+        # gpt-oss: 128 experts, softmax over the top-4 logits
+        ({"experts": 128, "top_k": 4, "router": ("score: softmax", "score_after_top_k: true")}, []),
+        ({"router": ("score: sigmoid", "score_after_top_k: false")}, []),
+        (
+            {"router": ("score: sigmoid", "score_after_top_k: true")},
+            [
+                (
+                    10,
+                    22,
+                    "router.score_after_top_k",
+                    "sigmoid scores each expert on its own, so applying it after top-k gives the "
+                    "same weights; remove score_after_top_k",
+                )
+            ],
+        ),
+        # the score is the whole story: renormalize (fine with sigmoid) is not looked at
+        (
+            {"renormalize": True, "router": ("score: sqrtsoftplus", "score_after_top_k: true")},
+            [
+                (
+                    10,
+                    22,
+                    "router.score_after_top_k",
+                    "sqrtsoftplus scores each expert on its own, so applying it after top-k "
+                    "gives the same weights; remove score_after_top_k",
+                )
+            ],
+        ),
+        (
+            {"top_k": 1, "router": ("score_after_top_k: true",)},
+            [
+                (
+                    9,
+                    22,
+                    "router.score_after_top_k",
+                    "a softmax over one chosen logit is always 1.0: the router would get zero "
+                    "gradient; set score_after_top_k: false (softmax over all experts)",
+                )
+            ],
+        ),
+        (
+            {"renormalize": True, "router": ("score_after_top_k: true",)},
+            [
+                (
+                    8,
+                    16,
+                    "router.renormalize",
+                    "the softmax over the chosen logits already sums to 1; set renormalize: false",
+                )
+            ],
+        ),
+        (
+            {"router": (*group_limit(4, 2), "score_after_top_k: true")},
+            [
+                (
+                    9,
+                    3,
+                    "router.group_limit",
+                    "group-limited routing ranks groups by scores over all experts, which "
+                    "score_after_top_k does not compute; use score_after_top_k: false with it",
+                )
+            ],
+        ),
+        # both problems of a softmax written with what score_after_top_k already does
+        (
+            {"renormalize": True, "router": (*group_limit(4, 2), "score_after_top_k: true")},
+            [
+                (
+                    8,
+                    16,
+                    "router.renormalize",
+                    "the softmax over the chosen logits already sums to 1; set renormalize: false",
+                ),
+                (
+                    9,
+                    3,
+                    "router.group_limit",
+                    "group-limited routing ranks groups by scores over all experts, which "
+                    "score_after_top_k does not compute; use score_after_top_k: false with it",
+                ),
+            ],
+        ),
+    ],
+    "group_limit_can_pick_top_k": [
+        ({}, []),
+        (DEEPSEEK_V3, []),
+        # DeepSeek-V2: 160 experts in 8 groups of 20, the best 3 kept, top 6
+        ({"experts": 160, "top_k": 6, "router": group_limit(8, 3)}, []),
+        # boundary: each kept group supplies all its experts (16 in 8 groups of 2, 2 of 4 kept)
+        ({"experts": 16, "top_k": 4, "router": group_limit(8, 2)}, []),
+        ({"experts": 32, "top_k": 8, "router": group_limit(4, 1)}, []),  # 8 of one group of 8
+        ({"experts": 8, "top_k": 2, "router": group_limit(8, 2)}, []),  # groups of one expert
+        (
+            dict(DEEPSEEK_V3, router=(*group_limit(7, 4), "score: sigmoid")),
+            [
+                (
+                    10,
+                    13,
+                    "router.group_limit.groups",
+                    "256 experts do not split into 7 equal groups; "
+                    "valid: 2, 4, 8, 16, 32, 64, 128, 256",
+                )
+            ],
+        ),
+        # more groups than experts; and when groups are wrong, keep is not judged
+        (
+            {"experts": 8, "top_k": 2, "router": group_limit(16, 16)},
+            [
+                (
+                    10,
+                    13,
+                    "router.group_limit.groups",
+                    "8 experts do not split into 16 equal groups; valid: 2, 4, 8",
+                )
+            ],
+        ),
+        (
+            {"experts": 1, "top_k": 1, "router": group_limit(2, 1)},
+            [
+                (
+                    10,
+                    13,
+                    "router.group_limit.groups",
+                    "1 experts do not split into 2 equal groups; valid: none (one expert)",
+                )
+            ],
+        ),
+        (
+            dict(DEEPSEEK_V3, router=(*group_limit(8, 3), "score: sigmoid")),
+            [
+                (
+                    11,
+                    11,
+                    "router.group_limit.keep",
+                    "top_k = 8 is not a multiple of keep = 3 (a group's score is the sum of its "
+                    "top top_k / keep scores); valid keep: 1, 2, 4; or remove group_limit",
+                )
+            ],
+        ),
+        (
+            dict(DEEPSEEK_V3, router=(*group_limit(8, 8), "score: sigmoid")),
+            [
+                (
+                    11,
+                    11,
+                    "router.group_limit.keep",
+                    "keeping 8 of 8 groups limits nothing; valid keep: 1, 2, 4; "
+                    "or remove group_limit",
+                )
+            ],
+        ),
+        (
+            {"experts": 8, "top_k": 2, "router": group_limit(2, 3)},
+            [
+                (
+                    11,
+                    11,
+                    "router.group_limit.keep",
+                    "keeping 3 of 2 groups limits nothing; valid keep: 1; or remove group_limit",
+                )
+            ],
+        ),
+        # 16 experts in 8 groups of 2: top 8 from 2 kept groups needs 4 from each
+        (
+            {"experts": 16, "top_k": 8, "router": group_limit(8, 2)},
+            [
+                (
+                    11,
+                    11,
+                    "router.group_limit.keep",
+                    "each kept group must supply top_k / keep = 4 experts but holds 2; "
+                    "valid keep: 4; or remove group_limit",
+                )
+            ],
+        ),
+        (
+            {"experts": 32, "top_k": 8, "router": group_limit(8, 1)},
+            [
+                (
+                    11,
+                    11,
+                    "router.group_limit.keep",
+                    "each kept group must supply top_k / keep = 8 experts but holds 4; "
+                    "valid keep: 2, 4; or remove group_limit",
+                )
+            ],
+        ),
+        # 16 experts in 4 groups of 4, top 10: keep 1 or 2 would need 10 or 5 from a group of 4
+        (
+            {"experts": 16, "top_k": 10, "router": group_limit(4, 2)},
+            [
+                (
+                    11,
+                    11,
+                    "router.group_limit.keep",
+                    "each kept group must supply top_k / keep = 5 experts but holds 4; "
+                    "no keep works for top_k = 10 with 4 groups of 4; groups that work: 8, 16; "
+                    "or remove group_limit",
+                )
+            ],
+        ),
+    ],
+    "capacity_has_a_balancer": [
+        ({}, []),  # dropless
+        ({"router": ("load_balance_loss: 0.01", "capacity: {factor: 1.25}")}, []),
+        (
+            {
+                "router": (
+                    "score: sigmoid",
+                    "routing_bias: true",
+                    "capacity: {factor: 1.0, drop: position}",
+                )
+            },
+            [],
+        ),
+        ({"router": ("load_balance_loss: 0.0",)}, []),  # no capacity, no balancer: dropless
+        (
+            {"router": ("capacity: {factor: 1.25}",)},
+            [(9, 3, "router.capacity", NOTHING_BALANCES)],
+        ),
+        # written out as off, and a z-loss (which only keeps logits small) does not balance
+        (
+            {
+                "router": (
+                    "capacity: {factor: 2.0, drop: position}",
+                    "load_balance_loss: 0",
+                    "routing_bias: false",
+                    "z_loss: 0.001",
+                )
+            },
+            [(9, 3, "router.capacity", NOTHING_BALANCES)],
+        ),
+    ],
     "mesh_fits_cpu_target": [
         ({"batch": 256, "axes": f"{{data: {MAX_CPU_DEVICES}}}"}, []),
         ({"batch": 256, "axes": "{data: 16, fsdp: 16}"}, []),
@@ -1045,3 +1329,139 @@ def test_overlap_chunks_with_no_valid_count_offers_one(
     [message] = [d.message for d in check_rules(loaded)]
     assert "none" not in message
     assert re.search(r"\b1\b", message), message
+
+
+def _keep_message(experts: int, top_k: int, groups: int, keep: int) -> str:
+    loaded = loaded_spec(experts=experts, top_k=top_k, router=group_limit(groups, keep))
+    [diagnostic] = check_rules(loaded)
+    assert diagnostic.field == "router.group_limit.keep", diagnostic
+    return diagnostic.message
+
+
+def _listed_keeps(message: str) -> list[int]:
+    """The values of "...; valid keep: a, b; or remove group_limit"."""
+    match = re.search(r"; valid keep: (\d+(?:, \d+)*); or remove group_limit$", message)
+    assert match, message
+    return [int(value) for value in match.group(1).split(", ")]
+
+
+def _assert_listed_keeps_are_exactly_the_passing_ones(
+    experts: int, top_k: int, groups: int, message: str
+) -> None:
+    listed = _listed_keeps(message)
+    for value in range(1, groups + 2):
+        again = loaded_spec(experts=experts, top_k=top_k, router=group_limit(groups, value))
+        if value in listed:  # every keep the message calls valid passes every rule
+            assert check_rules(again) == [], (value, message)
+        else:  # and it leaves none out
+            assert check_rules(again) != [], (value, message)
+
+
+@pytest.mark.parametrize(
+    ("experts", "top_k", "groups", "keep"),
+    [
+        pytest.param(256, 8, 8, 3, id="deepseek-v3-keep-3"),
+        pytest.param(160, 6, 8, 4, id="deepseek-v2-keep-4"),
+        # 16 experts in 8 groups of 2: keep 1 or 2 would need 6 or 3 experts from a group of 2
+        pytest.param(16, 6, 8, 4, id="small-groups"),
+        pytest.param(256, 8, 8, 8, id="keeps-every-group"),
+    ],
+)
+def test_group_keep_advice_followed_passes(experts: int, top_k: int, groups: int, keep: int):
+    message = _keep_message(experts, top_k, groups, keep)
+    _assert_listed_keeps_are_exactly_the_passing_ones(experts, top_k, groups, message)
+
+
+@pytest.mark.parametrize(
+    ("experts", "top_k", "groups", "keep", "listed"),
+    [
+        pytest.param(16, 8, 8, 2, [4], id="16-experts-top-8"),
+        pytest.param(32, 8, 8, 1, [2, 4], id="32-experts-top-8"),
+    ],
+)
+def test_group_keep_too_few_groups_advice_followed_passes(
+    experts: int, top_k: int, groups: int, keep: int, listed: list[int]
+) -> None:
+    message = _keep_message(experts, top_k, groups, keep)
+    assert _listed_keeps(message) == listed, message
+    _assert_listed_keeps_are_exactly_the_passing_ones(experts, top_k, groups, message)
+
+
+def test_group_keep_says_when_no_keep_works() -> None:
+    # 16 experts in 4 groups of 4, top 10: no keep below 4 divides 10 and supplies <= 4 a group
+    message = _keep_message(16, 10, 4, 2)
+    assert "valid keep:" not in message, message
+    assert message.endswith(
+        "; no keep works for top_k = 10 with 4 groups of 4; groups that work: 8, 16; "
+        "or remove group_limit"
+    ), message
+    for keep in range(1, 6):  # and indeed none does
+        again = loaded_spec(experts=16, top_k=10, router=group_limit(4, keep))
+        assert check_rules(again) != [], keep
+
+
+def test_group_counts_named_when_no_keep_works_do_work() -> None:
+    message = _keep_message(16, 10, 4, 2)
+    named = [int(g) for g in message.split("groups that work: ")[1].split(";")[0].split(", ")]
+    assert named == [8, 16]
+    for groups in named:
+        keeps = [
+            keep
+            for keep in range(1, groups)
+            if check_rules(loaded_spec(experts=16, top_k=10, router=group_limit(groups, keep)))
+            == []
+        ]
+        assert keeps, groups
+
+
+@pytest.mark.parametrize(
+    "router",
+    [
+        ("capacity:", "  factor: 1.25"),
+        ("capacity: {factor: 1.25}",),
+        (*group_limit(4, 2), "score_after_top_k: true"),
+    ],
+    ids=["capacity-block", "capacity-flow", "group_limit-block"],
+)
+def test_mapping_valued_router_fields_are_reported_at_their_key(router: tuple[str, ...]) -> None:
+    [diagnostic] = check_rules(loaded_spec(router=router))
+    assert (diagnostic.line, diagnostic.column) == (9, 3), diagnostic
+
+
+def _with_shared_expert(width: int, **kwargs) -> LoadedSpec:
+    """spec_yaml with layer.shared_ffn_dim written after ffn_dim (line 6: later lines move)."""
+    text = spec_yaml(**kwargs)
+    ffn_line = f"  ffn_dim: {kwargs.get('ffn', 128)}\n"
+    assert ffn_line in text
+    text = text.replace(ffn_line, f"{ffn_line}  shared_ffn_dim: {width}\n")
+    return load_spec_bytes(text.encode(), "rule.yaml", "rule")
+
+
+def test_shared_expert_width_counts_for_int32_indexing() -> None:
+    # 2**18 tokens a device, top-2: 2**19 routed rows of width 1024 fit (2**29 elements);
+    # the shared expert runs once per token, not per routed copy: its 2**18 rows of width 8191
+    # fit (2**31 - 2**18 elements), though 2**19 rows of that width would not
+    shape = {"embed": 1024, "ffn": 1024, "batch": 2, "seq": 2**18, "axes": "{data: 2}"}
+    assert check_rules(_with_shared_expert(8191, **shape)) == []
+    # 2**18 rows of width 2**13 are 2**31 elements alone: reported at the shared width
+    found = [
+        (d.line, d.column, d.field, d.message)
+        for d in check_rules(_with_shared_expert(8192, **shape))
+    ]
+    assert found == [
+        (
+            6,
+            19,
+            "layer.shared_ffn_dim",
+            "the shared expert's hidden activations on each device hold 262144 x 8192 = "
+            "2147483648 elements, overflowing int32 indexing (< 2**31); shard the batch over "
+            "more devices, or reduce shapes.batch or shapes.seq_len",
+        )
+    ]
+    # a narrow shared expert changes nothing
+    assert check_rules(_with_shared_expert(512, **shape)) == []
+
+
+def test_shared_expert_is_not_counted_per_routed_copy() -> None:
+    loaded = _with_shared_expert(4096, embed=1024, ffn=1024, batch=2, seq=2**18, axes="{data: 2}")
+    assert check_rules(loaded) == []

@@ -29,22 +29,31 @@ def in_repo(monkeypatch):
     monkeypatch.chdir(REPO_ROOT)
 
 
+# Real-model layers whose full-size compile takes minutes on a 2-core CI machine: CI runs
+# their twins; `moegen build` compiled them (with the memory verdict) before they were
+# committed, and `moegen check` keeps the committed modules fresh.
+TWINS_ONLY = {"deepseek_v3_v5p", "gpt_oss_120b_v6e", "llama4_scout_v5e"}
+
+
 @pytest.mark.parametrize("name", EXAMPLE_NAMES)
 def test_example_spec_verifies(name, in_repo):
     generated = generate(Path("specs") / f"{name}.yaml")
     assert generated.source.encode() == (REPO_ROOT / "generated" / f"{name}.py").read_bytes()
     events = []
-    report = verify(generated.loaded, generated.source, on_step=events.append)
+    compiles = name not in TWINS_ONLY
+    report = verify(
+        generated.loaded, generated.source, on_step=events.append, run_compiles=compiles
+    )
     assert events == report.steps  # progress sees every step as it happens
 
     names = [step["step"] for step in report.steps]
     spec = generated.loaded.spec
     low_precision = (spec.dtypes.params, spec.dtypes.compute) != ("float32", "float32")
-    expected = list(REQUIRED_STEPS)
+    expected = list(REQUIRED_STEPS if compiles else REQUIRED_STEPS[:2])
     if low_precision:
         label = f"{spec.dtypes.compute} compute, {spec.dtypes.params} params"
         expected.insert(2, f"twin parity ({label})")
-    if generated.plan.memory.hbm_bytes_per_device:  # TPU targets: the HBM verdict closes it
+    if compiles and generated.plan.memory.hbm_bytes_per_device:  # TPU: the HBM verdict
         expected.append("memory verdict")
     assert names == expected
     assert all(step["seconds"] >= 0 for step in report.steps)
@@ -75,6 +84,8 @@ def test_example_spec_verifies(name, in_repo):
             assert case["max_relative_error"] < TOLERANCES["bfloat16"], case
 
     # Full-size compiles, with per-device memory and a FLOP count.
+    if not compiles:
+        return
     plan = make_plan(generated.loaded)
     for step_name in ("compile forward", "compile forward+backward"):
         step = report.step(step_name)

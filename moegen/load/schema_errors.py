@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -50,11 +50,19 @@ def _model_at(path: FieldPath) -> type[BaseModel] | None:
     model: Any = Spec
     for part in path:
         field = model.model_fields.get(part) if isinstance(part, str) else None
-        annotation = field.annotation if field else None
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        section = _section_of(field.annotation) if field else None
+        if section is None:
             return None
-        model = annotation
+        model = section
     return model
+
+
+def _section_of(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds: `Section`, or the section of an optional `Section | None`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    sections = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return sections[0] if len(sections) == 1 else None
 
 
 def _unknown_key_message(key: str, model: type[BaseModel] | None, written: set) -> str:
@@ -96,13 +104,23 @@ def describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _number(bound: Any) -> str:
+    """A bound as a user writes it: 0 and 1000000, not 0.0 and 1000000.0."""
+    if isinstance(bound, float) and bound.is_integer():
+        return str(int(bound))
+    return str(bound)
+
+
 def _value_message(error: Any) -> str:
     kind, ctx, value = error["type"], error.get("ctx") or {}, error.get("input")
     got = describe(value)
     simple = {
-        "greater_than": lambda: f"must be > {ctx.get('gt')}, got {got}",
-        "less_than_equal": lambda: f"must be <= {ctx.get('le')}, got {got}",
+        "greater_than": lambda: f"must be > {_number(ctx.get('gt'))}, got {got}",
+        "greater_than_equal": lambda: f"must be >= {_number(ctx.get('ge'))}, got {got}",
+        "less_than_equal": lambda: f"must be <= {_number(ctx.get('le'))}, got {got}",
         "int_type": lambda: f"must be an integer, got {got}",
+        "float_type": lambda: f"must be a number, got {got}",
+        "finite_number": lambda: f"must be a finite number, got {got}",
         "bool_type": lambda: f"must be true or false, got {got}",
         "string_type": lambda: f"must be a string, got {got}",
         "dict_type": lambda: f"must be a mapping, got {got}",

@@ -17,7 +17,14 @@ from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES, CostPlan, MemoryPlan, cost_plan, memory_plan
 from moegen.plan.experts import ExpertPlan, expert_plan
 from moegen.plan.model import Plan
-from moegen.plan.params import ROUTER_DTYPE, ParamPlan, PartitionSpec, param_plans
+from moegen.plan.params import (
+    GATED_ACTIVATIONS,
+    ROUTER_DTYPE,
+    LayerShape,
+    ParamPlan,
+    PartitionSpec,
+    param_plans,
+)
 from moegen.plan.report import format_plan
 from moegen.sizes import axes_product
 from moegen.tiling import Tile, choose_tile, padded_rows
@@ -39,13 +46,22 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
     local_batch = spec.shapes.batch // batch_shards
     local_tokens = local_batch * spec.shapes.seq_len
     routed_rows = local_tokens * spec.router.top_k
+    group_limit = spec.router.group_limit
     experts = expert_plan(loaded, local_tokens, emulate=interpret)
     tiles = _kernel_tiles(loaded, experts.ffn_rows, experts.chunk_width)
     rows = padded_rows(experts.ffn_rows, list(tiles)) if tiles else experts.ffn_rows
+    layer = spec.layer
+    gated = layer.activation in GATED_ACTIVATIONS
     params = param_plans(
-        spec.layer.num_experts,
-        spec.layer.embed_dim,
-        spec.layer.ffn_dim,
+        LayerShape(
+            experts=layer.num_experts,
+            embed=layer.embed_dim,
+            ffn=layer.ffn_dim,
+            gated=gated,
+            ffn_bias=layer.ffn_bias,
+            shared_ffn=layer.shared_ffn_dim,
+            routing_bias=spec.router.routing_bias,
+        ),
         fsdp_axis,
         axes.get("fsdp", 1),
         spec.dtypes.compute,
@@ -62,6 +78,8 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         param_bytes=DTYPE_BYTES[spec.dtypes.params],
         compute_bytes=DTYPE_BYTES[spec.dtypes.compute],
         fsdp=axes.get("fsdp", 1),
+        gated=gated,
+        shared_ffn_dim=layer.shared_ffn_dim or 0,
     )
     return Plan(
         moegen_version=__version__,
@@ -86,7 +104,8 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         ),
         kernel=spec.target.kernel,
         kernel_interpret=interpret and spec.target.kernel == "pallas",
-        check_vma=spec.target.kernel != "pallas",
+        check_vma=not _vma_unchecked_reason(loaded),
+        vma_unchecked_reason=_vma_unchecked_reason(loaded),
         gate_up_tile=tiles[0].as_tuple() if tiles else None,
         down_tile=tiles[1].as_tuple() if tiles else None,
         batch=spec.shapes.batch,
@@ -103,9 +122,24 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         row_alignment=math.lcm(*(t.rows for t in tiles)) if tiles else 1,
         padded_rows=rows,
         pads_rows=rows > experts.ffn_rows,
+        global_tokens=spec.shapes.batch * spec.shapes.seq_len,
         score=spec.router.score,
+        score_after_top_k=spec.router.score_after_top_k,
         renormalize=spec.router.renormalize,
-        activation=spec.layer.activation,
+        routed_scaling=spec.router.routed_scaling,
+        expert_groups=group_limit.groups if group_limit else None,
+        kept_groups=group_limit.keep if group_limit else None,
+        group_top_k=spec.router.top_k // group_limit.keep if group_limit else None,
+        experts_per_group=spec.layer.num_experts // group_limit.groups if group_limit else None,
+        routing_bias=spec.router.routing_bias,
+        load_balance_weight=spec.router.load_balance_loss,
+        z_loss_weight=spec.router.z_loss,
+        capacity=experts.capacity,
+        drop_policy=spec.router.capacity.drop if spec.router.capacity else None,
+        activation=layer.activation,
+        gated=gated,
+        ffn_bias=layer.ffn_bias,
+        shared_ffn_dim=layer.shared_ffn_dim,
         param_dtype=spec.dtypes.params,
         compute_dtype=spec.dtypes.compute,
         router_dtype=ROUTER_DTYPE,
@@ -118,12 +152,21 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
             local_tokens=local_tokens,
             padded_rows=rows * experts.ffn_calls,
             embed_dim=spec.layer.embed_dim,
-            ffn_dim=spec.layer.ffn_dim,
             num_experts=spec.layer.num_experts,
             compute_bytes=DTYPE_BYTES[spec.dtypes.compute],
             hbm=chip.hbm_bytes_per_device,
         ),
     )
+
+
+def _vma_unchecked_reason(loaded: LoadedSpec) -> str:
+    """Why shard_map's varying-axes check must be off for this module ('' when it can stay on)."""
+    spec = loaded.spec
+    if spec.target.kernel == "pallas":
+        return "Pallas kernels carry no varying-axes types"
+    if spec.layer.activation in ("geglu", "gelu"):
+        return "XLA's erf polynomial carries no varying-axes types"
+    return ""
 
 
 def _kernel_tiles(loaded: LoadedSpec, ffn_rows: int, chunk_width: int) -> tuple[Tile, Tile] | None:
@@ -154,12 +197,33 @@ def _kernel_tiles(loaded: LoadedSpec, ffn_rows: int, chunk_width: int) -> tuple[
 def _summary(loaded: LoadedSpec) -> str:
     """One sentence stating the spec, built from validated numbers and enums only."""
     spec = loaded.spec
-    renorm = ", renormalised" if spec.router.renormalize else ""
+    router, layer = spec.router, spec.layer
+    routing = f"{router.score} routing"
+    if router.score_after_top_k:
+        routing += " over the chosen logits"
+    if router.group_limit:
+        routing += f" in {router.group_limit.keep} of {router.group_limit.groups} groups"
+    details = [
+        "renormalised" if router.renormalize else "",
+        f"scaled by {router.routed_scaling:g}" if router.routed_scaling != 1.0 else "",
+        "balancing bias" if router.routing_bias else "",
+        f"load-balancing loss {router.load_balance_loss:g}" if router.load_balance_loss else "",
+        f"z-loss {router.z_loss:g}" if router.z_loss else "",
+        f"capacity factor {router.capacity.factor:g} (drop by {router.capacity.drop})"
+        if router.capacity
+        else "",
+    ]
+    extras = "".join(f", {d}" for d in details if d)
+    experts = f"{layer.num_experts} {layer.activation} experts"
+    if layer.ffn_bias:
+        experts += " with biases"
+    widths = f"embed {layer.embed_dim}, ffn {layer.ffn_dim}"
+    if layer.shared_ffn_dim:
+        widths += f", shared expert ffn {layer.shared_ffn_dim}"
     mesh = " x ".join(f"{name} {size}" for name, size in spec.mesh.axes.items())
     return (
-        f"MoE layer: {spec.layer.num_experts} {spec.layer.activation} experts "
-        f"(embed {spec.layer.embed_dim}, ffn {spec.layer.ffn_dim}), top-{spec.router.top_k} "
-        f"{spec.router.score} routing{renorm}, {spec.parallelism.experts} experts, "
+        f"MoE layer: {experts} ({widths}), top-{router.top_k} "
+        f"{routing}{extras}, {spec.parallelism.experts} experts, "
         f"on a {mesh} mesh, kernel {spec.target.kernel}, target {spec.target.hardware}"
         + (f" {spec.target.topology}." if spec.target.topology else ".")
     )

@@ -15,12 +15,15 @@ class CostPlan:
     """Per-device estimates for one forward pass (training is about 3x the FLOPs)."""
 
     router_flops: int
-    expert_flops: int
+    expert_flops: int  # routed experts, every chosen copy (an upper bound under a capacity)
+    shared_expert_flops: int
     forward_flops: int
     train_flops: int
     param_bytes: int  # parameters as stored on one device
     gathered_weight_bytes: int  # full expert weights after the fsdp gather, in use dtype
     routed_buffer_bytes: int  # dispatched rows, gate, up, hidden and expert outputs
+    routed_row_bytes: int  # the same, per row
+    shared_activation_bytes: int  # the shared expert's gate, up and hidden activations
     activation_bytes: int  # layer input and output on one device
     gather_bytes_received: int  # fsdp all-gather traffic into one device, forward
 
@@ -46,10 +49,16 @@ def cost_plan(
     param_bytes: int,
     compute_bytes: int,
     fsdp: int,
+    gated: bool,
+    shared_ffn_dim: int,
 ) -> CostPlan:
     router_flops = 2 * local_tokens * embed_dim * num_experts
-    # gate, up, down matmuls; with experts sharded, the group's rows average out per device
-    expert_flops = 6 * routed_rows * embed_dim * ffn_dim
+    # (gate,) up, down matmuls; with experts sharded, the group's rows average out per device
+    matmuls = 3 if gated else 2
+    expert_flops = 2 * matmuls * routed_rows * embed_dim * ffn_dim
+    shared_flops = 2 * matmuls * local_tokens * embed_dim * shared_ffn_dim
+    # the row and its output [D] each; gate, up and hidden (or up and hidden) [F]
+    row_bytes = (2 * embed_dim + matmuls * ffn_dim) * compute_bytes
     # Each device gathers the fsdp shards of its own parameters (its experts only).
     gathered = sum(
         math.prod(p.local_shape)
@@ -57,16 +66,25 @@ def cost_plan(
         * DTYPE_BYTES[p.use_dtype]
         for p in params
     )
+    # Only the parameters with an embed_dim are gathered; biases over experts stay as they are.
+    gather_traffic = sum(
+        math.prod(p.local_shape) * (fsdp - 1) * DTYPE_BYTES[p.use_dtype]
+        for p in params
+        if p.gather_axis is not None
+    )
     return CostPlan(
         router_flops=router_flops,
         expert_flops=expert_flops,
-        forward_flops=router_flops + expert_flops,
-        train_flops=3 * (router_flops + expert_flops),
+        shared_expert_flops=shared_flops,
+        forward_flops=router_flops + expert_flops + shared_flops,
+        train_flops=3 * (router_flops + expert_flops + shared_flops),
         param_bytes=sum(math.prod(p.local_shape) for p in params) * param_bytes,
         gathered_weight_bytes=gathered,
-        routed_buffer_bytes=routed_rows * (2 * embed_dim + 3 * ffn_dim) * compute_bytes,
+        routed_buffer_bytes=routed_rows * row_bytes,
+        routed_row_bytes=row_bytes,
+        shared_activation_bytes=local_tokens * matmuls * shared_ffn_dim * compute_bytes,
         activation_bytes=2 * local_tokens * embed_dim * compute_bytes,
-        gather_bytes_received=gathered * (fsdp - 1) // fsdp,
+        gather_bytes_received=gather_traffic,
     )
 
 
@@ -76,13 +94,13 @@ def memory_plan(
     local_tokens: int,
     padded_rows: int,
     embed_dim: int,
-    ffn_dim: int,
     num_experts: int,
     compute_bytes: int,
     hbm: int,
 ) -> MemoryPlan:
     """What forward+backward keeps live on one device, by the plan's own count."""
-    routed = padded_rows * (2 * embed_dim + 3 * ffn_dim) * compute_bytes
+    routed = padded_rows * cost.routed_row_bytes
+    shared = cost.shared_activation_bytes
     activations = local_tokens * embed_dim * compute_bytes
     router = local_tokens * num_experts * 4 * 3  # logits, scores, their gradient (float32)
     items = {
@@ -95,6 +113,10 @@ def memory_plan(
         "layer input, output and input gradient": 3 * activations,
         "router logits, scores and their gradients": router,
     }
-    forward = cost.param_bytes + cost.gathered_weight_bytes + routed + 2 * activations + router // 3
+    if shared:
+        items["shared expert activations and their gradients"] = 2 * shared
+    forward = (
+        cost.param_bytes + cost.gathered_weight_bytes + routed + shared + 2 * activations
+    ) + router // 3
     ledger = tuple(sorted(items.items(), key=lambda item: -item[1]))
     return MemoryPlan(ledger, forward, sum(items.values()), hbm)

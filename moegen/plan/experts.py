@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from dataclasses import dataclass
 
 from moegen.load import LoadedSpec
@@ -24,6 +26,18 @@ class ExpertPlan:
     chunk_width: int  # embedding columns per chunk
     emulate_ragged_all_to_all: bool  # XLA:CPU lacks the op: the twin uses an all_gather twin
     communication_bytes: tuple[tuple[str, int], ...]  # forward, per strategy (the chosen first)
+    capacity: int | None  # copies each expert keeps per device; None: dropless
+
+
+def expert_capacity(loaded: LoadedSpec, local_tokens: int) -> int | None:
+    """ceil(factor * local_tokens * top_k / num_experts), per expert and device."""
+    spec = loaded.spec
+    if spec.router.capacity is None:
+        return None
+    copies = local_tokens * spec.router.top_k
+    # The factor as written (1.1 is 11/10, not the float just above it): exact arithmetic.
+    factor = Fraction(repr(spec.router.capacity.factor))
+    return max(1, math.ceil(factor * copies / spec.layer.num_experts))
 
 
 def expert_plan(loaded: LoadedSpec, local_tokens: int, *, emulate: bool) -> ExpertPlan:
@@ -38,12 +52,19 @@ def expert_plan(loaded: LoadedSpec, local_tokens: int, *, emulate: bool) -> Expe
     per_token = min(top_k, local_experts)
     group_tokens = local_tokens * shards
     chunks = spec.parallelism.overlap_chunks
+    capacity = expert_capacity(loaded, local_tokens)
+    # With a capacity, a device keeps at most `capacity` copies of its tokens per expert.
+
+    def kept(rows: int, experts: int) -> int:
+        return min(rows, experts * capacity) if capacity else rows
+
     if strategy == "replicated":
-        ffn_rows, calls = local_tokens * top_k, 1
+        ffn_rows, calls = kept(local_tokens * top_k, spec.layer.num_experts), 1
     elif strategy == "ring_of_experts" and chunks > 1:
-        ffn_rows, calls = local_tokens * per_token, shards  # one call per ring step
+        # one call per ring step, on the copies one device's tokens send to my experts
+        ffn_rows, calls = kept(local_tokens * per_token, local_experts), shards
     else:
-        ffn_rows, calls = group_tokens * per_token, 1
+        ffn_rows, calls = kept(group_tokens * per_token, shards * local_experts), 1
     compute_bytes = DTYPE_BYTES[spec.dtypes.compute]
     embed = spec.layer.embed_dim
     traffic = {
@@ -73,4 +94,5 @@ def expert_plan(loaded: LoadedSpec, local_tokens: int, *, emulate: bool) -> Expe
         emulate_ragged_all_to_all=strategy == "ragged_all_to_all"
         and (emulate or spec.target.hardware == "cpu"),
         communication_bytes=tuple(ordered) if strategy != "replicated" else (),
+        capacity=capacity,
     )

@@ -32,7 +32,8 @@ class Plan:
     chips_per_host_bounds: tuple[int, int, int] | None
     kernel: str
     kernel_interpret: bool  # pallas kernels interpreted on CPU (the shrunken twin only)
-    check_vma: bool  # shard_map's varying-axes check; off around Pallas calls
+    check_vma: bool  # shard_map's varying-axes check; off around Pallas calls and erf
+    vma_unchecked_reason: str  # why it is off ('' when on)
     gate_up_tile: tuple[int, int, int] | None  # megablox (rows, contraction, output)
     down_tile: tuple[int, int, int] | None
 
@@ -51,9 +52,24 @@ class Plan:
     padded_rows: int  # routed buffer rows including kernel padding
     pads_rows: bool  # padded_rows > routed_rows: the kernel gets rows of no expert group
 
+    global_tokens: int  # BATCH * SEQ_LEN: balance losses average over all of them
     score: str
+    score_after_top_k: bool
     renormalize: bool
+    routed_scaling: float
+    expert_groups: int | None  # group-limited routing, None when off
+    kept_groups: int | None
+    group_top_k: int | None  # scores summed per group to rank it: top_k / kept_groups
+    experts_per_group: int | None
+    routing_bias: bool
+    load_balance_weight: float
+    z_loss_weight: float
+    capacity: int | None  # copies per expert per device; None: dropless
+    drop_policy: str | None  # "probability" | "position" under a capacity
     activation: str
+    gated: bool  # swiglu, geglu: a gate projection beside up
+    ffn_bias: bool
+    shared_ffn_dim: int | None
     param_dtype: str
     compute_dtype: str
     router_dtype: str

@@ -22,42 +22,71 @@ class ParamPlan:
     partition: PartitionSpec
     gather_axis: int | None  # dimension all-gathered over fsdp inside the layer
     use_dtype: str  # dtype it is cast to before use (and before the gather)
-    init_scale: float  # std of its normal initialiser: 1/sqrt(fan_in)
+    init_scale: float  # std of its normal initialiser: 1/sqrt(fan_in); 0.0: starts at zero
+
+
+GATED_ACTIVATIONS = ("swiglu", "geglu")
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What decides the parameter set: sizes and the optional parts of the layer."""
+
+    experts: int
+    embed: int
+    ffn: int
+    gated: bool
+    ffn_bias: bool
+    shared_ffn: int | None  # hidden width of the shared expert, None when there is none
+    routing_bias: bool
+
+
+def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
+    """(name, dimension names, shape, embed_dim axis or None, use dtype, fan-in or 0 = zeros)."""
+    e, d, f, s = "NUM_EXPERTS", "EMBED_DIM", "FFN_DIM", "SHARED_FFN_DIM"
+    E, D, F = layer.experts, layer.embed, layer.ffn
+    dt = compute_dtype
+    out: list[tuple] = [("router", (d, e), (D, E), 0, ROUTER_DTYPE, D)]
+    if layer.routing_bias:
+        out.append(("routing_bias", (e,), (E,), None, ROUTER_DTYPE, 0))
+    projections = ["gate", "up"] if layer.gated else ["up"]
+    out += [(f"w_{p}", (e, d, f), (E, D, F), 1, dt, D) for p in projections]
+    out.append(("w_down", (e, f, d), (E, F, D), 2, dt, F))
+    if layer.ffn_bias:
+        out += [(f"b_{p}", (e, f), (E, F), None, dt, 0) for p in projections]
+        out.append(("b_down", (e, d), (E, D), 1, dt, 0))
+    if layer.shared_ffn:
+        S = layer.shared_ffn
+        out += [(f"shared_{p}", (d, s), (D, S), 0, dt, D) for p in projections]
+        out.append(("shared_down", (s, d), (S, D), 1, dt, S))
+    return out
 
 
 def param_plans(
-    experts: int,
-    embed: int,
-    ffn: int,
+    layer: LayerShape,
     fsdp_axis: str | None,
     fsdp: int,
     compute_dtype: str,
     expert_axis: str | None,
     expert_shards: int,
 ) -> tuple[ParamPlan, ...]:
-    """Router [D, E], gate/up [E, D, F], down [E, F, D].
+    """Router [D, E] (and its bias [E]); routed experts' weights [E, ...] and biases; the
+    shared expert's weights.
 
     fsdp shards every embed_dim (gathered inside the layer); the expert axis shards the
-    experts of the expert weights (never gathered: each device runs its own experts).
+    experts of the routed experts' weights and biases (never gathered: each device runs its
+    own experts). The router, its bias and the shared expert are replicated over it.
     """
-    e, d, f = "NUM_EXPERTS", "EMBED_DIM", "FFN_DIM"
-    # name, dimension names, shape, the embed_dim axis, dtype in use, fan-in
-    layouts = (
-        ("router", (d, e), (embed, experts), 0, ROUTER_DTYPE, embed),
-        ("w_gate", (e, d, f), (experts, embed, ffn), 1, compute_dtype, embed),
-        ("w_up", (e, d, f), (experts, embed, ffn), 1, compute_dtype, embed),
-        ("w_down", (e, f, d), (experts, ffn, embed), 2, compute_dtype, ffn),
-    )
     plans = []
-    for name, names, shape, embed_axis, use_dtype, fan_in in layouts:
-        sharded_experts = expert_axis is not None and name != "router"
+    for name, names, shape, embed_axis, use_dtype, fan_in in _layouts(layer, compute_dtype):
+        sharded_experts = expert_axis is not None and name[:2] in ("w_", "b_")
         partition = tuple(
             fsdp_axis if i == embed_axis else expert_axis if i == 0 and sharded_experts else None
             for i in range(len(shape))
         )
         local = tuple(
             n // fsdp
-            if i == embed_axis
+            if i == embed_axis and fsdp_axis
             else n // expert_shards
             if i == 0 and sharded_experts
             else n
@@ -73,7 +102,7 @@ def param_plans(
                 partition=partition,
                 gather_axis=embed_axis if fsdp_axis else None,
                 use_dtype=use_dtype,
-                init_scale=1.0 / math.sqrt(fan_in),
+                init_scale=1.0 / math.sqrt(fan_in) if fan_in else 0.0,
             )
         )
     return tuple(plans)

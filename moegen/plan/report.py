@@ -17,7 +17,7 @@ def format_plan(plan: Plan) -> str:
         f"  input           [{plan.batch}, {plan.seq_len}, {plan.embed_dim}] {plan.compute_dtype}"
         f" -> per device [{plan.local_batch}, {plan.seq_len}, {plan.embed_dim}]",
         f"  tokens/device   {plan.local_tokens}; routed rows {plan.routed_rows} "
-        f"(x top_{plan.top_k}, dropless)" + _padding_text(plan),
+        f"(x top_{plan.top_k}, {_dropping_text(plan)})" + _padding_text(plan),
         f"  experts         {plan.num_experts} ({plan.local_experts} per device, "
         f"{plan.expert_strategy}); kernel {plan.kernel}; target {plan.hardware}"
         + (f" {plan.topology}" if plan.topology else ""),
@@ -32,7 +32,8 @@ def format_plan(plan: Plan) -> str:
     lines += [
         "  per device, forward:",
         f"    FLOPs          router {c.router_flops:.3e}, experts {c.expert_flops:.3e}, "
-        f"total {c.forward_flops:.3e} (train ~{c.train_flops:.3e})",
+        + (f"shared expert {c.shared_expert_flops:.3e}, " if c.shared_expert_flops else "")
+        + f"total {c.forward_flops:.3e} (train ~{c.train_flops:.3e})",
         f"    parameters     {_gib(c.param_bytes)} stored, "
         f"{_gib(c.gathered_weight_bytes)} gathered",
         f"    routed buffers {_gib(c.routed_buffer_bytes)}; activations {_gib(c.activation_bytes)}",
@@ -54,6 +55,12 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+def _dropping_text(plan: Plan) -> str:
+    if plan.capacity is None:
+        return "dropless"
+    return f"at most {plan.capacity} per expert kept, drop by {plan.drop_policy}"
+
+
 def _padding_text(plan: Plan) -> str:
     rows = plan.experts.ffn_rows
     if plan.pads_rows:
@@ -71,11 +78,17 @@ def _expert_lines(plan: Plan) -> list[str]:
     if experts.strategy == "replicated":
         return []
     calls = f" x {experts.ffn_calls} ring steps" if experts.ffn_calls > 1 else ""
-    lines = [f"  expert FFN rows {experts.ffn_rows}{calls} per device, worst case (dropless)"]
+    bound = "dropless" if plan.capacity is None else f"capacity {plan.capacity} per expert"
+    lines = [f"  expert FFN rows {experts.ffn_rows}{calls} per device, worst case ({bound})"]
     if experts.receive_rows:
+        why = (
+            "every token of the expert group sending min(top_k, local experts) copies here"
+            if plan.capacity is None
+            else "the lesser of every group token sending min(top_k, local experts) copies "
+            "here and every device sending each local expert its capacity"
+        )
         lines.append(
-            f"  receive buffer  {experts.receive_rows} rows: every token of the expert group "
-            f"sending min(top_k, local experts) copies here; no per-expert padding"
+            f"  receive buffer  {experts.receive_rows} rows: {why}; no per-expert padding"
         )
     if experts.overlap_chunks > 1:
         lines.append(

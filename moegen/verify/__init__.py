@@ -60,10 +60,12 @@ def verify(
     on_step: Callable[[dict[str, Any]], None] = lambda step: None,
     timeout_s: float | None = None,
     run_twins: bool = True,
+    run_compiles: bool = True,
 ) -> VerifyReport:
     """Verify the rendered `source` of `loaded`; raise VerifyError on the first failure.
 
-    `run_twins=False` only imports and compiles (what `moegen plan --compile` shows).
+    `run_twins=False` only imports and compiles (what `moegen plan --compile` shows);
+    `run_compiles=False` only imports and runs the twins (no memory verdict then).
     """
     plan = make_plan(loaded)
     with tempfile.TemporaryDirectory(prefix="moegen-verify-") as tmp:
@@ -73,16 +75,20 @@ def verify(
         twins = []
         for i, (label, twin, tolerance) in enumerate(_twins(loaded) if run_twins else []):
             path = workdir / f"twin_{i}.py"
-            path.write_text(render(make_plan(twin, interpret=True)), encoding="utf-8")
-            twins.append({"path": str(path), "label": label, "tolerance": tolerance})
+            twin_plan = make_plan(twin, interpret=True)
+            path.write_text(render(twin_plan), encoding="utf-8")
+            twins.append(
+                {
+                    "path": str(path),
+                    "label": label,
+                    "tolerance": tolerance,
+                    "reference": reference_config(twin_plan),
+                }
+            )
         job = {
             "module": str(module_path),
             "twins": twins,
-            "router": {
-                "top_k": plan.top_k,
-                "score": plan.score,
-                "renormalize": plan.renormalize,
-            },
+            "compile": run_compiles,
             "tpu": None
             if plan.tpu_topology_name is None
             else {
@@ -93,11 +99,30 @@ def verify(
         job_path = workdir / "job.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")
         report = _run_worker(job_path, plan.num_devices, on_step, timeout_s)
-    verdict = memory_verdict(plan, report)
+    verdict = memory_verdict(plan, report) if run_compiles else None
     if verdict:
         report.steps.append({"step": "memory verdict", "seconds": 0.0, "verdict": verdict})
         on_step(report.steps[-1])
     return report
+
+
+def reference_config(plan: Plan) -> dict[str, Any]:
+    """What the dense reference must compute for this plan (see reference.ReferenceConfig)."""
+    return {
+        "top_k": plan.top_k,
+        "score": plan.score,
+        "renormalize": plan.renormalize,
+        "score_after_top_k": plan.score_after_top_k,
+        "routed_scaling": plan.routed_scaling,
+        "num_groups": plan.expert_groups or 1,
+        "top_groups": plan.kept_groups or 1,
+        "capacity": plan.capacity,
+        "drop_policy": plan.drop_policy or "probability",
+        "token_shards": plan.batch_shards,
+        "load_balance_weight": plan.load_balance_weight,
+        "z_loss_weight": plan.z_loss_weight,
+        "activation": plan.activation,
+    }
 
 
 def peak_bytes(memory: dict[str, int]) -> int:

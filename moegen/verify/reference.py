@@ -1,61 +1,278 @@
 """The dense reference MoE layer, written independently of the templates.
 
-Every token goes through every expert (one einsum per projection) and a one-hot combine
-matrix keeps the top-k outputs: the GShard-style formulation, O(tokens * experts) work,
-only for small twins. It shares no code with the generated module.
+Every token goes through every expert (one einsum per projection) and a dense [tokens, experts]
+combine matrix keeps the routed outputs: the GShard-style formulation, O(tokens * experts) work,
+only for small twins. It shares no code with the generated module, and it sorts nothing: top-k,
+group limits and capacity are all written as pairwise comparisons ("how many entries beat this
+one"), so that it shares no method with a sort- or top_k-based implementation either.
+
+Features follow from `ReferenceConfig` and from which keys `params` holds:
+
+- router [D, E]; routing_bias [E] (optional, selection only: aux-loss-free balancing);
+- w_gate [E, D, F] (gated activations only), w_up [E, D, F], w_down [E, F, D];
+- b_gate [E, F] (gated only), b_up [E, F], b_down [E, D]: optional FFN biases, all or none;
+- shared_gate [D, S] (gated only), shared_up [D, S], shared_down [S, D]: optional shared expert.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+SCORES = ("softmax", "sigmoid", "sqrtsoftplus")
+DROP_POLICIES = ("probability", "position")
+GATED_ACTIVATIONS = ("swiglu", "geglu")
+ACTIVATIONS = (*GATED_ACTIVATIONS, "gelu", "relu")
+
 
 @dataclass(frozen=True)
-class RouterConfig:
+class ReferenceConfig:
     top_k: int
-    score: str  # "softmax" | "sigmoid"
-    renormalize: bool
+    score: str  # "softmax" | "sigmoid" | "sqrtsoftplus"
+    renormalize: bool = False
+    score_after_top_k: bool = False  # softmax only: top-k on raw logits, softmax over the k chosen
+    routed_scaling: float = 1.0
+    num_groups: int = 1  # 1 = no group-limited routing
+    top_groups: int = 1
+    capacity: int | None = None  # per expert, per token shard; None = dropless
+    drop_policy: str = "probability"  # "probability" | "position"
+    token_shards: int = 1  # contiguous equal token groups, each drops independently
+    load_balance_weight: float = 0.0
+    z_loss_weight: float = 0.0
+    activation: str = "swiglu"  # "swiglu" | "geglu" | "gelu" | "relu"
+
+
+RouterConfig = ReferenceConfig  # the older name
+
+
+class ReferenceAux(NamedTuple):
+    tokens_per_expert: jax.Array  # int32 [E]: copies chosen by the router (before any dropping)
+    dropped_per_expert: jax.Array  # int32 [E]: copies dropped by capacity (zeros when dropless)
+    load_balance_loss: jax.Array  # float32 [] (0.0 when the weight is 0)
+    router_z_loss: jax.Array  # float32 [] (0.0 when the weight is 0)
+
+
+class Routing(NamedTuple):
+    logits: jax.Array  # [T, E]
+    scores: jax.Array  # [T, E] the score function of the logits (no bias)
+    chosen: jax.Array  # bool [T, E]: the top-k experts of each token
+    weights: jax.Array  # [T, E]: final weight of each chosen copy (after renormalize, scaling)
+    kept: jax.Array  # bool [T, E]: chosen and not dropped by capacity
+
+
+def _einsum(spec: str, *operands: jax.Array) -> jax.Array:
+    return jnp.einsum(spec, *operands, precision="highest")
+
+
+def _rank(values: jax.Array) -> jax.Array:
+    """rank[..., i]: how many entries along the last axis come before entry i in descending
+    order, a larger value or an equal one at a lower index (the order of jax.lax.top_k)."""
+    n = values.shape[-1]
+    mine = values[..., :, None]
+    other = values[..., None, :]
+    lower_index = jnp.arange(n)[None, :] < jnp.arange(n)[:, None]  # [i, j]: j < i
+    before = (other > mine) | ((other == mine) & lower_index)
+    return before.sum(axis=-1)
+
+
+def _exact_gelu(v: jax.Array) -> jax.Array:
+    return jax.nn.gelu(v, approximate=False)
+
+
+def _activation(name: str):
+    return {"swiglu": jax.nn.silu, "geglu": _exact_gelu, "gelu": _exact_gelu, "relu": jax.nn.relu}[
+        name
+    ]
+
+
+def _check(cfg: ReferenceConfig, params: dict, num_tokens: int) -> None:
+    if cfg.score not in SCORES:
+        raise ValueError(f"unknown score function {cfg.score!r}")
+    if cfg.activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {cfg.activation!r}")
+    if cfg.drop_policy not in DROP_POLICIES:
+        raise ValueError(f"unknown drop policy {cfg.drop_policy!r}")
+    if cfg.score_after_top_k and cfg.score != "softmax":
+        raise ValueError("score_after_top_k needs score 'softmax'")
+    experts = params["router"].shape[1]
+    if not 1 <= cfg.top_k <= experts:
+        raise ValueError(f"top_k {cfg.top_k} not in [1, {experts}]")
+    if cfg.num_groups > 1:
+        if experts % cfg.num_groups:
+            raise ValueError(f"{experts} experts do not split into {cfg.num_groups} groups")
+        if not 1 <= cfg.top_groups <= cfg.num_groups:
+            raise ValueError(f"top_groups {cfg.top_groups} not in [1, {cfg.num_groups}]")
+        if not cfg.top_groups <= cfg.top_k <= cfg.top_groups * (experts // cfg.num_groups):
+            raise ValueError(
+                f"top_k {cfg.top_k} needs top_groups <= top_k <= the experts in the kept groups"
+            )
+    if cfg.capacity is not None and cfg.capacity < 0:
+        raise ValueError(f"negative capacity {cfg.capacity}")
+    if cfg.token_shards < 1 or num_tokens % cfg.token_shards:
+        raise ValueError(f"{num_tokens} tokens do not split into {cfg.token_shards} shards")
+    gated = cfg.activation in GATED_ACTIVATIONS
+    expected = {"router", "w_up", "w_down"} | ({"w_gate"} if gated else set())
+    optional = [
+        {"routing_bias"},
+        {"b_up", "b_down"} | ({"b_gate"} if gated else set()),
+        {"shared_up", "shared_down"} | ({"shared_gate"} if gated else set()),
+    ]
+    keys = set(params)
+    if not expected <= keys:
+        raise ValueError(f"{cfg.activation}: missing parameters {sorted(expected - keys)}")
+    for group in optional:
+        if keys & group and not group <= keys:
+            raise ValueError(f"parameters {sorted(group)} come all together or not at all")
+    unknown = keys - expected - set().union(*optional)
+    if unknown:
+        raise ValueError(f"unexpected parameters for {cfg.activation}: {sorted(unknown)}")
+
+
+def route(
+    tokens: jax.Array,
+    router: jax.Array,
+    cfg: ReferenceConfig,
+    routing_bias: jax.Array | None = None,
+) -> Routing:
+    """Dense routing of float32 tokens [T, D]: every decision a [T, E] mask."""
+    num_tokens, experts = tokens.shape[0], router.shape[1]
+    logits = _einsum("td,de->te", tokens, router)
+    if cfg.score == "softmax":
+        scores = jax.nn.softmax(logits, axis=-1)
+    elif cfg.score == "sigmoid":
+        scores = jax.nn.sigmoid(logits)
+    elif cfg.score == "sqrtsoftplus":
+        scores = jnp.sqrt(jax.nn.softplus(logits))
+    else:
+        raise ValueError(f"unknown score function {cfg.score!r}")
+
+    # Selection decides which experts, never how much: no gradient flows through it.
+    if cfg.score_after_top_k:
+        selection = logits
+    elif routing_bias is not None:
+        selection = scores + routing_bias[None, :]
+    else:
+        selection = scores
+    selection = jax.lax.stop_gradient(selection)
+
+    if cfg.num_groups > 1:
+        size = experts // cfg.num_groups
+        grouped = selection.reshape(num_tokens, cfg.num_groups, size)
+        best_in_group = _rank(grouped) < cfg.top_k // cfg.top_groups
+        group_score = jnp.where(best_in_group, grouped, 0.0).sum(axis=-1)  # [T, G]
+        kept_group = _rank(group_score) < cfg.top_groups
+        selection = jnp.where(jnp.repeat(kept_group, size, axis=1), selection, -jnp.inf)
+
+    chosen = _rank(selection) < cfg.top_k  # [T, E]
+
+    if cfg.score_after_top_k:
+        weights = jax.nn.softmax(jnp.where(chosen, logits, -jnp.inf), axis=-1)
+    else:
+        weights = jnp.where(chosen, scores, 0.0)
+    if cfg.renormalize:
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+    weights = weights * cfg.routed_scaling
+
+    if cfg.capacity is None:
+        kept = chosen
+    else:
+        # A token routes to an expert at most once, so among the copies of one expert the
+        # (token, k-slot) order is the token order. ahead[t, u, e]: u's copy of e goes first.
+        index = jnp.arange(num_tokens)
+        shard = index // (num_tokens // cfg.token_shards)
+        same_shard = shard[:, None] == shard[None, :]  # [t, u]
+        earlier = index[None, :] < index[:, None]  # [t, u]: u < t
+        if cfg.drop_policy == "position":
+            ahead = jnp.broadcast_to(earlier[:, :, None], (num_tokens, num_tokens, experts))
+        else:
+            w = jax.lax.stop_gradient(weights)
+            mine, other = w[:, None, :], w[None, :, :]
+            ahead = (other > mine) | ((other == mine) & earlier[:, :, None])
+        competing = ahead & same_shard[:, :, None] & chosen[None, :, :]
+        kept = chosen & (competing.sum(axis=1) < cfg.capacity)
+    return Routing(logits, scores, chosen, weights, kept)
 
 
 def router_combine(
-    tokens: jax.Array, router: jax.Array, cfg: RouterConfig
+    tokens: jax.Array,
+    router: jax.Array,
+    cfg: ReferenceConfig,
+    routing_bias: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Dense [tokens, experts] combine weights (top-k scores, zero elsewhere) and the
-    number of token copies each expert receives."""
-    logits = jnp.einsum("td,de->te", tokens, router, precision="highest")
-    if cfg.score == "softmax":
-        scores = jnp.exp(logits - logits.max(axis=-1, keepdims=True))
-        scores = scores / scores.sum(axis=-1, keepdims=True)
-    elif cfg.score == "sigmoid":
-        scores = 1.0 / (1.0 + jnp.exp(-logits))
-    else:
-        raise ValueError(f"unknown score function {cfg.score!r}")
-    top_scores, top_ids = jax.lax.top_k(scores, cfg.top_k)
-    if cfg.renormalize:
-        top_scores = top_scores / top_scores.sum(axis=-1, keepdims=True)
-    one_hot = jax.nn.one_hot(top_ids, router.shape[1], dtype=tokens.dtype)  # [t, k, e]
-    counts = one_hot.sum(axis=(0, 1)).astype(jnp.int32)
-    return jnp.einsum("tk,tke->te", top_scores, one_hot), counts
+    """Dense [tokens, experts] combine weights (kept copies, zero elsewhere) and the number of
+    token copies the router sends each expert (before dropping)."""
+    r = route(tokens, router, cfg, routing_bias)
+    return jnp.where(r.kept, r.weights, 0.0), r.chosen.sum(axis=0).astype(jnp.int32)
 
 
-def dense_moe(params: dict[str, jax.Array], x: jax.Array, cfg: RouterConfig) -> jax.Array:
-    """y = sum_e combine[t, e] * swiglu_e(x[t]) for every token, in float32."""
+def dense_moe(
+    params: dict[str, jax.Array], x: jax.Array, cfg: ReferenceConfig
+) -> tuple[jax.Array, ReferenceAux]:
+    """y [batch, seq, embed] float32 and aux: y[t] = sum_e combine[t, e] * expert_e(x[t])
+    (+ shared(x[t])), every token through every expert."""
     batch, seq, embed = x.shape
-    tokens = x.reshape(batch * seq, embed).astype(jnp.float32)
+    num_tokens = batch * seq
+    _check(cfg, params, num_tokens)
+    tokens = x.reshape(num_tokens, embed).astype(jnp.float32)
     p = {name: value.astype(jnp.float32) for name, value in params.items()}
-    combine, _ = router_combine(tokens, p["router"], cfg)
-    gate = jnp.einsum("td,edf->tef", tokens, p["w_gate"], precision="highest")
-    up = jnp.einsum("td,edf->tef", tokens, p["w_up"], precision="highest")
-    hidden = gate * jax.nn.sigmoid(gate) * up
-    out = jnp.einsum("tef,efd->ted", hidden, p["w_down"], precision="highest")
-    y = jnp.einsum("ted,te->td", out, combine, precision="highest")
-    return y.reshape(batch, seq, embed)
+    experts = p["router"].shape[1]
+    act = _activation(cfg.activation)
+    gated = cfg.activation in GATED_ACTIVATIONS
+    biased = "b_up" in p
+
+    r = route(tokens, p["router"], cfg, p.get("routing_bias"))
+
+    up = _einsum("td,edf->tef", tokens, p["w_up"])
+    if biased:
+        up = up + p["b_up"][None]
+    if gated:
+        gate = _einsum("td,edf->tef", tokens, p["w_gate"])
+        if biased:
+            gate = gate + p["b_gate"][None]
+        hidden = act(gate) * up
+    else:
+        hidden = act(up)
+    out = _einsum("tef,efd->ted", hidden, p["w_down"])
+    if biased:
+        out = out + p["b_down"][None]
+    combine = jnp.where(r.kept, r.weights, 0.0)
+    y = _einsum("ted,te->td", out, combine)
+
+    if "shared_up" in p:
+        shared = _einsum("td,ds->ts", tokens, p["shared_up"])
+        if gated:
+            shared = act(_einsum("td,ds->ts", tokens, p["shared_gate"])) * shared
+        else:
+            shared = act(shared)
+        y = y + _einsum("ts,sd->td", shared, p["shared_down"])
+
+    counts = r.chosen.sum(axis=0).astype(jnp.int32)
+    dropped = (r.chosen & ~r.kept).sum(axis=0).astype(jnp.int32)
+    load_balance = jnp.zeros((), jnp.float32)
+    if cfg.load_balance_weight:
+        if cfg.score == "softmax":
+            probs = jax.nn.softmax(r.logits, axis=-1)
+        else:
+            probs = r.scores / r.scores.sum(axis=-1, keepdims=True)
+        fraction = counts.astype(jnp.float32) / (num_tokens * cfg.top_k)  # constant: no gradient
+        load_balance = cfg.load_balance_weight * experts * jnp.sum(fraction * probs.mean(axis=0))
+    z_loss = jnp.zeros((), jnp.float32)
+    if cfg.z_loss_weight:
+        z_loss = cfg.z_loss_weight * jnp.mean(jax.nn.logsumexp(r.logits, axis=-1) ** 2)
+
+    aux = ReferenceAux(counts, dropped, load_balance.astype(jnp.float32), z_loss)
+    return y.reshape(batch, seq, embed), aux
 
 
-def tokens_per_expert(params: dict[str, jax.Array], x: jax.Array, cfg: RouterConfig) -> jax.Array:
-    """How many token copies each expert receives, [experts] int32."""
+def tokens_per_expert(
+    params: dict[str, jax.Array], x: jax.Array, cfg: ReferenceConfig
+) -> jax.Array:
+    """How many token copies the router sends each expert (before dropping), [experts] int32."""
+    _check(cfg, params, x.shape[0] * x.shape[1])
     tokens = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
-    return router_combine(tokens, params["router"].astype(jnp.float32), cfg)[1]
+    bias = params.get("routing_bias")
+    bias = None if bias is None else bias.astype(jnp.float32)
+    return router_combine(tokens, params["router"].astype(jnp.float32), cfg, bias)[1]

@@ -20,6 +20,7 @@ TWIN_SEQUENCES_PER_SHARD = 2
 TWIN_SEQ_LEN = 5  # 10 tokens per device: routed rows 10*top_k, ragged against 32-row tiles
 TWIN_MIN_EMBED = 16
 TWIN_FFN = 24  # differs from embed so that a transposed weight cannot go unnoticed
+TWIN_SHARED_FFN = 20  # differs from both, for the same reason
 # Pallas twins run megablox interpreted with small tiles: rows padded past a ragged last tile,
 # contraction and output dimensions smaller than one tile (both masked by the kernel).
 TWIN_TILE = [32, 128, 128]
@@ -36,7 +37,13 @@ def twin_of(loaded: LoadedSpec, *, dtype: str | None = "float32") -> LoadedSpec:
     embed = unit * -(-TWIN_MIN_EMBED // unit)
     shards = axes_product(spec.mesh.axes, spec.batch_axes)
     updates = {
-        "layer": spec.layer.model_copy(update={"embed_dim": embed, "ffn_dim": TWIN_FFN}),
+        "layer": spec.layer.model_copy(
+            update={
+                "embed_dim": embed,
+                "ffn_dim": TWIN_FFN,
+                "shared_ffn_dim": TWIN_SHARED_FFN if spec.layer.shared_ffn_dim else None,
+            }
+        ),
         "shapes": spec.shapes.model_copy(
             update={"batch": shards * TWIN_SEQUENCES_PER_SHARD, "seq_len": TWIN_SEQ_LEN}
         ),

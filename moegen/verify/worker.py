@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moegen.verify.reference import RouterConfig, dense_moe, tokens_per_expert
+from moegen.verify.reference import ReferenceConfig, dense_moe
 
 
 class CheckFailed(Exception):
@@ -61,8 +61,9 @@ def _place(module: ModuleType, mesh: Any, params: dict, x: Any) -> tuple[dict, A
 
 def _random_case(module: ModuleType, seed: int) -> tuple[dict, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
+    # Parameters that start at zero (biases) get small random values: zeros would hide them.
     params = {
-        name: rng.normal(0.0, module.INIT_SCALES[name], shape).astype(np.float32)
+        name: rng.normal(0.0, module.INIT_SCALES[name] or 0.1, shape).astype(np.float32)
         for name, shape in module.PARAM_SHAPES.items()
     }
     x = rng.normal(0.0, 1.0, module.INPUT_SHAPE).astype(np.float32)
@@ -80,12 +81,18 @@ def _starved_case(module: ModuleType, seed: int) -> tuple[dict, np.ndarray, np.n
     router = 0.25 * np.abs(params["router"])
     router[:, starved] *= -1.0
     params["router"] = router
+    if "routing_bias" in params:
+        params["routing_bias"] = np.zeros_like(params["routing_bias"])
     return params, x, cotangent, starved
+
+
+AUX_LOSSES = ("load_balance_loss", "router_z_loss")
+AUX_COUNTS = ("tokens_per_expert", "dropped_per_expert")
 
 
 def check_parity(
     module: ModuleType,
-    cfg: RouterConfig,
+    cfg: ReferenceConfig,
     params: dict,
     x: np.ndarray,
     cotangent: np.ndarray,
@@ -96,12 +103,15 @@ def check_parity(
     mesh = module.make_mesh(jax.devices()[: module.NUM_DEVICES])
     placed_params, placed_x = _place(module, mesh, params, x)
 
+    # The balance losses join the loss, so that their gradients are checked too.
     def module_loss(p: dict, xs: Any) -> Any:
-        y, _ = module.moe_layer(p, xs, mesh=mesh)
-        return jnp.sum(y.astype(jnp.float32) * cotangent)
+        y, aux = module.moe_layer(p, xs, mesh=mesh)
+        losses = [getattr(aux, name) for name in AUX_LOSSES if name in aux._fields]
+        return jnp.sum(y.astype(jnp.float32) * cotangent) + sum(losses)
 
     def reference_loss(p: dict, xs: Any) -> Any:
-        return jnp.sum(dense_moe(p, xs, cfg) * cotangent)
+        y, aux = dense_moe(p, xs, cfg)
+        return jnp.sum(y * cotangent) + aux.load_balance_loss + aux.router_z_loss
 
     with jax.set_mesh(mesh):
         y, aux = jax.jit(functools.partial(module.moe_layer, mesh=mesh))(placed_params, placed_x)
@@ -109,17 +119,23 @@ def check_parity(
     # The reference sees exactly the values the module saw (after any dtype rounding).
     host_params = {k: np.asarray(v, np.float32) for k, v in placed_params.items()}
     host_x = np.asarray(placed_x, np.float32)
-    ref_y = dense_moe(host_params, host_x, cfg)
+    ref_y, ref_aux = dense_moe(host_params, host_x, cfg)
     ref_grads, ref_grad_x = jax.grad(reference_loss, argnums=(0, 1))(host_params, host_x)
-    ref_counts = np.asarray(tokens_per_expert(host_params, host_x, cfg))
 
     errors = {"y": relative_error(y, ref_y), "grad_x": relative_error(grad_x, ref_grad_x)}
     errors |= {f"grad_{k}": relative_error(grads[k], ref_grads[k]) for k in ref_grads}
+    errors |= {
+        name: relative_error(getattr(aux, name), getattr(ref_aux, name))
+        for name in AUX_LOSSES
+        if name in aux._fields
+    }
+    for name in AUX_COUNTS:
+        if name not in aux._fields:
+            continue
+        got, want = np.asarray(getattr(aux, name)), np.asarray(getattr(ref_aux, name))
+        if not np.array_equal(got, want):
+            raise CheckFailed(f"{case}: aux.{name} {got.tolist()} != {want.tolist()}")
     counts = np.asarray(aux.tokens_per_expert)
-    if not np.array_equal(counts, ref_counts):
-        raise CheckFailed(
-            f"{case}: aux.tokens_per_expert {counts.tolist()} != {ref_counts.tolist()}"
-        )
     worst = max(errors, key=errors.get)
     if not errors[worst] < tolerance:
         raise CheckFailed(
@@ -127,10 +143,13 @@ def check_parity(
             f"{errors[worst]:.3e} >= {tolerance:.0e}; all: "
             + ", ".join(f"{k}={v:.2e}" for k, v in errors.items())
         )
-    return {"case": case, "max_relative_error": errors[worst], "tokens_per_expert": counts.tolist()}
+    result = {"case": case, "max_relative_error": errors[worst], "tokens_per_expert": counts.tolist()}
+    if "dropped_per_expert" in aux._fields:
+        result["dropped"] = int(np.sum(aux.dropped_per_expert))
+    return result
 
 
-def run_twin(path: str, cfg: RouterConfig, tolerance: float, label: str) -> None:
+def run_twin(path: str, cfg: ReferenceConfig, tolerance: float, label: str) -> None:
     start = time.perf_counter()
     module = import_module(path, f"moegen_twin_{label}")
     results = [check_parity(module, cfg, *_random_case(module, 0), tolerance, "random routing")]
@@ -226,14 +245,15 @@ def compile_full(module: ModuleType, tpu: dict[str, Any] | None) -> None:
 
 def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
-    cfg = RouterConfig(**job["router"])
     try:
         start = time.perf_counter()
         module = import_module(job["module"], "moegen_full")
         emit(step="import", seconds=time.perf_counter() - start)
         for twin in job["twins"]:
+            cfg = ReferenceConfig(**twin["reference"])
             run_twin(twin["path"], cfg, twin["tolerance"], twin["label"])
-        compile_full(module, job["tpu"])
+        if job.get("compile", True):
+            compile_full(module, job["tpu"])
     except CheckFailed as err:
         emit(error=str(err))
         return 1

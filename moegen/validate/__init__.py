@@ -14,6 +14,7 @@ from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.sizes import INT32_LIMIT, axes_label, axes_product, nearest_multiples
 from moegen.tiling import LANES, Tile, tile_problems
+from moegen.validate.routing import ROUTING_RULES
 
 Rule = Callable[[LoadedSpec], list[Diagnostic]]
 
@@ -224,6 +225,18 @@ def indices_fit_int32(loaded: LoadedSpec) -> list[Diagnostic]:
                 "shard the batch over more devices, or reduce shapes.batch or shapes.seq_len",
             )
         )
+    shared = spec.layer.shared_ffn_dim or 0
+    local_tokens = local_rows // spec.router.top_k
+    if local_tokens * shared >= INT32_LIMIT:
+        out.append(
+            loaded.diagnostic(
+                ("layer", "shared_ffn_dim"),
+                f"the shared expert's hidden activations on each device hold {local_tokens} x "
+                f"{shared} = {local_tokens * shared} elements, overflowing int32 indexing "
+                "(< 2**31); shard the batch over more devices, or reduce shapes.batch or "
+                "shapes.seq_len",
+            )
+        )
     if global_rows >= INT32_LIMIT:
         out.append(
             loaded.diagnostic(
@@ -380,6 +393,7 @@ RULES: tuple[Rule, ...] = (
     kernel_runs_on_target,
     pinned_tiles_run,
     mesh_fits_cpu_target,
+    *ROUTING_RULES,
 )
 
 
