@@ -37,6 +37,10 @@ Usage:
     params = init_params(jax.random.key(0), mesh)
     x = jax.device_put(x, input_sharding(mesh))
     y, aux = moe_layer(params, x)
+
+On several hosts (one process each), call jax.distributed.initialize() first: make_mesh()
+then spans every process's devices, init_params creates each process's shards, and
+x = input_from_process_data(mesh, local_x) builds the global x from each process's rows.
 """
 
 from collections.abc import Sequence
@@ -140,6 +144,16 @@ def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
 def input_sharding(mesh: Mesh) -> NamedSharding:
     """How x (and y) are laid out over the mesh."""
     return NamedSharding(mesh, INPUT_SPEC)
+
+
+def input_from_process_data(mesh: Mesh, local_x: jax.Array) -> jax.Array:
+    """The global x from the rows this process holds (all of x when there is one process).
+
+    In a multi-process run each process passes the batch rows of its own devices, in device
+    order: jax.make_array_from_process_local_data assembles the global array without copies
+    between hosts.
+    """
+    return jax.make_array_from_process_local_data(input_sharding(mesh), local_x, INPUT_SHAPE)
 
 
 def input_shape(mesh: Mesh) -> jax.ShapeDtypeStruct:

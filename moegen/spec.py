@@ -131,12 +131,33 @@ class Mesh(_Section):
     batch_axes: list[AxisName] | None = Field(
         None, description="Axes the batch is sharded over (default: every mesh axis)."
     )
+    dcn_axes: dict[AxisName, Size] | None = Field(
+        None,
+        description="Multi-slice targets: how many ways each axis is split across slices "
+        "(over the data-center network, DCN); the rest of the axis is inside a slice (ICI). "
+        "The product must equal target.slices, e.g. {data: 2} for data parallelism over 2 "
+        "slices.",
+    )
+    expert_over_dcn: bool = Field(
+        False,
+        description="Allow the expert axis to cross slices: every token exchange then travels "
+        "over the DCN, far slower than ICI.",
+    )
 
     # Deeply immutable once validated: a plan must never see a spec change under it.
     @field_validator("axes", mode="after")
     @classmethod
     def _freeze_axes(cls, axes: dict[str, int]) -> Mapping[str, int]:
         return MappingProxyType(dict(axes))
+
+    @field_validator("dcn_axes", mode="after")
+    @classmethod
+    def _freeze_dcn_axes(cls, axes: dict[str, int] | None) -> Mapping[str, int] | None:
+        return None if axes is None else MappingProxyType(dict(axes))
+
+    @field_serializer("dcn_axes")
+    def _serialize_dcn_axes(self, axes: Mapping[str, int] | None) -> dict[str, int] | None:
+        return None if axes is None else dict(axes)
 
     @field_validator("batch_axes", mode="after")
     @classmethod
@@ -196,6 +217,11 @@ class Target(_Section):
     )
     topology: str | None = Field(
         None, max_length=32, description="TPU slice shape, e.g. 2x4 (v5e, v6e) or 2x2x1 (v5p)."
+    )
+    slices: Annotated[int, Field(gt=0, le=64)] = Field(
+        1,
+        description="TPU slices of this topology joined by the data-center network "
+        "(multi-slice); mesh.dcn_axes says which axes cross them.",
     )
     kernel: Literal["xla", "pallas"] = Field(
         "xla",

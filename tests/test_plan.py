@@ -1017,3 +1017,21 @@ def test_erf_activations_turn_the_varying_axes_check_off(activation: str, check_
     assert plan.vma_unchecked_reason == (
         "" if check_vma else "XLA's erf polynomial carries no varying-axes types"
     )
+
+
+def test_one_slice_network_is_all_ici(case) -> None:
+    """Without target.slices the mesh lies in one slice: every byte moves over ICI."""
+    _, axes, _, plan = case
+    net = plan.network
+    assert plan.slices == net.slices == 1
+    assert net.ici_mesh_shape == tuple(axes.values())
+    assert net.dcn_mesh_shape == (1,) * len(axes)
+    assert net.dcn_bytes == 0 and all(t.dcn_bytes == 0 for t in net.transfers)
+    assert net.ici_bytes == sum(t.ici_bytes for t in net.transfers)
+    # the fsdp all-gather is the cost plan's gather, and its reduce-scatter mirrors it
+    fsdp = [t.ici_bytes for t in net.transfers if t.axis == "fsdp"]
+    gathered = plan.cost.gather_bytes_received
+    assert fsdp == ([gathered, gathered] if "fsdp" in axes else [])
+    text = format_plan(plan)
+    assert "over DCN" not in text
+    assert "communication per device, forward+backward: ICI " in text

@@ -35,6 +35,9 @@ def spec_yaml(
     down: str | None = None,
     compute: str = "bfloat16",
     router: tuple[str, ...] = (),
+    dcn_axes: str | None = None,
+    expert_over_dcn: bool | None = None,
+    slices: int | None = None,
 ) -> str:
     """A schema-valid spec with every value on a fixed line (see the column comments).
 
@@ -45,8 +48,24 @@ def spec_yaml(
 
     `router` adds lines to the router section, each indented by 2 (so a key is at column 3)
     and written from line 9 on: a spec that uses them has every line from 9 on moved down
-    by their number; lines 1-8 stay where they are."""
+    by their number; lines 1-8 stay where they are.
+
+    `dcn_axes` (a YAML flow mapping such as "{data: 2}") and `expert_over_dcn` set the mesh
+    fields of multi-slice targets without moving a line: the mesh section becomes a flow
+    mapping over lines 12-13 (or 12-14 with batch_axes), written `mesh: {dcn_axes: ...,
+    expert_over_dcn: ...,` at line 12, so the dcn_axes key is at column 8 and its value at
+    column 18 (in "{data: 2}", the key data at column 19 and 2 at column 25); axes stays at
+    line 13, column 9, and batch_axes at line 14, column 15. `slices` writes target.slices at
+    line 21, column 11, in place of the tiles comment (so it cannot go with tiles)."""
     tiles = gate_up is not None or down is not None
+    assert not (tiles and slices is not None), "slices takes the line of target.tiles"
+    mesh_fields = ([f"dcn_axes: {dcn_axes}"] if dcn_axes is not None else []) + (
+        [f"expert_over_dcn: {'true' if expert_over_dcn else 'false'}"]
+        if expert_over_dcn is not None
+        else []
+    )
+    mesh_flow = bool(mesh_fields)
+    mesh_end = "" if not mesh_flow else "}" if batch_axes is None else ","
     lines = [
         "version: 1",  # 1
         "layer:",  # 2
@@ -60,16 +79,22 @@ def spec_yaml(
         "shapes:",  # 9
         f"  batch: {batch}",  # 10, column 10
         f"  seq_len: {seq}",  # 11, column 12
-        "mesh:",  # 12
-        f"  axes: {axes}",  # 13, column 9
-        f"  batch_axes: {batch_axes}" if batch_axes is not None else "  # batch_axes: default",
+        "mesh:" if not mesh_flow else "mesh: {" + ", ".join(mesh_fields) + ",",  # 12
+        f"  axes: {axes}" + mesh_end,  # 13, column 9
+        f"  batch_axes: {batch_axes}" + ("}" if mesh_flow else "")
+        if batch_axes is not None
+        else "  # batch_axes: default",
         "parallelism:" if strategy is None else f"parallelism: {{experts: {strategy},",  # 15
         f"  overlap_chunks: {overlap}" + ("" if strategy is None else "}"),  # 16, column 19
         "target:",  # 17
         f"  hardware: {hardware}",  # 18, column 13
         f"  topology: {topology}" if topology is not None else "  # topology: none",  # 19, col 13
         f"  kernel: {kernel}",  # 20, column 11
-        "  tiles:" if tiles else "  # tiles: none",  # 21, key at column 3
+        "  tiles:"
+        if tiles
+        else f"  slices: {slices}"
+        if slices is not None
+        else "  # tiles: none",  # 21, key at column 3 (slices: value at column 11)
         f"    gate_up: {gate_up}" if gate_up is not None else "    # gate_up: auto",  # 22, col 14
         f"    down: {down}" if down is not None else "    # down: auto",  # 23, column 11
         "dtypes:",  # 24
@@ -99,6 +124,21 @@ PALLAS_V5E = {"hardware": "tpu-v5e", "topology": "2x2", "kernel": "pallas"}
 PALLAS_V6E = {"hardware": "tpu-v6e", "topology": "2x2", "kernel": "pallas"}
 # Experts sharded over a 4-device expert axis, chunked overlap possible.
 RING = {"axes": "{expert: 4}", "strategy": "ring_of_experts"}
+# Two TPU v5e 2x4 slices (8 chips each) joined by the data-center network: 16 devices.
+TWO_V5E_SLICES = {"hardware": "tpu-v5e", "topology": "2x4", "slices": 2}
+# specs/mixtral_8x7b_2slices_v5e.yaml's mesh: data parallel across the 2 slices, fsdp 2 x
+# expert 4 (ragged all-to-all) inside each; 16 devices, batch 16 one sequence each.
+MIXTRAL_2SLICES = {
+    **TWO_V5E_SLICES,
+    "axes": "{data: 2, fsdp: 2, expert: 4}",
+    "strategy": "ragged_all_to_all",
+    "dcn_axes": "{data: 2}",
+}
+EXPERT_OVER_DCN = (
+    "splitting the expert axis over 2 slices sends every token exchange over the data-center "
+    "network, about 10x slower than the links inside a slice; cross slices with data (or "
+    "fsdp) instead, or set mesh.expert_over_dcn: true to accept it"
+)
 
 
 def group_limit(groups: int, keep: int) -> tuple[str, ...]:
@@ -688,6 +728,56 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
                 )
             ],
         ),
+        # multi-slice: the mesh spans every slice, chips x slices devices
+        (MIXTRAL_2SLICES, []),  # v5e 2x4 x 2 slices: 16 devices
+        (
+            {**TWO_V5E_SLICES, "slices": 4, "batch": 32, "axes": "{data: 4, fsdp: 8}"}
+            | {"dcn_axes": "{data: 4}"},
+            [],
+        ),
+        (
+            {"hardware": "tpu7x", "topology": "2x2x1", "slices": 2, "axes": "{data: 2, fsdp: 8}"}
+            | {"dcn_axes": "{data: 2}"},
+            [],  # 4 chips x 2 devices x 2 slices
+        ),
+        # one slice's worth of devices for two slices
+        (
+            {**TWO_V5E_SLICES, "axes": "{data: 2, fsdp: 4}", "dcn_axes": "{data: 2}"},
+            [
+                (
+                    13,
+                    3,
+                    "mesh.axes",
+                    "the mesh has 8 devices but tpu-v5e 2x4 x 2 slices has 16; "
+                    "make the product of the axis sizes 16",
+                )
+            ],
+        ),
+        (
+            {**TWO_V5E_SLICES, "slices": 4, "axes": "{data: 4, fsdp: 4}", "dcn_axes": "{data: 4}"},
+            [
+                (
+                    13,
+                    3,
+                    "mesh.axes",
+                    "the mesh has 16 devices but tpu-v5e 2x4 x 4 slices has 32; "
+                    "make the product of the axis sizes 32",
+                )
+            ],
+        ),
+        (
+            {"hardware": "tpu7x", "topology": "2x2x1", "slices": 2, "axes": "{data: 2, fsdp: 4}"}
+            | {"dcn_axes": "{data: 2}"},
+            [
+                (
+                    13,
+                    3,
+                    "mesh.axes",
+                    "the mesh has 8 devices but tpu7x 2x2x1 x 2 slices has 16 (2 per chip); "
+                    "make the product of the axis sizes 16",
+                )
+            ],
+        ),
     ],
     "kernel_runs_on_target": [
         ({}, []),  # cpu, xla
@@ -1109,6 +1199,181 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
             [(13, 3, "mesh.axes", "257 devices; target cpu runs at most 256 host devices")],
         ),
     ],
+    "slices_need_a_tpu_target": [
+        ({}, []),  # one slice, the default
+        ({"slices": 1}, []),  # written out
+        (MIXTRAL_2SLICES, []),
+        (
+            {"slices": 2, "dcn_axes": "{data: 2}"},
+            [
+                (
+                    21,
+                    11,
+                    "target.slices",
+                    "cpu has no slices; remove target.slices or pick a TPU target",
+                )
+            ],
+        ),
+    ],
+    "dcn_axes_split_mesh_axes": [
+        ({}, []),  # no dcn_axes
+        (MIXTRAL_2SLICES, []),
+        ({**MIXTRAL_2SLICES, "dcn_axes": "{data: 2, fsdp: 1}"}, []),  # a part of 1 is in-slice
+        # fsdp crosses the slices: 2 of its 4 ways in each slice
+        ({**TWO_V5E_SLICES, "axes": "{data: 4, fsdp: 4}", "dcn_axes": "{fsdp: 2}"}, []),
+        # data crosses the slices, but the mesh has no data axis: at the key
+        (
+            {**TWO_V5E_SLICES, "axes": "{fsdp: 16}", "dcn_axes": "{data: 2}"},
+            [(12, 19, "mesh.dcn_axes.data", "'data' is not a mesh axis (mesh.axes: fsdp)")],
+        ),
+        # 3 slices crossed by an fsdp axis of 8: at the value
+        (
+            {
+                "hardware": "tpu-v5e",
+                "topology": "2x4",
+                "slices": 3,
+                "batch": 24,
+                "axes": "{data: 3, fsdp: 8}",
+                "dcn_axes": "{fsdp: 3}",
+            },
+            [
+                (
+                    12,
+                    25,
+                    "mesh.dcn_axes.fsdp",
+                    "fsdp = 8 does not split into 3 slices; valid: 1, 2, 4, 8",
+                )
+            ],
+        ),
+        # more slices than the axis has devices
+        (
+            {
+                **TWO_V5E_SLICES,
+                "slices": 4,
+                "batch": 32,
+                "axes": "{data: 2, fsdp: 16}",
+                "dcn_axes": "{data: 4}",
+            },
+            [(12, 25, "mesh.dcn_axes.data", "data = 2 does not split into 4 slices; valid: 1, 2")],
+        ),
+        # both problems, each where it is written
+        (
+            {
+                **TWO_V5E_SLICES,
+                "slices": 6,
+                "batch": 48,
+                "axes": "{fsdp: 4, expert: 12}",
+                "strategy": "ragged_all_to_all",
+                "experts": 24,
+                "dcn_axes": "{data: 2, fsdp: 3}",
+            },
+            [
+                (
+                    12,
+                    19,
+                    "mesh.dcn_axes.data",
+                    "'data' is not a mesh axis (mesh.axes: fsdp, expert)",
+                ),
+                (
+                    12,
+                    34,
+                    "mesh.dcn_axes.fsdp",
+                    "fsdp = 4 does not split into 3 slices; valid: 1, 2, 4",
+                ),
+            ],
+        ),
+    ],
+    "dcn_axes_span_the_slices": [
+        ({}, []),  # one slice, no dcn_axes
+        ({"dcn_axes": "{data: 1}"}, []),  # one slice, said explicitly
+        (MIXTRAL_2SLICES, []),
+        (
+            {**TWO_V5E_SLICES, "slices": 4, "batch": 32, "axes": "{data: 4, fsdp: 8}"}
+            | {"dcn_axes": "{data: 2, fsdp: 2}"},
+            [],  # 2 x 2 = 4 slices
+        ),
+        # several slices, none of the axes said to cross them: at target.slices
+        (
+            {**MIXTRAL_2SLICES, "dcn_axes": None},
+            [
+                (
+                    21,
+                    11,
+                    "target.slices",
+                    "2 slices, but mesh.dcn_axes does not say which axes cross them; add e.g. "
+                    "dcn_axes: {data: 2} under mesh",
+                )
+            ],
+        ),
+        # the product of the parts is not the number of slices: at the dcn_axes key
+        (
+            {**TWO_V5E_SLICES, "slices": 4, "batch": 32, "axes": "{data: 4, fsdp: 8}"}
+            | {"dcn_axes": "{data: 2}"},
+            [
+                (
+                    12,
+                    8,
+                    "mesh.dcn_axes",
+                    "the cross-slice parts multiply to 2 but target.slices is 4; make them equal",
+                )
+            ],
+        ),
+        (
+            {**TWO_V5E_SLICES, "axes": "{data: 4, fsdp: 4}", "dcn_axes": "{data: 2, fsdp: 2}"},
+            [
+                (
+                    12,
+                    8,
+                    "mesh.dcn_axes",
+                    "the cross-slice parts multiply to 4 but target.slices is 2; make them equal",
+                )
+            ],
+        ),
+        # dcn_axes on a one-slice target (slices left at its default 1)
+        (
+            {"hardware": "tpu-v5e", "topology": "2x4", "axes": "{data: 2, fsdp: 4}"}
+            | {"dcn_axes": "{data: 2}"},
+            [
+                (
+                    12,
+                    8,
+                    "mesh.dcn_axes",
+                    "the cross-slice parts multiply to 2 but target.slices is 1; make them equal",
+                )
+            ],
+        ),
+    ],
+    "expert_axis_stays_in_a_slice": [
+        ({}, []),
+        (MIXTRAL_2SLICES, []),  # data crosses the slices, experts stay in each
+        ({**MIXTRAL_2SLICES, "dcn_axes": "{data: 2, expert: 1}"}, []),  # explicitly in-slice
+        ({**MIXTRAL_2SLICES, "dcn_axes": "{expert: 2}", "expert_over_dcn": True}, []),  # accepted
+        (
+            {**MIXTRAL_2SLICES, "dcn_axes": "{expert: 2}", "strategy": "ring_of_experts"}
+            | {"expert_over_dcn": True},
+            [],
+        ),
+        # the expert axis crosses the slices: at the part
+        (
+            {**MIXTRAL_2SLICES, "dcn_axes": "{expert: 2}"},
+            [(12, 27, "mesh.dcn_axes.expert", EXPERT_OVER_DCN)],
+        ),
+        (
+            {**MIXTRAL_2SLICES, "dcn_axes": "{expert: 2}", "expert_over_dcn": False},
+            [(12, 27, "mesh.dcn_axes.expert", EXPERT_OVER_DCN)],
+        ),
+        (
+            {
+                **TWO_V5E_SLICES,
+                "slices": 4,
+                "batch": 32,
+                "axes": "{data: 2, fsdp: 2, expert: 8}",
+                "strategy": "ragged_all_to_all",
+                "dcn_axes": "{data: 2, expert: 2}",
+            },
+            [(12, 36, "mesh.dcn_axes.expert", EXPERT_OVER_DCN)],
+        ),
+    ],
 }
 
 RULE_CASES = [
@@ -1465,3 +1730,49 @@ def test_shared_expert_width_counts_for_int32_indexing() -> None:
 def test_shared_expert_is_not_counted_per_routed_copy() -> None:
     loaded = _with_shared_expert(4096, embed=1024, ffn=1024, batch=2, seq=2**18, axes="{data: 2}")
     assert check_rules(loaded) == []
+
+
+def test_example_multi_slice_spec_without_its_slices_is_refused() -> None:
+    """specs/mixtral_8x7b_2slices_v5e.yaml spans 16 devices: one 2x4 slice has 8."""
+    text = (REPO_ROOT / "specs" / "mixtral_8x7b_2slices_v5e.yaml").read_text(encoding="utf-8")
+    assert "  slices: 2\n" in text
+    loaded = load_spec_bytes(text.replace("  slices: 2\n", "").encode(), "2s.yaml", "two")
+    assert [(d.field, d.message) for d in check_rules(loaded)] == [
+        (
+            "mesh.axes",
+            "the mesh has 16 devices but tpu-v5e 2x4 has 8; make the product of the axis sizes 8",
+        ),
+        (
+            "mesh.dcn_axes",
+            "the cross-slice parts multiply to 2 but target.slices is 1; make them equal",
+        ),
+    ]
+
+
+def test_dcn_axes_advice_followed_passes() -> None:
+    """Several slices and no dcn_axes: the dcn_axes the message suggests pass every rule."""
+    loaded = loaded_spec(**{**MIXTRAL_2SLICES, "dcn_axes": None})
+    [diagnostic] = check_rules(loaded)
+    suggested = re.search(r"dcn_axes: (\{.*\}) under mesh", diagnostic.message)
+    assert suggested, diagnostic.message
+    assert check_rules(loaded_spec(**{**MIXTRAL_2SLICES, "dcn_axes": suggested.group(1)})) == []
+
+
+def test_topology_hint_counts_the_devices_of_one_slice() -> None:
+    kwargs = {**TWO_V5E_SLICES, "axes": "{data: 2, fsdp: 8}", "dcn_axes": "{data: 2}"}
+    [diagnostic] = check_rules(loaded_spec(**{**kwargs, "topology": "2x2x1"}))
+    hint = diagnostic.message.rsplit(": ", 1)[1]
+    assert check_rules(loaded_spec(**{**kwargs, "topology": hint})) == [], diagnostic.message
+
+
+def test_dcn_axis_missing_from_the_mesh_is_reported_once() -> None:
+    loaded = loaded_spec(**TWO_V5E_SLICES, axes="{data: 2, fsdp: 8}", dcn_axes="{expert: 2}")
+    assert [(d.field, d.message) for d in check_rules(loaded)] == [
+        ("mesh.dcn_axes.expert", "'expert' is not a mesh axis (mesh.axes: data, fsdp)")
+    ]
+
+
+def test_slices_on_cpu_get_one_fix() -> None:
+    assert [(d.field, d.message) for d in check_rules(loaded_spec(slices=2))] == [
+        ("target.slices", "cpu has no slices; remove target.slices or pick a TPU target")
+    ]

@@ -32,7 +32,12 @@ def in_repo(monkeypatch):
 # Real-model layers whose full-size compile takes minutes on a 2-core CI machine: CI runs
 # their twins; `moegen build` compiled them (with the memory verdict) before they were
 # committed, and `moegen check` keeps the committed modules fresh.
-TWINS_ONLY = {"deepseek_v3_v5p", "gpt_oss_120b_v6e", "llama4_scout_v5e"}
+TWINS_ONLY = {
+    "deepseek_v3_v5p",
+    "gpt_oss_120b_v6e",
+    "llama4_scout_v5e",
+    "mixtral_8x7b_2slices_v5e",
+}
 
 
 @pytest.mark.parametrize("name", EXAMPLE_NAMES)

@@ -17,6 +17,7 @@ from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES, CostPlan, MemoryPlan, cost_plan, memory_plan
 from moegen.plan.experts import ExpertPlan, expert_plan
 from moegen.plan.model import Plan
+from moegen.plan.network import NetworkPlan, Transfer, network_plan
 from moegen.plan.params import (
     GATED_ACTIVATIONS,
     ROUTER_DTYPE,
@@ -30,7 +31,8 @@ from moegen.sizes import axes_product
 from moegen.tiling import Tile, choose_tile, padded_rows
 
 __all__ = [
-    "CostPlan", "ExpertPlan", "MemoryPlan", "ParamPlan", "PartitionSpec", "Plan",
+    "CostPlan", "ExpertPlan", "MemoryPlan", "NetworkPlan", "ParamPlan", "PartitionSpec",
+    "Plan", "Transfer",
     "format_plan", "make_plan",
 ]  # fmt: skip
 
@@ -99,6 +101,7 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         tpu_topology_name=(
             f"{chip.topology_prefix}:{spec.target.topology}" if chip.platform == "tpu" else None
         ),
+        slices=spec.target.slices,
         chips_per_host_bounds=(
             chip.chips_per_host_bounds(spec.target.topology) if chip.platform == "tpu" else None
         ),
@@ -147,6 +150,14 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         params=params,
         experts=experts,
         cost=cost,
+        network=network_plan(
+            params,
+            experts,
+            axes,
+            dict(spec.mesh.dcn_axes or {}),
+            spec.target.slices,
+            spec.dtypes.params,
+        ),
         memory=memory_plan(
             cost,
             local_tokens=local_tokens,

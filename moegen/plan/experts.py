@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from dataclasses import dataclass
+from fractions import Fraction
 
 from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 
 from moegen.plan.costs import CostPlan, MemoryPlan
 from moegen.plan.experts import ExpertPlan
+from moegen.plan.network import NetworkPlan
 from moegen.plan.params import ParamPlan, PartitionSpec
 
 
@@ -29,6 +30,7 @@ class Plan:
     hardware: str
     topology: str | None
     tpu_topology_name: str | None  # libtpu's name, e.g. "v5e:2x4"
+    slices: int  # TPU slices joined by the data-center network (1: one slice)
     chips_per_host_bounds: tuple[int, int, int] | None
     kernel: str
     kernel_interpret: bool  # pallas kernels interpreted on CPU (the shrunken twin only)
@@ -78,6 +80,7 @@ class Plan:
     params: tuple[ParamPlan, ...]
     experts: ExpertPlan
     cost: CostPlan
+    network: NetworkPlan
     memory: MemoryPlan
 
     def to_dict(self) -> dict:

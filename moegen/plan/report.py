@@ -45,6 +45,7 @@ def format_plan(plan: Plan) -> str:
             f"  megablox tiles  gate/up {list(plan.gate_up_tile)}, down {down} "
             "(rows, contraction, output)"
         )
+    lines += _network_lines(plan)
     m = plan.memory
     hbm = f" of {_gib(m.hbm_bytes_per_device)} HBM" if m.hbm_bytes_per_device else ""
     lines.append(
@@ -87,9 +88,7 @@ def _expert_lines(plan: Plan) -> list[str]:
             else "the lesser of every group token sending min(top_k, local experts) copies "
             "here and every device sending each local expert its capacity"
         )
-        lines.append(
-            f"  receive buffer  {experts.receive_rows} rows: {why}; no per-expert padding"
-        )
+        lines.append(f"  receive buffer  {experts.receive_rows} rows: {why}; no per-expert padding")
     if experts.overlap_chunks > 1:
         lines.append(
             f"  overlap         {experts.overlap_chunks} chunks of {experts.chunk_width} columns "
@@ -98,6 +97,28 @@ def _expert_lines(plan: Plan) -> list[str]:
     for name, size in experts.communication_bytes:
         chosen = " (chosen)" if name == experts.strategy else ""
         lines.append(f"  comm forward    {name:<18} {_gib(size)} per device{chosen}")
+    return lines
+
+
+def _network_lines(plan: Plan) -> list[str]:
+    net = plan.network
+    if not net.transfers:
+        return []
+    total = net.ici_bytes + net.dcn_bytes
+    share = f" ({100 * net.dcn_bytes / total:.1f}% over DCN)" if net.slices > 1 else ""
+    lines = [
+        f"  communication per device, forward+backward: ICI {_gib(net.ici_bytes)}, "
+        f"DCN {_gib(net.dcn_bytes)}{share}"
+    ]
+    if net.slices > 1:
+        lines.append(
+            f"    {net.slices} slices: in-slice mesh {list(net.ici_mesh_shape)}, "
+            f"across slices {list(net.dcn_mesh_shape)}"
+        )
+    for t in net.transfers:
+        lines.append(
+            f"    {t.name:<42} {t.axis:<7} ICI {_gib(t.ici_bytes):>12}  DCN {_gib(t.dcn_bytes):>12}"
+        )
     return lines
 
 

@@ -15,6 +15,7 @@ from moegen.load import LoadedSpec
 from moegen.sizes import INT32_LIMIT, axes_label, axes_product, nearest_multiples
 from moegen.tiling import LANES, Tile, tile_problems
 from moegen.validate.routing import ROUTING_RULES
+from moegen.validate.slices import SLICE_RULES
 
 Rule = Callable[[LoadedSpec], list[Diagnostic]]
 
@@ -291,8 +292,10 @@ def topology_matches_hardware(loaded: LoadedSpec) -> list[Diagnostic]:
     if target.topology in chip.topologies:
         return []
     devices = axes_product(loaded.spec.mesh.axes, loaded.spec.mesh.axes)
-    matching = [t for t in chip.topologies if chip.devices(t) == devices]
-    hint = f"; with {devices} devices: {', '.join(matching)}" if matching else ""
+    per_slice = devices // target.slices
+    matching = [t for t in chip.topologies if chip.devices(t) == per_slice]
+    slices = f" ({target.slices} slices of {per_slice})" if target.slices > 1 else ""
+    hint = f"; with {devices} devices{slices}: {', '.join(matching)}" if matching else ""
     return [
         loaded.diagnostic(
             ("target", "topology"),
@@ -309,16 +312,17 @@ def mesh_matches_topology(loaded: LoadedSpec) -> list[Diagnostic]:
     if chip.platform == "cpu" or target.topology not in chip.topologies:
         return []
     devices = axes_product(loaded.spec.mesh.axes, loaded.spec.mesh.axes)
-    want = chip.devices(target.topology)
+    want = chip.devices(target.topology) * target.slices
     if devices == want:
         return []
     per_chip = f" ({chip.devices_per_chip} per chip)" if chip.devices_per_chip > 1 else ""
+    slices = f" x {target.slices} slices" if target.slices > 1 else ""
     return [
         loaded.diagnostic(
             ("mesh", "axes"),
             at_key=True,
-            message=f"the mesh has {devices} devices but {target.hardware} {target.topology} "
-            f"has {want}{per_chip}; make the product of the axis sizes {want}",
+            message=f"the mesh has {devices} devices but {target.hardware} {target.topology}"
+            f"{slices} has {want}{per_chip}; make the product of the axis sizes {want}",
         )
     ]
 
@@ -394,6 +398,7 @@ RULES: tuple[Rule, ...] = (
     pinned_tiles_run,
     mesh_fits_cpu_target,
     *ROUTING_RULES,
+    *SLICE_RULES,
 )
 
 

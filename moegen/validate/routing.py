@@ -134,9 +134,9 @@ def capacity_has_a_balancer(loaded: LoadedSpec) -> list[Diagnostic]:
         loaded.diagnostic(
             ("router", "capacity"),
             at_key=True,
-            message="a capacity drops what unbalanced routing sends past it, and nothing here balances "
-            "the routing; set router.load_balance_loss (e.g. 0.01) or router.routing_bias: true "
-            "(sigmoid-type scores), or remove capacity (dropless)",
+            message="a capacity drops what unbalanced routing sends past it, and nothing here "
+            "balances the routing; set router.load_balance_loss (e.g. 0.01) or "
+            "router.routing_bias: true (sigmoid-type scores), or remove capacity (dropless)",
         )
     ]
 

@@ -94,6 +94,7 @@ def verify(
             else {
                 "topology_name": plan.tpu_topology_name,
                 "chips_per_host_bounds": list(plan.chips_per_host_bounds or ()),
+                "num_slices": plan.slices,
             },
         }
         job_path = workdir / "job.json"

@@ -143,7 +143,11 @@ def check_parity(
             f"{errors[worst]:.3e} >= {tolerance:.0e}; all: "
             + ", ".join(f"{k}={v:.2e}" for k, v in errors.items())
         )
-    result = {"case": case, "max_relative_error": errors[worst], "tokens_per_expert": counts.tolist()}
+    result = {
+        "case": case,
+        "max_relative_error": errors[worst],
+        "tokens_per_expert": counts.tolist(),
+    }
     if "dropped_per_expert" in aux._fields:
         result["dropped"] = int(np.sum(aux.dropped_per_expert))
     return result
@@ -183,7 +187,7 @@ def target_devices(module: ModuleType, tpu: dict[str, Any] | None) -> list[Any]:
         topology_name=tpu["topology_name"],
         chip_config_name="default",
         chips_per_host_bounds=tuple(tpu["chips_per_host_bounds"]),
-        num_slices=1,
+        num_slices=tpu.get("num_slices", 1),
     ).devices
 
 

@@ -1,0 +1,105 @@
+"""One process of a multi-process run of a generated module (see test_multiprocess.py).
+
+argv: process_id num_processes port module_path reference_json out_json. The parent sets
+XLA_FLAGS (this process's fake CPU devices) and JAX_PLATFORMS=cpu before Python starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+
+from moegen.verify import worker
+from moegen.verify.reference import ReferenceConfig, dense_moe
+
+
+def local_rows(module, mesh) -> slice:
+    """The batch rows this process's devices hold, as one contiguous range."""
+    sharding = module.input_sharding(mesh)
+    spans = {
+        (index[0].start or 0, index[0].stop or module.BATCH)
+        for index in sharding.addressable_devices_indices_map(module.INPUT_SHAPE).values()
+    }
+    starts, stops = zip(*sorted(spans), strict=True)
+    assert all(a == b for a, b in zip(stops[:-1], starts[1:], strict=True)), spans
+    return slice(starts[0], stops[-1])
+
+
+def main() -> None:
+    process_id, processes, port = map(int, sys.argv[1:4])
+    module_path, reference_json, out_path = sys.argv[4:7]
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{port}",
+        num_processes=processes,
+        process_id=process_id,
+        initialization_timeout=60,
+    )
+    module = worker.import_module(module_path, "multiprocess_twin")
+    mesh = module.make_mesh()  # every process's devices
+    # Every process draws the same global arrays and places only its own shards.
+    params, x, cotangent = worker._random_case(module, 0)
+    placed = {
+        name: jax.make_array_from_callback(
+            value.shape,
+            NamedSharding(mesh, module.PARAM_SPECS[name]),
+            lambda index, value=value: jnp.asarray(value[index], module.PARAM_DTYPE),
+        )
+        for name, value in params.items()
+    }
+    rows = local_rows(module, mesh)
+    placed_x = module.input_from_process_data(mesh, jnp.asarray(x[rows], module.COMPUTE_DTYPE))
+    cot = jax.make_array_from_process_local_data(
+        module.input_sharding(mesh), cotangent[rows], module.INPUT_SHAPE
+    )
+
+    def loss(p, xs, c):
+        y, _ = module.moe_layer(p, xs, mesh=mesh)
+        return jnp.sum(y.astype(jnp.float32) * c)
+
+    with jax.set_mesh(mesh):
+        y, aux = jax.jit(functools.partial(module.moe_layer, mesh=mesh))(placed, placed_x)
+        grads, grad_x = jax.jit(jax.grad(loss, argnums=(0, 1)))(placed, placed_x, cot)
+    gathered = multihost_utils.process_allgather(
+        {"y": y, "grad_x": grad_x, "grads": grads, "counts": aux.tokens_per_expert}, tiled=True
+    )
+
+    cfg = ReferenceConfig(**json.loads(reference_json))
+    host = {k: np.asarray(v, np.float32) for k, v in params.items()}
+    host = {k: np.asarray(jnp.asarray(v, module.PARAM_DTYPE), np.float32) for k, v in host.items()}
+    host_x = np.asarray(jnp.asarray(x, module.COMPUTE_DTYPE), np.float32)
+
+    def reference_loss(p, xs):
+        return jnp.sum(dense_moe(p, xs, cfg)[0] * cotangent)
+
+    ref_y, ref_aux = dense_moe(host, host_x, cfg)
+    ref_grads, ref_grad_x = jax.grad(reference_loss, argnums=(0, 1))(host, host_x)
+    errors = {
+        "y": worker.relative_error(gathered["y"], ref_y),
+        "grad_x": worker.relative_error(gathered["grad_x"], ref_grad_x),
+    }
+    errors |= {f"grad_{k}": worker.relative_error(gathered["grads"][k], ref_grads[k]) for k in host}
+    result = {
+        "process": process_id,
+        "devices": jax.device_count(),
+        "local_devices": jax.local_device_count(),
+        "rows": [rows.start, rows.stop],
+        "errors": errors,
+        "counts_match": bool(
+            np.array_equal(np.asarray(gathered["counts"]), np.asarray(ref_aux.tokens_per_expert))
+        ),
+    }
+    with open(out_path, "w", encoding="utf-8") as out:
+        json.dump(result, out)
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()
