@@ -198,6 +198,66 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool) -> None:
         click.echo(f"  {step['step']:<26} {_describe(step)}")
 
 
+@cli.command(name="tune")
+@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--dry-run", is_flag=True, help="Print the patch instead of rewriting SPEC.")
+@click.option(
+    "--budget",
+    "budget_s",
+    default=240.0,
+    show_default=True,
+    type=click.FloatRange(1, 3600),
+    help="Seconds after which no further candidate is compiled.",
+)
+def tune_command(spec: Path, dry_run: bool, budget_s: float) -> None:
+    """Choose SPEC's `auto` values by compiling each candidate for the target."""
+    from moegen.emit import write_all
+    from moegen.load import load_spec
+    from moegen.tune import patch, tune, yaml_value
+
+    def progress(i: int, n: int, candidate: Any) -> None:
+        choice = _choice_text(candidate.choices, yaml_value)
+        if candidate.problem:
+            _err(f"  [{i}/{n}] {choice}: {candidate.problem}")
+        else:
+            _err(
+                f"  [{i}/{n}] {choice}: compiled in {candidate.seconds:.1f} s, "
+                f"peak {candidate.peak_bytes / 2**30:.2f} GiB"
+            )
+
+    try:
+        loaded = load_spec(spec)
+        _err(f"{loaded.source.display}: tuning {len(loaded.spec.auto_fields())} choice(s)")
+        result = tune(loaded, budget_s=budget_s, on_candidate=progress)
+    except SpecError as err:
+        _fail_invalid(err)
+    unit = result.unit
+    click.echo(f"{'candidate':<60} {'FLOPs':>11} {'bytes':>11} {'peak GiB':>9} {'score':>12}")
+    for c in sorted(result.candidates, key=lambda c: c.score):
+        choice = _choice_text(c.choices, yaml_value)
+        if c.problem:
+            click.echo(f"{choice:<60} {'-':>11} {'-':>11} {'-':>9} {'-':>12}  {c.problem}")
+            continue
+        mark = "  <- chosen" if c is result.winner else ""
+        score = f"{c.score * 1e3:.3f} ms" if unit == "s" else f"{c.score:.3e} B"
+        click.echo(
+            f"{choice:<60} {c.flops:>11.3e} {c.bytes_accessed:>11.3e} "
+            f"{c.peak_bytes / 2**30:>9.2f} {score:>12}{mark}"
+        )
+    if result.winner is None:
+        _err("no candidate compiled and fit the target; the spec is unchanged")
+        sys.exit(EXIT_FAILED)
+    if dry_run:
+        click.echo(patch(loaded, result.new_text), nl=False)
+        return
+    write_all({spec: result.new_text})
+    _err(f"wrote {loaded.source.display}: {_choice_text(result.winner.choices, yaml_value)}")
+
+
+def _choice_text(choices: dict, to_yaml: Any) -> str:
+    return ", ".join(f"{'.'.join(map(str, path))}={to_yaml(v)}" for path, v in choices.items())
+
+
 @cli.command(name="schema")
 @click.option("--check", "check_only", is_flag=True, help=f"Fail if {SCHEMA_PATH} is stale.")
 @click.option("--write", is_flag=True, help=f"Write {SCHEMA_PATH}.")

@@ -176,17 +176,18 @@ class Mesh(_Section):
 class Parallelism(_Section):
     """How experts are spread over devices and how communication overlaps compute."""
 
-    experts: Literal["replicated", "ragged_all_to_all", "ring_of_experts"] = Field(
+    experts: Literal["replicated", "ragged_all_to_all", "ring_of_experts", "auto"] = Field(
         "replicated",
         description="replicated: every device holds every expert. ragged_all_to_all: each "
         "token copy travels to the device of its expert and back. ring_of_experts: tokens are "
         "all-gathered over the expert axis, each device runs its experts, results are "
-        "reduce-scattered.",
+        "reduce-scattered. auto: chosen by `moegen tune`.",
     )
-    overlap_chunks: Size = Field(
+    overlap_chunks: Size | Literal["auto"] = Field(
         1,
         description="ring_of_experts: split the embedding into this many chunks and overlap "
-        "each chunk's token transfer with the previous chunk's grouped matmul (1 = no overlap).",
+        "each chunk's token transfer with the previous chunk's grouped matmul (1 = no overlap). "
+        "auto: chosen by `moegen tune`.",
     )
 
 
@@ -228,7 +229,18 @@ class Target(_Section):
         description="Grouped matmul: xla = jax.lax.ragged_dot (anywhere); "
         "pallas = megablox gmm/tgmm (TPU).",
     )
-    tiles: Tiles | None = Field(None, description="Pin the pallas kernel's tiles.")
+    tiles: Tiles | Literal["auto"] | None = Field(
+        None,
+        description="Pin the pallas kernel's tiles (omit: moegen picks them; auto: `moegen tune` "
+        "compiles candidates and writes the best here).",
+    )
+
+
+AUTO_FIELDS = (
+    ("parallelism", "experts"),
+    ("parallelism", "overlap_chunks"),
+    ("target", "tiles"),
+)
 
 
 class Spec(_Section):
@@ -259,6 +271,10 @@ class Spec(_Section):
         if type(version) is not int or version != 1:
             raise ValueError("must be 1, the only spec version so far")
         return version
+
+    def auto_fields(self) -> list[tuple[str, str]]:
+        """The fields left to `moegen tune` (written `auto`)."""
+        return [path for path in AUTO_FIELDS if getattr(getattr(self, path[0]), path[1]) == "auto"]
 
     @property
     def batch_axes(self) -> tuple[str, ...]:

@@ -547,7 +547,7 @@ def test_near_misses_below_the_cutoff_keep_a_hint(
          "got 'all_to_all'; did you mean 'ragged_all_to_all'?"),
         # too far from every strategy: the choices only
         ("experts: replicated", "experts: ep", "parallelism.experts",
-         "must be 'replicated', 'ragged_all_to_all' or 'ring_of_experts', got 'ep'"),
+         "must be 'replicated', 'ragged_all_to_all', 'ring_of_experts' or 'auto', got 'ep'"),
     ],
 )  # fmt: skip
 def test_expert_parallel_spelling_hints(old: str, new: str, field: str, message: str) -> None:
@@ -623,7 +623,12 @@ targte:
         (11, 9, "shapes", "must be a mapping, got a list"),
         (13, 9, "mesh.axes", "must not be empty"),
         (14, 15, "mesh.batch_axes", "must be a list, got 'data'"),
-        (16, 19, "parallelism.overlap_chunks", "must be an integer, got 1.5"),
+        (
+            16,
+            19,
+            "parallelism.overlap_chunks",
+            "must be an integer, got 1.5 (or auto, for `moegen tune` to choose)",
+        ),
         (17, 1, "", "unknown key 'targte'; did you mean 'target'?"),
     ]  # fmt: skip
 

@@ -1,6 +1,6 @@
 """Router and expert features, each through the whole pipeline: validate, plan, render, and
 the verify step's twin parity (forward, aux counts and losses, gradients of every parameter
-and the input) against the independent dense reference, plus the full-size compile.
+and the input) against the independent dense reference.
 
 One spec per feature or realistic combination, on the smallest mesh that exercises its code
 path; each case is one verify run (a child process, a few seconds).
@@ -207,7 +207,8 @@ def test_feature_matches_dense_reference(name, tmp_path, monkeypatch):
     for code, present in FEATURE_CODE.items():
         assert (code in generated.source) == bool(present(router, layer)), code
 
-    report = verify(generated.loaded, generated.source)
+    # The twins are the point here; full-size compiles are covered by the example specs.
+    report = verify(generated.loaded, generated.source, run_compiles=False)
     parity = [step for step in report.steps if step["step"].startswith("twin parity")]
     assert parity, report.steps
     for step in parity:

@@ -11,6 +11,9 @@ from moegen.diagnostics import Diagnostic
 from moegen.load.source import FieldPath, Locations, SpecSource, dotted
 from moegen.spec import Spec
 
+# pydantic's names for the members of the `X | Literal["auto"]` unions of the spec
+_AUTO_TAG = "literal['auto']"
+_UNION_TAGS = {"constrained-int", "Tiles", _AUTO_TAG}
 _DID_YOU_MEAN_CUTOFF = 0.8  # close enough to be a typo, not a different (unsupported) choice
 # Spellings other tools use for the values moegen names differently.
 _COMMON_SPELLINGS = {
@@ -27,6 +30,12 @@ def schema_diagnostics(
     out = []
     for error in err.errors(include_url=False):
         loc: FieldPath = tuple(error["loc"])
+        # A field that also takes `auto` fails once per alternative: report the value's own
+        # problem once, at the field, and say that auto would do too.
+        if _AUTO_TAG in loc:
+            continue
+        or_auto = bool(loc) and loc[-1] in _UNION_TAGS  # the value itself is wrong
+        loc = tuple(part for part in loc if part not in _UNION_TAGS)
         at_key = False
         if loc and loc[-1] == "[key]":  # a bad key of a free-form mapping (mesh.axes)
             loc, at_key = (*loc[:-2], loc[-2]), True
@@ -42,6 +51,8 @@ def schema_diagnostics(
             field = loc
             line, col = locations.of_key(loc) if at_key else locations.of_value(loc)
             message = _value_message(error)
+        if or_auto:
+            message += " (or auto, for `moegen tune` to choose)"
         out.append(Diagnostic(source.display, line, col, dotted(field), message))
     return out
 

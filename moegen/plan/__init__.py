@@ -27,12 +27,13 @@ from moegen.plan.params import (
     param_plans,
 )
 from moegen.plan.report import format_plan
+from moegen.plan.roofline import PassRoofline, Roofline, roofline
 from moegen.sizes import axes_product
 from moegen.tiling import Tile, choose_tile, padded_rows
 
 __all__ = [
     "CostPlan", "ExpertPlan", "MemoryPlan", "NetworkPlan", "ParamPlan", "PartitionSpec",
-    "Plan", "Transfer",
+    "PassRoofline", "Plan", "Roofline", "Transfer",
     "format_plan", "make_plan",
 ]  # fmt: skip
 
@@ -82,6 +83,23 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         fsdp=axes.get("fsdp", 1),
         gated=gated,
         shared_ffn_dim=layer.shared_ffn_dim or 0,
+    )
+    network = network_plan(
+        params,
+        experts,
+        axes,
+        dict(spec.mesh.dcn_axes or {}),
+        spec.target.slices,
+        spec.dtypes.params,
+    )
+    kernel_rows = rows * experts.ffn_calls
+    fsdp = axes.get("fsdp", 1)
+    hbm_forward = (
+        cost.param_bytes
+        + cost.gathered_weight_bytes * (2 if fsdp > 1 else 1)  # written by the gather, read
+        + 2 * kernel_rows * cost.routed_row_bytes
+        + cost.activation_bytes
+        + 2 * cost.shared_activation_bytes
     )
     return Plan(
         moegen_version=__version__,
@@ -150,13 +168,20 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         params=params,
         experts=experts,
         cost=cost,
-        network=network_plan(
-            params,
-            experts,
-            axes,
-            dict(spec.mesh.dcn_axes or {}),
-            spec.target.slices,
-            spec.dtypes.params,
+        network=network,
+        roofline=roofline(
+            chip,
+            local_tokens=local_tokens,
+            routed_rows=routed_rows,
+            kernel_rows=kernel_rows,
+            embed_dim=layer.embed_dim,
+            ffn_dim=layer.ffn_dim,
+            shared_ffn_dim=layer.shared_ffn_dim or 0,
+            num_experts=layer.num_experts,
+            gated=gated,
+            hbm_forward_bytes=hbm_forward,
+            network=network,
+            overlap_chunks=experts.overlap_chunks,
         ),
         memory=memory_plan(
             cost,

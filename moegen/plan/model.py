@@ -8,6 +8,7 @@ from moegen.plan.costs import CostPlan, MemoryPlan
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.network import NetworkPlan
 from moegen.plan.params import ParamPlan, PartitionSpec
+from moegen.plan.roofline import Roofline
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class Plan:
     experts: ExpertPlan
     cost: CostPlan
     network: NetworkPlan
+    roofline: Roofline
     memory: MemoryPlan
 
     def to_dict(self) -> dict:

@@ -46,6 +46,7 @@ def format_plan(plan: Plan) -> str:
             "(rows, contraction, output)"
         )
     lines += _network_lines(plan)
+    lines += _roofline_lines(plan)
     m = plan.memory
     hbm = f" of {_gib(m.hbm_bytes_per_device)} HBM" if m.hbm_bytes_per_device else ""
     lines.append(
@@ -120,6 +121,43 @@ def _network_lines(plan: Plan) -> list[str]:
             f"    {t.name:<42} {t.axis:<7} ICI {_gib(t.ici_bytes):>12}  DCN {_gib(t.dcn_bytes):>12}"
         )
     return lines
+
+
+def _roofline_lines(plan: Plan) -> list[str]:
+    r = plan.roofline
+    head = "  roofline per device"
+    if r.peak_flops_per_s:
+        head += (
+            f" ({plan.hardware}: {r.peak_flops_per_s / 1e12:.0f} TFLOP/s, HBM "
+            f"{r.hbm_bytes_per_s / 1e9:.0f} GB/s, ICI {r.ici_bytes_per_s / 1e9:.0f} GB/s"
+            + (f", DCN {r.dcn_bytes_per_s / 1e9:.2f} GB/s" if plan.slices > 1 else "")
+            + "):"
+        )
+    else:
+        head += " (no peak figures for cpu: counts only):"
+    lines = [head]
+    for p in r.passes:
+        waste = (p.kernel_flops - p.useful_flops) / p.useful_flops if p.useful_flops else 0.0
+        lines.append(
+            f"    {p.name:<17} FLOPs useful {p.useful_flops:.3e} (router {p.router_flops:.2e}, "
+            f"routed {p.routed_flops:.2e}, shared {p.shared_flops:.2e}); kernels run "
+            f"{p.kernel_flops:.3e} (+{100 * waste:.0f}% on worst-case buffers)"
+        )
+        lines.append(
+            f"    {'':<17} HBM {_gib(p.hbm_bytes)}, ICI {_gib(p.ici_bytes)}, "
+            f"DCN {_gib(p.dcn_bytes)}"
+        )
+        if r.peak_flops_per_s:
+            lines.append(
+                f"    {'':<17} lower bounds: compute {_ms(p.compute_s)}, HBM {_ms(p.hbm_s)}, "
+                f"ICI {_ms(p.ici_s)}, DCN {_ms(p.dcn_s)}; exposed communication "
+                f"{_ms(p.exposed_comm_s)}; layer >= {_ms(p.bound_s)} ({p.bound_by}-bound)"
+            )
+    return lines
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
 
 
 def _spec_text(partition: PartitionSpec) -> str:

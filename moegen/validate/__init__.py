@@ -407,9 +407,24 @@ def check_rules(loaded: LoadedSpec) -> list[Diagnostic]:
     return [diagnostic for rule in RULES for diagnostic in rule(loaded)]
 
 
+def choices_left_to_tune(loaded: LoadedSpec) -> list[Diagnostic]:
+    """`auto` marks a choice `moegen tune` makes; nothing else can build such a spec."""
+    return [
+        loaded.diagnostic(
+            path,
+            f"auto is chosen by `moegen tune {loaded.source.display}`, which compiles the "
+            "candidates and writes the best here; run it, or write a value",
+        )
+        for path in loaded.spec.auto_fields()
+    ]
+
+
 def validate(loaded: LoadedSpec) -> LoadedSpec:
-    """Raise SpecError listing every violated rule; return the spec unchanged otherwise."""
-    diagnostics = check_rules(loaded)
+    """Raise SpecError listing every violated rule; return the spec unchanged otherwise.
+
+    A spec with `auto` choices is reported for those alone: the other rules need values.
+    """
+    diagnostics = choices_left_to_tune(loaded) or check_rules(loaded)
     if diagnostics:
         raise SpecError(diagnostics)
     return loaded

@@ -243,6 +243,7 @@ def compile_full(module: ModuleType, tpu: dict[str, Any] | None) -> None:
             seconds=time.perf_counter() - start,
             memory=_memory(compiled),
             flops=float(cost.get("flops", 0.0)),
+            bytes_accessed=float(cost.get("bytes accessed", 0.0)),
             **overlap,
         )
 

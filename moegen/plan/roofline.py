@@ -1,0 +1,138 @@
+"""The roofline of one layer, per device: FLOPs, HBM bytes, communication, lower-bound times.
+
+Formulas (the project's hardware reference, shared/reference/hardware-and-roofline.md), with
+t tokens per device, D embed, F expert width, S shared-expert width, E experts, K top-k and
+m = 3 matmuls per FFN (gated) or 2 (plain):
+  useful FLOPs, forward: router 2tDE, routed experts 2m tK DF, shared expert 2m tDS;
+  kernel FLOPs: the routed matmuls over the worst-case buffers the kernels are given
+    (rows padded to whole tiles; what the compiler counts), the rest as useful;
+  forward+backward: 3x forward (input and weight gradients each cost a forward);
+  HBM bytes, forward: stored parameters read, gathered weights written and read, routed
+    buffers and shared-expert activations written and read, layer input and output;
+    forward+backward: 3x forward;
+  communication: every collective of `moegen.plan.network`, its bytes over ICI and DCN.
+Times are lower bounds: compute = kernel FLOPs / peak, HBM = bytes / bandwidth, ICI and DCN =
+bytes / link bandwidth. Token exchanges overlapped in C chunks expose
+max(comm, compute) + min(comm, compute) / C - compute of their comm time; every other
+collective counts as exposed. bound = max(compute, HBM) + exposed communication.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moegen.hardware import Hardware
+from moegen.plan.network import NetworkPlan
+
+# No datasheet figure: a 200 Gb/s NIC per host of 8 chips (v5e/v6e) is ~3 GB/s per chip; we
+# assume 6.25 GB/s per chip (a 200 Gb/s NIC per 4 chips) for every TPU generation.
+DCN_BYTES_PER_S_PER_CHIP = 6.25e9
+
+
+@dataclass(frozen=True)
+class PassRoofline:
+    """One pass (forward, or forward+backward) on one device."""
+
+    name: str
+    router_flops: int
+    routed_flops: int  # useful: every chosen token copy once
+    shared_flops: int
+    useful_flops: int
+    kernel_flops: int  # as run: routed matmuls over the padded worst-case buffers
+    hbm_bytes: int
+    ici_bytes: int
+    dcn_bytes: int
+    # lower-bound seconds on the target (0.0 on targets without figures: cpu)
+    compute_s: float
+    hbm_s: float
+    ici_s: float
+    dcn_s: float
+    exposed_comm_s: float
+    bound_s: float
+    bound_by: str  # "compute" | "HBM" (before communication), "" on cpu
+
+
+@dataclass(frozen=True)
+class Roofline:
+    peak_flops_per_s: float  # per device
+    hbm_bytes_per_s: float
+    ici_bytes_per_s: float  # per device, one direction
+    dcn_bytes_per_s: float
+    passes: tuple[PassRoofline, ...]  # forward, forward+backward
+
+
+def roofline(
+    chip: Hardware,
+    *,
+    local_tokens: int,
+    routed_rows: int,
+    kernel_rows: int,
+    embed_dim: int,
+    ffn_dim: int,
+    shared_ffn_dim: int,
+    num_experts: int,
+    gated: bool,
+    hbm_forward_bytes: int,
+    network: NetworkPlan,
+    overlap_chunks: int,
+) -> Roofline:
+    per_chip = max(chip.devices_per_chip, 1)
+    peak = chip.peak_bf16_flops_per_chip / per_chip
+    hbm_bw = chip.hbm_bytes_per_s_per_chip / per_chip
+    ici_bw = chip.ici_bytes_per_s_per_chip / 2 / per_chip  # datasheet figures are bidirectional
+    dcn_bw = DCN_BYTES_PER_S_PER_CHIP / per_chip if chip.platform == "tpu" else 0.0
+    matmuls = 3 if gated else 2
+    router = 2 * local_tokens * embed_dim * num_experts
+    routed = 2 * matmuls * routed_rows * embed_dim * ffn_dim
+    shared = 2 * matmuls * local_tokens * embed_dim * shared_ffn_dim
+    kernel = 2 * matmuls * kernel_rows * embed_dim * ffn_dim
+    forward_transfers = [t for t in network.transfers if _in_forward(t.name)]
+    passes = []
+    for name, scale, transfers in (
+        ("forward", 1, forward_transfers),
+        ("forward+backward", 3, list(network.transfers)),
+    ):
+        ici = sum(t.ici_bytes for t in transfers)
+        dcn = sum(t.dcn_bytes for t in transfers)
+        compute_s = scale * (router + kernel + shared) / peak if peak else 0.0
+        hbm_s = scale * hbm_forward_bytes / hbm_bw if hbm_bw else 0.0
+        exposed = 0.0
+        for t in transfers:
+            comm_s = (t.ici_bytes / ici_bw if ici_bw else 0.0) + (
+                t.dcn_bytes / dcn_bw if dcn_bw else 0.0
+            )
+            overlapped = overlap_chunks > 1 and "tokens" in t.name
+            if overlapped:
+                # the routed matmuls of its own pass hide the ring transfer but one chunk's:
+                # the forward's matmuls for the forward exchange, the backward's (2x) for it
+                share = 2 if t.name.endswith(", backward") else 1
+                expert_s = share * kernel / peak if peak else 0.0
+                total = max(comm_s, expert_s) + min(comm_s, expert_s) / overlap_chunks
+                comm_s = max(0.0, total - expert_s)
+            exposed += comm_s
+        passes.append(
+            PassRoofline(
+                name=name,
+                router_flops=scale * router,
+                routed_flops=scale * routed,
+                shared_flops=scale * shared,
+                useful_flops=scale * (router + routed + shared),
+                kernel_flops=scale * (router + kernel + shared),
+                hbm_bytes=scale * hbm_forward_bytes,
+                ici_bytes=ici,
+                dcn_bytes=dcn,
+                compute_s=compute_s,
+                hbm_s=hbm_s,
+                ici_s=ici / ici_bw if ici_bw else 0.0,
+                dcn_s=dcn / dcn_bw if dcn_bw else 0.0,
+                exposed_comm_s=exposed,
+                bound_s=max(compute_s, hbm_s) + exposed,
+                bound_by=("compute" if compute_s >= hbm_s else "HBM") if peak else "",
+            )
+        )
+    return Roofline(peak, hbm_bw, ici_bw, dcn_bw, tuple(passes))
+
+
+def _in_forward(transfer_name: str) -> bool:
+    """Forward: the fsdp weight gather and the forward token exchange."""
+    return transfer_name == "fsdp weight all-gather" or transfer_name.endswith(", forward")

@@ -1,0 +1,210 @@
+"""`moegen tune`: the spec's `auto` choices, made by compiling every candidate for the target.
+
+A spec may leave the expert communication strategy, the overlap chunk count and the pallas
+tiles to moegen (`auto`). Each combination of candidate values that passes validation is
+planned, rendered and compiled (forward and forward+backward, no twins) for the target, then
+scored by the roofline of `moegen.plan.roofline` with the compiler's own counts in place of
+the plan's: max(compiled FLOPs / peak, compiled bytes accessed / HBM bandwidth) plus the
+plan's exposed communication. Candidates that do not fit the device's HBM are out. On cpu,
+which has no peak figures, the score is compiled bytes accessed plus communication bytes.
+The winner is written back into the spec in place of each `auto`, keeping every comment.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from moegen.diagnostics import SpecError
+from moegen.hardware import hardware
+from moegen.load import LoadedSpec
+from moegen.load.source import FieldPath
+from moegen.plan import Plan, make_plan
+from moegen.render import render
+from moegen.spec import Tiles
+from moegen.validate import check_rules
+from moegen.verify import VerifyError, peak_bytes, verify
+
+OVERLAP_CANDIDATES = (1, 2, 4, 8)
+# (rows, contraction, output) variants tried beside the plan's own choice
+TILE_CANDIDATES = ((256, 512, 512), (512, 512, 1024), (512, 1024, 1024), (1024, 1024, 1024))
+
+
+@dataclass
+class Candidate:
+    choices: dict[FieldPath, Any]
+    plan: Plan | None = None
+    problem: str = ""  # why it was not scored ('' when it was)
+    flops: float = 0.0
+    bytes_accessed: float = 0.0
+    peak_bytes: int = 0
+    score: float = float("inf")  # seconds on TPU targets, bytes on cpu
+    seconds: float = 0.0  # compile time
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TuneResult:
+    candidates: list[Candidate]
+    winner: Candidate | None
+    unit: str  # "s" or "bytes"
+    new_text: str
+
+
+def choice_values(loaded: LoadedSpec) -> dict[FieldPath, list[Any]]:
+    """For each `auto` field, the values worth compiling."""
+    spec = loaded.spec
+    out: dict[FieldPath, list[Any]] = {}
+    for path in spec.auto_fields():
+        if path == ("parallelism", "experts"):
+            sharded = "expert" in spec.mesh.axes
+            out[path] = ["ragged_all_to_all", "ring_of_experts"] if sharded else ["replicated"]
+        elif path == ("parallelism", "overlap_chunks"):
+            out[path] = list(OVERLAP_CANDIDATES)
+        elif path == ("target", "tiles"):
+            out[path] = [None, *(Tiles(gate_up=list(t), down=list(t)) for t in TILE_CANDIDATES)]
+    return out
+
+
+def candidates(loaded: LoadedSpec) -> list[Candidate]:
+    """Every combination of candidate values, each validated (invalid ones say why)."""
+    values = choice_values(loaded)
+    out = []
+    for combo in itertools.product(*values.values()):
+        choices = dict(zip(values, combo, strict=True))
+        strategy = choices.get(("parallelism", "experts"), loaded.spec.parallelism.experts)
+        chunks = choices.get(("parallelism", "overlap_chunks"), 1)
+        if chunks != 1 and strategy != "ring_of_experts":
+            continue  # chunks only overlap the ring's transfers
+        candidate = Candidate(choices)
+        concrete = _with_choices(loaded, choices)
+        problems = check_rules(concrete)
+        if problems:
+            candidate.problem = problems[0].message
+        else:
+            candidate.plan = make_plan(concrete)
+            candidate.details["loaded"] = concrete
+        out.append(candidate)
+    return out
+
+
+def tune(
+    loaded: LoadedSpec,
+    *,
+    budget_s: float = 240.0,
+    on_candidate: Callable[[int, int, Candidate], None] = lambda i, n, c: None,
+) -> TuneResult:
+    """Compile and score every valid candidate (until `budget_s` runs out); pick the best."""
+    if not loaded.spec.auto_fields():
+        raise SpecError(
+            [loaded.diagnostic((), "nothing to tune: write auto for parallelism.experts, "
+                               "parallelism.overlap_chunks or target.tiles")]
+        )  # fmt: skip
+    chip = hardware(loaded.spec.target.hardware)
+    unit = "s" if chip.platform == "tpu" else "bytes"
+    found = candidates(loaded)
+    start = time.perf_counter()
+    for i, candidate in enumerate(found):
+        if candidate.plan is not None:
+            if time.perf_counter() - start > budget_s:
+                candidate.problem = f"not compiled: the {budget_s:.0f} s budget ran out"
+            else:
+                _score(candidate, chip.hbm_bytes_per_device)
+        on_candidate(i + 1, len(found), candidate)
+    scored = [c for c in found if not c.problem]
+    winner = min(scored, key=lambda c: c.score) if scored else None
+    new_text = write_back(loaded, winner.choices) if winner else loaded.source.text
+    return TuneResult(found, winner, unit, new_text)
+
+
+def _score(candidate: Candidate, hbm: int) -> None:
+    plan = candidate.plan
+    assert plan is not None
+    concrete = candidate.details.pop("loaded")
+    start = time.perf_counter()
+    try:
+        report = verify(concrete, render(plan), run_twins=False)
+    except VerifyError as err:
+        candidate.problem = f"does not compile or fit: {str(err).splitlines()[0]}"
+        return
+    finally:
+        candidate.seconds = time.perf_counter() - start
+    train = report.step("compile forward+backward")
+    candidate.flops = train.get("flops", 0.0)
+    candidate.bytes_accessed = train.get("bytes_accessed", 0.0)
+    candidate.peak_bytes = peak_bytes(train["memory"])
+    if hbm and candidate.peak_bytes > hbm:
+        candidate.problem = f"peak {candidate.peak_bytes / 2**30:.2f} GiB exceeds HBM"
+        return
+    roof = plan.roofline
+    train_roof = roof.passes[-1]
+    if roof.peak_flops_per_s:
+        compute = candidate.flops / roof.peak_flops_per_s
+        memory = candidate.bytes_accessed / roof.hbm_bytes_per_s
+        candidate.score = max(compute, memory) + train_roof.exposed_comm_s
+    else:
+        candidate.score = candidate.bytes_accessed + train_roof.ici_bytes + train_roof.dcn_bytes
+
+
+def _with_choices(loaded: LoadedSpec, choices: dict[FieldPath, Any]) -> LoadedSpec:
+    spec = loaded.spec
+    sections: dict[str, dict[str, Any]] = {}
+    for (section, name), value in choices.items():
+        sections.setdefault(section, {})[name] = value
+    updates = {
+        section: getattr(spec, section).model_copy(update=fields)
+        for section, fields in sections.items()
+    }
+    return replace(loaded, spec=spec.model_copy(update=updates))
+
+
+def yaml_value(value: Any) -> str:
+    """A chosen value as YAML text (tiles as a flow mapping)."""
+    if isinstance(value, Tiles):
+        return f"{{gate_up: {list(value.gate_up or ())}, down: {list(value.down or ())}}}"
+    if value is None:
+        return "null"
+    return str(value)
+
+
+def write_back(loaded: LoadedSpec, choices: dict[FieldPath, Any]) -> str:
+    """The spec text with each `auto` replaced by its choice; all else byte for byte.
+
+    A tiles choice of None (the plan's own) removes nothing: it writes the tiles the plan chose.
+    """
+    text = loaded.source.text
+    lines = text.splitlines(keepends=True)
+    edits = []
+    for path, value in choices.items():
+        line, col = loaded.locations.of_value(path)
+        if value is None and path == ("target", "tiles"):
+            plan = make_plan(_with_choices(loaded, choices))
+            value = Tiles(gate_up=list(plan.gate_up_tile or ()), down=list(plan.down_tile or ()))
+        edits.append((line, col, yaml_value(value)))
+    for line, col, new in sorted(edits, reverse=True):
+        row = lines[line - 1]
+        start = col - 1
+        for token in ("auto", "'auto'", '"auto"'):
+            if row.startswith(token, start):
+                lines[line - 1] = row[:start] + new + row[start + len(token) :]
+                break
+        else:
+            raise ValueError(f"no auto at line {line}, column {col}")
+    return "".join(lines)
+
+
+def patch(loaded: LoadedSpec, new_text: str) -> str:
+    """A unified diff from the spec as written to the tuned spec."""
+    name = loaded.source.display
+    return "".join(
+        difflib.unified_diff(
+            loaded.source.text.splitlines(keepends=True),
+            new_text.splitlines(keepends=True),
+            fromfile=name,
+            tofile=f"{name} (tuned)",
+        )
+    )
