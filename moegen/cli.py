@@ -109,6 +109,14 @@ def _describe(details: dict[str, Any]) -> str:
                 f"; {details['hidden_transfers']} of {details['transfers']} ring transfers "
                 "overlap a grouped matmul"
             )
+        if details.get("flops"):
+            text += f"; {details['flops']:.3e} FLOPs, {details.get('bytes_accessed', 0):.3e} bytes"
+        coll = details.get("collectives")
+        if coll and coll.get("total"):
+            text += (
+                f"; collectives {coll['total']}: {coll['hidden']} with compute inside, "
+                f"{coll['exposed']} exposed"
+            )
         return text
     return ""
 

@@ -14,6 +14,11 @@ from pathlib import Path
 
 import pytest
 
+# Tests run in parallel workers (pytest-xdist); those that compile for TPU in-process share
+# libtpu with the others, as moegen's own verify workers do.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SPEC_DIR = REPO_ROOT / "specs"
 GENERATED_DIR = REPO_ROOT / "generated"

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moegen.verify.counters import collective_counters
 from moegen.verify.reference import ReferenceConfig, dense_moe
 
 
@@ -234,6 +235,8 @@ def compile_full(module: ModuleType, tpu: dict[str, Any] | None) -> None:
             emit(step=f"compile {name}", seconds=time.perf_counter() - start, oom=first_line)
             return
         cost = compiled.cost_analysis() or {}
+        collectives = collective_counters(compiled.as_text())
+        collectives.pop("items")
         overlap = {}
         if tpu is not None and getattr(module, "OVERLAP_CHUNKS", 1) > 1:
             hidden, total = hidden_transfers(compiled.as_text())
@@ -244,6 +247,7 @@ def compile_full(module: ModuleType, tpu: dict[str, Any] | None) -> None:
             memory=_memory(compiled),
             flops=float(cost.get("flops", 0.0)),
             bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+            collectives={k: v for k, v in collectives.items() if k != "by_kind"},
             **overlap,
         )
 

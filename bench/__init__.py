@@ -1,0 +1,1 @@
+"""Generated layers against plain-JAX baselines (not a timed test): python -m bench.run."""

@@ -1,0 +1,313 @@
+"""bench/: the baselines compute the dense reference's function (forward and gradients) on tiny
+CPU twins, and bench.run's report formatting on made-up numbers. No TPU compile here: the
+benchmark itself (python -m bench.run) is not a timed test."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bench.baselines import BASELINES, baseline, unsupported
+from bench.run import format_report, losses
+from moegen.load import load_spec, load_spec_bytes
+from moegen.plan import make_plan
+from moegen.render import render
+from moegen.validate import validate
+from moegen.verify import reference_config
+from moegen.verify.reference import ReferenceConfig, dense_moe
+from moegen.verify.twin import twin_of
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Router and expert features the example specs do not all combine: a routing bias (it steers
+# selection only), sqrtsoftplus scores, routed scaling, a plain activation and FFN biases.
+FEATURES_SPEC = """\
+version: 1
+description: baselines feature check
+layer:
+  num_experts: 8
+  embed_dim: 64
+  ffn_dim: 48
+  activation: relu
+  ffn_bias: true
+router:
+  top_k: 3
+  score: sqrtsoftplus
+  renormalize: true
+  routed_scaling: 2.0
+  routing_bias: true
+shapes:
+  batch: 4
+  seq_len: 8
+dtypes:
+  params: float32
+  compute: float32
+mesh:
+  axes:
+    fsdp: 2
+target:
+  hardware: cpu
+  kernel: xla
+"""
+
+
+def _twin(loaded, tmp_path: Path):
+    twin = twin_of(loaded, dtype="float32")
+    plan = make_plan(twin, interpret=True)
+    path = tmp_path / f"{plan.module_name}_twin.py"
+    path.write_text(render(plan), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(f"bench_twin_{plan.module_name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, ReferenceConfig(**reference_config(plan))
+
+
+def _twin_of_example(name: str, tmp_path: Path):
+    return _twin(validate(load_spec(REPO / "specs" / f"{name}.yaml")), tmp_path)
+
+
+def _relative(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want)) / max(float(np.linalg.norm(want)), 1e-30)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "mixtral_small_cpu",  # softmax, renormalised, swiglu
+        "llama4_scout_v5e",  # sigmoid top-1, a shared expert
+        "gpt_oss_120b_v6e",  # softmax over the chosen logits, FFN biases
+        "features",
+    ],
+)
+def test_baselines_match_the_dense_reference_on_a_twin(source: str, tmp_path: Path) -> None:
+    if source == "features":
+        loaded = validate(
+            load_spec_bytes(FEATURES_SPEC.encode(), "specs/features.yaml", "features")
+        )
+        module, cfg = _twin(loaded, tmp_path)
+        assert "routing_bias" in module.PARAM_SHAPES and "b_up" in module.PARAM_SHAPES
+    else:
+        module, cfg = _twin_of_example(source, tmp_path)
+    assert unsupported(cfg) is None
+    rng = np.random.default_rng(0)
+    params = {
+        name: jnp.asarray(rng.normal(0.0, module.INIT_SCALES[name] or 0.1, shape), jnp.float32)
+        for name, shape in module.PARAM_SHAPES.items()
+    }
+    x = jnp.asarray(rng.normal(0.0, 1.0, module.INPUT_SHAPE), jnp.float32)
+    cotangent = jnp.asarray(rng.normal(0.0, 1.0, module.INPUT_SHAPE), jnp.float32)
+
+    def reference_loss(p, xs):
+        return jnp.sum(dense_moe(p, xs, cfg)[0] * cotangent)
+
+    want_y = dense_moe(params, x, cfg)[0]
+    want_grads = jax.grad(reference_loss, argnums=(0, 1))(params, x)
+    for name in BASELINES:
+        layer = baseline(name, module, cfg)
+
+        def loss(p, xs, layer=layer):
+            return jnp.sum(layer(p, xs).astype(jnp.float32) * cotangent)
+
+        y = jax.jit(layer)(params, x)
+        assert y.shape == module.INPUT_SHAPE and y.dtype == module.COMPUTE_DTYPE
+        assert _relative(y, want_y) < 1e-5, (name, _relative(y, want_y))
+        grads, grad_x = jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
+        assert _relative(grad_x, want_grads[1]) < 1e-5, name
+        for key in params:
+            if key == "routing_bias":  # selection only: zero gradient in both
+                assert not np.any(np.asarray(grads[key])) and not np.any(
+                    np.asarray(want_grads[0][key])
+                )
+                continue
+            assert _relative(grads[key], want_grads[0][key]) < 1e-5, (name, key)
+
+
+def test_unsupported_features_are_named(tmp_path: Path) -> None:
+    _, cfg = _twin_of_example("deepseek_v3_v5p", tmp_path)
+    assert "group-limited routing" in unsupported(cfg)
+    capped = ReferenceConfig(top_k=2, score="softmax", capacity=4, load_balance_weight=0.01)
+    assert unsupported(capped) == "capacity (token dropping), auxiliary losses"
+    with pytest.raises(ValueError, match="group-limited"):
+        baseline("dense_dispatch", None, cfg)
+    with pytest.raises(ValueError, match="unknown baseline"):
+        baseline("einsum", None, capped)
+
+
+# --------------------------------------------------------------------------------------
+# The report, on made-up numbers.
+# --------------------------------------------------------------------------------------
+
+
+def _counters(flops: float, nbytes: float, peak: int, exposed: int, total: int, exposed_bytes: int):
+    return {
+        "flops": flops,
+        "bytes_accessed": nbytes,
+        "transcendentals": 0.0,
+        "memory": {
+            "argument": peak,
+            "output": 0,
+            "temp": 0,
+            "alias": 0,
+            "generated_code": 0,
+            "peak": peak,
+        },
+        "collectives": {
+            "total": total,
+            "async": total - exposed,
+            "sync": exposed,
+            "hidden": total - exposed,
+            "hidden_by_matmul": total - exposed,
+            "exposed": exposed,
+            "bytes": 2 * exposed_bytes,
+            "exposed_bytes": exposed_bytes,
+            "by_kind": {},
+        },
+    }
+
+
+def _results() -> dict:
+    winning = {
+        "name": "alpha_v5e",
+        "hardware": "tpu-v5e",
+        "topology": "2x4",
+        "mesh": {"fsdp": 8},
+        "strategy": "replicated",
+        "kernel": "pallas",
+        "useful_train_flops": 2e12,
+        "hbm_bytes": 16 * 10**9,
+        "variants": {
+            "moegen": {
+                "counters": _counters(2.2e12, 40e9, 6 * 2**30, 3, 8, 100 * 2**20),
+                "seconds": 12.0,
+            },
+            "dense_dispatch": {
+                "counters": _counters(8e12, 90e9, 9 * 2**30, 4, 4, 300 * 2**20),
+                "seconds": 20.0,
+            },
+            "ragged_dot": {"oom": "RESOURCE_EXHAUSTED: Ran out of memory", "seconds": 30.0},
+        },
+        "cpu": {
+            "devices": 8,
+            "tokens": 80,
+            "embed": 16,
+            "ffn": 24,
+            "dtype": "bfloat16",
+            "kernel": "xla",
+            "variants": {
+                "moegen": {"median_s": 0.010, "runs_s": [0.010, 0.011, 0.009], "y_rel_err": 0.0},
+                "dense_dispatch": {
+                    "median_s": 0.020,
+                    "runs_s": [0.02, 0.02, 0.02],
+                    "y_rel_err": 1e-3,
+                },
+                "ragged_dot": {
+                    "median_s": 0.005,
+                    "runs_s": [0.005, 0.006, 0.004],
+                    "y_rel_err": 2e-3,
+                },
+                "moegen_xla": {
+                    "median_s": 0.004,
+                    "runs_s": [0.004, 0.004, 0.003],
+                    "y_rel_err": 1e-3,
+                },
+            },
+        },
+    }
+    losing = {
+        **winning,
+        "name": "beta_v6e",
+        "hardware": "tpu-v6e",
+        "variants": {
+            "moegen": {
+                "counters": _counters(8e12, 50e9, 6 * 2**30, 1, 8, 10 * 2**20),
+                "seconds": 12.0,
+            },
+            "dense_dispatch": {
+                "counters": _counters(8e12, 90e9, 20 * 2**30, 4, 4, 300 * 2**20),
+                "seconds": 20.0,
+            },
+            "ragged_dot": {"counters": _counters(4e12, 45e9, 5 * 2**30, 0, 2, 0), "seconds": 9.0},
+        },
+        "cpu": {"error": "Traceback ...\nRuntimeError: boom"},
+    }
+    skipped = {
+        **winning,
+        "name": "gamma_v5p",
+        "variants": {},
+        "cpu": None,
+        "skipped": "the baselines do not cover group-limited routing",
+    }
+    return {
+        "command": "python -m bench.run --specs alpha_v5e beta_v6e gamma_v5p",
+        "date": "2026-01-01 00:00 UTC",
+        "versions": {"jax": "0.12.0.1", "libtpu": "0.0.51"},
+        "machine": "x86_64, 2 CPU cores",
+        "total_seconds": 123.4,
+        "specs": [winning, losing, skipped],
+        "tool": {
+            "check": {"seconds": 4.2, "rc": 0, "specs": 3},
+            "build_no_verify": {
+                "alpha_v5e": {"seconds": 1.5, "rc": 0},
+                "cpu_one": {"seconds": 1.2, "rc": 0},
+            },
+            "verify": {"cpu_one": {"seconds": 20.0, "rc": 0, "verify_seconds": 17.5, "steps": {}}},
+        },
+    }
+
+
+def test_report_tables_on_made_up_numbers() -> None:
+    text = format_report(_results())
+    assert text.startswith("# Benchmark")
+    assert "python -m bench.run --specs alpha_v5e beta_v6e gamma_v5p" in text
+    assert "Total run time: 123 s" in text and "jax 0.12.0.1" in text
+    lines = text.splitlines()
+    row = next(line for line in lines if line.startswith("| alpha_v5e | tpu-v5e 2x4 | moegen |"))
+    # compiled TFLOP, / useful, GB, GiB, fits, exposed / all, exposed MiB, compile s
+    assert (
+        row
+        == "| alpha_v5e | tpu-v5e 2x4 | moegen | 2.20 | 1.10 | 40.0 | 6.00 | yes | 3 / 8 | 100 | 12 |"
+    )
+    oom = next(
+        line for line in lines if line.startswith("| alpha_v5e | tpu-v5e 2x4 | ragged_dot |")
+    )
+    assert "compiler OOM" in oom
+    dense_peak = next(
+        line for line in lines if line.startswith("| beta_v6e | tpu-v6e 2x4 | dense dispatch |")
+    )
+    assert "| 20.00 | **no** |" in dense_peak
+    assert (
+        "| gamma_v5p | tpu-v5e 2x4 | skipped: the baselines do not cover group-limited routing |"
+        in text
+    )
+    ratio = next(line for line in lines if line.startswith("| alpha_v5e | dense dispatch |"))
+    assert ratio == "| alpha_v5e | dense dispatch | 3.64 | 2.25 | 1.50 | 3.00 | 2.00 | 5.00 |"
+    assert "| alpha_v5e | ragged_dot | OOM | OOM | OOM | OOM | 0.50 | 1.25 |" in text
+    assert "| alpha_v5e |  | moegen, kernel xla | 4.0 | 3.0 | 1.0e-03 |" in text
+    assert "| beta_v6e | error: `RuntimeError: boom` |" in text
+    assert "| 1.5 |  |  |" in text and "| cpu_one | 1.2 | 20.0 | 17.5 |" in text
+    assert "`moegen check` over all 3 specs: 4.2 s (exit 0)" in text
+
+
+def test_losses_are_named_plainly() -> None:
+    results = _results()
+    alpha, beta, gamma = results["specs"]
+    assert losses(alpha) == [
+        "alpha_v5e: CPU twin wall time: moegen 10.0 ms > ragged_dot 5.0 ms (2.00x)"
+    ]
+    lost = losses(beta)
+    assert "beta_v6e: compiled flops: moegen 8 TFLOP > ragged_dot 4 TFLOP (2.00x)" in lost
+    assert "beta_v6e: bytes accessed: moegen 50 GB > ragged_dot 45 GB (1.11x)" in lost
+    assert "beta_v6e: peak memory: moegen 6 GiB > ragged_dot 5 GiB (1.20x)" in lost
+    assert not any("dense dispatch" in line for line in lost)  # equal flops is not a loss
+    assert losses(gamma) == []
+    text = format_report(results)
+    assert "## Where moegen loses" in text
+    assert "- beta_v6e: compiled flops: moegen 8 TFLOP > ragged_dot 4 TFLOP (2.00x)" in text
+    results["specs"] = [gamma]
+    assert "Nowhere: the generated layer does no worse" in format_report(results)
