@@ -393,6 +393,32 @@ LABELS = {
 }
 
 
+READING_NOTES = (
+    "Compiled flops and bytes of a megablox call are the kernel's own static CostEstimate: "
+    "2*m*k*n and its operands' bytes over the whole row buffer, whatever the routing. The "
+    "kernel's grid only runs the row tiles that hold rows of its groups (megablox's "
+    "`num_active_tiles`, computed from the group sizes at run time), so where the plan sizes "
+    "the buffer for the worst case (ragged_all_to_all: RECEIVE_ROWS, 4x the routed rows in "
+    "mixtral_8x7b_ep_a2a_v5e; ring of experts: every copy of the expert group, 8x in "
+    "qwen3_30b_a3b_ring_v6e) the compiled figure is "
+    "an upper bound of the work done at run time, and */ useful* shows that bound, not waste "
+    "at balanced routing. The XLA figures of the baselines come from XLA's own cost model of "
+    "what GSPMD made of them.",
+    "Where a baseline's */ useful* is above 1 without a worst-case buffer, GSPMD replicated work: "
+    "e.g. ragged_dot on an expert-sharded mesh sorts the global batch and runs the grouped "
+    "matmuls unsharded over the expert axis.",
+    "*exposed / all collectives* counts static collectives of the scheduled HLO (one inside a "
+    "loop body counts once). Synchronous collectives are exposed by definition; an async one "
+    "is hidden when any compute is scheduled between its start and its done (XLA:TPU async "
+    "collective fusions included). *exposed collective MiB* sums their result buffers (for a "
+    "ragged all-to-all, the whole receive buffer: an upper bound of what moves).",
+    "Peak memory is per device from the compiler; *fits HBM* compares it with the chip's HBM "
+    "per device (moegen/hardware.py).",
+    "CPU twin times are tens-of-tokens programs: they measure dispatch overhead and op count, "
+    "not arithmetic, and say nothing about TPU speed. Pallas twins run interpreted.",
+)
+
+
 def _counters(spec: dict, variant: str) -> dict | None:
     outcome = spec["variants"].get(variant) or {}
     return outcome.get("counters")
@@ -413,6 +439,14 @@ def _exposed(c: dict) -> tuple[int, int, float]:
     return col["exposed"], col["total"], col["exposed_bytes"]
 
 
+def _times(a: float, b: float) -> str:
+    """How much larger a is than b, readable when they are close."""
+    if not b:
+        return "the baseline has none"
+    ratio = a / b
+    return f"+{(ratio - 1) * 100:.2g}%" if ratio < 1.005 else f"{ratio:.2f}x"
+
+
 def losses(spec: dict) -> list[str]:
     """Each metric where a baseline does better than the generated layer, in words."""
     found = []
@@ -423,26 +457,26 @@ def losses(spec: dict) -> list[str]:
         label = LABELS[base]
         if mine and theirs:
             checks = [
-                ("compiled flops", mine["flops"], theirs["flops"], "{:.3g} TFLOP", 1e12),
+                ("compiled flops", mine["flops"], theirs["flops"], "{:.4g} TFLOP", 1e12),
                 (
                     "bytes accessed",
                     mine["bytes_accessed"],
                     theirs["bytes_accessed"],
-                    "{:.3g} GB",
+                    "{:.4g} GB",
                     1e9,
                 ),
                 (
                     "peak memory",
                     mine["memory"]["peak"],
                     theirs["memory"]["peak"],
-                    "{:.3g} GiB",
+                    "{:.4g} GiB",
                     2**30,
                 ),
                 (
                     "exposed collective bytes",
                     mine["collectives"]["exposed_bytes"],
                     theirs["collectives"]["exposed_bytes"],
-                    "{:.3g} MiB",
+                    "{:.4g} MiB",
                     2**20,
                 ),
             ]
@@ -450,7 +484,7 @@ def losses(spec: dict) -> list[str]:
                 if a > b:
                     found.append(
                         f"{spec['name']}: {what}: moegen {fmt.format(a / unit)} > "
-                        f"{label} {fmt.format(b / unit)} " + (f"({a / b:.2f}x)" if b else "(none)")
+                        f"{label} {fmt.format(b / unit)} ({_times(a, b)})"
                     )
         for mine_cpu in ("moegen", "moegen_xla"):
             if mine_cpu not in cpu or base not in cpu:
@@ -460,7 +494,7 @@ def losses(spec: dict) -> list[str]:
                 kernel = ", kernel xla" if mine_cpu == "moegen_xla" else ""
                 found.append(
                     f"{spec['name']}: CPU twin wall time: moegen{kernel} {a * 1e3:.1f} ms > "
-                    f"{label} {b * 1e3:.1f} ms ({a / b:.2f}x)"
+                    f"{label} {b * 1e3:.1f} ms ({_times(a, b)})"
                 )
     return found
 
@@ -624,12 +658,18 @@ def format_report(results: dict[str, Any]) -> str:
     w("## Where moegen loses")
     w("")
     if lost:
-        w("Every metric on which a baseline does better than the generated layer:")
+        w("Every metric on which a baseline does better than the generated layer, compiled")
+        w("counters first:")
         w("")
-        for line in lost:
+        for line in sorted(lost, key=lambda line: "CPU twin" in line):
             w(f"- {line}")
     else:
         w("Nowhere: the generated layer does no worse than either baseline on any metric above.")
+    w("")
+    w("## Reading the figures")
+    w("")
+    for note in READING_NOTES:
+        w(f"- {note}")
     w("")
     tool = results.get("tool")
     if tool:

@@ -12,13 +12,18 @@ targets compiled on compile-only devices) and returns plain JSON-able values:
 - `collectives`: every collective of the scheduled HLO (`compiled.as_text()`), and whether
   compute is scheduled while it is in flight. An async collective is a `*-start` ... `*-done`
   pair (all-gather, all-reduce, reduce-scatter, all-to-all, ragged-all-to-all,
-  collective-permute, collective-broadcast), or an `async-start` ... `async-done` pair whose
-  wrapped computation holds one; it is *hidden* when at least one compute instruction
-  (a fusion, dot, convolution, custom call such as a megablox `tpu_custom_call`, a loop, ...)
-  sits between its start and its done in the same scheduled computation, and
-  *hidden_by_matmul* when one of those does matrix work (a dot or convolution, directly or in
-  its fusion, or a custom call such as a Pallas kernel). A synchronous collective (a plain
-  `all-gather(...)`, or a fusion that wraps one) is always exposed.
+  collective-permute, collective-broadcast), an `async-start` ... `async-done` pair whose
+  wrapped computation holds one, or an XLA:TPU async collective fusion (a kCustom fusion
+  ending in an `AsyncCollectiveStart` custom call, then the one ending in its
+  `AsyncCollectiveDone`; the in-flight state is handed on through get-tuple-elements and
+  through the fusions that step the collective beside their own compute). It is *hidden*
+  when at least one compute instruction (a fusion, dot, convolution, custom call such as a
+  megablox `tpu_custom_call`, a loop, ...) sits between its start and its done in the same
+  scheduled computation, and *hidden_by_matmul* when one of those does matrix work (a dot or
+  convolution, directly or in its fusion, or a compute custom call such as a Pallas kernel).
+  A synchronous collective (a plain `all-gather(...)`, or a fusion that wraps one) is always
+  exposed. `bytes` is the size of a collective's result (for a ragged all-to-all, its whole
+  receive buffer: an upper bound of what moves).
 
 Scheduled computations are ENTRY and what it runs in sequence (while bodies and conditions,
 conditional branches, called computations), transitively; collectives inside a loop body are
