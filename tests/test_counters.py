@@ -252,6 +252,7 @@ def test_windows_match_by_operand_and_nest() -> None:
         "total": 3,
         "async": 3,
         "hidden": 2,
+        "hidden_by_matmul": 2,
         "exposed": 1,
         "bytes": 3 * 8 * 128 * 2,
         "exposed_bytes": 8 * 128 * 2,

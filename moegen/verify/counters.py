@@ -430,11 +430,20 @@ def summarize(items: list[dict[str, Any]]) -> dict[str, Any]:
     for item in items:
         entry = by_kind.setdefault(
             item["kind"],
-            {"total": 0, "async": 0, "hidden": 0, "exposed": 0, "bytes": 0, "exposed_bytes": 0},
+            {
+                "total": 0,
+                "async": 0,
+                "hidden": 0,
+                "hidden_by_matmul": 0,
+                "exposed": 0,
+                "bytes": 0,
+                "exposed_bytes": 0,
+            },
         )
         entry["total"] += 1
         entry["async"] += int(item["async"])
         entry["hidden"] += int(item["hidden"])
+        entry["hidden_by_matmul"] += int(item["hidden"] and item["matmul_between"])
         entry["exposed"] += int(not item["hidden"])
         entry["bytes"] += item["bytes"]
         entry["exposed_bytes"] += 0 if item["hidden"] else item["bytes"]
