@@ -153,6 +153,10 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         group_top_k=spec.router.top_k // group_limit.keep if group_limit else None,
         experts_per_group=spec.layer.num_experts // group_limit.groups if group_limit else None,
         routing_bias=spec.router.routing_bias,
+        selection_is_score=not (
+            spec.router.score_after_top_k or spec.router.routing_bias or group_limit
+        ),
+        route_returns_logits=spec.router.load_balance_loss > 0 or spec.router.z_loss > 0,
         load_balance_weight=spec.router.load_balance_loss,
         z_loss_weight=spec.router.z_loss,
         capacity=experts.capacity,
@@ -166,6 +170,7 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         router_dtype=ROUTER_DTYPE,
         input_partition=(batch_axes or None, None, None),
         params=params,
+        zero_initialised=any(param.init_scale == 0.0 for param in params),
         experts=experts,
         cost=cost,
         network=network,

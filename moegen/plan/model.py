@@ -65,6 +65,8 @@ class Plan:
     group_top_k: int | None  # scores summed per group to rank it: top_k / kept_groups
     experts_per_group: int | None
     routing_bias: bool
+    selection_is_score: bool  # experts chosen by score alone: no bias, no groups, no after-top-k
+    route_returns_logits: bool  # the balance losses need the router logits
     load_balance_weight: float
     z_loss_weight: float
     capacity: int | None  # copies per expert per device; None: dropless
@@ -79,6 +81,7 @@ class Plan:
 
     input_partition: PartitionSpec
     params: tuple[ParamPlan, ...]
+    zero_initialised: bool  # some parameters (biases) start at zero
     experts: ExpertPlan
     cost: CostPlan
     network: NetworkPlan

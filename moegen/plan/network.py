@@ -13,10 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from moegen.plan.costs import DTYPE_BYTES
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.params import ParamPlan
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 @dataclass(frozen=True)

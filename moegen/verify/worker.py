@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moegen.verify.counters import collective_counters
+from moegen.verify.counters import compiled_counters
 from moegen.verify.reference import ReferenceConfig, dense_moe
 
 
@@ -167,12 +167,6 @@ def run_twin(path: str, cfg: ReferenceConfig, tolerance: float, label: str) -> N
     emit(step=f"twin parity ({label})", seconds=time.perf_counter() - start, cases=results)
 
 
-def _memory(compiled: Any) -> dict[str, int]:
-    stats = compiled.memory_analysis()
-    fields = ("argument", "output", "temp", "alias", "generated_code")
-    return {f: int(getattr(stats, f"{f}_size_in_bytes", 0) or 0) for f in fields}
-
-
 def target_devices(module: ModuleType, tpu: dict[str, Any] | None) -> list[Any]:
     """Fake CPU devices, or compile-only devices of the TPU slice (libtpu, no TPU needed)."""
     if tpu is None:
@@ -234,9 +228,8 @@ def compile_full(module: ModuleType, tpu: dict[str, Any] | None) -> None:
             first_line = str(err).strip().splitlines()[0]
             emit(step=f"compile {name}", seconds=time.perf_counter() - start, oom=first_line)
             return
-        cost = compiled.cost_analysis() or {}
-        collectives = collective_counters(compiled.as_text())
-        collectives.pop("items")
+        counters = compiled_counters(compiled, items=False)
+        collectives = counters["collectives"]
         overlap = {}
         if tpu is not None and getattr(module, "OVERLAP_CHUNKS", 1) > 1:
             hidden, total = hidden_transfers(compiled.as_text())
@@ -244,9 +237,9 @@ def compile_full(module: ModuleType, tpu: dict[str, Any] | None) -> None:
         emit(
             step=f"compile {name}",
             seconds=time.perf_counter() - start,
-            memory=_memory(compiled),
-            flops=float(cost.get("flops", 0.0)),
-            bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+            memory=counters["memory"],
+            flops=counters["flops"],
+            bytes_accessed=counters["bytes_accessed"],
             collectives={k: v for k, v in collectives.items() if k != "by_kind"},
             **overlap,
         )
