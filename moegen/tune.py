@@ -127,7 +127,7 @@ def _score(candidate: Candidate, hbm: int) -> None:
     concrete = candidate.details.pop("loaded")
     start = time.perf_counter()
     try:
-        report = verify(concrete, render(plan), run_twins=False)
+        report = verify(concrete, render(plan), run_twins=False, compile_forward=False)
     except VerifyError as err:
         candidate.problem = f"does not compile or fit: {str(err).splitlines()[0]}"
         return

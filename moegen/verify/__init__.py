@@ -61,11 +61,13 @@ def verify(
     timeout_s: float | None = None,
     run_twins: bool = True,
     run_compiles: bool = True,
+    compile_forward: bool = True,
 ) -> VerifyReport:
     """Verify the rendered `source` of `loaded`; raise VerifyError on the first failure.
 
     `run_twins=False` only imports and compiles (what `moegen plan --compile` shows);
-    `run_compiles=False` only imports and runs the twins (no memory verdict then).
+    `run_compiles=False` only imports and runs the twins (no memory verdict then);
+    `compile_forward=False` compiles forward+backward alone (all `moegen tune` scores).
     """
     plan = make_plan(loaded)
     with tempfile.TemporaryDirectory(prefix="moegen-verify-") as tmp:
@@ -89,6 +91,9 @@ def verify(
             "module": str(module_path),
             "twins": twins,
             "compile": run_compiles,
+            "programs": ["forward", "forward+backward"]
+            if compile_forward
+            else ["forward+backward"],
             "tpu": None
             if plan.tpu_topology_name is None
             else {

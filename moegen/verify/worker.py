@@ -208,7 +208,11 @@ def hidden_transfers(hlo: str) -> tuple[int, int]:
     return hidden, total
 
 
-def compile_full(module: ModuleType, tpu: dict[str, Any] | None) -> None:
+def compile_full(
+    module: ModuleType,
+    tpu: dict[str, Any] | None,
+    names: tuple[str, ...] = ("forward", "forward+backward"),
+) -> None:
     mesh = module.make_mesh(target_devices(module, tpu))
     params, x = module.param_shapes(mesh), module.input_shape(mesh)
     forward = functools.partial(module.moe_layer, mesh=mesh)
@@ -217,7 +221,8 @@ def compile_full(module: ModuleType, tpu: dict[str, Any] | None) -> None:
         return jnp.sum(forward(p, xs)[0].astype(jnp.float32))
 
     programs = {"forward": forward, "forward+backward": jax.grad(loss, argnums=(0, 1))}
-    for name, program in programs.items():
+    for name in names:
+        program = programs[name]
         start = time.perf_counter()
         try:
             compiled = jax.jit(program).lower(params, x).compile()
@@ -255,7 +260,9 @@ def main(job_path: str) -> int:
             cfg = ReferenceConfig(**twin["reference"])
             run_twin(twin["path"], cfg, twin["tolerance"], twin["label"])
         if job.get("compile", True):
-            compile_full(module, job["tpu"])
+            compile_full(
+                module, job["tpu"], tuple(job.get("programs", ("forward", "forward+backward")))
+            )
     except CheckFailed as err:
         emit(error=str(err))
         return 1
