@@ -236,6 +236,18 @@ class Target(_Section):
     )
 
 
+class Memory(_Section):
+    """Memory traded for recomputation (omit a field: the plan decides)."""
+
+    ffn_chunks: Size | None = Field(
+        None,
+        description="Run the expert FFN in this many slices of its width, one at a time, each "
+        "recomputed in the backward pass with its weights gathered again: the FFN's "
+        "activations and gathered weights shrink to one slice, for about a third more expert "
+        "FLOPs. 1 = no slicing. Omit: 1, unless the layer would not fit the target's memory.",
+    )
+
+
 AUTO_FIELDS = (
     ("parallelism", "experts"),
     ("parallelism", "overlap_chunks"),
@@ -263,6 +275,7 @@ class Spec(_Section):
     mesh: Mesh
     parallelism: Parallelism = Parallelism()
     target: Target = Target()
+    memory: Memory = Memory()
 
     @field_validator("version", mode="before")
     @classmethod

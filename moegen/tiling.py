@@ -38,7 +38,7 @@ def round_up(value: int, multiple: int) -> int:
 VMEM_HEADROOM = 0.75
 
 
-def vmem_bytes(tile: Tile, dtype: str) -> int:
+def vmem_bytes(tile: Tile, dtype: str, out_dtype: str | None = None) -> int:
     """Scoped VMEM of the largest grid step the custom VJP runs with these tiles.
 
     Each step holds double-buffered input and output blocks and a float32 accumulator.
@@ -46,8 +46,9 @@ def vmem_bytes(tile: Tile, dtype: str) -> int:
     [rows, output] result; tgmm (weight gradient) keeps a [contraction, output] result.
     """
     size = DTYPE_BYTES[dtype]
+    out = DTYPE_BYTES[out_dtype or dtype]  # gmm's result (float32 when summed afterwards)
     m, k, n = tile.as_tuple()
-    gmm = 2 * (m * k + k * n) * size + 2 * m * n * size + m * n * 4
+    gmm = 2 * (m * k + k * n) * size + 2 * m * n * out + m * n * 4
     tgmm = 2 * (k * m + m * n) * size + 2 * k * n * size + k * n * 4
     return max(gmm, tgmm)
 
@@ -88,18 +89,33 @@ def _nearest(value: int, multiple: int) -> str:
     return " or ".join(map(str, options))
 
 
-def choose_tile(rows: int, contraction: int, output: int, dtype: str, vmem_budget: int) -> Tile:
+def choose_tile(
+    rows: int,
+    contraction: int,
+    output: int,
+    dtype: str,
+    vmem_budget: int,
+    out_dtype: str | None = None,
+) -> Tile:
     """The largest tiles up to DEFAULT_TILE that fit the problem and the VMEM budget."""
     row_cap, k_cap, n_cap = DEFAULT_TILE
     tile = Tile(
         rows=min(row_cap, round_up(rows, ROW_MULTIPLE[dtype])),
-        contraction=min(k_cap, round_up(contraction, LANES)),
-        output=min(n_cap, round_up(output, LANES)),
+        contraction=lane_tile(contraction, k_cap),
+        output=lane_tile(output, n_cap),
     )
-    return shrink_to_fit(tile, dtype, vmem_budget)
+    return shrink_to_fit(tile, dtype, vmem_budget, out_dtype)
 
 
-def shrink_to_fit(tile: Tile, dtype: str, vmem_budget: int) -> Tile:
+def lane_tile(width: int, cap: int) -> int:
+    """The widest lane tile up to `cap` that divides `width` (no masked last tile), when the
+    width is whole lanes; else `width` rounded up to lanes, capped."""
+    if width % LANES == 0:
+        return max(t for t in range(LANES, min(cap, width) + 1, LANES) if width % t == 0)
+    return min(cap, round_up(width, LANES))
+
+
+def shrink_to_fit(tile: Tile, dtype: str, vmem_budget: int, out_dtype: str | None = None) -> Tile:
     """Halve the largest lane tile (then the row tile) until the tiles fit VMEM, aligned."""
     rows_multiple = ROW_MULTIPLE[dtype]
     tile = Tile(
@@ -107,7 +123,7 @@ def shrink_to_fit(tile: Tile, dtype: str, vmem_budget: int) -> Tile:
         max(LANES, tile.contraction // LANES * LANES),
         max(LANES, tile.output // LANES * LANES),
     )
-    while vmem_bytes(tile, dtype) > usable_vmem(vmem_budget):
+    while vmem_bytes(tile, dtype, out_dtype) > usable_vmem(vmem_budget):
         if max(tile.contraction, tile.output) > LANES:
             if tile.contraction >= tile.output:
                 tile = Tile(tile.rows, _half(tile.contraction, LANES), tile.output)

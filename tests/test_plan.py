@@ -423,11 +423,10 @@ def test_pinned_tiles_are_used_and_rows_padded() -> None:
     assert plan.pads_rows is True
     # the memory estimate counts the padded buffer, the cost estimate only real rows
     D, F, cb = shape.embed, shape.ffn, BYTES[shape.compute]
-    assert (
-        dict(plan.memory.ledger)[
-            "routed activations (dispatched rows, gate, up, hidden, expert out)"
-        ]
-        == 8448 * (2 * D + 3 * F) * cb
+    ledger = dict(plan.memory.ledger)
+    assert ledger["routed rows, kept for the backward pass"] == 8448 * D * cb
+    assert ledger["FFN activations and gradients at the backward peak (4 x [rows, 768])"] == (
+        4 * 8448 * F * cb
     )
     assert plan.cost.routed_buffer_bytes == 8000 * (2 * D + 3 * F) * cb
 
@@ -447,33 +446,74 @@ def test_memory_ledger_sorted_and_summed() -> None:
         sizes = [size for _, size in m.ledger]
         assert sizes == sorted(sizes, reverse=True), m.ledger
         assert sum(sizes) == m.train_peak
-        assert len({name for name, _ in m.ledger}) == len(m.ledger) == 8
+        expected = 8 if plan.ffn_chunks == 1 else 11
+        assert len({name for name, _ in m.ledger}) == len(m.ledger) == expected
         assert all(size > 0 for size in sizes)
         assert 0 < m.forward_peak < m.train_peak
 
 
 def test_memory_known_numbers_v5e_example(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Mixtral 8x7B, 8192 rows per device on fsdp=8, by hand."""
+    """Mixtral 8x7B, 8192 rows per device on fsdp=8, by hand: the backward peak of the FFN."""
     monkeypatch.chdir(REPO_ROOT)
-    m = make_plan(load_valid(Path(TPU_EXAMPLE))).memory
+    plan = make_plan(load_valid(Path(TPU_EXAMPLE)))
+    m = plan.memory
+    assert plan.ffn_chunks == 1  # 5 GiB fits the 16 GiB of a v5e: nothing to recompute
     params = (4096 * 8 + 3 * 8 * 4096 * 14336) // 8 * 4  # float32 shards
     gathered = 4096 * 8 * 4 + 3 * 8 * 4096 * 14336 * 2  # bfloat16 experts, float32 router
-    routed = 8192 * (2 * 4096 + 3 * 14336) * 2
-    activations = 4096 * 4096 * 2
+    row_block = 8192 * 4096 * 2  # [rows, D] bfloat16
+    activation = 8192 * 14336 * 2  # [rows, F] bfloat16
+    x = 4096 * 4096 * 2
     router = 4096 * 8 * 4 * 3
     assert dict(m.ledger) == {
         "parameters (stored shards)": params,
         "parameter gradients (stored shards)": params,
         "gathered expert weights, kept for the backward pass": gathered,
-        "gradients of the gathered weights, before the reduce-scatter": gathered,
-        "routed activations (dispatched rows, gate, up, hidden, expert out)": routed,
-        "gradients of the routed activations": routed,
-        "layer input, output and input gradient": 3 * activations,
+        "routed rows, kept for the backward pass": row_block,
+        "gradient of the routed experts' output": row_block,
+        "FFN activations and gradients at the backward peak (4 x [rows, 14336])": 4 * activation,
+        "layer input and its gradient": 2 * x,
         "router logits, scores and their gradients": router,
     }
-    assert m.train_peak == 8_825_503_744
-    assert m.forward_peak == params + gathered + routed + 2 * activations + router // 3
-    assert m.forward_peak == 4_429_463_552
+    assert m.train_peak == 5_369_266_176
+    assert m.forward_peak == (
+        params + 2 * x + gathered + 2 * row_block + 2 * activation + router // 3
+    )
+
+
+def test_memory_ledger_of_ffn_slices_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory reference (Mixtral 8x7B, fsdp 2 x expert 4, ragged all-to-all) in 8 FFN
+    slices: the ledger the compiled peak (3.896e9 bytes, libtpu 0.0.51) is checked against."""
+    monkeypatch.chdir(REPO_ROOT)
+    plan = make_plan(load_valid(Path("specs/mixtral_8x7b_ep_a2a_v5e.yaml")))
+    assert (plan.ffn_chunks, plan.ffn_chunk_width, plan.regathers_weights) == (8, 1792, True)
+    assert plan.sliced_params == ("w_gate", "w_up", "w_down")
+    rows, D, F = 32768, 4096, 14336  # the certified receive buffer
+    params = 2048 * 8 * 4 + 3 * 2 * 2048 * 14336 * 4  # router over fsdp, experts over both
+    experts_bf16 = 3 * 2 * 4096 * 14336 * 2  # 2 local experts, whole embed, bfloat16
+    assert dict(plan.memory.ledger) == {
+        "parameters (stored shards)": params,
+        "parameter gradients (stored shards)": params,
+        "stored expert weights cast to the compute dtype once": experts_bf16 // 2,
+        "one FFN slice's weights, gathered": (4096 * 8 * 4 + experts_bf16) // 8,
+        "routed rows, kept for the backward pass": rows * D * 2,
+        "gradient of the routed experts' output": rows * D * 2,
+        "row gradient, summed over the slices in float32": rows * D * 4,
+        "the slice's row gradients (gate and up matmuls)": 2 * rows * D * 2,
+        "FFN activations and gradients at the backward peak (4 x [rows, 1792])": (
+            4 * rows * (F // 8) * 2
+        ),
+        "layer input and its gradient": 2 * 4096 * 4096 * 2,
+        "router logits, scores and their gradients": 4096 * 8 * 4 * 3,
+    }
+    compiled_peak = 3_895_877_632  # memory_analysis(), forward+backward, libtpu 0.0.51
+    assert abs(plan.memory.train_peak / compiled_peak - 1) < 0.10
+    # gate and up run again in the backward pass: 2 x 2 x rows x D x F more FLOPs
+    assert plan.cost.recompute_flops == 2 * 2 * rows * D * F
+    by_count = {o.chunks: o for o in plan.ffn_chunk_options}
+    assert sorted(by_count) == [1, 2, 4, 8, 16]
+    assert by_count[1].recompute_flops == 0
+    peaks = [by_count[c].train_peak for c in sorted(by_count)]
+    assert peaks == sorted(peaks, reverse=True)  # more slices, less memory, here
 
 
 def test_cli_plan_tpu_example(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -491,21 +531,28 @@ def test_cli_plan_tpu_example(monkeypatch: pytest.MonkeyPatch) -> None:
     ) in lines
     hbm = hardware("tpu-v5e").hbm_bytes_per_device / 2**30
     assert (
-        f"  memory estimate forward 4.125 GiB, forward+backward 8.219 GiB of {hbm:.3f} GiB HBM "
+        f"  memory estimate forward 3.907 GiB, forward+backward 5.001 GiB of {hbm:.3f} GiB HBM "
         "per device"
     ) in lines
-    # the ledger follows, largest first
+    # the ledger follows, largest first, then what FFN slices would cost
     start = lines.index(next(line for line in lines if line.startswith("  memory estimate")))
-    assert lines[start + 1 :] == [
-        "       2.625 GiB  gathered expert weights, kept for the backward pass",
-        "       2.625 GiB  gradients of the gathered weights, before the reduce-scatter",
-        "       0.781 GiB  routed activations (dispatched rows, gate, up, hidden, expert out)",
-        "       0.781 GiB  gradients of the routed activations",
-        "       0.656 GiB  parameters (stored shards)",
-        "       0.656 GiB  parameter gradients (stored shards)",
-        "       0.094 GiB  layer input, output and input gradient",
-        "       384.0 KiB  router logits, scores and their gradients",
-    ]
+    assert (
+        lines[start + 1 :]
+        == [
+            "       2.625 GiB  gathered expert weights, kept for the backward pass",
+            "       0.875 GiB  FFN activations and gradients at the backward peak (4 x [rows, 14336])",
+            "       0.656 GiB  parameters (stored shards)",
+            "       0.656 GiB  parameter gradients (stored shards)",
+            "       0.062 GiB  layer input and its gradient",
+            "       0.062 GiB  routed rows, kept for the backward pass",
+            "       0.062 GiB  gradient of the routed experts' output",
+            "       384.0 KiB  router logits, scores and their gradients",
+            "  FFN slices      1 (14336 columns each); memory.ffn_chunks options, forward+backward:",
+            "      1 slices  peak  5.001 GiB  recomputed FLOPs 0.000e+00  <- this spec",
+            "      2 slices  peak  3.829 GiB  recomputed FLOPs 1.924e+12",
+        ]
+        + lines[start + 12 :]
+    )
     assert "  experts         8 (8 per device, replicated); kernel pallas; target tpu-v5e 2x4" in (
         lines
     )
@@ -923,22 +970,26 @@ def test_memory_ledger_with_shared_expert_by_hand() -> None:
     )
     # ragged_all_to_all: 2 devices' 512 tokens x min(top 2, 4 local experts) = 1024 rows
     assert plan.padded_rows == 1024
-    routed = 1024 * 384
-    activations = 256 * 64 * 2
+    row_block = 1024 * 64 * 2  # [rows, D] bfloat16
+    activation = 1024 * 32 * 2  # [rows, F] bfloat16
+    x = 256 * 64 * 2
     router = 256 * 8 * 4 * 3
     assert dict(plan.memory.ledger) == {
         "parameters (stored shards)": 59_424,
         "parameter gradients (stored shards)": 59_424,
         "gathered expert weights, kept for the backward pass": 60_192,
-        "gradients of the gathered weights, before the reduce-scatter": 60_192,
-        "routed activations (dispatched rows, gate, up, hidden, expert out)": routed,
-        "gradients of the routed activations": routed,
-        "layer input, output and input gradient": 3 * activations,
+        "routed rows, kept for the backward pass": row_block,
+        "gradient of the routed experts' output": row_block,
+        # gelu: up, the hidden gradient and the up gradient
+        "FFN activations and gradients at the backward peak (3 x [rows, 32])": 3 * activation,
+        "layer input and its gradient": 2 * x,
         "router logits, scores and their gradients": router,
         "shared expert activations and their gradients": 2 * 98_304,
     }
-    assert plan.memory.forward_peak == 684_864
-    assert plan.memory.train_peak == 1_345_152
+    assert plan.memory.forward_peak == (
+        59_424 + 2 * x + 60_192 + 2 * row_block + 2 * activation + 98_304 + router // 3
+    )
+    assert plan.memory.train_peak == sum(dict(plan.memory.ledger).values())
 
 
 def test_gather_traffic_counts_only_gathered_parameters() -> None:

@@ -29,6 +29,7 @@ from moegen.tiling import (
     VMEM_HEADROOM,
     Tile,
     choose_tile,
+    lane_tile,
     padded_rows,
     round_up,
     shrink_to_fit,
@@ -329,6 +330,22 @@ def test_choose_tile_is_aligned_fits_and_is_capped(
             assert (tile.contraction, tile.output) == (LANES, LANES), tile
 
 
+@pytest.mark.parametrize(
+    ("width", "cap", "tile"),
+    [
+        (14336, 1024, 1024),  # mixtral ffn: 14 whole tiles
+        (1792, 1024, 896),  # one of 8 slices of it: 2 whole tiles, not 1024 + a masked 768
+        (3584, 1024, 896),  # one of 4 slices
+        (768, 1024, 768),  # qwen3 ffn: one tile
+        (2880, 1024, 1024),  # gpt-oss: not whole lanes, capped (the last tile is masked)
+        (200, 1024, 256),  # rounded up to lanes
+        (640, 512, 128),  # 5 lanes: only 128 divides below the cap
+    ],
+)
+def test_lane_tile_divides_whole_lane_widths(width: int, cap: int, tile: int) -> None:
+    assert lane_tile(width, cap) == tile
+
+
 @pytest.mark.parametrize(("shape", "rows", "dtype", "hw"), CHOOSE_CASES)
 def test_choose_tile_is_the_largest_when_it_fits(shape: str, rows: int, dtype: str, hw: str):
     """When the capped problem fits the usable VMEM, nothing is halved."""
@@ -337,8 +354,8 @@ def test_choose_tile_is_the_largest_when_it_fits(shape: str, rows: int, dtype: s
     for contraction, output in ((embed, ffn), (ffn, embed)):
         largest = Tile(
             min(DEFAULT_TILE[0], round_up(rows, ROW_MULTIPLE[dtype])),
-            min(DEFAULT_TILE[1], round_up(contraction, LANES)),
-            min(DEFAULT_TILE[2], round_up(output, LANES)),
+            lane_tile(contraction, DEFAULT_TILE[1]),
+            lane_tile(output, DEFAULT_TILE[2]),
         )
         tile = choose_tile(rows, contraction, output, dtype, budget)
         if vmem_bytes(largest, dtype) <= usable_vmem(budget):

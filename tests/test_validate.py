@@ -38,6 +38,7 @@ def spec_yaml(
     dcn_axes: str | None = None,
     expert_over_dcn: bool | None = None,
     slices: int | None = None,
+    ffn_chunks: int | None = None,
 ) -> str:
     """A schema-valid spec with every value on a fixed line (see the column comments).
 
@@ -56,7 +57,8 @@ def spec_yaml(
     expert_over_dcn: ...,` at line 12, so the dcn_axes key is at column 8 and its value at
     column 18 (in "{data: 2}", the key data at column 19 and 2 at column 25); axes stays at
     line 13, column 9, and batch_axes at line 14, column 15. `slices` writes target.slices at
-    line 21, column 11, in place of the tiles comment (so it cannot go with tiles)."""
+    line 21, column 11, in place of the tiles comment (so it cannot go with tiles).
+    `ffn_chunks` writes memory.ffn_chunks at line 27, column 15."""
     tiles = gate_up is not None or down is not None
     assert not (tiles and slices is not None), "slices takes the line of target.tiles"
     mesh_fields = ([f"dcn_axes: {dcn_axes}"] if dcn_axes is not None else []) + (
@@ -100,6 +102,8 @@ def spec_yaml(
         "dtypes:",  # 24
         f"  compute: {compute}",  # 25, column 12
     ]
+    if ffn_chunks is not None:
+        lines += ["memory:", f"  ffn_chunks: {ffn_chunks}"]  # 26; 27, column 15
     return "\n".join(lines) + "\n"
 
 
@@ -423,6 +427,53 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
                     16,
                     "layer.num_experts",
                     "3 experts do not split over expert = 4 devices; nearest valid: 4",
+                )
+            ],
+        ),
+    ],
+    "ffn_chunks_fit": [
+        ({}, []),  # omitted: the plan decides
+        ({"ffn_chunks": 1}, []),
+        ({"ffn_chunks": 4}, []),  # 32 columns a slice (xla takes any width)
+        ({"ffn_chunks": 2, "ffn": 256, **PALLAS_V5E}, []),  # 128 columns: whole lanes
+        (
+            {"ffn_chunks": 3},
+            [
+                (
+                    27,
+                    15,
+                    "memory.ffn_chunks",
+                    "ffn_dim 128 does not split into 3 equal slices; "
+                    "valid slice counts: 2, 4, 8, 16, 32, 64, or 1",
+                )
+            ],
+        ),
+        # a slice is a megablox output (gate, up) and contraction (down) width
+        (
+            {"ffn_chunks": 2, "ffn": 384, **PALLAS_V5E},
+            [
+                (
+                    27,
+                    15,
+                    "memory.ffn_chunks",
+                    "slices of 192 columns are not whole 128-lane tiles for pallas; "
+                    "valid slice counts: 3, or 1",
+                )
+            ],
+        ),
+    ],
+    "ffn_chunks_without_overlap": [
+        ({"ffn_chunks": 2, **RING}, []),
+        ({"overlap": 2, "ffn_chunks": 1, **RING}, []),
+        (
+            {"overlap": 2, "ffn_chunks": 2, **RING},
+            [
+                (
+                    27,
+                    15,
+                    "memory.ffn_chunks",
+                    "ffn_chunks 2 with overlap_chunks 2: the overlapped ring slices the "
+                    "embedding, not the FFN width; set ffn_chunks 1 or overlap_chunks 1",
                 )
             ],
         ),

@@ -10,13 +10,22 @@ communication), costs (FLOPs, bytes, the memory ledger), report (the text of `mo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import replace
 
 from moegen import __version__
 from moegen.hardware import hardware
 from moegen.load import LoadedSpec
-from moegen.plan.costs import DTYPE_BYTES, CostPlan, MemoryPlan, cost_plan, memory_plan
+from moegen.plan.costs import (
+    DTYPE_BYTES,
+    CostPlan,
+    FfnBuffers,
+    MemoryPlan,
+    cost_plan,
+    memory_plan,
+)
 from moegen.plan.experts import ExpertPlan, expert_plan
-from moegen.plan.model import Plan
+from moegen.plan.model import FfnChunkOption, Plan
 from moegen.plan.network import NetworkPlan, Transfer, network_plan
 from moegen.plan.params import (
     GATED_ACTIVATIONS,
@@ -30,6 +39,7 @@ from moegen.plan.report import format_plan
 from moegen.plan.roofline import PassRoofline, Roofline, roofline
 from moegen.sizes import axes_product
 from moegen.tiling import Tile, choose_tile, padded_rows
+from moegen.validate.memory import ffn_chunk_width
 
 __all__ = [
     "CostPlan", "ExpertPlan", "MemoryPlan", "NetworkPlan", "ParamPlan", "PartitionSpec",
@@ -51,8 +61,6 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
     routed_rows = local_tokens * spec.router.top_k
     group_limit = spec.router.group_limit
     experts = expert_plan(loaded, local_tokens, emulate=interpret)
-    tiles = _kernel_tiles(loaded, experts.ffn_rows, experts.chunk_width)
-    rows = padded_rows(experts.ffn_rows, list(tiles)) if tiles else experts.ffn_rows
     layer = spec.layer
     gated = layer.activation in GATED_ACTIVATIONS
     params = param_plans(
@@ -71,7 +79,7 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         experts.axis,
         experts.shards,
     )
-    cost = cost_plan(
+    base_cost = cost_plan(
         params,
         local_tokens=local_tokens,
         routed_rows=routed_rows,
@@ -84,6 +92,43 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         gated=gated,
         shared_ffn_dim=layer.shared_ffn_dim or 0,
     )
+    chip_hbm = chip.hbm_bytes_per_device
+    compute_bytes = DTYPE_BYTES[spec.dtypes.compute]
+
+    def sliced(chunks: int) -> tuple[tuple[Tile, Tile] | None, int, CostPlan, MemoryPlan]:
+        """Tiles, padded rows, costs and memory with the FFN run in `chunks` slices."""
+        tiles = _kernel_tiles(loaded, experts.ffn_rows, experts.chunk_width, chunks)
+        rows = padded_rows(experts.ffn_rows, list(tiles)) if tiles else experts.ffn_rows
+        kernel_rows = rows * experts.ffn_calls
+        matmuls = 3 if gated else 2
+        recompute = 2 * (matmuls - 1) * kernel_rows * layer.embed_dim * layer.ffn_dim
+        cost = replace(base_cost, recompute_flops=recompute if chunks > 1 else 0)
+        ffn = FfnBuffers(
+            rows=kernel_rows,
+            embed_dim=layer.embed_dim,
+            width=layer.ffn_dim // chunks,
+            chunks=chunks,
+            matmuls=matmuls,
+            sliced_cast_bytes=sum(
+                math.prod(p.local_shape) * compute_bytes for p in params if p.ffn_axis is not None
+            ),
+        )
+        memory = memory_plan(
+            cost,
+            ffn,
+            local_tokens=local_tokens,
+            num_experts=layer.num_experts,
+            compute_bytes=compute_bytes,
+            hbm=chip_hbm,
+        )
+        return tiles, rows, cost, memory
+
+    chunks = spec.memory.ffn_chunks or _default_ffn_chunks(loaded, lambda c: sliced(c)[3])
+    tiles, rows, cost, memory = sliced(chunks)
+    options = _ffn_chunk_options(loaded, chunks, sliced)
+    kernel_rows = rows * experts.ffn_calls
+    fsdp = axes.get("fsdp", 1)
+    regathers = chunks > 1 and fsdp > 1
     network = network_plan(
         params,
         experts,
@@ -91,9 +136,8 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         dict(spec.mesh.dcn_axes or {}),
         spec.target.slices,
         spec.dtypes.params,
+        regather_sliced=regathers,
     )
-    kernel_rows = rows * experts.ffn_calls
-    fsdp = axes.get("fsdp", 1)
     hbm_forward = (
         cost.param_bytes
         + cost.gathered_weight_bytes * (2 if fsdp > 1 else 1)  # written by the gather, read
@@ -129,6 +173,11 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         vma_unchecked_reason=_vma_unchecked_reason(loaded),
         gate_up_tile=tiles[0].as_tuple() if tiles else None,
         down_tile=tiles[1].as_tuple() if tiles else None,
+        ffn_chunks=chunks,
+        ffn_chunk_width=layer.ffn_dim // chunks,
+        regathers_weights=regathers,
+        sliced_params=tuple(p.name for p in params if chunks > 1 and p.ffn_axis is not None),
+        ffn_chunk_options=options,
         batch=spec.shapes.batch,
         seq_len=spec.shapes.seq_len,
         embed_dim=spec.layer.embed_dim,
@@ -187,16 +236,9 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
             hbm_forward_bytes=hbm_forward,
             network=network,
             overlap_chunks=experts.overlap_chunks,
+            recompute_flops=cost.recompute_flops,
         ),
-        memory=memory_plan(
-            cost,
-            local_tokens=local_tokens,
-            padded_rows=rows * experts.ffn_calls,
-            embed_dim=spec.layer.embed_dim,
-            num_experts=spec.layer.num_experts,
-            compute_bytes=DTYPE_BYTES[spec.dtypes.compute],
-            hbm=chip.hbm_bytes_per_device,
-        ),
+        memory=memory,
     )
 
 
@@ -210,17 +252,49 @@ def _vma_unchecked_reason(loaded: LoadedSpec) -> str:
     return ""
 
 
-def _kernel_tiles(loaded: LoadedSpec, ffn_rows: int, chunk_width: int) -> tuple[Tile, Tile] | None:
+def _ffn_chunk_options(
+    loaded: LoadedSpec, chosen: int, sliced: Callable[[int], tuple]
+) -> tuple[FfnChunkOption, ...]:
+    """The valid power-of-two slice counts up to 16 (and the chosen one), costed."""
+    if loaded.spec.parallelism.overlap_chunks != 1:
+        return ()
+    counts = {c for c in (1, 2, 4, 8, 16) if c == 1 or not ffn_chunk_width(loaded, c)}
+    options = []
+    for count in sorted(counts | {chosen}):
+        _, _, cost, memory = sliced(count)
+        options.append(FfnChunkOption(count, memory.train_peak, cost.recompute_flops))
+    return tuple(options)
+
+
+def _default_ffn_chunks(loaded: LoadedSpec, memory_with: Callable[[int], MemoryPlan]) -> int:
+    """Whole (no recomputation) when the layer fits the target's memory; else the fewest FFN
+    slices that make it fit (whole when none does: slicing would not save it)."""
+    hbm = hardware(loaded.spec.target.hardware).hbm_bytes_per_device
+    if not hbm or loaded.spec.parallelism.overlap_chunks != 1:
+        return 1
+    counts = [1] + [c for c in range(2, 65) if not ffn_chunk_width(loaded, c)]
+    for count in counts:
+        if memory_with(count).train_peak <= hbm:
+            return count
+    return 1
+
+
+def _kernel_tiles(
+    loaded: LoadedSpec, ffn_rows: int, chunk_width: int, ffn_chunks: int
+) -> tuple[Tile, Tile] | None:
     """Megablox tiles for (gate, up) and down: pinned by the spec, else chosen here.
 
-    With overlap chunks the gate and up matmuls contract over one chunk of the embedding.
+    With overlap chunks the gate and up matmuls contract over one chunk of the embedding;
+    with FFN slices each matmul covers one slice of the FFN width, and the down projection
+    writes float32 (the slices are summed).
     """
     spec = loaded.spec
     if spec.target.kernel != "pallas":
         return None  # ragged_dot takes groups of any size: nothing to tile or pad
     budget = hardware(spec.target.hardware).vmem_bytes_for_tiles
     dtype = spec.dtypes.compute
-    embed, ffn = chunk_width, spec.layer.ffn_dim
+    embed, ffn = chunk_width, spec.layer.ffn_dim // ffn_chunks
+    down_out = "float32" if ffn_chunks > 1 else dtype
     pinned = spec.target.tiles
     gate_up = (
         Tile(*pinned.gate_up)
@@ -230,7 +304,7 @@ def _kernel_tiles(loaded: LoadedSpec, ffn_rows: int, chunk_width: int) -> tuple[
     down = (
         Tile(*pinned.down)
         if pinned and pinned.down
-        else choose_tile(ffn_rows, ffn, spec.layer.embed_dim, dtype, budget)
+        else choose_tile(ffn_rows, ffn, spec.layer.embed_dim, dtype, budget, out_dtype=down_out)
     )
     return gate_up, down
 

@@ -12,6 +12,15 @@ from moegen.plan.roofline import Roofline
 
 
 @dataclass(frozen=True)
+class FfnChunkOption:
+    """One value of memory.ffn_chunks and what it costs."""
+
+    chunks: int
+    train_peak: int  # planned forward+backward peak per device, bytes
+    recompute_flops: int  # per device per training step
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything static about one generated module."""
 
@@ -39,6 +48,11 @@ class Plan:
     vma_unchecked_reason: str  # why it is off ('' when on)
     gate_up_tile: tuple[int, int, int] | None  # megablox (rows, contraction, output)
     down_tile: tuple[int, int, int] | None
+    ffn_chunks: int  # slices of the expert FFN width run one at a time (1: whole)
+    ffn_chunk_width: int  # FFN_DIM / ffn_chunks
+    regathers_weights: bool  # sliced weights are fsdp-gathered per slice, again in the backward
+    sliced_params: tuple[str, ...]  # parameters cut into FFN slices (none when whole)
+    ffn_chunk_options: tuple[FfnChunkOption, ...]  # valid slice counts (powers of 2) and costs
 
     batch: int
     seq_len: int

@@ -57,6 +57,8 @@ def network_plan(
     dcn_axes: dict[str, int],
     slices: int,
     param_dtype: str,
+    *,
+    regather_sliced: bool = False,
 ) -> NetworkPlan:
     ici_shape = {a: n // dcn_axes.get(a, 1) for a, n in mesh_axes.items()}
     flows: list[tuple[str, str, str, int]] = []  # name, axis, kind, bytes received
@@ -70,6 +72,16 @@ def network_plan(
         # forward: all-gather of the weights; backward: reduce-scatter of their gradients
         flows.append(("fsdp weight all-gather", "fsdp", "gather", gathered * (fsdp - 1)))
         flows.append(("fsdp gradient reduce-scatter", "fsdp", "gather", gathered * (fsdp - 1)))
+        if regather_sliced:
+            # FFN slices are recomputed in the backward pass, gathering their weights again
+            again = sum(
+                math.prod(p.local_shape) * DTYPE_BYTES[p.use_dtype]
+                for p in params
+                if p.gather_axis is not None and p.ffn_axis is not None
+            )
+            flows.append(
+                ("fsdp weight all-gather again, backward", "fsdp", "gather", again * (fsdp - 1))
+            )
     for axis, size in mesh_axes.items():
         if size == 1:
             continue

@@ -21,6 +21,7 @@ class ParamPlan:
     local_shape: tuple[int, ...]
     partition: PartitionSpec
     gather_axis: int | None  # dimension all-gathered over fsdp inside the layer
+    ffn_axis: int | None  # the routed experts' FFN_DIM dimension (what FFN slices cut)
     use_dtype: str  # dtype it is cast to before use (and before the gather)
     init_scale: float  # std of its normal initialiser: 1/sqrt(fan_in); 0.0: starts at zero
 
@@ -101,6 +102,7 @@ def param_plans(
                 local_shape=local,
                 partition=partition,
                 gather_axis=embed_axis if fsdp_axis else None,
+                ffn_axis=names.index("FFN_DIM") if "FFN_DIM" in names else None,
                 use_dtype=use_dtype,
                 init_scale=1.0 / math.sqrt(fan_in) if fan_in else 0.0,
             )

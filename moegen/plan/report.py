@@ -54,7 +54,23 @@ def format_plan(plan: Plan) -> str:
         f"{_gib(m.train_peak)}{hbm} per device"
     )
     lines += [f"    {_gib(size):>12}  {name}" for name, size in m.ledger]
+    lines += _ffn_slice_lines(plan)
     return "\n".join(lines)
+
+
+def _ffn_slice_lines(plan: Plan) -> list[str]:
+    """memory.ffn_chunks: what each slice count costs in memory and in recomputed FLOPs."""
+    if len(plan.ffn_chunk_options) < 2:
+        return []
+    chosen = f"{plan.ffn_chunks} ({plan.ffn_chunk_width} columns each)"
+    lines = [f"  FFN slices      {chosen}; memory.ffn_chunks options, forward+backward:"]
+    for option in plan.ffn_chunk_options:
+        mark = "  <- this spec" if option.chunks == plan.ffn_chunks else ""
+        lines.append(
+            f"    {option.chunks:>3} slices  peak {_gib(option.train_peak):>10}  "
+            f"recomputed FLOPs {option.recompute_flops:.3e}{mark}"
+        )
+    return lines
 
 
 def _dropping_text(plan: Plan) -> str:

@@ -6,7 +6,8 @@ m = 3 matmuls per FFN (gated) or 2 (plain):
   useful FLOPs, forward: router 2tDE, routed experts 2m tK DF, shared expert 2m tDS;
   kernel FLOPs: the routed matmuls over the worst-case buffers the kernels are given
     (rows padded to whole tiles; what the compiler counts), the rest as useful;
-  forward+backward: 3x forward (input and weight gradients each cost a forward);
+  forward+backward: 3x forward (input and weight gradients each cost a forward), plus the
+    (gate and) up matmuls again when the FFN runs in slices recomputed in the backward pass;
   HBM bytes, forward: stored parameters read, gathered weights written and read, routed
     buffers and shared-expert activations written and read, layer input and output;
     forward+backward: 3x forward;
@@ -75,6 +76,7 @@ def roofline(
     hbm_forward_bytes: int,
     network: NetworkPlan,
     overlap_chunks: int,
+    recompute_flops: int = 0,
 ) -> Roofline:
     per_chip = max(chip.devices_per_chip, 1)
     peak = chip.peak_bf16_flops_per_chip / per_chip
@@ -94,7 +96,9 @@ def roofline(
     ):
         ici = sum(t.ici_bytes for t in transfers)
         dcn = sum(t.dcn_bytes for t in transfers)
-        compute_s = scale * (router + kernel + shared) / peak if peak else 0.0
+        # FFN slices recompute (gate and) up in the backward pass
+        run = scale * (router + kernel + shared) + (recompute_flops if scale > 1 else 0)
+        compute_s = run / peak if peak else 0.0
         hbm_s = scale * hbm_forward_bytes / hbm_bw if hbm_bw else 0.0
         exposed = 0.0
         for t in transfers:
@@ -117,7 +121,7 @@ def roofline(
                 routed_flops=scale * routed,
                 shared_flops=scale * shared,
                 useful_flops=scale * (router + routed + shared),
-                kernel_flops=scale * (router + kernel + shared),
+                kernel_flops=run,
                 hbm_bytes=scale * hbm_forward_bytes,
                 ici_bytes=ici,
                 dcn_bytes=dcn,

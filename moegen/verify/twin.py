@@ -11,6 +11,7 @@ import math
 from dataclasses import replace
 
 from moegen.load import LoadedSpec
+from moegen.plan import make_plan
 from moegen.sizes import axes_product
 from moegen.spec import Tiles
 from moegen.tiling import LANES
@@ -36,11 +37,14 @@ def twin_of(loaded: LoadedSpec, *, dtype: str | None = "float32") -> LoadedSpec:
     unit = math.lcm(fsdp, chunk_unit)
     embed = unit * -(-TWIN_MIN_EMBED // unit)
     shards = axes_product(spec.mesh.axes, spec.batch_axes)
+    # FFN slices as the full plan runs them (pinned or chosen), whole lanes for pallas
+    ffn_chunks = make_plan(loaded).ffn_chunks
+    ffn_unit = ffn_chunks * (LANES if spec.target.kernel == "pallas" and ffn_chunks > 1 else 1)
     updates = {
         "layer": spec.layer.model_copy(
             update={
                 "embed_dim": embed,
-                "ffn_dim": TWIN_FFN,
+                "ffn_dim": ffn_unit * -(-TWIN_FFN // ffn_unit),
                 "shared_ffn_dim": TWIN_SHARED_FFN if spec.layer.shared_ffn_dim else None,
             }
         ),
@@ -48,6 +52,7 @@ def twin_of(loaded: LoadedSpec, *, dtype: str | None = "float32") -> LoadedSpec:
             update={"batch": shards * TWIN_SEQUENCES_PER_SHARD, "seq_len": TWIN_SEQ_LEN}
         ),
     }
+    updates["memory"] = spec.memory.model_copy(update={"ffn_chunks": ffn_chunks})
     if spec.target.kernel == "pallas":
         tiles = Tiles(gate_up=TWIN_TILE, down=TWIN_TILE)
         updates["target"] = spec.target.model_copy(update={"tiles": tiles})

@@ -1,0 +1,51 @@
+"""Rules of the memory options: how the expert FFN may be sliced to run one slice at a time."""
+
+from __future__ import annotations
+
+from moegen.diagnostics import Diagnostic
+from moegen.load import LoadedSpec
+from moegen.tiling import LANES
+
+
+def ffn_chunk_width(loaded: LoadedSpec, chunks: int) -> str:
+    """Why the FFN width cannot be cut into `chunks` slices ('' when it can)."""
+    spec = loaded.spec
+    ffn = spec.layer.ffn_dim
+    if ffn % chunks:
+        return f"ffn_dim {ffn} does not split into {chunks} equal slices"
+    if spec.target.kernel == "pallas" and (ffn // chunks) % LANES:
+        # A slice is the output (gate, up) and contraction (down) width of a megablox call.
+        return f"slices of {ffn // chunks} columns are not whole {LANES}-lane tiles for pallas"
+    return ""
+
+
+def ffn_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
+    """FFN slices are equal and, for the pallas kernel, whole lane tiles."""
+    chunks = loaded.spec.memory.ffn_chunks
+    if chunks is None or chunks == 1:
+        return []
+    problem = ffn_chunk_width(loaded, chunks)
+    if not problem:
+        return []
+    valid = [str(c) for c in range(2, 65) if not ffn_chunk_width(loaded, c)][:8]
+    options = f"valid slice counts: {', '.join(valid)}, or 1" if valid else "set 1"
+    return [loaded.diagnostic(("memory", "ffn_chunks"), f"{problem}; {options}")]
+
+
+def ffn_chunks_without_overlap(loaded: LoadedSpec) -> list[Diagnostic]:
+    """The overlapped ring already runs its matmuls chunk by chunk over the embedding."""
+    spec = loaded.spec
+    chunks = spec.memory.ffn_chunks
+    overlap = spec.parallelism.overlap_chunks
+    if chunks is None or chunks == 1 or overlap == 1:
+        return []
+    return [
+        loaded.diagnostic(
+            ("memory", "ffn_chunks"),
+            f"ffn_chunks {chunks} with overlap_chunks {overlap}: the overlapped ring slices "
+            "the embedding, not the FFN width; set ffn_chunks 1 or overlap_chunks 1",
+        )
+    ]
+
+
+MEMORY_RULES = (ffn_chunks_fit, ffn_chunks_without_overlap)
