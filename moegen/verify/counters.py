@@ -7,6 +7,8 @@ targets compiled on compile-only devices) and returns plain JSON-able values:
   `optimal_seconds` is deliberately not read: it goes negative with Pallas kernels and async
   collectives, and it does not model the interconnect. For Pallas kernels `flops` is the
   kernel's own CostEstimate (megablox: 2*m*k*n over the whole padded row buffer).
+  cost_analysis counts a while loop's body once: `flops` and `bytes_accessed` add the other
+  trips (`moegen.verify.loops`), and `loops` says how many loops were completed so.
 - `memory`: `compiled.memory_analysis()` sizes per device, and `peak` =
   argument + output + temp - alias (what XLA must hold at once).
 - `collectives`: every collective of the scheduled HLO (`compiled.as_text()`), and whether
@@ -489,11 +491,24 @@ def compiled_counters(compiled: Any, *, items: bool = True) -> dict[str, Any]:
 
     `items=False` leaves out the per-collective list (the totals stay).
     """
-    collectives = collective_counters(compiled.as_text())
+    from moegen.verify.loops import loop_corrections  # it parses with this module's reader
+
+    hlo = compiled.as_text()
+    collectives = collective_counters(hlo)
     if not items:
         collectives.pop("items")
+    cost = cost_counters(compiled)
+    loops = loop_corrections(hlo)
     return {
-        **cost_counters(compiled),
+        **cost,
+        "flops": cost["flops"] + loops.flops,
+        "bytes_accessed": cost["bytes_accessed"] + loops.bytes,
+        "loops": {
+            "completed": loops.loops,
+            "unknown_trips": loops.unknown_trips,
+            "flops_added": loops.flops,
+            "bytes_added": loops.bytes,
+        },
         "memory": memory_counters(compiled),
         "collectives": collectives,
     }
