@@ -159,7 +159,7 @@ def _convolution_flops(instruction: Instruction, shapes: dict[str, str]) -> floa
     rhs = _dims(shapes.get(instruction.operands[1], "")) if len(instruction.operands) > 1 else []
     if labels is None or len(rhs) != len(labels.group(1)):
         return 0.0
-    per_output = math.prod(n for label, n in zip(labels.group(1), rhs) if label != "o")
+    per_output = math.prod(n for label, n in zip(labels.group(1), rhs, strict=True) if label != "o")
     return 2.0 * math.prod(_dims(instruction.shape)) * per_output
 
 
