@@ -102,8 +102,9 @@ def compile_worker(job: dict) -> dict:
     from moegen.verify.worker import target_devices
 
     module = _import(job["module"], "bench_module")
-    mesh = _mesh(module, target_devices(module, job["tpu"]), job["variant"])
-    _, step = _program(module, job["variant"], job["cfg"], mesh)
+    variant = "moegen" if job["variant"].startswith("moegen") else job["variant"]
+    mesh = _mesh(module, target_devices(module, job["tpu"]), variant)
+    layer, step = _program(module, variant, job["cfg"], mesh)
     params, x = module.param_shapes(mesh), module.input_shape(mesh)
     start = time.perf_counter()
     try:
@@ -113,7 +114,11 @@ def compile_worker(job: dict) -> dict:
             raise
         return {"oom": str(err).strip().splitlines()[0], "seconds": time.perf_counter() - start}
     seconds = time.perf_counter() - start
-    return {"counters": compiled_counters(compiled, items=False), "seconds": seconds}
+    result = {"counters": compiled_counters(compiled, items=False), "seconds": seconds}
+    if job.get("forward"):
+        forward = jax.jit(layer).lower(params, x).compile()
+        result["forward_memory"] = compiled_counters(forward, items=False)["memory"]
+    return result
 
 
 def time_worker(job: dict) -> dict:
@@ -265,8 +270,17 @@ def bench_spec(name: str, workdir: Path, repeats: int, log) -> dict[str, Any]:
         "chips_per_host_bounds": list(plan.chips_per_host_bounds or ()),
         "num_slices": plan.slices,
     }
-    for variant in VARIANTS:
-        job = {"module": str(module_path), "variant": variant, "cfg": cfg, "tpu": tpu}
+    modules = {variant: module_path for variant in VARIANTS}
+    result["plan_memory"] = {"moegen": _plan_memory(plan)}
+    if plan.ffn_chunks > 1:
+        # The trade the spec made: the same layer with the FFN whole, beside it.
+        whole = make_plan(_with_ffn_chunks(loaded, 1))
+        modules["moegen_whole"] = workdir / f"{name}_whole.py"
+        modules["moegen_whole"].write_text(render(whole), encoding="utf-8")
+        result["plan_memory"]["moegen_whole"] = _plan_memory(whole)
+    for variant, path in modules.items():
+        job = {"module": str(path), "variant": variant, "cfg": cfg, "tpu": tpu}
+        job["forward"] = variant.startswith("moegen")
         outcome = _run_child("compile", job, _child_env(), COMPILE_TIMEOUT_S)
         result["variants"][variant] = outcome
         log(f"{name}: compiled {variant} for {plan.tpu_topology_name}: {_brief(outcome)}")
@@ -292,6 +306,25 @@ def bench_spec(name: str, workdir: Path, repeats: int, log) -> dict[str, Any]:
     result["cpu"] = _run_child("time", job, _child_env(twin_plan.num_devices), TIME_TIMEOUT_S)
     log(f"{name}: timed the CPU twins: {_brief_cpu(result['cpu'])}")
     return result
+
+
+def _plan_memory(plan) -> dict[str, int]:
+    return {
+        "forward": plan.memory.forward_peak,
+        "train": plan.memory.train_peak,
+        "ffn_chunks": plan.ffn_chunks,
+    }
+
+
+def _with_ffn_chunks(loaded, chunks: int):
+    """`loaded` with memory.ffn_chunks pinned."""
+    from dataclasses import replace
+
+    from moegen.validate import validate
+
+    spec = loaded.spec
+    memory = spec.memory.model_copy(update={"ffn_chunks": chunks})
+    return validate(replace(loaded, spec=spec.model_copy(update={"memory": memory})))
 
 
 def _with_xla_kernel(loaded):
@@ -387,6 +420,7 @@ def tool_speed(log) -> dict[str, Any]:
 
 LABELS = {
     "moegen": "moegen",
+    "moegen_whole": "moegen, whole FFN (memory.ffn_chunks 1)",
     "moegen_xla": "moegen, kernel xla",
     "dense_dispatch": "dense dispatch",
     "ragged_dot": "ragged_dot",
@@ -552,7 +586,7 @@ def format_report(results: dict[str, Any]) -> str:
         if spec.get("skipped"):
             w(f"| {spec['name']} | {target} | skipped: {spec['skipped']} |  |  |  |  |  |  |  |  |")
             continue
-        for variant in VARIANTS:
+        for variant in [v for v in LABELS if v in spec["variants"]]:
             outcome = spec["variants"].get(variant) or {}
             label = LABELS[variant]
             if "counters" in outcome:
@@ -585,6 +619,7 @@ def format_report(results: dict[str, Any]) -> str:
         + "."
     )
     w("")
+    out.extend(memory_section(results))
     w("## Ratios: baseline / moegen (above 1: moegen does better)")
     w("")
     w(
@@ -701,6 +736,43 @@ def format_report(results: dict[str, Any]) -> str:
         )
         w("")
     return "\n".join(out)
+
+
+def memory_section(results: dict[str, Any]) -> list[str]:
+    """Compiled peak memory per device, forward and forward+backward, beside the plan's."""
+    out = [
+        "## Memory per device (compiled, and the plan's ledger)",
+        "",
+        "`memory_analysis()` of the compiled forward and forward+backward programs: peak = "
+        "arguments + outputs + temporaries - aliased, in GB (1e9 bytes) and GiB; *plan*: the "
+        "peak `moegen plan` estimates from its ledger (the backward pass of the expert FFN), "
+        "and how far it is from the compiled one. FFN slices: `memory.ffn_chunks` as planned.",
+        "",
+        "| spec | layer | FFN slices | forward peak GB (GiB) | forward temporaries GB | "
+        "fwd+bwd peak GB (GiB) | fwd+bwd temporaries GB | plan fwd+bwd GiB | plan error |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for spec in results["specs"]:
+        for variant, planned in (spec.get("plan_memory") or {}).items():
+            outcome = spec["variants"].get(variant) or {}
+            if "counters" not in outcome:
+                continue
+            train = outcome["counters"]["memory"]
+            forward = outcome.get("forward_memory") or {}
+            error = planned["train"] / train["peak"] - 1
+            out.append(
+                f"| {spec['name']} | {LABELS[variant]} | {planned['ffn_chunks']} | "
+                + (
+                    f"{forward['peak'] / 1e9:.3f} ({forward['peak'] / 2**30:.2f}) | "
+                    f"{forward['temp'] / 1e9:.3f} | "
+                    if forward
+                    else "n/a | n/a | "
+                )
+                + f"{train['peak'] / 1e9:.3f} ({train['peak'] / 2**30:.2f}) | "
+                f"{train['temp'] / 1e9:.3f} | {planned['train'] / 2**30:.2f} | {error:+.1%} |"
+            )
+    out += ["", ""]
+    return out
 
 
 def _versions() -> dict[str, str]:

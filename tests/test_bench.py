@@ -294,6 +294,35 @@ def test_report_tables_on_made_up_numbers() -> None:
     assert "`moegen check` over all 3 specs: 4.2 s (exit 0)" in text
 
 
+def test_memory_table_beside_the_plan() -> None:
+    results = _results()
+    alpha = results["specs"][0]
+    alpha["variants"]["moegen"]["forward_memory"] = {"peak": 2 * 10**9, "temp": 10**9}
+    alpha["variants"]["moegen_whole"] = {
+        "counters": _counters(2.0e12, 30e9, 9 * 2**30, 3, 8, 100 * 2**20),
+        "seconds": 10.0,
+        "forward_memory": {"peak": 3 * 10**9, "temp": 2 * 10**9},
+    }
+    alpha["plan_memory"] = {
+        "moegen": {"forward": 2 * 2**30, "train": int(6.3 * 2**30), "ffn_chunks": 8},
+        "moegen_whole": {"forward": 3 * 2**30, "train": 9 * 2**30, "ffn_chunks": 1},
+    }
+    lines = format_report(results).splitlines()
+    assert (
+        "| alpha_v5e | moegen | 8 | 2.000 (1.86) | 1.000 | 6.442 (6.00) | 0.000 | 6.30 | +5.0% |"
+        in lines
+    )
+    assert (
+        "| alpha_v5e | moegen, whole FFN (memory.ffn_chunks 1) | 1 | 3.000 (2.79) | 2.000 | "
+        "9.664 (9.00) | 0.000 | 9.00 | +0.0% |"
+    ) in lines
+    # the whole-FFN layer is also in the counters table
+    assert any(
+        line.startswith("| alpha_v5e | tpu-v5e 2x4 | moegen, whole FFN (memory.ffn_chunks 1) |")
+        for line in lines
+    )
+
+
 def test_losses_are_named_plainly() -> None:
     results = _results()
     alpha, beta, gamma = results["specs"]
