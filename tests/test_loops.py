@@ -131,3 +131,61 @@ def test_unreadable_trip_count_is_counted_once_and_reported() -> None:
     correction = loop_corrections(_loop_module("compare(%i, %i), direction=NE"))
     assert (correction.loops, correction.unknown_trips) == (1, 1)
     assert correction.flops == correction.bytes == 0
+
+
+def _convolution_loop(window: str, labels: str, lhs: str, rhs: str, out: str) -> str:
+    """One convolution per trip of a 3-trip loop (in the loop so the correction counts it)."""
+    return textwrap.dedent(
+        f"""\
+        HloModule m
+
+        %cond (p: (s32[], {out})) -> pred[] {{
+          %p = (s32[], {out}) parameter(0)
+          %i = s32[] get-tuple-element(%p), index=0
+          %n = s32[] constant(3)
+          ROOT %c = pred[] compare(%i, %n), direction=LT
+        }}
+
+        %body (q: (s32[], {out})) -> (s32[], {out}) {{
+          %q = (s32[], {out}) parameter(0)
+          %j = s32[] get-tuple-element(%q), index=0
+          %a = {lhs} constant(0)
+          %b = {rhs} constant(0)
+          %conv = {out} convolution(%a, %b), {window}dim_labels={labels}
+          %one = s32[] constant(1)
+          %next = s32[] add(%j, %one)
+          ROOT %t = (s32[], {out}) tuple(%next, %conv)
+        }}
+
+        ENTRY %main (x: {out}) -> {out} {{
+          %x = {out} parameter(0)
+          %zero = s32[] constant(0)
+          %init = (s32[], {out}) tuple(%zero, %x)
+          %w = (s32[], {out}) while(%init), condition=%cond, body=%body
+          ROOT %r = {out} get-tuple-element(%w), index=1
+        }}
+        """
+    )
+
+
+def test_a_plain_matmul_convolution() -> None:
+    # [64, 32] @ [32, 16] as XLA:TPU writes it: 2 x 64 x 16 x 32 FLOPs a trip
+    text = _convolution_loop("", "bf_io->bf", "f32[64,32]", "f32[32,16]", "f32[64,16]")
+    assert loop_corrections(text).flops == 2 * (2 * 64 * 16 * 32)
+
+
+def test_a_batched_matmul_convolution_counts_only_window_positions_inside() -> None:
+    # 8 experts: [t=4, e=8, f=32] x [e=8, f=32, o=16] -> [4, 8, 16], the expert dimension a
+    # spatial one with window 8, padding 7 on each side and the kernel reversed: each output
+    # position meets the input at exactly one kernel position (not 8).
+    text = _convolution_loop(
+        "window={size=8 pad=7_7 rhs_reversal=1}, ",
+        "b0f_0io->b0f",
+        "f32[4,8,32]",
+        "f32[8,32,16]",
+        "f32[4,15,16]",
+    )
+    # output positions 0..14 over input 0..7: o + k - 7 in [0, 8) for 8 x 8 = 64 pairs
+    pairs = sum(1 for o in range(15) for k in range(8) if 0 <= o + k - 7 < 8)
+    assert pairs == 64
+    assert loop_corrections(text).flops == 2 * (2 * 4 * 16 * 32 * pairs)

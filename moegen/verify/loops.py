@@ -35,7 +35,8 @@ _COST = re.compile(r'"cost_estimate":(\{[^}]*\})')
 _LOOP_FIELDS = re.compile(r"\b(condition|body)=%?([\w.\-]+)")
 _PARAMETER = re.compile(r"parameter\((\d+)\)")
 _CONTRACTING = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
-_DIM_LABELS = re.compile(r"dim_labels=\w+_(\w+)->")
+_CONV_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
+_WINDOW = re.compile(r"window=\{([^}]*)\}")
 _ARRAY_DIMS = re.compile(r"\[([\d,]*)\]")
 _SLICES = frozenset({"slice", "dynamic-slice"})
 # What names, regroups or starts values without reading or writing memory of its own.
@@ -154,13 +155,46 @@ def _matmul_flops(
 
 
 def _convolution_flops(instruction: Instruction, shapes: dict[str, str]) -> float:
-    """2 x output elements x (input features x kernel window): XLA:TPU writes dots so."""
-    labels = _DIM_LABELS.search(instruction.text)
-    rhs = _dims(shapes.get(instruction.operands[1], "")) if len(instruction.operands) > 1 else []
-    if labels is None or len(rhs) != len(labels.group(1)):
+    """2 x multiply-adds of a convolution, counting only window positions inside the input.
+
+    XLA:TPU writes dots as convolutions, and batched dots as convolutions over a padded
+    "spatial" dimension whose window meets the input at one position: counting the whole
+    window would count those products several times over.
+    """
+    labels = _CONV_LABELS.search(instruction.text)
+    if labels is None or len(instruction.operands) < 2:
         return 0.0
-    per_output = math.prod(n for label, n in zip(labels.group(1), rhs, strict=True) if label != "o")
-    return 2.0 * math.prod(_dims(instruction.shape)) * per_output
+    lhs_labels, rhs_labels, out_labels = labels.groups()
+    lhs = _dims(shapes.get(instruction.operands[0], ""))
+    rhs = _dims(shapes.get(instruction.operands[1], ""))
+    out = _dims(instruction.shape)
+    if (len(lhs), len(rhs), len(out)) != (len(lhs_labels), len(rhs_labels), len(out_labels)):
+        return 0.0
+    window = _window(instruction.text, sum(c.isdigit() for c in rhs_labels))
+    batch = out[out_labels.index("b")]
+    features_out = rhs[rhs_labels.index("o")]
+    features_in = rhs[rhs_labels.index("i")]
+    pairs = 1
+    for d, (size, low, stride) in enumerate(window):
+        length_in = lhs[lhs_labels.index(str(d))]
+        length_out = out[out_labels.index(str(d))]
+        pairs *= sum(
+            1
+            for o in range(length_out)
+            for k in range(size)
+            if 0 <= o * stride + k - low < length_in
+        )
+    return 2.0 * batch * features_out * features_in * pairs
+
+
+def _window(text: str, spatial: int) -> list[tuple[int, int, int]]:
+    """(size, low padding, stride) of each spatial dimension of a convolution's window."""
+    found = _WINDOW.search(text)
+    fields = dict(re.findall(r"(\w+)=([\w_x\-]+)", found.group(1))) if found else {}
+    sizes = [int(v) for v in fields.get("size", "").split("x") if v] or [1] * spatial
+    pads = [int(p.split("_")[0]) for p in fields.get("pad", "").split("x") if p] or [0] * spatial
+    strides = [int(v) for v in fields.get("stride", "").split("x") if v] or [1] * spatial
+    return list(zip(sizes, pads, strides, strict=True))
 
 
 def _dims(shape: str) -> list[int]:
