@@ -4,7 +4,10 @@ Figures are the datasheet leads (bf16 dense peak) collected in the project's har
 (shared/reference/hardware-and-roofline.md); the per-generation pages of Google Cloud's TPU
 documentation (cloud.google.com/tpu/docs/v5e, v5p, v6e, tpu7x) are where they come from.
 Topologies are the slice shapes Google Cloud offers for each generation; tpu7x shows JAX two
-devices per chip. Scoped VMEM budgets are the compiler's defaults per generation. HBM is
+devices per chip. NVIDIA GPUs (datasheet SXM figures: dense bf16 peak, HBM, NVLink) come with
+their CUDA compute capability (`sm`: 80 Ampere, 90 Hopper, 100 Blackwell), which decides the
+Transformer Engine features they have; their topologies are GPU counts, "N" inside one
+NVLink node of up to 8, or "NODESx8". Scoped VMEM budgets are the compiler's defaults per generation. HBM is
 counted in GiB, as the TPU compiler counts it (datasheets write "16 GB" for v5e's 16 GiB;
 libtpu reports 15.75 GiB of it available to a program).
 """
@@ -22,7 +25,7 @@ class Hardware:
     """One compile target."""
 
     name: str  # as written in specs: target.hardware
-    platform: str  # "cpu" | "tpu"
+    platform: str  # "cpu" | "tpu" | "gpu"
     topology_prefix: str  # libtpu's name for the generation, as in "v5e:2x4"
     devices_per_chip: int
     hbm_bytes_per_chip: int
@@ -31,6 +34,7 @@ class Hardware:
     ici_bytes_per_s_per_chip: float  # bidirectional
     topologies: tuple[str, ...]  # valid slice shapes, e.g. "2x4" or "2x2x1"
     vmem_bytes_for_tiles: int  # scoped VMEM a kernel's tiles may use (double-buffered)
+    sm: int = 0  # CUDA compute capability x 10 (GPUs only)
 
     @property
     def hbm_bytes_per_device(self) -> int:
@@ -73,6 +77,23 @@ CATALOGUE: dict[str, Hardware] = {
     ),
     "tpu7x": Hardware(
         "tpu7x", "tpu", "tpu7x", 2, 192 * GIB, 2307e12, 7380e9, 1200e9, _CUBIC[:9], 32 * _MIB
+    ),
+}
+
+
+_GPU_TOPOLOGIES = ("1", "2", "4", "8", "2x8", "4x8", "8x8", "16x8", "32x8")
+CATALOGUE |= {
+    "gpu-a100": Hardware(
+        "gpu-a100", "gpu", "", 1, 80 * GB, 312e12, 2039e9, 600e9, _GPU_TOPOLOGIES, 0, sm=80
+    ),
+    "gpu-h100": Hardware(
+        "gpu-h100", "gpu", "", 1, 80 * GB, 989e12, 3350e9, 900e9, _GPU_TOPOLOGIES, 0, sm=90
+    ),
+    "gpu-h200": Hardware(
+        "gpu-h200", "gpu", "", 1, 141 * GB, 989e12, 4800e9, 900e9, _GPU_TOPOLOGIES, 0, sm=90
+    ),
+    "gpu-b200": Hardware(
+        "gpu-b200", "gpu", "", 1, 192 * GB, 2250e12, 8000e9, 1800e9, _GPU_TOPOLOGIES, 0, sm=100
     ),
 }
 

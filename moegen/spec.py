@@ -213,21 +213,44 @@ class Tiles(_Section):
 class Target(_Section):
     """Hardware the module is compiled for and the grouped-matmul kernel it uses."""
 
-    hardware: Literal["cpu", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu7x"] = Field(
-        "cpu", description="Compile target."
-    )
-    topology: str | None = Field(
-        None, max_length=32, description="TPU slice shape, e.g. 2x4 (v5e, v6e) or 2x2x1 (v5p)."
+    @field_validator("topology", mode="after")
+    @classmethod
+    def _topology_text(cls, topology: str | int | None) -> str | None:
+        # `topology: 8` (a GPU count) reads as an integer; every rule compares text
+        return None if topology is None else str(topology)
+
+    hardware: Literal[
+        "cpu",
+        "tpu-v5e",
+        "tpu-v5p",
+        "tpu-v6e",
+        "tpu7x",
+        "gpu-a100",
+        "gpu-h100",
+        "gpu-h200",
+        "gpu-b200",
+    ] = Field("cpu", description="Compile target.")
+    topology: Annotated[str, Field(max_length=32)] | Annotated[int, Field(gt=0, le=4096)] | None = (
+        Field(
+            None,
+            description="TPU slice shape, e.g. 2x4 (v5e, v6e) or 2x2x1 (v5p); GPUs: their count, "
+            "e.g. 8 (one NVLink node) or 4x8 (4 nodes of 8).",
+        )
     )
     slices: Annotated[int, Field(gt=0, le=64)] = Field(
         1,
         description="TPU slices of this topology joined by the data-center network "
         "(multi-slice); mesh.dcn_axes says which axes cross them.",
     )
-    kernel: Literal["xla", "pallas"] = Field(
+    kernel: Literal["xla", "pallas", "te"] = Field(
         "xla",
         description="Grouped matmul: xla = jax.lax.ragged_dot (anywhere); "
-        "pallas = megablox gmm/tgmm (TPU).",
+        "pallas = megablox gmm/tgmm (TPU); te = Transformer Engine grouped GEMM (NVIDIA GPU).",
+    )
+    quantization: Literal["none", "fp8", "mxfp8"] = Field(
+        "none",
+        description="kernel te: expert matmuls in fp8 (current scaling, Hopper or newer) or "
+        "mxfp8 (block scaling, Blackwell); none = the compute dtype.",
     )
     tiles: Tiles | Literal["auto"] | None = Field(
         None,

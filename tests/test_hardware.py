@@ -219,7 +219,10 @@ def _hardware_message(written: str) -> str:
     return diagnostic.message
 
 
-CHOICES = "must be 'cpu', 'tpu-v5e', 'tpu-v5p', 'tpu-v6e' or 'tpu7x'"
+CHOICES = (
+    "must be 'cpu', 'tpu-v5e', 'tpu-v5p', 'tpu-v6e', 'tpu7x', 'gpu-a100', 'gpu-h100', "
+    "'gpu-h200' or 'gpu-b200'"
+)
 
 
 @pytest.mark.parametrize(
@@ -229,6 +232,8 @@ CHOICES = "must be 'cpu', 'tpu-v5e', 'tpu-v5p', 'tpu-v6e' or 'tpu7x'"
         ("tpu-v6", "; did you mean 'tpu-v6e'?"),
         ("tpu-7x", "; did you mean 'tpu7x'?"),
         ("gpu", ""),
+        ("h100", "; did you mean 'gpu-h100'?"),
+        ("b200", "; did you mean 'gpu-b200'?"),
         # names other tools use: libtpu topology prefixes, Cloud TPU names, code names
         ("v5e", "; did you mean 'tpu-v5e'?"),
         ("v5litepod", "; did you mean 'tpu-v5e'?"),

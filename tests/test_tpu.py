@@ -358,21 +358,19 @@ def test_padding_rows_never_reach_outputs_or_gradients(tmp_path):
 
 
 def test_spec_too_large_for_its_slice_is_refused_with_the_compilers_verdict(tmp_path):
-    """64 experts of 4096 x 8192 on a v5e 2x2: the forward fits, forward+backward does not."""
+    """64 experts of 4096 x 8192 on a v5e 2x2 with the FFN whole: the forward fits,
+    forward+backward does not. (Left to the plan, the FFN runs in slices and it fits.)"""
     name = "too_big_v5e"
-    write_spec(
-        tmp_path,
-        name,
-        pallas_yaml(
-            num_experts=64,
-            embed_dim=4096,
-            ffn_dim=8192,
-            batch=4,
-            seq_len=2048,
-            axes={"fsdp": 4},
-            dtypes=("float32", "bfloat16"),
-        ),
+    text = pallas_yaml(
+        num_experts=64,
+        embed_dim=4096,
+        ffn_dim=8192,
+        batch=4,
+        seq_len=2048,
+        axes={"fsdp": 4},
+        dtypes=("float32", "bfloat16"),
     )
+    write_spec(tmp_path, name, text + "memory:\n  ffn_chunks: 1\n")
     (tmp_path / "generated").mkdir()
     before = snapshot(tmp_path)
     plan = make_plan(load_valid(tmp_path / "specs" / f"{name}.yaml"))
@@ -397,6 +395,7 @@ def test_spec_too_large_for_its_slice_is_refused_with_the_compilers_verdict(tmp_
         assert f"{item} {size / 2**30:.2f} GiB" in message, item
     assert "To fit: shard parameters over more devices (a larger fsdp axis)" in message
     assert "bfloat16" in message and "larger slice" in message
+    assert "run the FFN in slices (memory.ffn_chunks: 2 (" in message
     assert "memory verdict" not in err
 
 

@@ -39,6 +39,7 @@ def spec_yaml(
     expert_over_dcn: bool | None = None,
     slices: int | None = None,
     ffn_chunks: int | None = None,
+    quantization: str | None = None,
 ) -> str:
     """A schema-valid spec with every value on a fixed line (see the column comments).
 
@@ -58,7 +59,8 @@ def spec_yaml(
     column 18 (in "{data: 2}", the key data at column 19 and 2 at column 25); axes stays at
     line 13, column 9, and batch_axes at line 14, column 15. `slices` writes target.slices at
     line 21, column 11, in place of the tiles comment (so it cannot go with tiles).
-    `ffn_chunks` writes memory.ffn_chunks at line 27, column 15."""
+    `ffn_chunks` writes memory.ffn_chunks at line 27, column 15. `quantization` writes
+    target.quantization at line 21, column 17, in place of the tiles comment too."""
     tiles = gate_up is not None or down is not None
     assert not (tiles and slices is not None), "slices takes the line of target.tiles"
     mesh_fields = ([f"dcn_axes: {dcn_axes}"] if dcn_axes is not None else []) + (
@@ -96,6 +98,8 @@ def spec_yaml(
         if tiles
         else f"  slices: {slices}"
         if slices is not None
+        else f"  quantization: {quantization}"
+        if quantization is not None
         else "  # tiles: none",  # 21, key at column 3 (slices: value at column 11)
         f"    gate_up: {gate_up}" if gate_up is not None else "    # gate_up: auto",  # 22, col 14
         f"    down: {down}" if down is not None else "    # down: auto",  # 23, column 11
@@ -126,6 +130,12 @@ TPU7X_SLICES = "2x2x1, 2x2x2, 2x2x4, 2x4x4, 4x4x4, 4x4x8, 4x8x8, 8x8x8, 8x8x16"
 # Pallas targets matching the default 4-device mesh.
 PALLAS_V5E = {"hardware": "tpu-v5e", "topology": "2x2", "kernel": "pallas"}
 PALLAS_V6E = {"hardware": "tpu-v6e", "topology": "2x2", "kernel": "pallas"}
+# One NVLink node of 8 H100s, fsdp over all of them.
+H100_8 = {"hardware": "gpu-h100", "topology": 8, "axes": "{fsdp: 8}"}
+TE_OFF_GPU = (
+    "kernel te (Transformer Engine) runs on NVIDIA GPU targets only (gpu-a100, gpu-h100, "
+    "gpu-h200, gpu-b200), not {target}; use kernel: {other}"
+)
 # Experts sharded over a 4-device expert axis, chunked overlap possible.
 RING = {"axes": "{expert: 4}", "strategy": "ring_of_experts"}
 # Two TPU v5e 2x4 slices (8 chips each) joined by the data-center network: 16 devices.
@@ -428,6 +438,105 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
                     "layer.num_experts",
                     "3 experts do not split over expert = 4 devices; nearest valid: 4",
                 )
+            ],
+        ),
+    ],
+    "te_runs_on_nvidia_gpus": [
+        ({"kernel": "te", **H100_8}, []),
+        ({"kernel": "te", "hardware": "gpu-a100", "topology": 4, "axes": "{fsdp: 4}"}, []),
+        ({"hardware": "gpu-h100", "topology": 4, "axes": "{fsdp: 4}"}, []),  # xla on a GPU
+        (
+            {"kernel": "te"},
+            [(20, 11, "target.kernel", TE_OFF_GPU.format(target="cpu", other="xla"))],
+        ),
+        (
+            {"kernel": "te", "hardware": "tpu-v5e", "topology": "2x2", "axes": "{fsdp: 4}"},
+            [(20, 11, "target.kernel", TE_OFF_GPU.format(target="tpu-v5e", other="pallas or xla"))],
+        ),
+    ],
+    "quantization_needs_te": [
+        ({"quantization": "none"}, []),
+        ({"kernel": "te", "quantization": "fp8", **H100_8}, []),
+        (
+            {"quantization": "fp8", "hardware": "gpu-h100", "topology": 4, "axes": "{fsdp: 4}"},
+            [
+                (
+                    21,
+                    17,
+                    "target.quantization",
+                    "quantization fp8 needs kernel: te (an NVIDIA GPU target); kernel xla "
+                    "computes in dtypes.compute: set quantization: none",
+                )
+            ],
+        ),
+    ],
+    "quantization_fits_the_gpu": [
+        ({"kernel": "te", "quantization": "fp8", **H100_8}, []),
+        ({"kernel": "te", "quantization": "mxfp8", **H100_8, "hardware": "gpu-b200"}, []),
+        ({"kernel": "te", "quantization": "none", **H100_8, "hardware": "gpu-a100"}, []),
+        # MXFP8 on Hopper
+        (
+            {"kernel": "te", "quantization": "mxfp8", **H100_8},
+            [
+                (
+                    21,
+                    17,
+                    "target.quantization",
+                    "mxfp8 needs Blackwell (SM 10.0) or newer; gpu-h100 is SM 9.0: use "
+                    "quantization fp8 or none, or target gpu-b200",
+                )
+            ],
+        ),
+        # FP8 before Hopper
+        (
+            {"kernel": "te", "quantization": "fp8", **H100_8, "hardware": "gpu-a100"},
+            [
+                (
+                    21,
+                    17,
+                    "target.quantization",
+                    "fp8 needs Hopper (SM 9.0) or newer; gpu-a100 is SM 8.0: use quantization "
+                    "none, or target gpu-h100 or gpu-h200 or gpu-b200",
+                )
+            ],
+        ),
+    ],
+    "quantized_widths_fit": [
+        ({"kernel": "te", "quantization": "fp8", **H100_8}, []),  # 64 and 128
+        ({"kernel": "te", "quantization": "fp8", "embed": 48, **H100_8}, []),  # 16 x 3
+        (
+            {
+                "kernel": "te",
+                "quantization": "mxfp8",
+                "embed": 48,
+                **H100_8,
+                "hardware": "gpu-b200",
+            },
+            [
+                (
+                    4,
+                    14,
+                    "layer.embed_dim",
+                    "embed_dim = 48 is not a multiple of 32, as mxfp8 GEMMs need; "
+                    "nearest: 32 or 64",
+                )
+            ],
+        ),
+        (
+            {"kernel": "te", "quantization": "fp8", "ffn": 136, "embed": 72, **H100_8},
+            [
+                (
+                    4,
+                    14,
+                    "layer.embed_dim",
+                    "embed_dim = 72 is not a multiple of 16, as fp8 GEMMs need; nearest: 64 or 80",
+                ),
+                (
+                    5,
+                    12,
+                    "layer.ffn_dim",
+                    "ffn_dim = 136 is not a multiple of 16, as fp8 GEMMs need; nearest: 128 or 144",
+                ),
             ],
         ),
     ],

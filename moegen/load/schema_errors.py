@@ -21,6 +21,8 @@ _COMMON_SPELLINGS = {
     "v5e": "tpu-v5e", "tpu-v5lite": "tpu-v5e", "v5litepod": "tpu-v5e", "v5p": "tpu-v5p",
     "v6e": "tpu-v6e", "trillium": "tpu-v6e", "v7x": "tpu7x", "tpu-v7x": "tpu7x",
     "tpu-v7": "tpu7x", "ironwood": "tpu7x", "megablox": "pallas", "ragged_dot": "xla",
+    "a100": "gpu-a100", "h100": "gpu-h100", "h200": "gpu-h200", "b200": "gpu-b200",
+    "transformer_engine": "te", "transformer-engine": "te", "float8": "fp8", "mx_fp8": "mxfp8",
 }  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.sizes import INT32_LIMIT, axes_label, axes_product, nearest_multiples
 from moegen.tiling import LANES, Tile, tile_problems
+from moegen.validate.gpu import GPU_RULES
 from moegen.validate.memory import MEMORY_RULES
 from moegen.validate.routing import ROUTING_RULES
 from moegen.validate.slices import SLICE_RULES
@@ -401,6 +402,7 @@ RULES: tuple[Rule, ...] = (
     *ROUTING_RULES,
     *SLICE_RULES,
     *MEMORY_RULES,
+    *GPU_RULES,
 )
 
 

@@ -145,11 +145,18 @@ def memory_verdict(plan: Plan, report: VerifyReport) -> str | None:
     if not hbm:
         return None
     largest = "; ".join(f"{name} {size / 2**30:.2f} GiB" for name, size in plan.memory.ledger[:4])
+    slices = [
+        f"memory.ffn_chunks: {o.chunks} ({o.train_peak / 2**30:.2f} GiB planned)"
+        for o in plan.ffn_chunk_options
+        if o.chunks > plan.ffn_chunks and o.train_peak < plan.memory.train_peak
+    ][:2]
     advice = (
         f"Largest buffers by the plan: {largest}.\n"
         "To fit: shard parameters over more devices (a larger fsdp axis), shorten the "
         "per-device batch (shapes.batch or seq_len, or more batch shards), store parameters "
-        "in bfloat16, or pick a larger slice or a generation with more HBM."
+        "in bfloat16, "
+        + (f"run the FFN in slices ({' or '.join(slices)}), " if slices else "")
+        + "or pick a larger slice or a generation with more HBM."
     )
     for step in report.steps:
         if "oom" in step:
