@@ -7,9 +7,10 @@ Topologies are the slice shapes Google Cloud offers for each generation; tpu7x s
 devices per chip. NVIDIA GPUs (datasheet SXM figures: dense bf16 peak, HBM, NVLink) come with
 their CUDA compute capability (`sm`: 80 Ampere, 90 Hopper, 100 Blackwell), which decides the
 Transformer Engine features they have; their topologies are GPU counts, "N" inside one
-NVLink node of up to 8, or "NODESx8". Scoped VMEM budgets are the compiler's defaults per generation. HBM is
-counted in GiB, as the TPU compiler counts it (datasheets write "16 GB" for v5e's 16 GiB;
-libtpu reports 15.75 GiB of it available to a program).
+NVLink node of up to 8, or "NODESx8". Scoped VMEM budgets are the compiler's defaults per
+generation. TPU HBM is counted in GiB, as the TPU compiler counts it (datasheets write "16 GB"
+for v5e's 16 GiB; libtpu reports 15.75 GiB of it available to a program); GPU HBM in the
+datasheets' GB.
 """
 
 from __future__ import annotations
