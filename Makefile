@@ -1,11 +1,17 @@
 # Two entry points for a fresh machine; both create .venv first when needed.
 #   make example   set up, then build specs/mixtral_small_cpu.yaml end to end
 #   make test      set up, then run the test suite
+# GPU targets (kernel te) are lowered for CUDA with Transformer Engine, which needs a build:
+#   make te        install it into .venv (scripts/install-te; ~11 min once, then cached)
+#   make test-te   install it, then run the tests that lower for CUDA, requiring TE
 VENV := .venv
 STAMP := $(VENV)/.moegen-installed
 EXAMPLE ?= specs/mixtral_small_cpu.yaml
 
-.PHONY: setup example test check
+TE_STAMP := $(VENV)/.moegen-te-installed
+TE_TESTS := tests/test_te_lowering.py tests/test_gpu_targets.py
+
+.PHONY: setup example test check te test-te
 
 setup: $(STAMP)
 
@@ -23,3 +29,12 @@ test: $(STAMP)
 check: $(STAMP)
 	$(VENV)/bin/moegen check
 	$(VENV)/bin/moegen schema --check
+
+te: $(TE_STAMP)
+
+$(TE_STAMP): $(STAMP) scripts/install-te moegen/verify/libcuda_stub.c
+	./scripts/install-te $(VENV)
+	touch $(TE_STAMP)
+
+test-te: $(TE_STAMP)
+	MOEGEN_REQUIRE_TE=1 $(VENV)/bin/pytest -q $(TE_TESTS)

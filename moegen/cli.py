@@ -97,6 +97,9 @@ def _describe(details: dict[str, Any]) -> str:
         )
     if "verdict" in details:
         return details["verdict"]
+    if "te_calls" in details:
+        calls = ", ".join(f"{name} x{n}" for name, n in details["te_calls"].items())
+        return f"SM {details['sm'] / 10:.1f}: {calls}"
     if "memory" in details:
         mem = details["memory"]
         mib = {k: v / 2**20 for k, v in mem.items()}

@@ -235,7 +235,12 @@ def test_template_helper_renders_and_lowers_like_the_hand_written_one():
     template = _environment().get_template("kernels/te.jinja").make_module()
     for quantization, sm in CASES:
         cuda.prepare_te(sm)
-        p = types.SimpleNamespace(te_quantization=quantization)
+        align = ALIGN[quantization]
+        p = types.SimpleNamespace(
+            te_quantization=quantization,
+            te_group_align=align,
+            te_aligned_rows=-(-(ROWS + GROUPS * (align - 1)) // align) * align,
+        )
         call = template.grouped_matmul(p, "lhs", "rhs", "group_sizes", "None")
         accumulate = template.grouped_matmul_acc(p, "lhs", "rhs", "group_sizes", "None", "None")
         source = "\n".join(

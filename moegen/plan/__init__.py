@@ -38,7 +38,7 @@ from moegen.plan.params import (
 from moegen.plan.report import format_plan
 from moegen.plan.roofline import PassRoofline, Roofline, roofline
 from moegen.sizes import axes_product
-from moegen.tiling import Tile, choose_tile, padded_rows
+from moegen.tiling import Tile, choose_tile, padded_rows, round_up
 from moegen.validate.memory import ffn_chunk_width
 
 __all__ = [
@@ -129,6 +129,9 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
     kernel_rows = rows * experts.ffn_calls
     fsdp = axes.get("fsdp", 1)
     regathers = chunks > 1 and fsdp > 1
+    quantization = spec.target.quantization if spec.target.kernel == "te" else "none"
+    te_align = TE_GROUP_ALIGN[quantization]
+    groups = experts.local_experts
     network = network_plan(
         params,
         experts,
@@ -171,6 +174,13 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         kernel_interpret=interpret and spec.target.kernel == "pallas",
         check_vma=not _vma_unchecked_reason(loaded),
         vma_unchecked_reason=_vma_unchecked_reason(loaded),
+        cuda_sm=chip.sm if chip.platform == "gpu" else None,
+        te_quantization=quantization,
+        te_group_align=te_align,
+        grouped_matmul_sites=3 if gated else 2,
+        te_aligned_rows=round_up(
+            kernel_rows // experts.ffn_calls + groups * (te_align - 1), te_align
+        ),
         gate_up_tile=tiles[0].as_tuple() if tiles else None,
         down_tile=tiles[1].as_tuple() if tiles else None,
         ffn_chunks=chunks,
@@ -247,9 +257,17 @@ def _vma_unchecked_reason(loaded: LoadedSpec) -> str:
     spec = loaded.spec
     if spec.target.kernel == "pallas":
         return "Pallas kernels carry no varying-axes types"
+    if spec.target.kernel == "te":
+        return "Transformer Engine's custom VJPs carry no varying-axes types"
     if spec.layer.activation in ("geglu", "gelu"):
         return "XLA's erf polynomial carries no varying-axes types"
     return ""
+
+
+# Transformer Engine's grouped GEMM: every expert's rows fill a multiple of this many rows
+# when quantized (cuBLAS FP8 contracts over rows in the weight gradient in 16s; TE's SM 100
+# MXFP8 kernels scale 32-row blocks and want 128 when every dimension is a multiple of 128).
+TE_GROUP_ALIGN = {"none": 1, "fp8": 16, "mxfp8": 128}
 
 
 def _ffn_chunk_options(
@@ -309,6 +327,13 @@ def _kernel_tiles(
     return gate_up, down
 
 
+def _topology_text(hardware_name: str, topology: str | None) -> str:
+    if not topology:
+        return "."
+    chip = hardware(hardware_name)
+    return f", {chip.devices(topology)} GPUs." if chip.platform == "gpu" else f" {topology}."
+
+
 def _summary(loaded: LoadedSpec) -> str:
     """One sentence stating the spec, built from validated numbers and enums only."""
     spec = loaded.spec
@@ -340,5 +365,5 @@ def _summary(loaded: LoadedSpec) -> str:
         f"MoE layer: {experts} ({widths}), top-{router.top_k} "
         f"{routing}{extras}, {spec.parallelism.experts} experts, "
         f"on a {mesh} mesh, kernel {spec.target.kernel}, target {spec.target.hardware}"
-        + (f" {spec.target.topology}." if spec.target.topology else ".")
+        + _topology_text(spec.target.hardware, spec.target.topology)
     )

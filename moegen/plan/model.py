@@ -46,6 +46,11 @@ class Plan:
     kernel_interpret: bool  # pallas kernels interpreted on CPU (the shrunken twin only)
     check_vma: bool  # shard_map's varying-axes check; off around Pallas calls and erf
     vma_unchecked_reason: str  # why it is off ('' when on)
+    cuda_sm: int | None  # GPU targets: compute capability x 10 (TE is traced for it)
+    te_quantization: str  # kernel te: "none" | "fp8" | "mxfp8"
+    te_group_align: int  # kernel te: every expert's rows fill a multiple of this in the GEMM
+    te_aligned_rows: int  # kernel te: rows of the group-aligned GEMM buffer (quantized)
+    grouped_matmul_sites: int  # grouped-matmul calls in the forward code: (gate,) up, down
     gate_up_tile: tuple[int, int, int] | None  # megablox (rows, contraction, output)
     down_tile: tuple[int, int, int] | None
     ffn_chunks: int  # slices of the expert FFN width run one at a time (1: whole)

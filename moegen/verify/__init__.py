@@ -94,6 +94,13 @@ def verify(
             "programs": ["forward", "forward+backward"]
             if compile_forward
             else ["forward+backward"],
+            "cuda": None
+            if plan.cuda_sm is None or plan.kernel != "te"
+            else {
+                "sm": plan.cuda_sm,
+                "quantization": plan.te_quantization,
+                "call_sites": plan.grouped_matmul_sites,
+            },
             "tpu": None
             if plan.tpu_topology_name is None
             else {
@@ -165,6 +172,12 @@ def memory_verdict(plan: Plan, report: VerifyReport) -> str | None:
                 f"{plan.topology}; the TPU compiler says:\n  {step['oom']}\n{advice}"
             )
     compiled = [s for s in report.steps if "memory" in s]
+    if not compiled:  # lowered for CUDA: nothing compiled to measure, only the plan
+        return (
+            f"not compiled here (lowered for CUDA only); plan estimate: forward "
+            f"{plan.memory.forward_peak / 2**30:.2f}, forward+backward "
+            f"{plan.memory.train_peak / 2**30:.2f} GiB of {hbm / 2**30:.2f} GiB HBM per device"
+        )
     for step in compiled:
         if peak_bytes(step["memory"]) <= hbm:
             continue

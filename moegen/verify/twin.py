@@ -2,7 +2,9 @@
 
 Everything that decides the code path is kept (mesh axes and sizes, experts, top-k,
 router options, strategy, kernel); only the sizes that merely scale the work shrink,
-and the twin is validated by the same rules as the spec itself.
+and the twin is validated by the same rules as the spec itself. One exception: a `te` spec's
+twin uses kernel `xla` (Transformer Engine runs on NVIDIA GPUs only), so everything but the
+TE call itself is checked on CPU.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ def twin_of(loaded: LoadedSpec, *, dtype: str | None = "float32") -> LoadedSpec:
         ),
     }
     updates["memory"] = spec.memory.model_copy(update={"ffn_chunks": ffn_chunks})
+    if spec.target.kernel == "te":
+        # TE's GEMMs run on a GPU only: the twin runs the same module with the portable
+        # grouped matmul in their place (same call signature), in the compute dtype.
+        updates["target"] = spec.target.model_copy(update={"kernel": "xla", "quantization": "none"})
     if spec.target.kernel == "pallas":
         tiles = Tiles(gate_up=TWIN_TILE, down=TWIN_TILE)
         updates["target"] = spec.target.model_copy(update={"tiles": tiles})

@@ -250,19 +250,72 @@ def compile_full(
         )
 
 
+def prepare_cuda(sm: int) -> None:
+    from moegen.verify import cuda
+
+    try:
+        cuda.prepare_te(sm)
+    except cuda.TENotInstalled as err:
+        raise CheckFailed(f"kernel te: {err}") from None
+
+
+def lower_for_cuda(module: ModuleType, want: dict[str, Any], names: tuple[str, ...]) -> None:
+    """Lower the full-size programs for CUDA (no GPU) and check TE's grouped GEMMs are in them.
+
+    Each grouped-matmul call site lowers to one te_grouped_gemm_ffi forward; its VJP adds the
+    input-gradient and weight-gradient GEMMs; a quantized spec quantizes its operands with TE's
+    grouped quantize. XLA's own dot for an expert matmul would mean TE was bypassed.
+    """
+    from moegen.verify import cuda
+
+    mesh = module.make_mesh(jax.devices()[: module.NUM_DEVICES])
+    params, x = module.param_shapes(mesh), module.input_shape(mesh)
+    forward = functools.partial(module.moe_layer, mesh=mesh)
+
+    def loss(p: dict, xs: Any) -> Any:
+        return jnp.sum(forward(p, xs)[0].astype(jnp.float32))
+
+    programs = {"forward": forward, "forward+backward": jax.grad(loss, argnums=(0, 1))}
+    for name in names:
+        start = time.perf_counter()
+        calls = cuda.count_custom_calls(cuda.lower_for_cuda(programs[name], params, x))
+        gemms = calls.get("te_grouped_gemm_ffi", 0)
+        quantizes = sum(n for target, n in calls.items() if "grouped_quantize" in target)
+        least = want["call_sites"] * (1 if name == "forward" else 2)
+        if gemms < least:
+            raise CheckFailed(
+                f"{name} lowered for CUDA has {gemms} TE grouped GEMMs, expected at least "
+                f"{least} ({want['call_sites']} grouped-matmul call sites): {dict(calls)}"
+            )
+        if (want["quantization"] != "none") != (quantizes > 0):
+            raise CheckFailed(
+                f"{name}: quantization {want['quantization']} but {quantizes} TE grouped "
+                f"quantize calls in the lowered module: {dict(calls)}"
+            )
+        emit(
+            step=f"lower {name} for cuda",
+            seconds=time.perf_counter() - start,
+            sm=want["sm"],
+            te_calls={k: v for k, v in sorted(calls.items()) if k.startswith("te_")},
+        )
+
+
 def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     try:
         start = time.perf_counter()
+        if job.get("cuda"):
+            prepare_cuda(job["cuda"]["sm"])  # before the module imports transformer_engine
         module = import_module(job["module"], "moegen_full")
         emit(step="import", seconds=time.perf_counter() - start)
         for twin in job["twins"]:
             cfg = ReferenceConfig(**twin["reference"])
             run_twin(twin["path"], cfg, twin["tolerance"], twin["label"])
-        if job.get("compile", True):
-            compile_full(
-                module, job["tpu"], tuple(job.get("programs", ("forward", "forward+backward")))
-            )
+        programs = tuple(job.get("programs", ("forward", "forward+backward")))
+        if job.get("compile", True) and job.get("cuda"):
+            lower_for_cuda(module, job["cuda"], programs)
+        elif job.get("compile", True):
+            compile_full(module, job["tpu"], programs)
     except CheckFailed as err:
         emit(error=str(err))
         return 1
