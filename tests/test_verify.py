@@ -52,6 +52,10 @@ def test_example_spec_verifies(name, in_repo):
     spec = generated.loaded.spec
     low_precision = (spec.dtypes.params, spec.dtypes.compute) != ("float32", "float32")
     expected = list(REQUIRED_STEPS if compiles else REQUIRED_STEPS[:2])
+    if generated.plan.kernel == "te":
+        # the full module imports Transformer Engine, needed only to lower it for CUDA
+        # (tests/test_gpu_targets.py); its twins run kernel xla without it
+        expected.remove("import")
     if low_precision:
         label = f"{spec.dtypes.compute} compute, {spec.dtypes.params} params"
         expected.insert(2, f"twin parity ({label})")
@@ -81,7 +85,7 @@ def test_example_spec_verifies(name, in_repo):
     assert len(starved["starved_experts"]) <= spec.layer.num_experts - spec.router.top_k
 
     if low_precision:
-        low = report.steps[2]
+        low = report.step(f"twin parity ({label})")
         for case in low["cases"]:
             assert case["max_relative_error"] < TOLERANCES["bfloat16"], case
 
@@ -157,7 +161,6 @@ def test_twin_keeps_the_code_path_and_shrinks_the_sizes(name, in_repo):
         "batch_axes",
         "fsdp_axis",
         "expert_strategy",
-        "kernel",
         "hardware",
         "num_experts",
         "top_k",
@@ -166,6 +169,8 @@ def test_twin_keeps_the_code_path_and_shrinks_the_sizes(name, in_repo):
         "activation",
     ):
         assert getattr(twin, field) == getattr(plan, field), field
+    # TE runs on a GPU only: a te twin runs the portable kernel with the same signature
+    assert twin.kernel == ("xla" if plan.kernel == "te" else plan.kernel)
     assert twin.param_dtype == twin.compute_dtype == "float32"
     assert twin.embed_dim <= plan.embed_dim and twin.embed_dim != twin.ffn_dim
     assert twin.local_batch == TWIN_SEQUENCES_PER_SHARD and twin.seq_len == TWIN_SEQ_LEN
