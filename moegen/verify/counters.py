@@ -258,14 +258,14 @@ class _Contents:
         for instruction in self.module.computations.get(computation, []):
             own_kind = _collective_kind(instruction.opcode)
             kind = kind or own_kind
-            matmul = matmul or instruction.opcode in MATMUL_OPCODES or _is_kernel(instruction)
+            matmul = matmul or instruction.opcode in MATMUL_OPCODES or is_kernel(instruction)
             target = instruction.custom_call_target
             starts = starts or target == ASYNC_FUSION_START
             waits = waits or target == ASYNC_FUSION_DONE
             computes = computes or not (
                 own_kind or instruction.opcode in PASS_THROUGH_OPCODES or instruction.called()
             )
-            computes = computes or (instruction.opcode == "custom-call" and _is_kernel(instruction))
+            computes = computes or (instruction.opcode == "custom-call" and is_kernel(instruction))
             for called in instruction.called():
                 inner = self.of(called)
                 kind, matmul = kind or inner.kind, matmul or inner.matmul
@@ -292,7 +292,7 @@ def _collective_kind(opcode: str) -> str | None:
     return _STARTS.get(opcode) or _DONES.get(opcode)
 
 
-def _is_kernel(instruction: Instruction) -> bool:
+def is_kernel(instruction: Instruction) -> bool:
     """A custom call that computes (a Pallas/Mosaic kernel, a library GEMM, ...)."""
     return (
         instruction.opcode == "custom-call"
@@ -412,9 +412,9 @@ def collective_counters(hlo_text: str) -> dict[str, Any]:
                 continue
             if opcode not in COMPUTE_OPCODES:
                 continue
-            if opcode == "custom-call" and not _is_kernel(instruction):
+            if opcode == "custom-call" and not is_kernel(instruction):
                 continue
-            matmul = opcode in MATMUL_OPCODES or _is_kernel(instruction) or inner.matmul
+            matmul = opcode in MATMUL_OPCODES or is_kernel(instruction) or inner.matmul
             if opcode in ("while", "call", "conditional"):
                 matmul = matmul or any(contents.of(c).matmul for c in instruction.scheduled_calls())
             for window in pending.values():

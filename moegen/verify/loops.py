@@ -26,7 +26,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from moegen.verify.counters import HloModuleText, Instruction, _is_kernel, parse_hlo, shape_bytes
+from moegen.verify.counters import HloModuleText, Instruction, is_kernel, parse_hlo, shape_bytes
 
 _CONSTANT = re.compile(r"constant\((-?\d+)\)")
 _DIRECTION = re.compile(r"direction=(LT|LE|GT|GE)")
@@ -113,7 +113,7 @@ def _own_cost(
 ) -> Cost:
     if instruction.opcode in _FREE:
         return Cost()
-    if _is_kernel(instruction):
+    if is_kernel(instruction):
         estimate = _COST.search(instruction.text)
         if estimate:
             values = json.loads(estimate.group(1))

@@ -14,6 +14,7 @@ import json
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -208,12 +209,12 @@ def hidden_transfers(hlo: str) -> tuple[int, int]:
     return hidden, total
 
 
-def compile_full(
-    module: ModuleType,
-    tpu: dict[str, Any] | None,
-    names: tuple[str, ...] = ("forward", "forward+backward"),
-) -> None:
-    mesh = module.make_mesh(target_devices(module, tpu))
+def full_size_programs(
+    module: ModuleType, devices: list[Any]
+) -> tuple[dict, Any, dict[str, Callable[..., Any]]]:
+    """Abstract full-size params and x on `devices`, and the programs verified: the forward,
+    and forward+backward (gradients of sum(y) with respect to every parameter and x)."""
+    mesh = module.make_mesh(devices)
     params, x = module.param_shapes(mesh), module.input_shape(mesh)
     forward = functools.partial(module.moe_layer, mesh=mesh)
 
@@ -221,6 +222,15 @@ def compile_full(
         return jnp.sum(forward(p, xs)[0].astype(jnp.float32))
 
     programs = {"forward": forward, "forward+backward": jax.grad(loss, argnums=(0, 1))}
+    return params, x, programs
+
+
+def compile_full(
+    module: ModuleType,
+    tpu: dict[str, Any] | None,
+    names: tuple[str, ...] = ("forward", "forward+backward"),
+) -> None:
+    params, x, programs = full_size_programs(module, target_devices(module, tpu))
     for name in names:
         program = programs[name]
         start = time.perf_counter()
@@ -268,14 +278,7 @@ def lower_for_cuda(module: ModuleType, want: dict[str, Any], names: tuple[str, .
     """
     from moegen.verify import cuda
 
-    mesh = module.make_mesh(jax.devices()[: module.NUM_DEVICES])
-    params, x = module.param_shapes(mesh), module.input_shape(mesh)
-    forward = functools.partial(module.moe_layer, mesh=mesh)
-
-    def loss(p: dict, xs: Any) -> Any:
-        return jnp.sum(forward(p, xs)[0].astype(jnp.float32))
-
-    programs = {"forward": forward, "forward+backward": jax.grad(loss, argnums=(0, 1))}
+    params, x, programs = full_size_programs(module, jax.devices()[: module.NUM_DEVICES])
     for name in names:
         start = time.perf_counter()
         calls = cuda.count_custom_calls(cuda.lower_for_cuda(programs[name], params, x))
