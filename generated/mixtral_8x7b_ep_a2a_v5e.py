@@ -222,7 +222,10 @@ def _moe_shard(params: Params, x: jax.Array) -> tuple[jax.Array, Aux]:
 
 
 def _gather_weights(params: Params) -> Params:
-    """Whole parameters from their fsdp shards; cast first so the gather moves fewer bytes."""
+    """Whole parameters from their fsdp shards; cast first so the gather moves fewer bytes.
+
+    Gate and up side by side ("w_gate_up"): one grouped matmul computes both.
+    """
     return {
         "router": jax.lax.all_gather(
             params["router"].astype(jnp.float32), FSDP_AXIS, axis=0, tiled=True
@@ -275,28 +278,25 @@ def _ffn_slice(
     """FFN columns [start, start + FFN_CHUNK) of every expert: its share of the down
     projection, [rows, D] float32."""
     weights = _weight_slice(stored, start)
-    gate = megablox.gmm(rows, weights["w_gate"], group_sizes, COMPUTE_DTYPE, GATE_UP_TILING)
-    up = megablox.gmm(rows, weights["w_up"], group_sizes, COMPUTE_DTYPE, GATE_UP_TILING)
+    gate_up = megablox.gmm(rows, weights["w_gate_up"], group_sizes, COMPUTE_DTYPE, GATE_UP_TILING)
+    gate, up = jnp.split(gate_up, 2, axis=1)
     hidden = jax.nn.silu(gate) * up
     return megablox.gmm(hidden, weights["w_down"], group_sizes, jnp.float32, DOWN_TILING)
 
 
 def _weight_slice(stored: Params, start: jax.Array) -> Params:
     """FFN columns [start, start + FFN_CHUNK) of the experts' weights, cast to the
-    dtype they are used in and gathered from their fsdp shards."""
+    dtype they are used in and gathered from their fsdp shards; gate and up side by
+    side."""
 
     def columns(name: str, axis: int) -> jax.Array:
         return jax.lax.dynamic_slice_in_dim(stored[name], start, FFN_CHUNK, axis=axis)
 
     return {
-        "w_gate": jax.lax.all_gather(
-            columns("w_gate", 2).astype(jnp.bfloat16),
-            FSDP_AXIS,
-            axis=1,
-            tiled=True,
-        ),
-        "w_up": jax.lax.all_gather(
-            columns("w_up", 2).astype(jnp.bfloat16),
+        "w_gate_up": jax.lax.all_gather(
+            jnp.concatenate([columns("w_gate", 2), columns("w_up", 2)], axis=2).astype(
+                jnp.bfloat16
+            ),
             FSDP_AXIS,
             axis=1,
             tiled=True,

@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from moegen.verify.loops import loop_corrections
+from moegen.verify.loops import kernel_tile_bytes, loop_corrections
 
 SCAN_VS_UNROLLED = textwrap.dedent(
     """
@@ -125,6 +125,17 @@ def test_trip_count_from_the_condition(root: str, start: int, trips: int) -> Non
     assert correction.flops == (trips - 1) * 1000
     # the kernel's bytes, plus the add of the induction variable (3 s32 scalars)
     assert correction.bytes == (trips - 1) * (64 + 12)
+
+
+def test_kernel_tile_bytes_are_what_an_estimate_counts_beyond_operands_and_result() -> None:
+    """A kernel estimating 1000 bytes for a 64-byte operand and a 64-byte result re-reads
+    872 bytes of tiles per call; the loop runs it 8 times."""
+    module = _loop_module("compare(%i, %n), direction=LT", 0).replace(
+        '"bytes_accessed":"64"', '"bytes_accessed":"1000"'
+    )
+    assert kernel_tile_bytes(module) == 8 * (1000 - 64 - 64)
+    # an estimate below one read and one write counts nothing, never less
+    assert kernel_tile_bytes(_loop_module("compare(%i, %n), direction=LT", 0)) == 0
 
 
 def test_unreadable_trip_count_is_counted_once_and_reported() -> None:

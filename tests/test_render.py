@@ -326,7 +326,9 @@ def test_example_modules_hold_only_their_path(rendered, name):
         assert ("all_gather" in code) is (plan.fsdp_axis is not None)
     assert ("jnp.sum(combine_weights" in code) is plan.renormalize
     calls = {"xla": "jax.lax.ragged_dot(", "pallas": "megablox.gmm(", "te": "_te_grouped_matmul("}
-    assert code.count(calls[plan.kernel]) >= 3  # gate, up, down
+    # (gate,) up, down; gate and up side by side in one call where the plan fuses them
+    assert code.count(calls[plan.kernel]) >= plan.grouped_matmul_sites
+    assert ('weights["w_gate_up"]' in rendered[name]) is plan.fuses_gate_up
     assert not any(call in code for kernel, call in calls.items() if kernel != plan.kernel)
 
 

@@ -98,6 +98,7 @@ class FfnBuffers:
     width: int  # FFN columns computed at once: FFN_DIM, or one slice of it
     chunks: int  # FFN slices run one at a time (1: whole)
     matmuls: int  # 3 gated (gate, up, down), 2 plain
+    gate_up_calls: int  # grouped-matmul calls for gate and up: 1 side by side (or up alone), 2
     sliced_cast_bytes: int  # the sliced weights' local shards in the compute dtype
 
 
@@ -143,7 +144,8 @@ def memory_plan(
         items["one FFN slice's weights, gathered"] = sliced
         items["stored expert weights cast to the compute dtype once"] = ffn.sliced_cast_bytes
         items["row gradient, summed over the slices in float32"] = ffn.rows * ffn.embed_dim * 4
-        items["the slice's row gradients (gate and up matmuls)"] = (ffn.matmuls - 1) * row_block
+        # One row gradient per grouped-matmul call that reads the rows.
+        items["the slice's row gradients"] = ffn.gate_up_calls * row_block
         forward_weights = sliced + ffn.sliced_cast_bytes
     if shared:
         items["shared expert activations and their gradients"] = 2 * shared

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from moegen.verify.counters import HloModuleText, Instruction, is_kernel, parse_hlo, shape_bytes
@@ -77,9 +78,36 @@ def loop_corrections(hlo_text: str) -> LoopCorrection:
     )
 
 
+def kernel_tile_bytes(hlo_text: str) -> float:
+    """Bytes the kernels' own CostEstimates count beyond one read of each operand and one write
+    of the result, every loop trip included.
+
+    megablox's estimate counts its tiles as it moves them: the rows once per output tile, one
+    expert's weights once per row tile, over the whole (worst-case) row buffer. XLA counts a
+    dot or a ragged dot as its operands and result once, whatever its tiling. Taking this
+    from the compiled bytes counts a Pallas layer the way XLA counts the others.
+    """
+    module = parse_hlo(hlo_text)
+    if module.entry is None:
+        return 0.0
+    walker = _Walker(module, own_cost=_tile_rereads)
+    return walker.cost(module.entry, full=True).bytes
+
+
+def _tile_rereads(
+    instruction: Instruction, shapes: dict[str, str], module: HloModuleText | None = None
+) -> Cost:
+    if not is_kernel(instruction):
+        return Cost()
+    estimate = _own_cost(instruction, shapes, module)
+    once = sum(shape_bytes(shapes.get(name, "")) for name in instruction.operands)
+    return Cost(0.0, max(0.0, estimate.bytes - once - shape_bytes(instruction.shape)))
+
+
 class _Walker:
-    def __init__(self, module: HloModuleText) -> None:
+    def __init__(self, module: HloModuleText, own_cost: Callable[..., Cost] | None = None) -> None:
         self.module = module
+        self.own_cost = own_cost or _own_cost
         self.loops = 0
         self.unknown = 0
         self._trips: dict[str, int] = {}
@@ -95,7 +123,7 @@ class _Walker:
                 trips = self.trips(computation, instruction) if full else 1
                 total += self.cost(body, full=full).times(trips)
             else:
-                total += _own_cost(instruction, shapes, self.module)
+                total += self.own_cost(instruction, shapes, self.module)
         return total
 
     def trips(self, computation: str, loop: Instruction) -> int:

@@ -39,14 +39,21 @@ def twin_of(loaded: LoadedSpec, *, dtype: str | None = "float32") -> LoadedSpec:
     unit = math.lcm(fsdp, chunk_unit)
     embed = unit * -(-TWIN_MIN_EMBED // unit)
     shards = axes_product(spec.mesh.axes, spec.batch_axes)
-    # FFN slices as the full plan runs them (pinned or chosen), whole lanes for pallas
-    ffn_chunks = make_plan(loaded).ffn_chunks
+    # FFN slices as the full plan runs them (pinned or chosen), whole lanes for pallas; gate
+    # and up side by side as the full plan runs them (whole lanes per slice when it does)
+    full = make_plan(loaded)
+    ffn_chunks = full.ffn_chunks
     ffn_unit = ffn_chunks * (LANES if spec.target.kernel == "pallas" and ffn_chunks > 1 else 1)
+    if full.fuses_gate_up:
+        ffn_unit = math.lcm(ffn_unit, ffn_chunks * LANES)
+    ffn = ffn_unit * -(-TWIN_FFN // ffn_unit)
+    if ffn == embed:  # a transposed weight must not go unnoticed
+        ffn += ffn_unit
     updates = {
         "layer": spec.layer.model_copy(
             update={
                 "embed_dim": embed,
-                "ffn_dim": ffn_unit * -(-TWIN_FFN // ffn_unit),
+                "ffn_dim": ffn,
                 "shared_ffn_dim": TWIN_SHARED_FFN if spec.layer.shared_ffn_dim else None,
             }
         ),
@@ -64,5 +71,7 @@ def twin_of(loaded: LoadedSpec, *, dtype: str | None = "float32") -> LoadedSpec:
         updates["target"] = spec.target.model_copy(update={"tiles": tiles})
     if dtype is not None:
         updates["dtypes"] = spec.dtypes.model_copy(update={"params": dtype, "compute": dtype})
-    twin = replace(loaded, spec=spec.model_copy(update=updates))
-    return validate(twin)
+    twin = validate(replace(loaded, spec=spec.model_copy(update=updates)))
+    if make_plan(twin).fuses_gate_up != full.fuses_gate_up:
+        raise AssertionError("the twin must run gate and up as the full-size layer does")
+    return twin
