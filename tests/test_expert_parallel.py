@@ -109,6 +109,13 @@ VERIFY_CASES = {
     "ring-overlap4-fsdp2xexpert4-top2-sigmoid": Case(
         "ring_of_experts", {"fsdp": 2, "expert": 4}, score="sigmoid", chunks=4
     ),
+    # whole 128-lane FFN width, no fsdp: gate and up as one grouped matmul (w_gate_up)
+    "ring-overlap2-expert4-top2-gate-up-side-by-side": Case(
+        "ring_of_experts", {"expert": 4}, chunks=2, ffn=128
+    ),
+    "a2a-data2xexpert4-top2-gate-up-side-by-side": Case(
+        "ragged_all_to_all", {"data": 2, "expert": 4}, ffn=128
+    ),
 }
 
 
@@ -119,6 +126,7 @@ def test_twin_parity_forward_and_gradients(name: str, tmp_path: Path, monkeypatc
     loaded = case.load(name.replace("-", "_"))
     plan = make_plan(loaded)
     assert plan.expert_strategy == case.strategy and plan.expert_axis == "expert"
+    assert plan.fuses_gate_up is (case.ffn % 128 == 0 and "fsdp" not in case.axes)
     report = verify(loaded, render(plan))
     names = [step["step"] for step in report.steps]
     assert names == [
