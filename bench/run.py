@@ -480,6 +480,27 @@ def _operand_bytes(spec: dict, variant: str) -> float | None:
     return outcome["counters"]["bytes_accessed"] - outcome.get("kernel_tile_bytes", 0.0)
 
 
+# The compiled metrics compared with each baseline (ratios, losses): label, value of a variant
+# that has counters, format, unit.
+COMPARED = (
+    ("compiled flops", lambda spec, v: _counters(spec, v)["flops"], "{:.4g} TFLOP", 1e12),
+    ("bytes accessed", lambda spec, v: _counters(spec, v)["bytes_accessed"], "{:.4g} GB", 1e9),
+    (
+        "bytes accessed, kernel operands once",
+        lambda spec, v: _operand_bytes(spec, v),
+        "{:.4g} GB",
+        1e9,
+    ),
+    ("peak memory", lambda spec, v: _counters(spec, v)["memory"]["peak"], "{:.4g} GiB", 2**30),
+    (
+        "exposed collective bytes",
+        lambda spec, v: _counters(spec, v)["collectives"]["exposed_bytes"],
+        "{:.4g} MiB",
+        2**20,
+    ),
+)
+
+
 def _fmt(value: float | None, digits: int = 2, suffix: str = "") -> str:
     return "n/a" if value is None else f"{value:.{digits}f}{suffix}"
 
@@ -512,41 +533,8 @@ def losses(spec: dict) -> list[str]:
         theirs = _counters(spec, base)
         label = LABELS[base]
         if mine and theirs:
-            checks = [
-                ("compiled flops", mine["flops"], theirs["flops"], "{:.4g} TFLOP", 1e12),
-                (
-                    "bytes accessed",
-                    mine["bytes_accessed"],
-                    theirs["bytes_accessed"],
-                    "{:.4g} GB",
-                    1e9,
-                ),
-                (
-                    "peak memory",
-                    mine["memory"]["peak"],
-                    theirs["memory"]["peak"],
-                    "{:.4g} GiB",
-                    2**30,
-                ),
-                (
-                    "exposed collective bytes",
-                    mine["collectives"]["exposed_bytes"],
-                    theirs["collectives"]["exposed_bytes"],
-                    "{:.4g} MiB",
-                    2**20,
-                ),
-            ]
-            checks.insert(
-                2,
-                (
-                    "bytes accessed, kernel operands once",
-                    _operand_bytes(spec, "moegen"),
-                    _operand_bytes(spec, base),
-                    "{:.4g} GB",
-                    1e9,
-                ),
-            )
-            for what, a, b, fmt, unit in checks:
+            for what, value, fmt, unit in COMPARED:
+                a, b = value(spec, "moegen"), value(spec, base)
                 if a > b:
                     found.append(
                         f"{spec['name']}: {what}: moegen {fmt.format(a / unit)} > "
@@ -672,22 +660,12 @@ def format_report(results: dict[str, Any]) -> str:
         for base in BASELINE_NAMES:
             theirs = _counters(spec, base)
             cells = []
-            for key in ("flops", "bytes_accessed", "operand_bytes", "peak", "exposed_bytes"):
+            for _, value, _, _ in COMPARED:
                 if mine is None or theirs is None:
                     cells.append("OOM" if "oom" in (spec["variants"].get(base) or {}) else "n/a")
                     continue
-                if key == "operand_bytes":
-                    r = _ratio(_operand_bytes(spec, base), _operand_bytes(spec, "moegen"))
-                    cells.append(_fmt(r))
-                    continue
-                pick = {
-                    "flops": lambda c: c["flops"],
-                    "bytes_accessed": lambda c: c["bytes_accessed"],
-                    "peak": lambda c: c["memory"]["peak"],
-                    "exposed_bytes": lambda c: c["collectives"]["exposed_bytes"],
-                }[key]
-                r = _ratio(pick(theirs), pick(mine))
-                cells.append("inf" if r is None and pick(theirs) else _fmt(r))
+                r = _ratio(value(spec, base), value(spec, "moegen"))
+                cells.append("inf" if r is None and value(spec, base) else _fmt(r))
             for mine_cpu in ("moegen", "moegen_xla"):
                 tr = _ratio(
                     cpu.get(base, {}).get("median_s"), cpu.get(mine_cpu, {}).get("median_s")

@@ -34,6 +34,7 @@ from moegen.plan.params import (
     ParamPlan,
     PartitionSpec,
     param_plans,
+    side_by_side,
 )
 from moegen.plan.report import format_plan
 from moegen.plan.roofline import PassRoofline, Roofline, roofline
@@ -95,14 +96,18 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
     chip_hbm = chip.hbm_bytes_per_device
     compute_bytes = DTYPE_BYTES[spec.dtypes.compute]
 
+    def projections(chunks: int) -> tuple[str, ...]:
+        """What the gate and up grouped-matmul calls produce, one name per call."""
+        whole_gather = bool(fsdp_axis) and chunks == 1
+        fused = fuses_gate_up(gated, layer.ffn_dim // chunks, whole_gather)
+        return ("gate_up",) if fused else ("gate", "up") if gated else ("up",)
+
     def sliced(chunks: int) -> tuple[tuple[Tile, Tile] | None, int, CostPlan, MemoryPlan]:
         """Tiles, padded rows, costs and memory with the FFN run in `chunks` slices."""
         tiles = _kernel_tiles(loaded, experts.ffn_rows, experts.chunk_width, chunks)
         rows = padded_rows(experts.ffn_rows, list(tiles)) if tiles else experts.ffn_rows
         kernel_rows = rows * experts.ffn_calls
         matmuls = 3 if gated else 2
-        fused = fuses_gate_up(gated, layer.ffn_dim // chunks, bool(fsdp_axis) and chunks == 1)
-        gate_up_calls = 2 if gated and not fused else 1
         recompute = 2 * (matmuls - 1) * kernel_rows * layer.embed_dim * layer.ffn_dim
         cost = replace(base_cost, recompute_flops=recompute if chunks > 1 else 0)
         ffn = FfnBuffers(
@@ -111,7 +116,7 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
             width=layer.ffn_dim // chunks,
             chunks=chunks,
             matmuls=matmuls,
-            gate_up_calls=gate_up_calls,
+            gate_up_calls=len(projections(chunks)),
             sliced_cast_bytes=sum(
                 math.prod(p.local_shape) * compute_bytes for p in params if p.ffn_axis is not None
             ),
@@ -128,7 +133,8 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
 
     chunks = spec.memory.ffn_chunks or _default_ffn_chunks(loaded, lambda c: sliced(c)[3])
     tiles, rows, cost, memory = sliced(chunks)
-    fused = fuses_gate_up(gated, layer.ffn_dim // chunks, bool(fsdp_axis) and chunks == 1)
+    gate_up_outputs = projections(chunks)
+    fused = gate_up_outputs == ("gate_up",)
     options = _ffn_chunk_options(loaded, chunks, sliced)
     kernel_rows = rows * experts.ffn_calls
     fsdp = axes.get("fsdp", 1)
@@ -182,7 +188,8 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         te_quantization=quantization,
         te_group_align=te_align,
         fuses_gate_up=fused,
-        grouped_matmul_sites=3 if gated and not fused else 2,
+        gate_up_outputs=gate_up_outputs,
+        grouped_matmul_sites=len(gate_up_outputs) + 1,  # and down
         te_aligned_rows=round_up(
             kernel_rows // experts.ffn_calls + groups * (te_align - 1), te_align
         ),
@@ -233,7 +240,7 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         compute_dtype=spec.dtypes.compute,
         router_dtype=ROUTER_DTYPE,
         input_partition=(batch_axes or None, None, None),
-        params=params,
+        params=side_by_side(params, fused),
         zero_initialised=any(param.init_scale == 0.0 for param in params),
         experts=experts,
         cost=cost,

@@ -51,6 +51,7 @@ class Plan:
     te_group_align: int  # kernel te: every expert's rows fill a multiple of this in the GEMM
     te_aligned_rows: int  # kernel te: rows of the group-aligned GEMM buffer (quantized)
     fuses_gate_up: bool  # gate and up as one grouped matmul over w_gate_up, [E, D, 2 x width]
+    gate_up_outputs: tuple[str, ...]  # per gate/up grouped-matmul call: "gate_up" | "gate", "up"
     grouped_matmul_sites: int  # grouped-matmul calls in the forward code: (gate,) up, down
     gate_up_tile: tuple[int, int, int] | None  # megablox (rows, contraction, output)
     down_tile: tuple[int, int, int] | None

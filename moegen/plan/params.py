@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ROUTER_DTYPE = "float32"  # router math is float32 whatever the compute dtype
 
@@ -24,6 +24,9 @@ class ParamPlan:
     ffn_axis: int | None  # the routed experts' FFN_DIM dimension (what FFN slices cut)
     use_dtype: str  # dtype it is cast to before use (and before the gather)
     init_scale: float  # std of its normal initialiser: 1/sqrt(fan_in); 0.0: starts at zero
+    use_name: str | None = None  # its key among the weights the layer uses; None: used through
+    # another's (w_up beside w_gate); set by side_by_side
+    joined_with: str | None = None  # the parameter put beside it along the FFN axis
 
 
 GATED_ACTIVATIONS = ("swiglu", "geglu")
@@ -105,6 +108,25 @@ def param_plans(
                 ffn_axis=names.index("FFN_DIM") if "FFN_DIM" in names else None,
                 use_dtype=use_dtype,
                 init_scale=1.0 / math.sqrt(fan_in) if fan_in else 0.0,
+                use_name=name,
             )
         )
     return tuple(plans)
+
+
+GATE_UP_SIDE_BY_SIDE = "w_gate_up"
+
+
+def side_by_side(params: tuple[ParamPlan, ...], fused: bool) -> tuple[ParamPlan, ...]:
+    """The parameters as the layer uses them: fused, w_gate is used as w_gate_up (w_up beside
+    it along the FFN axis) and w_up only through it."""
+    if not fused:
+        return params
+    return tuple(
+        replace(p, use_name=GATE_UP_SIDE_BY_SIDE, joined_with="w_up")
+        if p.name == "w_gate"
+        else replace(p, use_name=None)
+        if p.name == "w_up"
+        else p
+        for p in params
+    )
