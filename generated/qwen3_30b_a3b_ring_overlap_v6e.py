@@ -23,8 +23,8 @@ Communication overlaps compute: the tokens travel around the ring with jax.lax.p
 the block of one device (partial sums over chunks added in float32) the next block can be
 in flight. The compiler's scheduler decides; `moegen build` reports how many ring
 transfers of the compiled TPU module overlap a grouped matmul.
-Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 512, 768] (gate, up)
-and [512, 768, 1024] (down), as (rows, contraction, output).
+Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 768, 768] (gate, up)
+and [512, 1024, 1024] (down), as (rows, contraction, output).
 The 4096 rows of a grouped-matmul call are a whole number of row tiles.
 Routing: softmax scores, the top-8 experts, weighted by their scores, renormalised to sum
 to 1.
@@ -82,8 +82,8 @@ OVERLAP_CHUNKS = 4
 CHUNK_WIDTH = 512  # EMBED_DIM / OVERLAP_CHUNKS
 
 # megablox tiles (rows, contraction, output); the custom VJP reuses them for gmm and tgmm.
-GATE_UP_TILING = (512, 512, 768)
-DOWN_TILING = (512, 768, 1024)
+GATE_UP_TILING = (512, 768, 768)
+DOWN_TILING = (512, 1024, 1024)
 PADDED_ROWS = 4096  # FFN_ROWS rounded up to a multiple of every row tile
 
 PARAM_DTYPE = jnp.float32

@@ -18,8 +18,8 @@ all 4096 tokens of the expert group is all-gathered; each device runs its own ex
 the copies routed to them and the weighted results are reduce-scattered back to the
 tokens' devices. Dropless: a grouped-matmul call has FFN_ROWS = 32768 rows, every copy the
 tokens it sees can send this device.
-Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 1024, 768] (gate,
-up) and [512, 768, 1024] (down), as (rows, contraction, output).
+Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 1024, 2048] (gate,
+up) and [512, 1024, 1024] (down), as (rows, contraction, output).
 The 32768 rows of a grouped-matmul call are a whole number of row tiles.
 Routing: softmax scores, the top-8 experts, weighted by their scores, renormalised to sum
 to 1.
@@ -72,8 +72,8 @@ GROUP_TOKENS = 4096  # tokens of the devices along the expert axis
 FFN_ROWS = 32768  # rows of one grouped-matmul call, worst case
 
 # megablox tiles (rows, contraction, output); the custom VJP reuses them for gmm and tgmm.
-GATE_UP_TILING = (512, 1024, 768)
-DOWN_TILING = (512, 768, 1024)
+GATE_UP_TILING = (512, 1024, 2048)
+DOWN_TILING = (512, 1024, 1024)
 PADDED_ROWS = 32768  # FFN_ROWS rounded up to a multiple of every row tile
 
 PARAM_DTYPE = jnp.float32

@@ -14,8 +14,8 @@ Static shapes (global -> per device):
 Mesh data=2 x fsdp=4; the batch is sharded over data, fsdp.
 Parameters are sharded over fsdp along embed_dim and all-gathered inside the layer.
 Every device holds all 128 experts and runs them on its own tokens.
-Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 1024, 768] (gate,
-up) and [512, 768, 1024] (down), as (rows, contraction, output).
+Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 1024, 1024] (gate,
+up) and [512, 1024, 1024] (down), as (rows, contraction, output).
 The 65536 rows of a grouped-matmul call are a whole number of row tiles.
 Routing: softmax scores, the top-8 experts, weighted by their scores, renormalised to sum
 to 1.
@@ -65,8 +65,8 @@ ROUTED_ROWS = 65536  # LOCAL_TOKENS * TOP_K: a row for every token copy, none dr
 FFN_ROWS = 65536  # rows of one grouped-matmul call, worst case
 
 # megablox tiles (rows, contraction, output); the custom VJP reuses them for gmm and tgmm.
-GATE_UP_TILING = (512, 1024, 768)
-DOWN_TILING = (512, 768, 1024)
+GATE_UP_TILING = (512, 1024, 1024)
+DOWN_TILING = (512, 1024, 1024)
 PADDED_ROWS = 65536  # FFN_ROWS rounded up to a multiple of every row tile
 
 PARAM_DTYPE = jnp.float32

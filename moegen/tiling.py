@@ -1,7 +1,8 @@
 """Megablox tile arithmetic: which (rows, contraction, output) tiles a projection may use.
 
 Plain integer rules shared by validation (a pinned tile that breaks one is a located error)
-and by the plan (which picks tiles when the spec does not). `gmm` needs the row count to be
+and by the plan (which picks tiles when the spec does not: the fastest that fit VMEM, by a
+roofline of the kernels' work and megablox's own traffic model). `gmm` needs the row count to be
 a whole number of row tiles, and its custom VJP reuses the same tiling for the input gradient
 (`gmm` again) and the weight gradient (`tgmm`), so every row tile of every projection must
 divide the padded row count: the plan pads to the least common multiple of them.
@@ -9,13 +10,15 @@ divide the padded row count: the plan pads to the least common multiple of them.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 LANES = 128  # contraction and output tiles are whole vector lanes
 ROW_MULTIPLE = {"float32": 8, "bfloat16": 16}  # sublanes of one vreg per dtype
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-DEFAULT_TILE = (512, 1024, 1024)  # megablox's sweet spot for large MoE layers (rows, k, n)
+# megablox's usual tiling for large MoE layers (rows, k, n); the plan keeps its row tile
+DEFAULT_TILE = (512, 1024, 1024)
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,9 @@ def round_up(value: int, multiple: int) -> int:
 # (on v5e a gmm step of exactly 16 MiB, [512, 1024, 1792] in bfloat16, does not compile;
 # 14 MiB does, 15 MiB does not).
 VMEM_HEADROOM = 0.75
+# A Pallas TPU grid step costs about 0.35 us beside its work (the Pallas TPU matmul guide,
+# "Performance of pipelined kernels"): many narrow tiles are slower than fewer wide ones.
+GRID_STEP_SECONDS = 0.35e-6
 
 
 def vmem_bytes(tile: Tile, dtype: str, out_dtype: str | None = None) -> int:
@@ -89,6 +95,7 @@ def _nearest(value: int, multiple: int) -> str:
     return " or ".join(map(str, options))
 
 
+@functools.lru_cache(maxsize=4096)
 def choose_tile(
     rows: int,
     contraction: int,
@@ -96,23 +103,103 @@ def choose_tile(
     dtype: str,
     vmem_budget: int,
     out_dtype: str | None = None,
+    *,
+    groups: int,
+    peak_flops: float,
+    hbm_bytes_per_s: float,
 ) -> Tile:
-    """The largest tiles up to DEFAULT_TILE that fit the problem and the VMEM budget."""
-    row_cap, k_cap, n_cap = DEFAULT_TILE
-    tile = Tile(
-        rows=min(row_cap, round_up(rows, ROW_MULTIPLE[dtype])),
-        contraction=lane_tile(contraction, k_cap),
-        output=lane_tile(output, n_cap),
-    )
-    return shrink_to_fit(tile, dtype, vmem_budget, out_dtype)
+    """The tiles whose kernels take the least time (`kernel_cost`) among those that fit VMEM.
+
+    The row tile is megablox's 512 (fewer rows when the call has fewer): the lane tiles decide
+    how often the rows are read and how many masked lanes the MXU computes, and give way first
+    when VMEM is short. Ties go to fewer grid steps.
+    """
+    row_multiple = ROW_MULTIPLE[dtype]
+    row_tile = max(row_multiple, min(DEFAULT_TILE[0], round_up(rows, row_multiple)))
+    usable = usable_vmem(vmem_budget)
+    widths = sorted(set(lane_tiles(contraction)) | set(lane_tiles(output)))
+    while True:
+        fitting = [
+            Tile(row_tile, k, n)
+            for k in widths
+            for n in widths
+            if vmem_bytes(Tile(row_tile, k, n), dtype, out_dtype) <= usable
+        ]
+        if fitting or row_tile == row_multiple:
+            break
+        row_tile = _half(row_tile, row_multiple)
+    if not fitting:
+        return Tile(row_tile, LANES, LANES)  # tile_problems says why it cannot run
+
+    def rank(tile: Tile) -> tuple[float, int]:
+        cost = kernel_cost(tile, rows, contraction, output, groups, DTYPE_BYTES[dtype])
+        return (cost.seconds(peak_flops, hbm_bytes_per_s), cost.grid_steps)
+
+    return min(fitting, key=rank)
 
 
-def lane_tile(width: int, cap: int) -> int:
-    """The widest lane tile up to `cap` that divides `width` (no masked last tile), when the
-    width is whole lanes; else `width` rounded up to lanes, capped."""
+def lane_tiles(width: int) -> list[int]:
+    """Lane tiles worth trying over `width`: those that divide it when it is whole lanes (no
+    masked last tile), else for every tile count the narrowest tile of that count."""
     if width % LANES == 0:
-        return max(t for t in range(LANES, min(cap, width) + 1, LANES) if width % t == 0)
-    return min(cap, round_up(width, LANES))
+        return [t for t in range(LANES, width + 1, LANES) if width % t == 0]
+    counts = range(1, _tiles(width, LANES) + 1)
+    return sorted({round_up(_tiles(width, count), LANES) for count in counts})
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """One projection's three kernels (gmm forward, gmm input gradient, tgmm weight gradient)
+    over a worst-case call, each as (FLOPs the MXU runs, HBM bytes moved)."""
+
+    calls: tuple[tuple[int, int], ...]
+    grid_steps: int
+
+    def seconds(self, peak_flops: float, hbm_bytes_per_s: float) -> float:
+        """Each kernel bound by its compute or its traffic, whichever is longer, plus the fixed
+        cost of every grid step."""
+        bound = sum(max(f / peak_flops, b / hbm_bytes_per_s) for f, b in self.calls)
+        return bound + self.grid_steps * GRID_STEP_SECONDS
+
+
+def kernel_cost(
+    tile: Tile, rows: int, contraction: int, output: int, groups: int, size: int
+) -> KernelCost:
+    """megablox's traffic model with the work of its padded tiles: a kernel visits
+    rows/tm + groups - 1 row tiles (a tile shared by two groups runs for each), reads one
+    expert's weights per row tile, and re-reads its row input once per output tile.
+
+    The input gradient is gmm with the roles of K and N swapped (same tile tuple); the weight
+    gradient (tgmm) reads the input once per output tile and the output gradient once per
+    contraction tile.
+    """
+    m, k, n, g = rows, contraction, output, groups
+    tm, tk, tn = tile.as_tuple()
+    visits = _tiles(m, tm) + g - 1
+    computed_rows = visits * tm
+    forward = (
+        2 * computed_rows * _cover(k, tk) * _cover(n, tn),
+        (m * k * _tiles(n, tn) + k * n * visits + m * n) * size,
+    )
+    input_gradient = (
+        2 * computed_rows * _cover(n, tk) * _cover(k, tn),
+        (m * n * _tiles(k, tn) + k * n * visits + m * k) * size,
+    )
+    weight_gradient = (
+        2 * computed_rows * _cover(k, tk) * _cover(n, tn),
+        (m * k * _tiles(n, tn) + m * n * _tiles(k, tk) + g * k * n) * size,
+    )
+    steps = 2 * _tiles(k, tk) * _tiles(n, tn) + _tiles(n, tk) * _tiles(k, tn)
+    return KernelCost((forward, input_gradient, weight_gradient), steps * visits)
+
+
+def _tiles(width: int, tile: int) -> int:
+    return -(-width // tile)
+
+
+def _cover(width: int, tile: int) -> int:
+    """Lanes computed over `width`: whole tiles, the last one masked."""
+    return _tiles(width, tile) * tile
 
 
 def shrink_to_fit(tile: Tile, dtype: str, vmem_budget: int, out_dtype: str | None = None) -> Tile:

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from moegen.hardware import CATALOGUE
 from moegen.load import LoadedSpec, load_spec_bytes
 from moegen.pipeline import load_valid
 from moegen.plan import Plan, format_plan, make_plan
 from moegen.render import render
+from moegen.tiling import choose_tile
 from moegen.validate import validate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -1132,3 +1134,24 @@ def test_one_slice_network_is_all_ici(case) -> None:
     text = format_plan(plan)
     assert "over DCN" not in text
     assert "communication per device, forward+backward: ICI " in text
+
+
+def test_gate_and_up_side_by_side_are_tiled_as_one_call_of_twice_the_width() -> None:
+    """The qwen3 ring on v6e fuses gate and up: its gate/up tile is chosen for the [2048 ->
+    1536] call, so the output tile may span both halves (one read of the rows forward)."""
+    path = REPO_ROOT / "specs" / "qwen3_30b_a3b_ring_v6e.yaml"
+    plan = make_plan(validate(load_spec_bytes(path.read_bytes(), str(path), path.stem)))
+    assert plan.fuses_gate_up
+    chip = CATALOGUE["tpu-v6e"]
+    expected = choose_tile(
+        plan.experts.ffn_rows,
+        2048,
+        2 * 768,
+        "bfloat16",
+        chip.vmem_bytes_for_tiles,
+        groups=plan.local_experts,
+        peak_flops=chip.peak_bf16_flops_per_chip,
+        hbm_bytes_per_s=chip.hbm_bytes_per_s_per_chip,
+    )
+    assert plan.gate_up_tile == expected.as_tuple() == (512, 1024, 2048)
+    assert plan.gate_up_tile[2] > plan.ffn_dim  # wider than gate or up alone

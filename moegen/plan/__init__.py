@@ -9,6 +9,7 @@ communication), costs (FLOPs, bytes, the memory ledger), report (the text of `mo
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import replace
@@ -104,7 +105,9 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
 
     def sliced(chunks: int) -> tuple[tuple[Tile, Tile] | None, int, CostPlan, MemoryPlan]:
         """Tiles, padded rows, costs and memory with the FFN run in `chunks` slices."""
-        tiles = _kernel_tiles(loaded, experts.ffn_rows, experts.chunk_width, chunks)
+        fused = projections(chunks) == ("gate_up",)
+        gate_up_width = layer.ffn_dim // chunks * (2 if fused else 1)
+        tiles = _kernel_tiles(loaded, experts, gate_up_width, chunks)
         rows = padded_rows(experts.ffn_rows, list(tiles)) if tiles else experts.ffn_rows
         kernel_rows = rows * experts.ffn_calls
         matmuls = 3 if gated else 2
@@ -310,31 +313,41 @@ def _default_ffn_chunks(loaded: LoadedSpec, memory_with: Callable[[int], MemoryP
 
 
 def _kernel_tiles(
-    loaded: LoadedSpec, ffn_rows: int, chunk_width: int, ffn_chunks: int
+    loaded: LoadedSpec, experts: ExpertPlan, gate_up_width: int, ffn_chunks: int
 ) -> tuple[Tile, Tile] | None:
-    """Megablox tiles for (gate, up) and down: pinned by the spec, else chosen here.
+    """Megablox tiles for the gate/up calls and for down: pinned by the spec, else chosen here.
 
     With overlap chunks the gate and up matmuls contract over one chunk of the embedding;
     with FFN slices each matmul covers one slice of the FFN width, and the down projection
-    writes float32 (the slices are summed).
+    writes float32 (the slices are summed). Gate and up side by side are one call of twice
+    the width.
     """
     spec = loaded.spec
     if spec.target.kernel != "pallas":
         return None  # ragged_dot takes groups of any size: nothing to tile or pad
-    budget = hardware(spec.target.hardware).vmem_bytes_for_tiles
+    chip = hardware(spec.target.hardware)
     dtype = spec.dtypes.compute
-    embed, ffn = chunk_width, spec.layer.ffn_dim // ffn_chunks
     down_out = "float32" if ffn_chunks > 1 else dtype
+    ffn = spec.layer.ffn_dim // ffn_chunks
+    choose = functools.partial(
+        choose_tile,
+        experts.ffn_rows,
+        dtype=dtype,
+        vmem_budget=chip.vmem_bytes_for_tiles,
+        groups=experts.local_experts,
+        peak_flops=chip.peak_bf16_flops_per_chip,
+        hbm_bytes_per_s=chip.hbm_bytes_per_s_per_chip,
+    )
     pinned = spec.target.tiles
     gate_up = (
         Tile(*pinned.gate_up)
         if pinned and pinned.gate_up
-        else choose_tile(ffn_rows, embed, ffn, dtype, budget)
+        else choose(experts.chunk_width, gate_up_width)
     )
     down = (
         Tile(*pinned.down)
         if pinned and pinned.down
-        else choose_tile(ffn_rows, ffn, spec.layer.embed_dim, dtype, budget, out_dtype=down_out)
+        else choose(ffn, spec.layer.embed_dim, out_dtype=down_out)
     )
     return gate_up, down
 
