@@ -115,27 +115,22 @@ def choose_tile(
     when VMEM is short. Ties go to fewer grid steps.
     """
     row_multiple = ROW_MULTIPLE[dtype]
-    row_tile = max(row_multiple, min(DEFAULT_TILE[0], round_up(rows, row_multiple)))
     usable = usable_vmem(vmem_budget)
     widths = sorted(set(lane_tiles(contraction)) | set(lane_tiles(output)))
-    while True:
-        fitting = [
-            Tile(row_tile, k, n)
-            for k in widths
-            for n in widths
-            if vmem_bytes(Tile(row_tile, k, n), dtype, out_dtype) <= usable
-        ]
-        if fitting or row_tile == row_multiple:
-            break
-        row_tile = _half(row_tile, row_multiple)
-    if not fitting:
-        return Tile(row_tile, LANES, LANES)  # tile_problems says why it cannot run
+    row_tile = max(row_multiple, min(DEFAULT_TILE[0], round_up(rows, row_multiple)))
 
     def rank(tile: Tile) -> tuple[float, int]:
         cost = kernel_cost(tile, rows, contraction, output, groups, DTYPE_BYTES[dtype])
         return (cost.seconds(peak_flops, hbm_bytes_per_s), cost.grid_steps)
 
-    return min(fitting, key=rank)
+    while True:
+        tiles = [Tile(row_tile, k, n) for k in widths for n in widths]
+        fitting = [t for t in tiles if vmem_bytes(t, dtype, out_dtype) <= usable]
+        if fitting:
+            return min(fitting, key=rank)
+        if row_tile == row_multiple:
+            return Tile(row_tile, LANES, LANES)  # tile_problems says why it cannot run
+        row_tile = _half(row_tile, row_multiple)
 
 
 def lane_tiles(width: int) -> list[int]:
@@ -175,18 +170,19 @@ def kernel_cost(
     """
     m, k, n, g = rows, contraction, output, groups
     tm, tk, tn = tile.as_tuple()
+    # lanes computed over a width: whole tiles (round_up), the last one masked
     visits = _tiles(m, tm) + g - 1
     computed_rows = visits * tm
     forward = (
-        2 * computed_rows * _cover(k, tk) * _cover(n, tn),
+        2 * computed_rows * round_up(k, tk) * round_up(n, tn),
         (m * k * _tiles(n, tn) + k * n * visits + m * n) * size,
     )
     input_gradient = (
-        2 * computed_rows * _cover(n, tk) * _cover(k, tn),
+        2 * computed_rows * round_up(n, tk) * round_up(k, tn),
         (m * n * _tiles(k, tn) + k * n * visits + m * k) * size,
     )
     weight_gradient = (
-        2 * computed_rows * _cover(k, tk) * _cover(n, tn),
+        2 * computed_rows * round_up(k, tk) * round_up(n, tn),
         (m * k * _tiles(n, tn) + m * n * _tiles(k, tk) + g * k * n) * size,
     )
     steps = 2 * _tiles(k, tk) * _tiles(n, tn) + _tiles(n, tk) * _tiles(k, tn)
@@ -195,11 +191,6 @@ def kernel_cost(
 
 def _tiles(width: int, tile: int) -> int:
     return -(-width // tile)
-
-
-def _cover(width: int, tile: int) -> int:
-    """Lanes computed over `width`: whole tiles, the last one masked."""
-    return _tiles(width, tile) * tile
 
 
 def shrink_to_fit(tile: Tile, dtype: str, vmem_budget: int, out_dtype: str | None = None) -> Tile:

@@ -105,8 +105,8 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
 
     def sliced(chunks: int) -> tuple[tuple[Tile, Tile] | None, int, CostPlan, MemoryPlan]:
         """Tiles, padded rows, costs and memory with the FFN run in `chunks` slices."""
-        fused = projections(chunks) == ("gate_up",)
-        gate_up_width = layer.ffn_dim // chunks * (2 if fused else 1)
+        outputs = projections(chunks)
+        gate_up_width = layer.ffn_dim // chunks * (2 if outputs == ("gate_up",) else 1)
         tiles = _kernel_tiles(loaded, experts, gate_up_width, chunks)
         rows = padded_rows(experts.ffn_rows, list(tiles)) if tiles else experts.ffn_rows
         kernel_rows = rows * experts.ffn_calls
@@ -119,7 +119,7 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
             width=layer.ffn_dim // chunks,
             chunks=chunks,
             matmuls=matmuls,
-            gate_up_calls=len(projections(chunks)),
+            gate_up_calls=len(outputs),
             sliced_cast_bytes=sum(
                 math.prod(p.local_shape) * compute_bytes for p in params if p.ffn_axis is not None
             ),
