@@ -73,6 +73,28 @@ def _pystr_block(text: str, width: int = 72) -> str:
     return "(\n" + "\n".join(f"    {_pyrepr(piece)}" for piece in pieces) + "\n)"
 
 
+# Python reads an encoding declaration (PEP 263) from a comment on line 1 or 2, and linters
+# read directives (`# noqa`, `# ruff: noqa`, `# type: ignore`) from any comment: user text
+# in a comment must never form either. `comment_text` keeps printable ASCII other than
+# '#' and '\\' and escapes everything else, so the comment's only '#' is the template's own;
+# the ':' or '=' after "coding" is escaped too, and the header keeps user text off lines 1-2.
+_COMMENT_SAFE = re.compile(r"[ !\"$-\[\]-~]")
+_CODING = re.compile(r"(coding)([:=])", re.IGNORECASE)
+
+
+def _escape_char(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def comment_text(text: str) -> str:
+    """User text made inert for one line of a Python comment (see _COMMENT_SAFE above)."""
+    safe = "".join(char if _COMMENT_SAFE.fullmatch(char) else _escape_char(char) for char in text)
+    return _CODING.sub(lambda m: m.group(1) + _escape_char(m.group(2)), safe)
+
+
 _JNP_DTYPES = {"float32": "jnp.float32", "bfloat16": "jnp.bfloat16"}
 
 
@@ -89,6 +111,7 @@ def _environment() -> jinja2.Environment:
     env.filters["pspec"] = _pspec
     env.filters["pyrepr"] = _pyrepr
     env.filters["pystr_block"] = _pystr_block
+    env.filters["comment_text"] = comment_text
     env.filters["jnp_dtype"] = _JNP_DTYPES.__getitem__
     env.filters["tuple"] = tuple
     return env
