@@ -74,7 +74,7 @@ def _pystr_block(text: str, width: int = 72) -> str:
 
 
 # Python reads an encoding declaration (PEP 263) from a comment on line 1 or 2, and linters
-# read directives (`# noqa`, `# ruff: noqa`, `# type: ignore`) from any comment: user text
+# read directives (noqa, type-ignore, fmt-off) after a '#' in any comment: user text
 # in a comment must never form either. `comment_text` keeps printable ASCII other than
 # '#' and '\\' and escapes everything else, so the comment's only '#' is the template's own;
 # the ':' or '=' after "coding" is escaped too, and the header keeps user text off lines 1-2.

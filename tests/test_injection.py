@@ -523,7 +523,9 @@ def test_coding_directory_cannot_make_python_decode_the_module_as_utf7(tmp_path)
     text = (project / "specs" / "mixtral_small_cpu.yaml").read_text(encoding="utf-8")
     text = re.sub(r"(?m)^description: .*$", f"description: {payload}", text)
     write_spec(hostile_dir, text, "evil")
-    result = run_moegen("build", "--no-verify", "--out", "out", "coding:utf_7/evil.yaml", cwd=project)
+    result = run_moegen(
+        "build", "--no-verify", "--out", "out", "coding:utf_7/evil.yaml", cwd=project
+    )
     assert result.returncode == 0, result.stderr
     source = (project / "out" / "evil.py").read_bytes()
     for line in source.splitlines()[:2]:
