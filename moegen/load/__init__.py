@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import keyword
+import os
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,8 @@ from pydantic import ValidationError
 from moegen.diagnostics import Diagnostic, SpecError
 from moegen.load.schema_errors import describe, schema_diagnostics
 from moegen.load.source import FieldPath, Locations, SpecSource, dotted
+from moegen.load.spec_file import SpecFileProblem, read_spec_file
+from moegen.load.yaml_limits import Positions
 from moegen.load.yaml_nodes import parse_yaml
 from moegen.spec import Spec
 
@@ -28,6 +32,9 @@ __all__ = [
 ]  # fmt: skip
 
 MAX_SPEC_BYTES = 64 * 1024
+# A module name is a file name: 100 characters leave room under the usual 255-byte limit
+# for '.py' and the staging files beside it, and no real layer name comes near it.
+MAX_NAME_CHARACTERS = 100
 
 
 @dataclass(frozen=True)
@@ -44,10 +51,11 @@ class LoadedSpec:
 
 
 def display_path(path: Path) -> str:
-    """The spec path as shown to users: relative to the working directory when inside it."""
-    resolved = path.resolve()
+    """The spec path as shown to users: the path they gave, relative to the working directory
+    when inside it. Symlinks are not resolved: the module is named after the link, so the
+    messages and the generated header name the link too."""
     try:
-        return resolved.relative_to(Path.cwd().resolve()).as_posix()
+        return Path(os.path.abspath(path)).relative_to(Path.cwd()).as_posix()
     except ValueError:
         return path.as_posix()
 
@@ -55,12 +63,18 @@ def display_path(path: Path) -> str:
 def load_spec(path: Path) -> LoadedSpec:
     """Read, parse and schema-check one spec file. Raises SpecError with every problem."""
     display = display_path(path)
+    if not display.isprintable():
+        raise _unprintable(display)
     try:
-        raw = path.read_bytes()
-    except OSError as err:
-        problem = Diagnostic(display, 1, 1, "", f"cannot read spec: {err.strerror}")
-        raise SpecError([problem]) from None
+        raw = read_spec_file(path, MAX_SPEC_BYTES)
+    except SpecFileProblem as problem:
+        raise SpecError([Diagnostic(display, 1, 1, "", str(problem))]) from None
     return load_spec_bytes(raw, display, path.stem)
+
+
+def _unprintable(display: str) -> SpecError:
+    # The path is echoed into messages and the generated header: one clean line only.
+    return SpecError([Diagnostic(ascii(display), 1, 1, "", "file path must be printable")])
 
 
 def load_spec_bytes(raw: bytes, display: str, name: str) -> LoadedSpec:
@@ -70,16 +84,15 @@ def load_spec_bytes(raw: bytes, display: str, name: str) -> LoadedSpec:
         return SpecError([Diagnostic(display, line, col, "", message)])
 
     if not display.isprintable():
-        # The path is echoed into a comment of the generated code: one clean line only.
-        display = ascii(display)
-        raise fail("file path must be printable")
+        raise _unprintable(display)
     if len(raw) > MAX_SPEC_BYTES:
         raise fail(f"spec is {len(raw)} bytes; at most {MAX_SPEC_BYTES} are accepted")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = raw.count(b"\n", 0, err.start) + 1
-        col = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        # The bytes before the bad one decode: count its column in characters, as editors do.
+        before = raw[: err.start].decode("utf-8")
+        line, col = Positions(before).of(len(before))
         raise fail(f"spec is not UTF-8 text (byte 0x{raw[err.start]:02x})", line, col) from None
     problem = module_name_problem(name)
     if problem:
@@ -104,6 +117,20 @@ _RESERVED_NAMES = {
 def module_name_problem(name: str) -> str | None:
     """Why the spec file stem `name` cannot name a generated module, or None."""
     example = "e.g. 'mixtral_8x7b.yaml'"
+    if len(name) > MAX_NAME_CHARACTERS:
+        return (
+            f"file name is {len(name)} characters long; at most {MAX_NAME_CHARACTERS} can name "
+            f"the generated module, {example}"
+        )
+    if not name.isascii():
+        # Python reads identifiers in NFKC form: 'ﬁle.py' (a ligature) imports as 'file', so a
+        # non-ASCII stem may name another module than the one written. ASCII is simplest.
+        normal = unicodedata.normalize("NFKC", name)
+        imports_as = f"; Python would import {name!r} as {normal!r}" if normal != name else ""
+        return (
+            f"file name {name!r} must be ASCII letters, digits and '_' (it names the generated "
+            f"module{imports_as}), {example}"
+        )
     if not name.isidentifier() or name.startswith("_"):
         return (
             f"file name {name!r} must be a Python identifier not starting with '_' "

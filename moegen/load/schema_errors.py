@@ -9,6 +9,7 @@ from pydantic import BaseModel, ValidationError
 
 from moegen.diagnostics import Diagnostic
 from moegen.load.source import FieldPath, Locations, SpecSource, dotted
+from moegen.load.yaml_limits import shown
 from moegen.spec import Spec
 
 # pydantic's names for the members of the `X | Literal["auto"]` unions of the spec
@@ -30,6 +31,11 @@ def schema_diagnostics(
     err: ValidationError, source: SpecSource, locations: Locations
 ) -> list[Diagnostic]:
     out = []
+    # The keys written in each mapping, once: asking per unknown key was quadratic (5,000
+    # unknown keys took 13 s).
+    written: dict[FieldPath, set] = {}
+    for key in locations.keys:
+        written.setdefault(key[:-1], set()).add(key[-1])
     for error in err.errors(include_url=False):
         loc: FieldPath = tuple(error["loc"])
         # A field that also takes `auto` fails once per alternative: report the value's own
@@ -47,8 +53,8 @@ def schema_diagnostics(
             message = f"required key '{loc[-1]}' is missing"
         elif kind == "extra_forbidden":
             field, (line, col) = loc[:-1], locations.of_key(loc)
-            written = {k[-1] for k in locations.keys if k[:-1] == loc[:-1]}
-            message = _unknown_key_message(str(loc[-1]), _model_at(loc[:-1]), written)
+            siblings = written.get(loc[:-1], set())
+            message = _unknown_key_message(str(loc[-1]), _model_at(loc[:-1]), siblings)
         else:
             field = loc
             line, col = locations.of_key(loc) if at_key else locations.of_value(loc)
@@ -81,7 +87,7 @@ def _section_of(annotation: Any) -> type[BaseModel] | None:
 def _unknown_key_message(key: str, model: type[BaseModel] | None, written: set) -> str:
     # A key the mapping already has is no fix: suggesting it would make a duplicate.
     fields = list(model.model_fields) if model else []
-    message = f"unknown key {key!r}"
+    message = f"unknown key {shown(key)}"
     close = _suggest(key, [name for name in fields if name not in written])
     if close:
         return f"{message}; did you mean '{close[0]}'?"
@@ -113,8 +119,7 @@ def describe(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return shown(value) if isinstance(value, str) else shown(repr(value), quoted=False)
 
 
 def _number(bound: Any) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moegen.load.yaml_limits import SHOWN_CHARACTERS, shown
+
 FieldPath = tuple[str | int, ...]
 
 
@@ -41,8 +43,9 @@ def dotted(path: FieldPath) -> str:
     for part in path:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif not part.isidentifier():  # a user's key: shown escaped, never raw
-            out += f"[{part!r}]"
+        elif not part.isidentifier() or len(part) > SHOWN_CHARACTERS:
+            # a user's key: shown escaped, never raw, and cut short
+            out += f"[{shown(part)}]"
         else:
             out += f".{part}" if out else part
     return out

@@ -1,8 +1,9 @@
 """YAML text to plain values with locations, the YAML 1.2 core schema and nothing unsafe.
 
 No 1.1 surprises (yes/on as booleans, 010 as octal, 1:30 as sexagesimal, dates as
-timestamps), no aliases (reported where written, never expanded), no custom tags, no merge
-keys; control characters and parser errors become located diagnostics.
+timestamps), no aliases (reported where written, never expanded), no explicit tags, no merge
+keys, and the limits of `yaml_limits` (characters, depth, digits); every refusal and parser
+error becomes a located diagnostic, with lines and columns as editors count them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,15 @@ import yaml
 
 from moegen.diagnostics import Diagnostic, SpecError
 from moegen.load.source import FieldPath, Locations, SpecSource, dotted
+from moegen.load.yaml_limits import (
+    MAX_DEPTH,
+    NestingTooDeep,
+    Positions,
+    digits_problem,
+    refused_character,
+    shown,
+    tag_problem,
+)
 
 _SCALAR_TAGS = {
     "tag:yaml.org,2002:str",
@@ -64,15 +74,35 @@ class _SpecLoader(
         yaml.parser.Parser.__init__(self)
         yaml.composer.Composer.__init__(self)
         _CoreSchemaResolver.__init__(self)
+        self.depth = 0  # collections open around the node being composed
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
         if self.check_event(yaml.AliasEvent):
             event = self.get_event()
             return _AliasNode("alias", None, event.start_mark, event.end_mark)
-        return super().compose_node(parent, index)
+        # The composer recurses once a level: count the levels here, before Python's
+        # recursion limit does (the parser and scanner before it are not recursive).
+        event = self.peek_event()
+        opens = isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent))
+        if opens:
+            if self.depth >= MAX_DEPTH:
+                raise NestingTooDeep(event.start_mark.index)
+            self.depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            if opens:
+                self.depth -= 1
+        # Explicit tags are refused, every one (the converter reports them). Resolving the
+        # core-schema tags strictly would be sound too, but each has its own traps (int()
+        # takes '٨' and ' 8 ', !!bool "yes" read false, !!null "2048" read null) for no gain:
+        # a spec's values are plain scalars, their type is how they are written. The event
+        # says whether a tag was written (a '!' alone too), whatever it resolves to.
+        node.written_tag = event.tag
+        return node
 
 
-def _yaml_problem(err: yaml.MarkedYAMLError) -> str:
+def _yaml_problem(err: yaml.MarkedYAMLError, positions: Positions) -> str:
     """PyYAML's parser vocabulary, translated for people who write specs."""
     problem = err.problem or err.context or "malformed document"
     if "'\\t'" in problem or "\t" in problem:
@@ -82,52 +112,56 @@ def _yaml_problem(err: yaml.MarkedYAMLError) -> str:
     if problem.startswith("expected <block end>"):
         return "this line's indentation does not match the keys above it"
     mark, context_mark = err.problem_mark, err.context_mark
-    if err.context and context_mark and mark and context_mark.line != mark.line:
-        problem += f" ({err.context} at {context_mark.line + 1}:{context_mark.column + 1})"
+    if err.context and context_mark and mark:
+        (line, col), (mark_line, _) = positions.of(context_mark.index), positions.of(mark.index)
+        if line != mark_line:
+            problem += f" ({err.context} at {line}:{col})"
     return problem
 
 
 def parse_yaml(source: SpecSource) -> tuple[dict[str, Any], Locations]:
-    def fail(message: str, line: int = 1, col: int = 1) -> SpecError:
+    positions = Positions(source.text)
+
+    def fail(message: str, index: int = 0) -> SpecError:
+        line, col = positions.of(index)
         return SpecError([Diagnostic(source.display, line, col, "", message)])
 
+    refused = refused_character(source.text)
+    if refused:
+        raise fail(f"invalid YAML: {refused[1]}", refused[0])
     try:
         loader = _SpecLoader(source.text)
         try:
             root = loader.get_single_node()
         finally:
             loader.dispose()
-    except yaml.reader.ReaderError as err:
-        line = source.text.count("\n", 0, err.position) + 1
-        col = err.position - (source.text.rfind("\n", 0, err.position) + 1) + 1
-        char = f"U+{ord(err.character):04X}" if isinstance(err.character, str) else "a byte"
-        raise fail(
-            f"invalid YAML: control character {char} is not allowed; "
-            "write it as an escape inside double quotes",
-            line,
-            col,
-        ) from None
+    except NestingTooDeep as err:
+        message = f"nesting is deeper than {MAX_DEPTH} levels; a spec needs about 4"
+        raise fail(f"invalid YAML: {message}", err.index) from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        raise fail(f"invalid YAML: {_yaml_problem(err)}", line, col) from None
-    except yaml.YAMLError as err:
+        problem = _yaml_problem(err, positions)
+        raise fail(f"invalid YAML: {problem}", mark.index if mark else 0) from None
+    except yaml.YAMLError as err:  # the reader's: refused_character found them all first
         raise fail(f"invalid YAML: {err}") from None
     if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == _NULL):
-        raise fail("spec is empty")
-    builder = _NodeConverter(source.display)
+        if _written_tag(root) is None:
+            raise fail("spec is empty")
+    builder = _NodeConverter(source.display, positions)
     data = builder.convert(root, ())
     if builder.diagnostics:
         raise SpecError(builder.diagnostics)
     if not isinstance(data, dict):
         raise fail(
-            "spec must be a mapping of sections (version, layer, router, ...)", *_start(root)
+            "spec must be a mapping of sections (version, layer, router, ...)",
+            root.start_mark.index,
         )
     return data, Locations(builder.values, builder.keys)
 
 
-def _start(node: yaml.Node) -> tuple[int, int]:
-    return node.start_mark.line + 1, node.start_mark.column + 1
+def _written_tag(node: yaml.Node | None) -> str | None:
+    """The tag written on `node` ('!' alone included), or None: see _SpecLoader.compose_node."""
+    return getattr(node, "written_tag", None)
 
 
 def _scalar(node: yaml.ScalarNode) -> Any:
@@ -146,24 +180,44 @@ def _scalar(node: yaml.ScalarNode) -> Any:
 class _NodeConverter:
     """YAML nodes to plain Python values, recording locations and refusing unsafe forms."""
 
-    def __init__(self, display: str):
+    def __init__(self, display: str, positions: Positions):
         self.display = display
+        self.positions = positions
         self.values: dict[FieldPath, tuple[int, int]] = {}
         self.keys: dict[FieldPath, tuple[int, int]] = {}
         self.diagnostics: list[Diagnostic] = []
 
+    def _start(self, node: yaml.Node) -> tuple[int, int]:
+        return self.positions.of(node.start_mark.index)
+
     def _error(self, node: yaml.Node, path: FieldPath, message: str) -> None:
-        line, col = _start(node)
+        line, col = self._start(node)
         self.diagnostics.append(Diagnostic(self.display, line, col, dotted(path), message))
 
-    def convert(self, node: yaml.Node, path: FieldPath) -> Any:
-        self.values[path] = _start(node)
+    def _refused(self, node: yaml.Node, path: FieldPath) -> bool:
+        """Report a node no spec may hold (an alias, a tag, an overlong number); True if so."""
         if isinstance(node, _AliasNode):
             self._error(node, path, "YAML aliases are not supported; write the value out")
+            return True
+        tag = _written_tag(node)
+        if tag is not None:
+            self._error(node, path, tag_problem(tag))
+            return True
+        if isinstance(node, yaml.ScalarNode) and node.tag in (_INT, _FLOAT):
+            problem = digits_problem(node.value, node.tag == _INT)
+            if problem:
+                self._error(node, path, problem)
+                return True
+        return False
+
+    def convert(self, node: yaml.Node, path: FieldPath) -> Any:
+        self.values[path] = self._start(node)
+        if self._refused(node, path):
             return None
         expected = {yaml.MappingNode: _MAP, yaml.SequenceNode: _SEQ}.get(type(node))
+        # Untagged nodes resolve to these; anything else is a resolver bug, refused anyway.
         if expected and node.tag != expected or not expected and node.tag not in _SCALAR_TAGS:
-            self._error(node, path, f"unsupported YAML tag {node.tag!r}")
+            self._error(node, path, f"unsupported YAML tag {shown(node.tag)}")
             return None
         if isinstance(node, yaml.MappingNode):
             return self._mapping(node, path)
@@ -174,12 +228,16 @@ class _NodeConverter:
     def _mapping(self, node: yaml.MappingNode, path: FieldPath) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
+            if isinstance(key_node, _AliasNode) or _written_tag(key_node) is not None:
+                self._refused(key_node, path)
+                continue
             if key_node.tag == "tag:yaml.org,2002:merge" or getattr(key_node, "value", "") == "<<":
                 self._error(key_node, path, "merge keys '<<' are not supported; write the keys out")
                 continue
             if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != _STR:
-                shown = key_node.value if isinstance(key_node, yaml.ScalarNode) else "a collection"
-                self._error(key_node, path, f"keys must be strings, got {shown!s}; quote it")
+                scalar = isinstance(key_node, yaml.ScalarNode)
+                got = shown(key_node.value, quoted=False) if scalar else "a collection"
+                self._error(key_node, path, f"keys must be strings, got {got}; quote it")
                 continue
             key = key_node.value
             if key in out:
@@ -188,6 +246,6 @@ class _NodeConverter:
                     key_node, (*path, key), f"duplicate key (first at {first[0]}:{first[1]})"
                 )
                 continue
-            self.keys[(*path, key)] = _start(key_node)
+            self.keys[(*path, key)] = self._start(key_node)
             out[key] = self.convert(value_node, (*path, key))
         return out
