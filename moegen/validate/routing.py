@@ -7,8 +7,11 @@ that cannot pick top_k experts), or one that is a no-op the user did not mean.
 
 from __future__ import annotations
 
+import bisect
+
 from moegen.diagnostics import Diagnostic
 from moegen.load import LoadedSpec
+from moegen.sizes import divisors, listed
 
 SIGMOID_TYPE_SCORES = ("sigmoid", "sqrtsoftplus")
 
@@ -78,17 +81,20 @@ def group_limit_can_pick_top_k(loaded: LoadedSpec) -> list[Diagnostic]:
     if limit is None:
         return []
     experts, top_k = spec.layer.num_experts, spec.router.top_k
+    # Group counts and keeps are divisors: enumerated by pairs up to the square root, as a
+    # count of experts or a top_k can be any size up to 2**31 here.
+    group_counts = [g for g in divisors(experts) if g > 1]
     if experts % limit.groups:
-        divisors = [str(g) for g in range(2, experts + 1) if experts % g == 0]
         return [
             loaded.diagnostic(
                 ("router", "group_limit", "groups"),
                 f"{experts} experts do not split into {limit.groups} equal groups; "
-                f"valid: {', '.join(divisors) or 'none (one expert)'}",
+                f"valid: {listed(group_counts, limit.groups) or 'none (one expert)'}",
             )
         ]
     per_group = experts // limit.groups
-    valid = _valid_keeps(experts, limit.groups, top_k)
+    keeps = divisors(top_k)
+    valid = _valid_keeps(keeps, experts, limit.groups, top_k)
     if limit.keep in valid:
         return []
     if limit.keep >= limit.groups:
@@ -103,15 +109,14 @@ def group_limit_can_pick_top_k(loaded: LoadedSpec) -> list[Diagnostic]:
             f"each kept group must supply top_k / keep = {top_k // limit.keep} experts but "
             f"holds {per_group}"
         )
-    workable = [
-        g for g in range(2, experts + 1) if experts % g == 0 and _valid_keeps(experts, g, top_k)
-    ]
-    fix = (
-        f"valid keep: {', '.join(map(str, valid))}"
-        if valid
-        else f"no keep works for top_k = {top_k} with {limit.groups} groups of {per_group}; "
-        + (f"groups that work: {', '.join(map(str, workable))}" if workable else "none works")
-    )
+    if valid:
+        fix = f"valid keep: {listed(valid, limit.keep)}"
+    else:
+        workable = [g for g in group_counts if _some_keep(keeps, experts, g, top_k)]
+        works = f"groups that work: {listed(workable, limit.groups)}" if workable else "none works"
+        fix = (
+            f"no keep works for top_k = {top_k} with {limit.groups} groups of {per_group}; {works}"
+        )
     return [
         loaded.diagnostic(
             ("router", "group_limit", "keep"), f"{problem}; {fix}; or remove group_limit"
@@ -119,10 +124,20 @@ def group_limit_can_pick_top_k(loaded: LoadedSpec) -> list[Diagnostic]:
     ]
 
 
-def _valid_keeps(experts: int, groups: int, top_k: int) -> list[int]:
-    """Kept-group counts that limit something and can supply top_k experts."""
+def _valid_keeps(keeps: list[int], experts: int, groups: int, top_k: int) -> list[int]:
+    """Kept-group counts that limit something and can supply top_k experts; `keeps`: the
+    divisors of top_k, ascending (a keep must divide it)."""
     per_group = experts // groups
-    return [k for k in range(1, groups) if top_k % k == 0 and top_k // k <= per_group]
+    return [k for k in keeps if k < groups and top_k // k <= per_group]
+
+
+def _some_keep(keeps: list[int], experts: int, groups: int, top_k: int) -> bool:
+    """Whether `_valid_keeps` has any: the smallest divisor k of top_k with top_k / k <= the
+    group size (k >= top_k / size) must limit something (k < groups). One bisection, not a
+    scan of every keep for every group count."""
+    need = -(-top_k // (experts // groups))
+    index = bisect.bisect_left(keeps, need)
+    return index < len(keeps) and keeps[index] < groups
 
 
 def capacity_has_a_balancer(loaded: LoadedSpec) -> list[Diagnostic]:

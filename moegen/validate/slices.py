@@ -12,6 +12,7 @@ import math
 from moegen.diagnostics import Diagnostic
 from moegen.hardware import hardware
 from moegen.load import LoadedSpec
+from moegen.sizes import divisors, listed
 
 
 def slices_need_a_tpu_target(loaded: LoadedSpec) -> list[Diagnostic]:
@@ -41,12 +42,13 @@ def dcn_axes_split_mesh_axes(loaded: LoadedSpec) -> list[Diagnostic]:
                 )
             )
         elif mesh.axes[name] % parts:
-            divisors = [str(d) for d in range(1, mesh.axes[name] + 1) if mesh.axes[name] % d == 0]
+            # by pairs up to the square root: an axis can be any size up to 2**31 here
+            valid = listed(divisors(mesh.axes[name]), parts)
             out.append(
                 loaded.diagnostic(
                     path,
                     f"{name} = {mesh.axes[name]} does not split into {parts} slices; "
-                    f"valid: {', '.join(divisors)}",
+                    f"valid: {valid}",
                 )
             )
     return out
