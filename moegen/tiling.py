@@ -116,7 +116,10 @@ def choose_tile(
     """
     row_multiple = ROW_MULTIPLE[dtype]
     usable = usable_vmem(vmem_budget)
-    widths = sorted(set(lane_tiles(contraction)) | set(lane_tiles(output)))
+    # Only widths that fit VMEM in some tile are tried: a few dozen whatever the layer's widths
+    # (a width of 2**31 has 2**24 lane tiles, which the search would otherwise walk).
+    widest = widest_lane_tile(dtype, usable, out_dtype)
+    widths = sorted(set(lane_tiles(contraction, widest)) | set(lane_tiles(output, widest)))
     row_tile = max(row_multiple, min(DEFAULT_TILE[0], round_up(rows, row_multiple)))
 
     def rank(tile: Tile) -> tuple[float, int]:
@@ -124,8 +127,13 @@ def choose_tile(
         return (cost.seconds(peak_flops, hbm_bytes_per_s), cost.grid_steps)
 
     while True:
-        tiles = [Tile(row_tile, k, n) for k in widths for n in widths]
-        fitting = [t for t in tiles if vmem_bytes(t, dtype, out_dtype) <= usable]
+        fitting = []
+        for k in widths:
+            for n in widths:
+                tile = Tile(row_tile, k, n)
+                if vmem_bytes(tile, dtype, out_dtype) > usable:
+                    break  # VMEM grows with the output tile: the wider ones do not fit either
+                fitting.append(tile)
         if fitting:
             return min(fitting, key=rank)
         if row_tile == row_multiple:
@@ -133,13 +141,38 @@ def choose_tile(
         row_tile = _half(row_tile, row_multiple)
 
 
-def lane_tiles(width: int) -> list[int]:
-    """Lane tiles worth trying over `width`: those that divide it when it is whole lanes (no
-    masked last tile), else for every tile count the narrowest tile of that count."""
+def lane_tiles(width: int, widest: int | None = None) -> list[int]:
+    """Lane tiles worth trying over `width`, up to `widest` lanes: those that divide it when it
+    is whole lanes (no masked last tile), else for every tile count the narrowest tile of that
+    count (the narrowest of the count that a tile t needs, ceil(width / t), for each t)."""
+    top = round_up(width, LANES)
+    if widest is not None:
+        top = min(top, max(LANES, widest))
+    candidates = range(LANES, top + 1, LANES)
     if width % LANES == 0:
-        return [t for t in range(LANES, width + 1, LANES) if width % t == 0]
-    counts = range(1, _tiles(width, LANES) + 1)
-    return sorted({round_up(_tiles(width, count), LANES) for count in counts})
+        return [t for t in candidates if width % t == 0]
+    return sorted({round_up(_tiles(width, _tiles(width, t)), LANES) for t in candidates})
+
+
+def widest_lane_tile(dtype: str, usable: int, out_dtype: str | None = None) -> int:
+    """The widest lane tile (contraction or output) that fits `usable` VMEM bytes in any tile:
+    beside one lane tile the other way and the fewest rows (VMEM grows with every side)."""
+    rows = ROW_MULTIPLE[dtype]
+
+    def fits(width: int) -> bool:
+        least = min(
+            vmem_bytes(Tile(rows, width, LANES), dtype, out_dtype),
+            vmem_bytes(Tile(rows, LANES, width), dtype, out_dtype),
+        )
+        return least <= usable
+
+    low, high = LANES, 2 * LANES  # low fits (or nothing does), high does not: bisect between
+    while fits(high):
+        low, high = high, 2 * high
+    while high - low > LANES:
+        middle = round_up((low + high) // 2, LANES)
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 @dataclass(frozen=True)
