@@ -769,6 +769,23 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
             ],
         ),
     ],
+    "experts_within_limit": [
+        ({}, []),
+        ({"experts": 4096}, []),  # boundary: MAX_EXPERTS
+        (
+            {"experts": 4097},
+            [
+                (
+                    3,
+                    16,
+                    "layer.num_experts",
+                    "4097 experts; at most 4096: the shrunken twin `moegen build` verifies "
+                    "keeps every expert, and its dense reference runs every token through each "
+                    "of them on CPU (the largest published MoE layers have 2048, Switch-C)",
+                )
+            ],
+        ),
+    ],
     "topology_matches_hardware": [
         ({}, []),  # cpu: no topology
         ({"hardware": "tpu-v5e", "topology": "2x2"}, []),  # 4 chips, the 4-device mesh

@@ -12,8 +12,14 @@ from collections.abc import Callable
 from moegen.diagnostics import Diagnostic, SpecError
 from moegen.hardware import hardware
 from moegen.load import LoadedSpec
-from moegen.sizes import INT32_LIMIT, axes_label, axes_product, nearest_multiples
+from moegen.sizes import axes_label, axes_product, nearest_multiples
 from moegen.tiling import LANES, Tile, tile_problems
+from moegen.validate.bounds import (
+    experts_within_limit,
+    indices_fit_int32,
+    known_batch_axes,
+    parameters_reasonably_sized,
+)
 from moegen.validate.gpu import GPU_RULES
 from moegen.validate.memory import MEMORY_RULES
 from moegen.validate.routing import ROUTING_RULES
@@ -23,12 +29,6 @@ Rule = Callable[[LoadedSpec], list[Diagnostic]]
 
 # Fake host devices XLA:CPU can run the twin on without the verify step crawling.
 MAX_CPU_DEVICES = 256
-
-
-def _known_batch_axes(loaded: LoadedSpec) -> list[str]:
-    """The batch axes that name mesh axes, each once (other rules report the rest)."""
-    spec = loaded.spec
-    return [a for a in dict.fromkeys(spec.batch_axes) if a in spec.mesh.axes]
 
 
 def top_k_within_experts(loaded: LoadedSpec) -> list[Diagnostic]:
@@ -83,7 +83,7 @@ def data_parallel_axes_shard_batch(loaded: LoadedSpec) -> list[Diagnostic]:
 def batch_divisible_by_batch_axes(loaded: LoadedSpec) -> list[Diagnostic]:
     """Every device must receive the same whole number of sequences."""
     spec = loaded.spec
-    axes = _known_batch_axes(loaded)
+    axes = known_batch_axes(loaded)
     shards = axes_product(spec.mesh.axes, axes)
     if spec.shapes.batch % shards == 0:
         return []
@@ -211,67 +211,6 @@ def overlap_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
     return [loaded.diagnostic(path, f"{problem}; {options}")]
 
 
-def indices_fit_int32(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Flat indices into the routed buffers must fit int32 (TE #2908 overflowed silently)."""
-    spec = loaded.spec
-    shards = axes_product(spec.mesh.axes, _known_batch_axes(loaded))
-    local_rows = spec.shapes.batch // max(shards, 1) * spec.shapes.seq_len * spec.router.top_k
-    width = max(spec.layer.embed_dim, spec.layer.ffn_dim)
-    global_rows = spec.shapes.batch * spec.shapes.seq_len * spec.router.top_k
-    out = []
-    if local_rows * width >= INT32_LIMIT:
-        out.append(
-            loaded.diagnostic(
-                ("shapes", "batch"),
-                f"each device routes {local_rows} rows of width {width}: "
-                f"{local_rows * width} elements overflow int32 indexing (< 2**31); "
-                "shard the batch over more devices, or reduce shapes.batch or shapes.seq_len",
-            )
-        )
-    shared = spec.layer.shared_ffn_dim or 0
-    local_tokens = local_rows // spec.router.top_k
-    if local_tokens * shared >= INT32_LIMIT:
-        out.append(
-            loaded.diagnostic(
-                ("layer", "shared_ffn_dim"),
-                f"the shared expert's hidden activations on each device hold {local_tokens} x "
-                f"{shared} = {local_tokens * shared} elements, overflowing int32 indexing "
-                "(< 2**31); shard the batch over more devices, or reduce shapes.batch or "
-                "shapes.seq_len",
-            )
-        )
-    if global_rows >= INT32_LIMIT:
-        out.append(
-            loaded.diagnostic(
-                ("shapes", "seq_len"),
-                f"batch*seq_len*top_k = {global_rows} token slots overflow int32 (< 2**31); "
-                "reduce shapes.batch, shapes.seq_len or router.top_k",
-            )
-        )
-    return out
-
-
-# Beyond this a single parameter would be terabytes: certainly a typo, and big enough to
-# overflow size arithmetic in compilers.
-MAX_TENSOR_ELEMENTS = 2**40
-
-
-def parameters_reasonably_sized(loaded: LoadedSpec) -> list[Diagnostic]:
-    """An expert weight [num_experts, embed_dim, ffn_dim] must stay addressable."""
-    layer = loaded.spec.layer
-    elements = layer.num_experts * layer.embed_dim * layer.ffn_dim
-    if elements < MAX_TENSOR_ELEMENTS:
-        return []
-    return [
-        loaded.diagnostic(
-            ("layer",),
-            at_key=True,
-            message=f"expert weights of num_experts*embed_dim*ffn_dim = {elements} elements "
-            f"(>= 2**40) per projection; check the sizes",
-        )
-    ]
-
-
 def topology_matches_hardware(loaded: LoadedSpec) -> list[Diagnostic]:
     """A TPU target names one of its generation's slice shapes; cpu has none."""
     target = loaded.spec.target
@@ -394,6 +333,7 @@ RULES: tuple[Rule, ...] = (
     overlap_chunks_fit,
     indices_fit_int32,
     parameters_reasonably_sized,
+    experts_within_limit,
     topology_matches_hardware,
     mesh_matches_topology,
     kernel_runs_on_target,
