@@ -192,3 +192,114 @@ def test_check_report_fresh_per_spec(name, repo_root, monkeypatch):
     monkeypatch.chdir(repo_root)
     report = check([Path("specs") / f"{name}.yaml"], Path("generated"), find_orphans=False)
     assert report.ok and report.fresh == [Path("generated") / f"{name}.py"]
+
+
+# ---------------------------------------------------------------------------------------
+# Damaged modules: bytes are compared, the report is readable, nothing crashes
+
+MIXTRAL = "generated/mixtral_small_cpu.py"
+
+
+def _check_mixtral(tmp_project):
+    return run_moegen("check", "specs/mixtral_small_cpu.yaml", cwd=tmp_project)
+
+
+def test_crlf_module_is_stale_and_says_so(tmp_project):
+    path = tmp_project / MIXTRAL
+    path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    result = _check_mixtral(tmp_project)
+    assert result.returncode == 1, result.stderr
+    lines = path.read_bytes().count(b"\r\n")
+    assert f"stale: {MIXTRAL} (only line endings differ (CRLF on {lines} lines); run" in (
+        result.stderr
+    )
+    assert result.stdout == ""  # no diff of every line
+    assert_no_traceback(result.stdout + result.stderr)
+
+
+def test_one_crlf_line_shows_in_the_diff(tmp_project):
+    path = tmp_project / MIXTRAL
+    path.write_bytes(path.read_bytes().replace(b"TOP_K = 2\n", b"TOP_K = 2\r\n"))
+    result = _check_mixtral(tmp_project)
+    assert result.returncode == 1
+    assert "\n-TOP_K = 2\\r\n+TOP_K = 2\n" in result.stdout
+    assert "only line endings differ (CRLF on 1 lines)" in result.stderr
+
+
+def test_invalid_utf8_module_is_stale_not_a_crash(tmp_project):
+    path = tmp_project / MIXTRAL
+    data = path.read_bytes()
+    at = data.index(b"TOP_K = 2")
+    path.write_bytes(data[:at] + b"\xff\xfe" + data[at:])
+    result = _check_mixtral(tmp_project)
+    assert result.returncode == 1, result.stderr
+    assert f"not UTF-8 at byte {at}" in result.stderr
+    assert "\n-\ufffd\ufffdTOP_K = 2\n+TOP_K = 2\n" in result.stdout
+    assert_no_traceback(result.stdout + result.stderr)
+
+
+def test_bom_missing_newline_and_control_characters(tmp_project):
+    path = tmp_project / MIXTRAL
+    data = path.read_bytes()
+    path.write_bytes(
+        b"\xef\xbb\xbf" + data.replace(b"TOP_K = 2", b"TOP_K = 2\x1b[2J\xe2\x80\xae")[:-1]
+    )
+    result = _check_mixtral(tmp_project)
+    assert result.returncode == 1
+    assert "starts with a UTF-8 byte-order mark" in result.stderr
+    assert "no newline at end of file" in result.stderr
+    assert "-TOP_K = 2\\x1b[2J\\u202e\n" in result.stdout
+    assert "\x1b" not in result.stdout and "\u202e" not in result.stdout
+
+
+def test_module_that_is_a_directory_is_unreadable_not_missing(tmp_project):
+    path = tmp_project / MIXTRAL
+    path.unlink()
+    path.mkdir()
+    result = _check_mixtral(tmp_project)
+    assert result.returncode == 1
+    assert f"unreadable: {MIXTRAL}: Is a directory" in result.stderr
+    assert_no_traceback(result.stderr)
+
+
+def test_module_without_read_permission_is_unreadable(tmp_project):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root reads any file")
+    path = tmp_project / MIXTRAL
+    path.chmod(0)
+    result = _check_mixtral(tmp_project)
+    path.chmod(0o644)
+    assert result.returncode == 1
+    assert f"unreadable: {MIXTRAL}: Permission denied" in result.stderr
+    assert_no_traceback(result.stderr)
+
+
+def test_fifo_in_place_of_a_module_does_not_hang(tmp_project):
+    import os
+
+    path = tmp_project / MIXTRAL
+    path.unlink()
+    os.mkfifo(path)
+    result = run_moegen("check", "specs/mixtral_small_cpu.yaml", cwd=tmp_project, timeout=60)
+    assert result.returncode == 1
+    assert f"unreadable: {MIXTRAL}: not a regular file" in result.stderr
+
+
+def test_orphans_include_symlinks_and_unreadable_directories(tmp_project, monkeypatch):
+    import os
+
+    monkeypatch.chdir(tmp_project)
+    generated = Path("generated")
+    (generated / "link.py").symlink_to("nowhere.py")
+    (generated / "linked_dir").symlink_to("..")
+    (generated / "locked").mkdir()
+    (generated / "locked").chmod(0)
+    try:
+        report = check(sorted(Path("specs").glob("*.yaml")), generated, find_orphans=True)
+    finally:
+        (generated / "locked").chmod(0o755)
+    assert {generated / "link.py", generated / "linked_dir"} <= set(report.orphans)
+    if os.geteuid() != 0:
+        assert generated / "locked" in report.unreadable
