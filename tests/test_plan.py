@@ -19,7 +19,17 @@ from moegen.load import LoadedSpec, load_spec_bytes
 from moegen.pipeline import load_valid
 from moegen.plan import Plan, format_plan, make_plan
 from moegen.render import render
-from moegen.tiling import choose_tile
+from moegen.tiling import (
+    LANES,
+    ROW_MULTIPLE,
+    Tile,
+    choose_tile,
+    lane_tiles,
+    tile_problems,
+    usable_vmem,
+    vmem_bytes,
+    widest_lane_tile,
+)
 from moegen.validate import validate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -1155,3 +1165,61 @@ def test_gate_and_up_side_by_side_are_tiled_as_one_call_of_twice_the_width() -> 
     )
     assert plan.gate_up_tile == expected.as_tuple() == (512, 1024, 2048)
     assert plan.gate_up_tile[2] > plan.ffn_dim  # wider than gate or up alone
+
+
+# ---------------------------------------------------------------------------------------
+# The widest layers the rules allow (one token on one v5e chip, widths up to 2**31) plan at
+# once: the tile search tries only lane tiles that can fit VMEM, and its tiles run.
+
+
+def _one_chip_pallas(embed: int, ffn: int, compute: str = "bfloat16") -> str:
+    return f"""\
+version: 1
+layer: {{num_experts: 1, embed_dim: {embed}, ffn_dim: {ffn}}}
+router: {{top_k: 1}}
+shapes: {{batch: 1, seq_len: 1}}
+dtypes: {{params: float32, compute: {compute}}}
+mesh: {{axes: {{data: 1}}}}
+target: {{hardware: tpu-v5e, topology: 1x1, kernel: pallas}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("embed", "ffn", "compute"),
+    [
+        (128, 2**31 - 128, "bfloat16"),  # whole lanes: 2**24 lane tiles divide it
+        (128, 2**31 - 1, "float32"),  # ragged: 2**24 tile counts
+        (2**31 - 128, 384, "bfloat16"),
+        (1408, 367567104, "bfloat16"),  # whole lanes with many divisors
+    ],
+)
+def test_widest_layers_plan_runnable_tiles(embed: int, ffn: int, compute: str) -> None:
+    text = _one_chip_pallas(embed, ffn, compute)
+    plan = make_plan(validate(load_spec_bytes(text.encode(), "wide.yaml", "wide")))
+    budget = CATALOGUE["tpu-v5e"].vmem_bytes_for_tiles
+    for tile in (plan.gate_up_tile, plan.down_tile):
+        assert tile_problems(Tile(*tile), compute, budget) == [], tile
+    assert plan.ffn_chunks == 1  # too large for HBM in any number of slices: whole
+    assert len(render(plan)) > 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("out_dtype", [None, "float32"])
+@pytest.mark.parametrize("budget", [2**20, 16 * 2**20, 32 * 2**20])
+def test_widest_lane_tile_is_the_widest_that_fits(dtype: str, out_dtype, budget: int) -> None:
+    usable = usable_vmem(budget)
+    widest = widest_lane_tile(dtype, usable, out_dtype)
+    rows = ROW_MULTIPLE[dtype]
+
+    def least(width: int) -> int:
+        return min(
+            vmem_bytes(Tile(rows, width, LANES), dtype, out_dtype),
+            vmem_bytes(Tile(rows, LANES, width), dtype, out_dtype),
+        )
+
+    assert widest % LANES == 0 and least(widest) <= usable < least(widest + LANES)
+    # lane tiles past it are never tried, and those below are as before
+    assert lane_tiles(2880, widest) == [t for t in lane_tiles(2880) if t <= widest]
+    assert lane_tiles(2**20 * 128, widest) == [
+        t for t in range(LANES, widest + 1, LANES) if 2**27 % t == 0
+    ]
