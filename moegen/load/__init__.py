@@ -1,8 +1,10 @@
 """Stage 1, load: a YAML file to a frozen, schema-checked `Spec`, with source locations.
 
-The YAML is parsed node by node (safe loader, no anchors, no custom tags) so that every
+The YAML is parsed node by node (safe loader, no aliases, no explicit tags) so that every
 key and value keeps its line and column; schema violations become located diagnostics,
-all of them at once.
+all of them at once. Specs are untrusted input (they arrive in pull requests): the file is
+read only if it is a regular file under the size limit (spec_file), and the YAML within the
+limits of yaml_limits; every refusal is a located diagnostic, never a crash or a hang.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from moegen.spec import Spec
 # Re-exported: the parts of this stage tests and other stages reach for.
 _parse_yaml = parse_yaml
 __all__ = [
-    "MAX_SPEC_BYTES", "FieldPath", "LoadedSpec", "Locations", "SpecSource", "describe",
-    "display_path", "dotted", "load_spec", "load_spec_bytes", "module_name_problem",
+    "MAX_NAME_CHARACTERS", "MAX_SPEC_BYTES", "FieldPath", "LoadedSpec", "Locations", "SpecSource",
+    "describe", "display_path", "dotted", "load_spec", "load_spec_bytes", "module_name_problem",
 ]  # fmt: skip
 
 MAX_SPEC_BYTES = 64 * 1024

@@ -41,16 +41,18 @@ class _CoreSchemaResolver(yaml.resolver.BaseResolver):
     pass
 
 
+# ASCII digits only ([0-9], never \d), and \Z, not $ (which also matches before a final
+# newline): a scalar is a number only if it is written as one.
 for _tag, _pattern, _first in [
-    (_BOOL, r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
-    (_INT, r"^[-+]?[0-9]+$", "-+0123456789"),
+    (_BOOL, r"^(?:true|True|TRUE|false|False|FALSE)\Z", "tTfF"),
+    (_INT, r"^[-+]?[0-9]+\Z", "-+0123456789"),
     (
         _FLOAT,
         r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
-        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))\Z",
         "-+0123456789.",
     ),
-    (_NULL, r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
+    (_NULL, r"^(?:~|null|Null|NULL|)\Z", ["~", "n", "N", ""]),
 ]:
     _CoreSchemaResolver.add_implicit_resolver(_tag, re.compile(_pattern), list(_first))
 
