@@ -177,7 +177,10 @@ def write_back(loaded: LoadedSpec, choices: dict[FieldPath, Any]) -> str:
     A tiles choice of None (the plan's own) removes nothing: it writes the tiles the plan chose.
     """
     text = loaded.source.text
-    lines = text.splitlines(keepends=True)
+    # Lines as the loader counts them: '\n' ends a line, nothing else does; a leading
+    # byte-order mark takes no column.
+    lines = text.split("\n")
+    bom = 1 if text.startswith("\ufeff") else 0
     edits = []
     for path, value in choices.items():
         line, col = loaded.locations.of_value(path)
@@ -187,14 +190,14 @@ def write_back(loaded: LoadedSpec, choices: dict[FieldPath, Any]) -> str:
         edits.append((line, col, yaml_value(value)))
     for line, col, new in sorted(edits, reverse=True):
         row = lines[line - 1]
-        start = col - 1
+        start = col - 1 + (bom if line == 1 else 0)
         for token in ("auto", "'auto'", '"auto"'):
             if row.startswith(token, start):
                 lines[line - 1] = row[:start] + new + row[start + len(token) :]
                 break
         else:
             raise ValueError(f"no auto at line {line}, column {col}")
-    return "".join(lines)
+    return "\n".join(lines)
 
 
 def patch(loaded: LoadedSpec, new_text: str) -> str:
