@@ -1,10 +1,14 @@
 """The `moegen` command line. Exit codes: 0 ok, 1 stale output, 2 usage, 3 invalid spec,
-4 verification failure or internal error."""
+4 verification failure or internal error; 128 + the signal's number when SIGINT (130),
+SIGHUP (129) or SIGTERM (143) aborted it, the shell's own convention for a process that a
+signal ended, after the same clean-up for all three (moegen.interrupts): the output holds
+the old set or the new one, and no temporary or verify worker is left."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -160,10 +164,14 @@ def check_command(specs: tuple[Path, ...], out_dir: Path) -> None:
     if report.invalid:
         _err(format_diagnostics(report.invalid, "text"))
     for path, diff in report.stale.items():
-        click.echo(diff)
-        _err(f"stale: {path} (run `moegen build` on its spec)")
+        if diff:
+            click.echo(diff)
+        notes = "".join(f"{note}; " for note in report.notes.get(path, []))
+        _err(f"stale: {path} ({notes}run `moegen build` on its spec)")
     for path in report.missing:
         _err(f"missing: {path} (run `moegen build` on its spec)")
+    for path, why in report.unreadable.items():
+        _err(f"unreadable: {path}: {why} (delete it, then run `moegen build` on its spec)")
     for path in report.orphans:
         _err(f"orphaned: {path} (no spec generates it; delete it or restore its spec)")
     if report.invalid:
@@ -292,11 +300,19 @@ def schema_command(check_only: bool, write: bool) -> None:
 
 
 def main() -> None:
+    from moegen.interrupts import handling_signals, interrupt_of
+
     try:
-        cli.main(standalone_mode=False)
-    except click.exceptions.Abort:
-        _err("aborted")
-        sys.exit(EXIT_FAILED)
+        with handling_signals():
+            cli.main(standalone_mode=False)
+    except click.exceptions.Abort as err:  # click's wrapper of KeyboardInterrupt and EOFError
+        signum = interrupt_of(err)
+        _err("aborted" if signum is None else f"aborted ({signal.Signals(signum).name})")
+        sys.exit(EXIT_FAILED if signum is None else 128 + signum)
+    except KeyboardInterrupt as err:  # raised outside click's own handling
+        signum = interrupt_of(err) or signal.SIGINT
+        _err(f"aborted ({signal.Signals(signum).name})")
+        sys.exit(128 + signum)
     except click.ClickException as err:
         err.show()
         sys.exit(EXIT_USAGE)

@@ -1,56 +1,399 @@
-"""Stage 6, emit: write generated modules atomically, all of them or none.
+"""Stage 6, emit: write generated modules all or nothing, even when the process is killed.
 
-Every file is first written in full to a temporary sibling; only then are the targets
-replaced, each by an atomic rename. Should a rename fail midway, the targets already
-replaced get their previous content back, so a failed build leaves the tree as it was.
+`write_all(files, out_dir=OUT)`, what `moegen build` uses, commits by one directory swap:
+1. under a flock of OUT's parent (moegen writers take turns), clear what dead runs left;
+2. build the whole new directory as a hidden sibling, `.<name>.moegen-stage-<owner>`: OUT's
+   tree reproduced (hard links, copies where a link fails, directories and symlinks, same
+   modes), each module written into it; fsync every new file and every stage directory;
+3. renameat2(RENAME_EXCHANGE) stage and OUT, fsync the parent: the commit point. The
+   exchange is atomic, so at every instant, and after a crash, the name OUT holds the whole
+   old tree or the whole new one (a new OUT: the stage is renamed onto it);
+4. remove the stage, now the old tree.
+No progress record is needed: a kill at any moment leaves at most the stage, outside OUT
+(`moegen check` never looks there), and removing it is right whether the kill came before
+step 3 (it holds the unused new tree) or after (the old one). The next write removes stages
+whose owner is dead (pid and start time, moegen.interrupts). SIGINT, SIGTERM and SIGHUP raise
+an exception whose `finally` removes the stage at once; they wait across the exchange and
+the removal (after the commit point they leave the new set).
+
+Journaled per-file protocol instead where OUT is the current directory or an ancestor of it
+(the swap would strand this process and the user's shell in a deleted directory), is
+another user's (the new one would be ours), is or holds a mount point, holds other than
+files, directories and symlinks, cannot be staged beside, or where the kernel or file system
+refuses the exchange (EINVAL, ENOSYS, EXDEV...): each file is staged beside its target
+(`.<file>.moegen-tmp-<owner>`, fsynced), each existing target gets a hard-link backup
+(`.moegen-old-`), a journal naming them is made durable beside OUT; then, signals blocked,
+the temporaries are renamed over the targets, the directories fsynced and the journal
+removed (the commit point). A failure before it rolls back from the backups, as does the
+next write after a SIGKILL (`recover` replays the journal). All or nothing under SIGINT,
+SIGTERM and SIGHUP, then; but a SIGKILL between two renames leaves a mixed set and
+temporaries until the next moegen write: SIGKILL safety needs the exchange.
+
+The swap loses changes other programs make to OUT meanwhile, and OUT's inode and extended
+attributes. Without OUT, one file is temporary + fsync + rename + directory fsync (`moegen
+tune`, `moegen schema --write`); several use the journaled protocol.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
+import itertools
+import json
 import os
+import platform
+import shutil
+import stat
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from moegen import interrupts
 
-def write_all(files: dict[Path, str]) -> None:
-    """Write every file or none (previous contents restored on failure)."""
-    staged: list[tuple[Path, Path]] = []
-    previous: dict[Path, bytes | None] = {}
-    replaced: list[Path] = []
+_STAGE, _TMP, _OLD, _JOURNAL = ".moegen-stage-", ".moegen-tmp-", ".moegen-old-", ".moegen-journal-"
+_RENAME_NOREPLACE, _RENAME_EXCHANGE, _AT_FDCWD = 1, 2, -100
+# renameat2's number where libc has no wrapper (glibc < 2.28)
+_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "riscv64": 276, "ppc64le": 357, "s390x": 347}
+_serial = itertools.count()
+
+
+class _NoExchange(Exception):
+    """OUT cannot be swapped as a whole: use the journaled protocol."""
+
+
+def write_all(files: dict[Path, str], *, out_dir: Path | None = None) -> None:
+    """Write every file or none; with `out_dir` (every target inside it), by one exchange."""
+    # Encoding errors surface before anything on disk changes.
+    data = {Path(target): text.encode("utf-8") for target, text in files.items()}
+    if len(data) == 1 and out_dir is None:
+        [(target, blob)] = data.items()
+        _write_one(target, blob)
+    elif data:
+        root = out_dir or Path(os.path.commonpath([os.path.abspath(t.parent) for t in data]))
+        _write_tree(Path(root), data, swap=out_dir is not None)
+
+
+def recover(out_dir: Path) -> None:
+    """Clear what dead runs left around `out_dir`: stages, journals (rolled back), temporaries."""
+    real = Path(os.path.realpath(out_dir))
+    with suppress(OSError):  # best effort: a write would report the same problem, located
+        with _locked(real.parent):
+            _recover(real)
+
+
+def _write_one(target: Path, blob: bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    interrupts.remove_leftovers(target.parent, _TMP)
+    tmp = _temp_beside(target, blob)
     try:
-        for target, text in files.items():
-            staged.append((_stage(target, text), target))
-        for tmp, target in staged:
-            previous[target] = target.read_bytes() if target.is_file() else None
+        _trace(f"write {target.name}")
+        with interrupts.blocked():
             os.replace(tmp, target)
-            replaced.append(target)
+            _fsync(target.parent)
+        _trace(f"rename {target.name}")
+    finally:
+        _unlink(tmp)
+
+
+def _temp_beside(target: Path, blob: bytes) -> Path:
+    """`blob` in a durable temporary file beside `target`."""
+    prefix = f".{target.name[:64]}{_TMP}{interrupts.owner_token()}-"
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=prefix)
+    try:
+        _write_fd(fd, blob)
     except BaseException:
-        _restore(replaced, previous)
+        _unlink(name)
+        raise
+    return Path(name)
+
+
+def _write_file(path: Path, blob: bytes) -> None:
+    _write_fd(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), blob)
+
+
+def _write_fd(fd: int, blob: bytes) -> None:
+    """`blob` into the new file open on `fd`, mode 0644, fsynced, and close it."""
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(blob)
+        handle.flush()
+        os.fchmod(fd, 0o644)
+        os.fsync(fd)
+
+
+def _write_tree(out_dir: Path, data: dict[Path, bytes], *, swap: bool) -> None:
+    real = Path(os.path.realpath(out_dir))  # a symlinked OUT: swap its target, keep the link
+    relative = {
+        os.path.relpath(os.path.abspath(t), os.path.abspath(out_dir)): b for t, b in data.items()
+    }
+    if any(rel.split(os.sep)[0] in ("..", ".") for rel in relative):
+        raise ValueError(f"not every file is inside {out_dir}")
+    if os.path.lexists(real) and not real.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(out_dir))
+    real.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(real.parent):
+        _recover(real)
+        _trace("recovered")
+        if swap and _may_swap(real):
+            with suppress(_NoExchange):
+                return _swap(real, relative)
+        _write_journaled(real, {real / rel: blob for rel, blob in relative.items()})
+
+
+def _may_swap(real: Path) -> bool:
+    """Whether OUT may be exchanged as a whole (a new OUT may always be renamed into place)."""
+    try:
+        st = os.lstat(real)
+    except FileNotFoundError:
+        return True
+    with suppress(OSError):  # a current directory that was deleted holds nothing
+        cwd = os.path.realpath(os.getcwd())
+        if cwd == str(real) or cwd.startswith(str(real).rstrip(os.sep) + os.sep):
+            return False  # the swap would strand this process and the user's shell
+    return (
+        st.st_uid == os.geteuid()  # the new directory is ours: keep the owner as it is
+        and real.parent != real
+        and st.st_dev == os.lstat(real.parent).st_dev  # not a mount point
+    )
+
+
+def _swap(real: Path, relative: dict[str, bytes]) -> None:
+    parent, existed = real.parent, real.is_dir()
+    stage = parent / f".{real.name[:64]}{_STAGE}{interrupts.owner_token()}-{next(_serial)}"
+    try:
+        os.mkdir(stage)
+    except OSError as err:
+        raise _NoExchange(str(err)) from err
+    try:
+        _trace("stage")
+        if existed:
+            _reproduce(real, stage, set(relative))
+            os.chmod(stage, stat.S_IMODE(os.lstat(real).st_mode))
+        for rel, blob in relative.items():
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            _write_file(stage / rel, blob)  # the stage is private and never links a target
+            _trace(f"write {rel}")
+        for directory, _, _ in os.walk(stage, topdown=False):
+            _fsync(directory)
+        _trace("sync stage")
+        with interrupts.blocked():
+            try:
+                _renameat2(stage, real, _RENAME_EXCHANGE if existed else _RENAME_NOREPLACE)
+            except OSError as err:
+                raise _NoExchange(str(err)) from err
+            _fsync(parent)
+        _trace("exchange")
+    finally:
+        with interrupts.blocked():
+            shutil.rmtree(stage, ignore_errors=True)
+    _trace("remove stage")
+
+
+def _reproduce(src: Path, dst: Path, skip: set[str], rel: str = "") -> None:
+    """OUT's tree under the stage: hard links, recreated directories and symlinks."""
+    device = os.lstat(src).st_dev
+    try:
+        with os.scandir(src) as listing:
+            entries = sorted(listing, key=lambda e: e.name)
+        for entry in entries:
+            name, there = os.path.join(rel, entry.name), dst / entry.name
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                if st.st_dev != device:
+                    raise _NoExchange(f"{entry.path} is a mount point")
+                os.mkdir(there, 0o700)
+                _reproduce(Path(entry.path), there, skip, name)
+                os.chmod(there, stat.S_IMODE(st.st_mode))
+            elif name in skip:
+                continue  # replaced by its new content
+            elif stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(entry.path), there)
+            elif stat.S_ISREG(st.st_mode):
+                try:
+                    os.link(entry.path, there, follow_symlinks=False)
+                except OSError:  # another owner's file (protected_hardlinks), link limit
+                    shutil.copy2(entry.path, there, follow_symlinks=False)
+                    _fsync(there)
+            else:
+                raise _NoExchange(f"{entry.path} is not a file, directory or symlink")
+            _trace(f"link {name}")
+    except OSError as err:
+        raise _NoExchange(str(err)) from err
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> None:
+    """Linux renameat2 through libc, or the raw system call where libc lacks it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    args = [ctypes.c_int(_AT_FDCWD), os.fsencode(src), ctypes.c_int(_AT_FDCWD), os.fsencode(dst)]
+    args.append(ctypes.c_uint(flags))
+    if hasattr(libc, "renameat2"):
+        result = libc.renameat2(*args)
+    elif platform.system() == "Linux" and platform.machine() in _SYS_RENAMEAT2:
+        result = libc.syscall(ctypes.c_long(_SYS_RENAMEAT2[platform.machine()]), *args)
+    else:
+        raise OSError(errno.ENOSYS, "renameat2 is not available", str(src))
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(src), None, str(dst))
+
+
+def _write_journaled(root: Path, data: dict[Path, bytes]) -> None:
+    entries: list[list] = []  # [target, temporary, backup or None, the temporary's inode]
+    token = f"{interrupts.owner_token()}-{next(_serial)}"
+    journal = root.parent / f".{root.name[:64]}{_JOURNAL}{token}"
+    committed = whole = False  # whole: old or new set in place, temporaries may go
+    try:
+        for target, blob in data.items():
+            if os.path.isdir(target) and not os.path.islink(target):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = _temp_beside(target, blob)
+            entries.append([str(target), str(tmp), None, os.lstat(tmp).st_ino])
+            _trace(f"write {target.name}")
+            if os.path.lexists(target):
+                entries[-1][2] = str(_backup(target))
+                _trace(f"backup {target.name}")
+        journaled = _write_journal(journal, root, entries)
+        _trace("journal")
+        with interrupts.blocked():
+            for target, tmp, _, _ in entries:
+                os.replace(tmp, target)
+                _trace(f"rename {Path(target).name}")
+            for directory in sorted({os.path.dirname(e[0]) for e in entries}):
+                _fsync(directory)
+            if journaled:
+                os.unlink(journal)
+                _fsync(journal.parent)
+            committed = whole = True
+        _trace("commit")
+    except BaseException:
+        if not committed:
+            with interrupts.blocked():
+                _roll_back(entries)  # should this fail, the journal stays for recover()
+                whole = True
         raise
     finally:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
+        if whole:
+            with interrupts.blocked():
+                _discard(entries)
+                _unlink(journal)
 
 
-def _stage(target: Path, text: str) -> Path:
-    """The full text in a temporary file beside `target` (same file system: atomic rename)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    tmp = Path(name)
+def _backup(target: Path) -> Path:
+    token = f"{interrupts.owner_token()}-{next(_serial)}"
+    backup = target.with_name(f".{target.name[:64]}{_OLD}{token}")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
+        os.link(target, backup, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(target, backup, follow_symlinks=False)
+        _fsync(backup)
+    _fsync(target.parent)
+    return backup
 
 
-def _restore(replaced: list[Path], previous: dict[Path, bytes | None]) -> None:
-    for target in reversed(replaced):
-        old = previous[target]
-        if old is None:
-            target.unlink(missing_ok=True)
+def _write_journal(journal: Path, root: Path, entries: list[list]) -> bool:
+    """Make the journal durable; False where it cannot be (then SIGKILL is not covered)."""
+    partial = journal.with_name(journal.name.replace(_JOURNAL, _TMP))
+    try:
+        _write_file(partial, json.dumps({"root": str(root), "entries": entries}).encode())
+        os.rename(partial, journal)
+        _fsync(journal.parent)
+        return True
+    except OSError:
+        _unlink(partial)
+        return False
+
+
+def _roll_back(entries: list[list]) -> None:
+    """Old contents back (idempotent: a replay after a kill midway does the rest)."""
+    for target, _, backup, inode in reversed(entries):
+        if backup is not None:
+            if os.path.lexists(backup):
+                os.replace(backup, target)
         else:
-            target.write_bytes(old)
+            with suppress(FileNotFoundError):
+                if os.lstat(target).st_ino == inode:
+                    os.unlink(target)  # it did not exist before
+    for directory in sorted({os.path.dirname(e[0]) for e in entries}):
+        _fsync(directory)
+
+
+def _discard(entries: list[list]) -> None:
+    for _, tmp, backup, _ in entries:
+        _unlink(tmp)
+        if backup is not None:
+            _unlink(backup)
+
+
+def _replay(journal: str) -> None:
+    """A dead run's journal: roll its set back, then drop it and its temporaries."""
+    try:
+        with open(journal, encoding="utf-8") as handle:
+            doc = json.loads(handle.read(1 << 20))
+        root, entries = doc["root"], doc["entries"]
+        # Only paths of the form moegen writes: a planted journal must not move other files.
+        ours = os.path.dirname(root) == os.path.dirname(journal) and all(
+            os.path.commonpath([root, target]) == root
+            and all(
+                os.path.dirname(p) == os.path.dirname(target) and mark in os.path.basename(p)
+                for p, mark in ((tmp, _TMP), (backup, _OLD))
+                if p is not None
+            )
+            for target, tmp, backup, _ in entries
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        ours = False
+    with interrupts.blocked():
+        if ours:
+            _roll_back(entries)
+            _discard(entries)
+        _unlink(journal)  # written atomically: one that does not parse is not moegen's
+
+
+def _recover(real: Path) -> None:
+    for journal in interrupts.leftovers(real.parent, _JOURNAL):
+        _replay(journal)  # before the sweep below: it needs the backups
+    interrupts.remove_leftovers(real.parent, _STAGE, _TMP)
+    if real.is_dir():
+        interrupts.remove_leftovers(real, _TMP, _OLD)
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """An exclusive flock of `directory` (none where the file system refuses one)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _fsync(path: str | Path) -> None:
+    """fsync a file or a directory (a file system that cannot sync a directory: skipped)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno != errno.EINVAL:
+            raise
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: str | Path) -> None:
+    with suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _trace(step: str) -> None:
+    """Test hook (tests/test_signals.py): MOEGEN_EMIT_TRACE="W,R", two inherited pipe fds.
+    Name the step just done on W, wait for a byte or end of file on R: a test can signal
+    this process between any two system calls of the write."""
+    fds = os.environ.get("MOEGEN_EMIT_TRACE")
+    if fds:
+        write_fd, read_fd = (int(fd) for fd in fds.split(","))
+        os.write(write_fd, step.encode("utf-8", "replace") + b"\n")
+        os.read(read_fd, 1)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moegen.emit import write_all
+from moegen.emit import recover, write_all
 from moegen.load import LoadedSpec, load_spec
 from moegen.plan import Plan, make_plan
 from moegen.render import render
@@ -59,8 +59,13 @@ def output_path(out_dir: Path, generated: Generated) -> Path:
 def build(
     paths: list[Path], out_dir: Path, *, run_verify: bool = True, progress: Progress | None = None
 ) -> list[tuple[Path, Generated]]:
-    """Generate and verify every spec, then write all modules; nothing is written on failure."""
+    """Generate and verify every spec, then write all modules; nothing is written on failure.
+
+    The write is one atomic exchange of `out_dir` (moegen.emit); what killed builds left
+    beside it is cleared first, so that a failing build does not keep it either.
+    """
     note = progress or (lambda *args: None)
+    recover(out_dir)
     results = []
     for path in paths:
         generated = generate(path, progress)
@@ -75,7 +80,7 @@ def build(
             generated = Generated(generated.loaded, generated.plan, generated.source, report)
         results.append((output_path(out_dir, generated), generated))
     _refuse_collisions(results)
-    write_all({target: generated.source for target, generated in results})
+    write_all({target: generated.source for target, generated in results}, out_dir=out_dir)
     return results
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moegen import interrupts
 from moegen.load import LoadedSpec
 from moegen.plan import Plan, make_plan
 from moegen.render import render
@@ -70,7 +71,11 @@ def verify(
     `compile_forward=False` compiles forward+backward alone (all `moegen tune` scores).
     """
     plan = make_plan(loaded)
-    with tempfile.TemporaryDirectory(prefix="moegen-verify-") as tmp:
+    # Scratch named after this process, so that a later run can remove it should this one be
+    # SIGKILLed before its worker could (the worker removes it when it outlives moegen).
+    interrupts.remove_leftovers(tempfile.gettempdir(), interrupts.SCRATCH_PREFIX)
+    scratch_prefix = f"{interrupts.SCRATCH_PREFIX}{interrupts.owner_token()}-"
+    with tempfile.TemporaryDirectory(prefix=scratch_prefix, ignore_cleanup_errors=True) as tmp:
         workdir = Path(tmp)
         module_path = workdir / f"{plan.module_name}.py"
         module_path.write_text(source, encoding="utf-8")
@@ -213,7 +218,11 @@ def _run_worker(
     # Compile-only TPU devices need no exclusive hold on libtpu: let verifications run side by side.
     env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
     timeout = timeout_s or float(os.environ.get("MOEGEN_VERIFY_TIMEOUT", DEFAULT_TIMEOUT_S))
-    command = [sys.executable, "-m", "moegen.verify.worker", str(job_path)]
+    # The worker dies with this process (interrupts.guard_worker, before it imports JAX) and
+    # then removes the scratch directory itself.
+    env[interrupts.PARENT_ENV] = str(os.getpid())
+    env[interrupts.SCRATCH_ENV] = str(job_path.parent)
+    command = [sys.executable, "-c", _WORKER_MAIN, str(job_path)]
     report = VerifyReport()
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
@@ -228,6 +237,21 @@ def _run_worker(
         detail = errors[-1]["error"] if errors else stderr.strip()[-4000:]
         raise VerifyError(detail or f"verifier exited with code {proc.returncode}")
     return report
+
+
+_WORKER_MAIN = (
+    "from moegen.interrupts import guard_worker; guard_worker(); import runpy; "
+    "runpy.run_module('moegen.verify.worker', run_name='__main__', alter_sys=True)"
+)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """End the worker and reap it before its scratch directory goes. SIGKILL: it holds
+    nothing to release, and SIGTERM means to it that moegen died (interrupts._leave)."""
+    with interrupts.blocked():  # a second Ctrl-C must not leave it running
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
 
 
 def _collect(
@@ -255,6 +279,9 @@ def _collect(
                 report.steps.append(event)
                 on_step(event)
         proc.wait()
+    except BaseException:  # SIGINT, SIGTERM, SIGHUP: the worker goes before its scratch
+        _stop(proc)
+        raise
     finally:
         timed_out = not timer.is_alive() and proc.returncode not in (0, 1)
         timer.cancel()
