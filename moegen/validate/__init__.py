@@ -15,6 +15,7 @@ from moegen.load import LoadedSpec
 from moegen.sizes import axes_label, axes_product, nearest_multiples
 from moegen.tiling import LANES, Tile, tile_problems
 from moegen.validate.bounds import (
+    chunks_within_limit,
     experts_within_limit,
     indices_fit_int32,
     known_batch_axes,
@@ -334,6 +335,7 @@ RULES: tuple[Rule, ...] = (
     indices_fit_int32,
     parameters_reasonably_sized,
     experts_within_limit,
+    chunks_within_limit,
     topology_matches_hardware,
     mesh_matches_topology,
     kernel_runs_on_target,

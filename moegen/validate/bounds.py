@@ -100,3 +100,29 @@ def experts_within_limit(loaded: LoadedSpec) -> list[Diagnostic]:
             "each of them on CPU (the largest published MoE layers have 2048, Switch-C)",
         )
     ]
+
+
+# Each overlap chunk is a step of the ring, written out in the generated code once per expert
+# shard, and each FFN slice a scan step whose weights are gathered again; the shrunken twin
+# keeps the count, so it rounds its widths up to a multiple of it. Past 64 the pieces are too
+# narrow to pay for their step overhead on any target, and the twin grows with the count.
+MAX_CHUNKS = 64
+
+
+def chunks_within_limit(loaded: LoadedSpec) -> list[Diagnostic]:
+    """Overlap chunks and FFN slices: at most MAX_CHUNKS each."""
+    spec = loaded.spec
+    counts = {
+        ("parallelism", "overlap_chunks", "overlap chunks"): spec.parallelism.overlap_chunks,
+        ("memory", "ffn_chunks", "FFN slices"): spec.memory.ffn_chunks,
+    }
+    return [
+        loaded.diagnostic(
+            (section, field),
+            f"{count} {what}; at most {MAX_CHUNKS}: each is a step of "
+            "the generated layer (and of the twin `moegen build` verifies), and pieces this "
+            "narrow cost more in step overhead than they save",
+        )
+        for (section, field, what), count in counts.items()
+        if isinstance(count, int) and count > MAX_CHUNKS
+    ]
