@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 from conftest import GENERATED_DIR, assert_no_traceback, snapshot
 
+import moegen.emit as emit
 import moegen.pipeline
+from moegen import interrupts
 from moegen.emit import write_all
 from moegen.verify import VerifyError, VerifyReport
 
@@ -317,3 +322,175 @@ def test_cli_build_write_failure_is_reported_without_traceback(stale_project, in
     assert "Traceback" not in result.output
     assert snapshot(stale_project / "generated") == before
     assert temp_files(stale_project) == []
+
+
+# ---------------------------------------------------------------------------------------
+# The directory swap (write_all with out_dir), its fallback and the recovery of dead runs
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    """An output directory with two old modules, a cache, a symlink and an odd mode."""
+    out = tmp_path / "gen"
+    (out / "__pycache__").mkdir(parents=True)
+    (out / "a.py").write_text("old a\n")
+    (out / "b.py").write_text("old b\n")
+    (out / "__pycache__" / "a.pyc").write_bytes(b"\0")
+    (out / "link").symlink_to("a.py")
+    out.chmod(0o750)
+    return out
+
+
+def beside(out: Path) -> list[str]:
+    """What moegen left next to or inside `out`."""
+    return sorted(p.name for p in out.parent.rglob("*") if ".moegen-" in p.name)
+
+
+def dead_token() -> str:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return f"{child.pid}-1"
+
+
+def test_swap_replaces_the_directory_and_keeps_the_rest(out):
+    cache, before = out / "__pycache__" / "a.pyc", os.stat(out).st_ino
+    cache_inode = cache.stat().st_ino
+    write_all({out / "a.py": "new a\n", out / "c.py": "c\n"}, out_dir=out)
+    assert os.stat(out).st_ino != before  # swapped, not edited
+    assert (out / "a.py").read_text() == "new a\n" and (out / "c.py").read_text() == "c\n"
+    assert (out / "b.py").read_text() == "old b\n"
+    assert cache.stat().st_ino == cache_inode  # hard link, not a copy
+    assert os.readlink(out / "link") == "a.py"
+    assert stat.S_IMODE(out.stat().st_mode) == 0o750
+    assert beside(out) == []
+
+
+def test_swap_creates_a_missing_directory(tmp_path):
+    out = tmp_path / "deep" / "gen"
+    write_all({out / "a.py": "a\n"}, out_dir=out)
+    assert (out / "a.py").read_text() == "a\n" and beside(out) == []
+
+
+def test_symlinked_output_directory_stays_a_symlink(out, tmp_path):
+    link = tmp_path / "alias"
+    link.symlink_to(out.name)
+    write_all({link / "a.py": "new a\n"}, out_dir=link)
+    assert link.is_symlink() and (out / "a.py").read_text() == "new a\n"
+
+
+def test_output_directory_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "gen").write_text("a file")
+    with pytest.raises(NotADirectoryError):
+        write_all({tmp_path / "gen" / "a.py": "a\n"}, out_dir=tmp_path / "gen")
+
+
+def test_target_that_is_a_directory_fails_the_swap_and_changes_nothing(out):
+    (out / "c.py").mkdir()
+    before = snapshot(out)
+    with pytest.raises(OSError):
+        write_all({out / "a.py": "new\n", out / "c.py": "x\n"}, out_dir=out)
+    assert snapshot(out) == before and beside(out) == []
+
+
+@pytest.mark.parametrize(
+    "why", ["cwd", "no exchange", "fifo"], ids=["out is the cwd", "EINVAL", "holds a FIFO"]
+)
+def test_journaled_fallback_writes_in_place(out, monkeypatch, why):
+    if why == "cwd":
+        monkeypatch.chdir(out)
+    elif why == "no exchange":
+
+        def refuse(src, dst, flags):
+            raise OSError(22, "Invalid argument")
+
+        monkeypatch.setattr(emit, "_renameat2", refuse)
+    else:
+        os.mkfifo(out / "pipe")
+    before = os.stat(out).st_ino
+    write_all({out / "a.py": "new a\n", out / "c.py": "c\n"}, out_dir=out)
+    assert os.stat(out).st_ino == before  # written in place, file by file
+    assert (out / "a.py").read_text() == "new a\n" and (out / "c.py").read_text() == "c\n"
+    assert beside(out) == []
+
+
+def test_journaled_fallback_rolls_back_a_failed_rename(out, monkeypatch):
+    monkeypatch.chdir(out)
+    _failing_second_replace(monkeypatch)
+    before = snapshot(out)
+    with pytest.raises(PermissionError):
+        write_all({out / "a.py": "new a\n", out / "c.py": "c\n"}, out_dir=out)
+    assert snapshot(out) == before and beside(out) == []
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["swap", "journaled"])
+def test_interrupt_after_any_step_leaves_old_or_new(out, monkeypatch, fallback):
+    """In-process twin of tests/test_signals.py: KeyboardInterrupt after each step."""
+    if fallback:
+        monkeypatch.chdir(out)
+    steps: list[str] = []
+    monkeypatch.setattr(emit, "_trace", steps.append)
+    old = snapshot(out)
+    files = {out / "a.py": "new a\n", out / "b.py": "new b\n"}
+    write_all(files, out_dir=out)
+    new = snapshot(out)
+    for k in range(len(steps)):
+        write_all({out / "a.py": "old a\n", out / "b.py": "old b\n"}, out_dir=out)
+        assert snapshot(out) == old
+        seen: list[str] = []
+
+        def interrupt(step, seen=seen, k=k):
+            seen.append(step)
+            if len(seen) == k + 1:
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(emit, "_trace", interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            write_all(files, out_dir=out)
+        monkeypatch.setattr(emit, "_trace", lambda step: None)
+        assert snapshot(out) in (old, new), steps[k]
+        assert beside(out) == [], steps[k]
+
+
+def test_recover_removes_dead_stages_and_temporaries_only(out):
+    dead, alive = dead_token(), interrupts.owner_token()
+    for token in (dead, alive):
+        (out.parent / f".gen.moegen-stage-{token}-x1").mkdir()
+        (out / f".a.py.moegen-tmp-{token}-x2").write_text("t")
+    emit.recover(out)
+    assert beside(out) == [f".a.py.moegen-tmp-{alive}-x2", f".gen.moegen-stage-{alive}-x1"]
+
+
+def test_recover_rolls_back_a_dead_journal(out):
+    """What a SIGKILL between the renames of the journaled protocol leaves behind."""
+    token = dead_token()
+    backup = out / f".a.py.moegen-old-{token}-1"
+    os.link(out / "a.py", backup)
+    (out / "new").write_text("new a\n")
+    os.replace(out / "new", out / "a.py")  # renamed over already
+    tmp_b = out / f".b.py.moegen-tmp-{token}-2"
+    tmp_b.write_text("new b\n")  # not yet
+    (out / "c.py").write_text("new c\n")  # a new module, renamed over already
+    entries = [
+        [str(out / "a.py"), str(out / f".a.py.moegen-tmp-{token}-1"), str(backup), 0],
+        [str(out / "b.py"), str(tmp_b), str(out / f".b.py.moegen-old-{token}-3"), 0],
+        [str(out / "c.py"), str(out / f".c.py.moegen-tmp-{token}-4"), None, 0],
+    ]
+    entries[2][3] = (out / "c.py").stat().st_ino
+    os.link(out / "b.py", out / f".b.py.moegen-old-{token}-3")
+    journal = out.parent / f".gen.moegen-journal-{token}-0"
+    journal.write_text(json.dumps({"root": str(out), "entries": entries}))
+    emit.recover(out)
+    assert (out / "a.py").read_text() == "old a\n" and (out / "b.py").read_text() == "old b\n"
+    assert not (out / "c.py").exists() and beside(out) == []
+
+
+def test_a_planted_journal_moves_nothing(out, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    token = dead_token()
+    entries = [[str(victim), str(out / "a.py"), None, victim.stat().st_ino]]
+    journal = out.parent / f".gen.moegen-journal-{token}-0"
+    journal.write_text(json.dumps({"root": str(out), "entries": entries}))
+    emit.recover(out)
+    assert victim.read_text() == "keep" and (out / "a.py").read_text() == "old a\n"
+    assert not journal.exists()
