@@ -1,0 +1,198 @@
+"""Stage 2, `moegen.validate`: overlap chunks and FFN chunks, and the chunk counts the messages offer."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from validate_cases import (
+    PALLAS_V5E,
+    RING,
+    assert_only_the_rule_fires,
+    found,
+    loaded_spec,
+    rule_params,
+)
+
+from moegen.validate import check_rules
+
+# rule name -> [(spec overrides, expected diagnostics: (line, column, field, message))].
+CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
+    "ffn_chunks_fit": [
+        ({}, []),  # omitted: the plan decides
+        ({"ffn_chunks": 1}, []),
+        ({"ffn_chunks": 4}, []),  # 32 columns a slice (xla takes any width)
+        ({"ffn_chunks": 2, "ffn": 256, **PALLAS_V5E}, []),  # 128 columns: whole lanes
+        (
+            {"ffn_chunks": 3},
+            [
+                (
+                    27,
+                    15,
+                    "memory.ffn_chunks",
+                    "ffn_dim 128 does not split into 3 equal slices; "
+                    "valid slice counts: 2, 4, 8, 16, 32, 64, or 1",
+                )
+            ],
+        ),
+        # a slice is a megablox output (gate, up) and contraction (down) width
+        (
+            {"ffn_chunks": 2, "ffn": 384, **PALLAS_V5E},
+            [
+                (
+                    27,
+                    15,
+                    "memory.ffn_chunks",
+                    "slices of 192 columns are not whole 128-lane tiles for pallas; "
+                    "valid slice counts: 3, or 1",
+                )
+            ],
+        ),
+    ],
+    "ffn_chunks_without_overlap": [
+        ({"ffn_chunks": 2, **RING}, []),
+        ({"overlap": 2, "ffn_chunks": 1, **RING}, []),
+        (
+            {"overlap": 2, "ffn_chunks": 2, **RING},
+            [
+                (
+                    27,
+                    15,
+                    "memory.ffn_chunks",
+                    "ffn_chunks 2 with overlap_chunks 2: the overlapped ring slices the "
+                    "embedding, not the FFN width; set ffn_chunks 1 or overlap_chunks 1",
+                )
+            ],
+        ),
+    ],
+    "overlap_chunks_fit": [
+        ({}, []),  # 1 chunk: no overlap
+        ({"overlap": 2, **RING}, []),
+        ({"overlap": 64, **RING}, []),  # one column a chunk is wasteful, not wrong, for xla
+        ({"overlap": 4, "embed": 512, **RING, **PALLAS_V5E}, []),  # 128 columns a chunk
+        ({"overlap": 3, "embed": 768, **RING, **PALLAS_V5E}, []),  # 256 columns a chunk
+        # only ring_of_experts gathers tokens to overlap
+        (
+            {"overlap": 2},
+            [
+                (
+                    16,
+                    19,
+                    "parallelism.overlap_chunks",
+                    "2 chunks overlap the token all-gather of ring_of_experts; "
+                    "experts: replicated has none to overlap; set 1",
+                )
+            ],
+        ),
+        (
+            {"overlap": 4, "axes": "{expert: 4}", "strategy": "ragged_all_to_all"},
+            [
+                (
+                    16,
+                    19,
+                    "parallelism.overlap_chunks",
+                    "4 chunks overlap the token all-gather of ring_of_experts; "
+                    "experts: ragged_all_to_all has none to overlap; set 1",
+                )
+            ],
+        ),
+        # chunks hold equal numbers of columns (MaxText's 7 chunks over 512 drop one)
+        (
+            {"overlap": 7, "embed": 512, **RING},
+            [
+                (
+                    16,
+                    19,
+                    "parallelism.overlap_chunks",
+                    "embed_dim 512 does not split into 7 equal chunks; "
+                    "valid chunk counts: 2, 4, 8, 16, 32, 64, or 1 (no overlap)",
+                )
+            ],
+        ),
+        (
+            {"overlap": 5, "embed": 96, **RING},
+            [
+                (
+                    16,
+                    19,
+                    "parallelism.overlap_chunks",
+                    "embed_dim 96 does not split into 5 equal chunks; "
+                    "valid chunk counts: 2, 3, 4, 6, 8, 12, 16, 24, or 1 (no overlap)",
+                )
+            ],
+        ),
+        # pallas: a chunk is a contraction block of whole 128-lane tiles
+        (
+            {"overlap": 4, "embed": 768, **RING, **PALLAS_V5E},
+            [
+                (
+                    16,
+                    19,
+                    "parallelism.overlap_chunks",
+                    "chunks of 192 columns are not whole 128-lane tiles for the pallas kernel; "
+                    "valid chunk counts: 2, 3, 6, or 1 (no overlap)",
+                )
+            ],
+        ),
+        (
+            {"overlap": 64, "embed": 4096, **RING, **PALLAS_V5E},
+            [
+                (
+                    16,
+                    19,
+                    "parallelism.overlap_chunks",
+                    "chunks of 64 columns are not whole 128-lane tiles for the pallas kernel; "
+                    "valid chunk counts: 2, 4, 8, 16, 32, or 1 (no overlap)",
+                )
+            ],
+        ),
+    ],
+}
+
+
+@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
+def test_rule(name: str, kwargs: dict, expected: list) -> None:
+    assert found(name, **kwargs) == expected
+
+
+@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
+def test_only_the_rule_under_test_fires_in_check_rules(name: str, kwargs: dict, expected) -> None:
+    assert_only_the_rule_fires(name, kwargs, expected)
+
+
+@pytest.mark.parametrize(
+    ("chunks", "embed", "target"),
+    [
+        pytest.param(7, 512, {}, id="xla-uneven"),
+        pytest.param(5, 96, {}, id="xla-uneven-small"),
+        pytest.param(4, 768, PALLAS_V5E, id="pallas-unaligned"),
+        pytest.param(64, 4096, PALLAS_V5E, id="pallas-unaligned-many"),
+        pytest.param(3, 4096, PALLAS_V5E, id="pallas-uneven"),
+        pytest.param(5, 768, PALLAS_V5E, id="pallas-uneven-768"),
+    ],
+)
+def test_overlap_chunk_advice_followed_passes(chunks: int, embed: int, target: dict) -> None:
+    """Every chunk count the overlap message lists passes every rule when written instead."""
+    loaded = loaded_spec(overlap=chunks, embed=embed, **RING, **target)
+    [message] = [d.message for d in check_rules(loaded)]
+    listed = re.findall(r"\d+", message.rsplit("valid chunk counts: ", 1)[1])
+    assert "1" in listed  # no overlap is always a way out
+    for count in listed:
+        again = loaded_spec(overlap=int(count), embed=embed, **RING, **target)
+        assert check_rules(again) == [], (count, message)
+
+
+@pytest.mark.parametrize(
+    ("chunks", "embed", "target"),
+    [
+        pytest.param(2, 67, {}, id="xla-prime-embed"),
+        pytest.param(4, 96, PALLAS_V5E, id="pallas-narrow-embed"),
+    ],
+)
+def test_overlap_chunks_with_no_valid_count_offers_one(
+    chunks: int, embed: int, target: dict
+) -> None:
+    loaded = loaded_spec(overlap=chunks, embed=embed, **RING, **target)
+    [message] = [d.message for d in check_rules(loaded)]
+    assert "none" not in message
+    assert re.search(r"\b1\b", message), message

@@ -1,0 +1,307 @@
+"""Stage 2, `moegen.validate`: sizes (parameter count, expert limit, int32 indexing, values at the schema's limit)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from validate_cases import (
+    REPO_ROOT,
+    TWO_V5E_SLICES,
+    assert_only_the_rule_fires,
+    found,
+    group_limit,
+    loaded_spec,
+    rule_params,
+    spec_yaml,
+)
+
+from moegen.load import LoadedSpec, load_spec_bytes
+from moegen.sizes import divisors, listed
+from moegen.validate import check_rules
+from moegen.validate.bounds import MAX_EXPERTS
+
+# rule name -> [(spec overrides, expected diagnostics: (line, column, field, message))].
+CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
+    "indices_fit_int32": [
+        ({}, []),
+        # per device: (2**18 - 1) * 2 rows of width 4096 = 2**31 - 8192 elements: fits
+        ({"embed": 4096, "ffn": 1024, "batch": 1, "seq": 2**18 - 1, "axes": "{data: 1}"}, []),
+        (
+            {"embed": 4096, "ffn": 1024, "batch": 1, "seq": 2**18, "axes": "{data: 1}"},
+            [
+                (
+                    10,
+                    10,
+                    "shapes.batch",
+                    (
+                        "each device routes 524288 rows of width 4096: 2147483648 elements "
+                        "overflow int32 indexing (< 2**31); shard the batch over more devices, "
+                        "or reduce shapes.batch or shapes.seq_len"
+                    ),
+                )
+            ],
+        ),
+        # the width is the larger of embed_dim and ffn_dim
+        (
+            {"embed": 1024, "ffn": 4096, "batch": 2, "seq": 2**18, "axes": "{data: 2}"},
+            [
+                (
+                    10,
+                    10,
+                    "shapes.batch",
+                    (
+                        "each device routes 524288 rows of width 4096: 2147483648 elements "
+                        "overflow int32 indexing (< 2**31); shard the batch over more devices, "
+                        "or reduce shapes.batch or shapes.seq_len"
+                    ),
+                )
+            ],
+        ),
+        # global token slots: 256 * (2**20 - 1) * 8 < 2**31 fits; 256 * 2**20 * 8 does not
+        (
+            {
+                "embed": 8,
+                "ffn": 8,
+                "batch": 256,
+                "seq": 2**20 - 1,
+                "top_k": 8,
+                "axes": "{data: 256}",
+            },
+            [],
+        ),
+        (
+            {"embed": 8, "ffn": 8, "batch": 256, "seq": 2**20, "top_k": 8, "axes": "{data: 256}"},
+            [
+                (
+                    11,
+                    12,
+                    "shapes.seq_len",
+                    "batch*seq_len*top_k = 2147483648 token slots overflow int32 (< 2**31); "
+                    "reduce shapes.batch, shapes.seq_len or router.top_k",
+                )
+            ],
+        ),
+        (
+            {"embed": 4096, "batch": 256, "seq": 2**20, "top_k": 8, "axes": "{data: 2}"},
+            [
+                (
+                    10,
+                    10,
+                    "shapes.batch",
+                    (
+                        "each device routes 1073741824 rows of width 4096: 4398046511104 elements "
+                        "overflow int32 indexing (< 2**31); shard the batch over more devices, "
+                        "or reduce shapes.batch or shapes.seq_len"
+                    ),
+                ),
+                (
+                    11,
+                    12,
+                    "shapes.seq_len",
+                    "batch*seq_len*top_k = 2147483648 token slots overflow int32 (< 2**31); "
+                    "reduce shapes.batch, shapes.seq_len or router.top_k",
+                ),
+            ],
+        ),
+    ],
+    "parameters_reasonably_sized": [
+        ({}, []),
+        ({"experts": 1023, "embed": 2**15, "ffn": 2**15}, []),  # just under 2**40 elements
+        (
+            {"experts": 1024, "embed": 2**15, "ffn": 2**15},
+            [
+                (
+                    2,
+                    1,
+                    "layer",
+                    (
+                        "expert weights of num_experts*embed_dim*ffn_dim = 1099511627776 elements "
+                        "(>= 2**40) per projection; check the sizes"
+                    ),
+                )
+            ],
+        ),
+    ],
+    "experts_within_limit": [
+        ({}, []),
+        ({"experts": 4096}, []),  # boundary: MAX_EXPERTS
+        (
+            {"experts": 4097},
+            [
+                (
+                    3,
+                    16,
+                    "layer.num_experts",
+                    "4097 experts; at most 4096: the shrunken twin `moegen build` verifies "
+                    "keeps every expert, and its dense reference runs every token through each "
+                    "of them on CPU (the largest published MoE layers have 2048, Switch-C)",
+                )
+            ],
+        ),
+    ],
+}
+
+
+@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
+def test_rule(name: str, kwargs: dict, expected: list) -> None:
+    assert found(name, **kwargs) == expected
+
+
+@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
+def test_only_the_rule_under_test_fires_in_check_rules(name: str, kwargs: dict, expected) -> None:
+    assert_only_the_rule_fires(name, kwargs, expected)
+
+
+def _with_shared_expert(width: int, **kwargs) -> LoadedSpec:
+    """spec_yaml with layer.shared_ffn_dim written after ffn_dim (line 6: later lines move)."""
+    text = spec_yaml(**kwargs)
+    ffn_line = f"  ffn_dim: {kwargs.get('ffn', 128)}\n"
+    assert ffn_line in text
+    text = text.replace(ffn_line, f"{ffn_line}  shared_ffn_dim: {width}\n")
+    return load_spec_bytes(text.encode(), "rule.yaml", "rule")
+
+
+def test_shared_expert_width_counts_for_int32_indexing() -> None:
+    # 2**18 tokens a device, top-2: 2**19 routed rows of width 1024 fit (2**29 elements);
+    # the shared expert runs once per token, not per routed copy: its 2**18 rows of width 8191
+    # fit (2**31 - 2**18 elements), though 2**19 rows of that width would not
+    shape = {"embed": 1024, "ffn": 1024, "batch": 2, "seq": 2**18, "axes": "{data: 2}"}
+    assert check_rules(_with_shared_expert(8191, **shape)) == []
+    # 2**18 rows of width 2**13 are 2**31 elements alone: reported at the shared width
+    found = [
+        (d.line, d.column, d.field, d.message)
+        for d in check_rules(_with_shared_expert(8192, **shape))
+    ]
+    assert found == [
+        (
+            6,
+            19,
+            "layer.shared_ffn_dim",
+            "the shared expert's hidden activations on each device hold 262144 x 8192 = "
+            "2147483648 elements, overflowing int32 indexing (< 2**31); shard the batch over "
+            "more devices, or reduce shapes.batch or shapes.seq_len",
+        )
+    ]
+    # a narrow shared expert changes nothing
+    assert check_rules(_with_shared_expert(512, **shape)) == []
+
+
+def test_shared_expert_is_not_counted_per_routed_copy() -> None:
+    loaded = _with_shared_expert(4096, embed=1024, ffn=1024, batch=2, seq=2**18, axes="{data: 2}")
+    assert check_rules(loaded) == []
+
+
+# ---------------------------------------------------------------------------------------
+# Sizes as large as the schema allows (< 2**31): every rule finishes at once (divisors are
+# enumerated by pairs up to the square root, never by a scan up to the value) and says what
+# is wrong where, listing at most MAX_LISTED valid values.
+
+INT32_MAX = 2**31 - 1
+HIGHLY_COMPOSITE = 735134400  # 1344 divisors
+
+
+def _fired(loaded: LoadedSpec, field: str) -> list[tuple[int, int, str]]:
+    return [(d.line, d.column, d.message) for d in check_rules(loaded) if d.field == field]
+
+
+def _listed_values(message: str, after: str) -> tuple[list[int], int | None]:
+    """The values listed after `after`, and how many there are when the list is cut short."""
+    match = re.search(
+        re.escape(after) + r"(\d+(?:, \d+)*)(?: \(the \d+ nearest \d+ of (\d+)\))?", message
+    )
+    assert match, message
+    total = int(match.group(2)) if match.group(2) else None
+    return [int(v) for v in match.group(1).split(", ")], total
+
+
+def test_prime_expert_count_at_the_schema_limit_splits_into_no_groups() -> None:
+    loaded = loaded_spec(experts=INT32_MAX, router=group_limit(2, 1))
+    assert _fired(loaded, "router.group_limit.groups") == [
+        (10, 13, "2147483647 experts do not split into 2 equal groups; valid: 2147483647")
+    ]
+    [(line, column, message)] = _fired(loaded, "layer.num_experts")
+    assert (line, column) == (3, 16) and message.startswith("2147483647 experts; at most 4096")
+
+
+def test_group_count_at_the_schema_limit_lists_its_keeps() -> None:
+    loaded = loaded_spec(experts=2**30, router=group_limit(2**30, 3))
+    assert _fired(loaded, "router.group_limit.keep") == [
+        (
+            11,
+            11,
+            "top_k = 2 is not a multiple of keep = 3 (a group's score is the sum of its top "
+            "top_k / keep scores); valid keep: 2; or remove group_limit",
+        )
+    ]
+
+
+def test_no_keep_works_lists_the_group_counts_that_do_nearest_the_one_written() -> None:
+    top_k = 720720000  # more than the 367567200 experts of each of 2 groups: keep 1 fails
+    loaded = loaded_spec(experts=HIGHLY_COMPOSITE, top_k=top_k, router=group_limit(2, 1))
+    [(line, column, message)] = _fired(loaded, "router.group_limit.keep")
+    assert (line, column) == (11, 11)
+    assert "no keep works for top_k = 720720000 with 2 groups of 367567200" in message
+    groups, total = _listed_values(message, "groups that work: ")
+    assert len(groups) == 8 and total is not None and total > 8, message
+    assert groups == sorted(groups) and all(HIGHLY_COMPOSITE % g == 0 for g in groups)
+    keeps = divisors(top_k)
+    for count in groups:  # each listed group count has a keep that passes the rule
+        passing = [
+            keep
+            for keep in keeps
+            if keep < count
+            and not found(
+                "group_limit_can_pick_top_k",
+                experts=HIGHLY_COMPOSITE,
+                top_k=top_k,
+                router=group_limit(count, keep),
+            )
+        ]
+        assert passing, count
+
+
+def test_axis_at_the_schema_limit_over_slices() -> None:
+    loaded = loaded_spec(**TWO_V5E_SLICES, axes=f"{{data: {INT32_MAX}}}", dcn_axes="{data: 2}")
+    assert _fired(loaded, "mesh.dcn_axes.data") == [
+        (12, 25, "data = 2147483647 does not split into 2 slices; valid: 1, 2147483647")
+    ]
+    assert _fired(loaded, "mesh.axes")  # and the mesh is far larger than the slices
+
+
+def test_axis_with_many_divisors_lists_those_nearest_the_slices_written() -> None:
+    axes = f"{{data: {HIGHLY_COMPOSITE}}}"
+    loaded = loaded_spec(**TWO_V5E_SLICES, axes=axes, dcn_axes="{data: 19}")
+    [(line, column, message)] = _fired(loaded, "mesh.dcn_axes.data")
+    assert (line, column) == (12, 25)
+    values, total = _listed_values(message, "valid: ")
+    assert values == [14, 15, 16, 17, 18, 20, 21, 22] and total == 1344, message
+
+
+def test_every_example_expert_count_is_within_the_limit() -> None:
+    for path in sorted((REPO_ROOT / "specs").glob("*.yaml")):
+        loaded = load_spec_bytes(path.read_bytes(), path.name, path.stem)
+        assert loaded.spec.layer.num_experts <= MAX_EXPERTS, path.name
+
+
+def test_expert_count_past_the_limit_is_exit_3_located(tmp_path: Path, run_moegen) -> None:
+    spec = tmp_path / "many.yaml"
+    spec.write_text(spec_yaml(experts=INT32_MAX, router=group_limit(2, 1)))
+    result = run_moegen("build", "--no-verify", "--out", tmp_path / "out", spec, cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    output = result.stdout + result.stderr
+    assert "many.yaml:3:16: layer.num_experts: 2147483647 experts; at most 4096" in output
+    assert "many.yaml:10:13: router.group_limit.groups:" in output
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_divisors_and_listed() -> None:
+    assert divisors(1) == [1] and divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36]
+    assert divisors(INT32_MAX) == [1, INT32_MAX]
+    assert len(divisors(HIGHLY_COMPOSITE)) == 1344
+    assert listed([2, 4, 8], 3) == "2, 4, 8"
+    assert (
+        listed(list(range(1, 101)), 50)
+        == "46, 47, 48, 49, 50, 51, 52, 53 (the 8 nearest 50 of 100)"
+    )

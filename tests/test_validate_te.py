@@ -1,0 +1,119 @@
+"""Stage 2, `moegen.validate`: kernel te (Transformer Engine) on NVIDIA GPU targets, and its quantization."""
+
+from __future__ import annotations
+
+import pytest
+from validate_cases import H100_8, TE_OFF_GPU, assert_only_the_rule_fires, found, rule_params
+
+# rule name -> [(spec overrides, expected diagnostics: (line, column, field, message))].
+CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
+    "te_runs_on_nvidia_gpus": [
+        ({"kernel": "te", **H100_8}, []),
+        ({"kernel": "te", "hardware": "gpu-a100", "topology": 4, "axes": "{fsdp: 4}"}, []),
+        ({"hardware": "gpu-h100", "topology": 4, "axes": "{fsdp: 4}"}, []),  # xla on a GPU
+        (
+            {"kernel": "te"},
+            [(20, 11, "target.kernel", TE_OFF_GPU.format(target="cpu", other="xla"))],
+        ),
+        (
+            {"kernel": "te", "hardware": "tpu-v5e", "topology": "2x2", "axes": "{fsdp: 4}"},
+            [(20, 11, "target.kernel", TE_OFF_GPU.format(target="tpu-v5e", other="pallas or xla"))],
+        ),
+    ],
+    "quantization_needs_te": [
+        ({"quantization": "none"}, []),
+        ({"kernel": "te", "quantization": "fp8", **H100_8}, []),
+        (
+            {"quantization": "fp8", "hardware": "gpu-h100", "topology": 4, "axes": "{fsdp: 4}"},
+            [
+                (
+                    21,
+                    17,
+                    "target.quantization",
+                    "quantization fp8 needs kernel: te (an NVIDIA GPU target); kernel xla "
+                    "computes in dtypes.compute: set quantization: none",
+                )
+            ],
+        ),
+    ],
+    "quantization_fits_the_gpu": [
+        ({"kernel": "te", "quantization": "fp8", **H100_8}, []),
+        ({"kernel": "te", "quantization": "mxfp8", **H100_8, "hardware": "gpu-b200"}, []),
+        ({"kernel": "te", "quantization": "none", **H100_8, "hardware": "gpu-a100"}, []),
+        # MXFP8 on Hopper
+        (
+            {"kernel": "te", "quantization": "mxfp8", **H100_8},
+            [
+                (
+                    21,
+                    17,
+                    "target.quantization",
+                    "mxfp8 needs Blackwell (SM 10.0) or newer; gpu-h100 is SM 9.0: use "
+                    "quantization fp8 or none, or target gpu-b200",
+                )
+            ],
+        ),
+        # FP8 before Hopper
+        (
+            {"kernel": "te", "quantization": "fp8", **H100_8, "hardware": "gpu-a100"},
+            [
+                (
+                    21,
+                    17,
+                    "target.quantization",
+                    "fp8 needs Hopper (SM 9.0) or newer; gpu-a100 is SM 8.0: use quantization "
+                    "none, or target gpu-h100 or gpu-h200 or gpu-b200",
+                )
+            ],
+        ),
+    ],
+    "quantized_widths_fit": [
+        ({"kernel": "te", "quantization": "fp8", **H100_8}, []),  # 64 and 128
+        ({"kernel": "te", "quantization": "fp8", "embed": 48, **H100_8}, []),  # 16 x 3
+        (
+            {
+                "kernel": "te",
+                "quantization": "mxfp8",
+                "embed": 48,
+                **H100_8,
+                "hardware": "gpu-b200",
+            },
+            [
+                (
+                    4,
+                    14,
+                    "layer.embed_dim",
+                    "embed_dim = 48 is not a multiple of 32, as mxfp8 GEMMs need; "
+                    "nearest: 32 or 64",
+                )
+            ],
+        ),
+        (
+            {"kernel": "te", "quantization": "fp8", "ffn": 136, "embed": 72, **H100_8},
+            [
+                (
+                    4,
+                    14,
+                    "layer.embed_dim",
+                    "embed_dim = 72 is not a multiple of 16, as fp8 GEMMs need; nearest: 64 or 80",
+                ),
+                (
+                    5,
+                    12,
+                    "layer.ffn_dim",
+                    "ffn_dim = 136 is not a multiple of 16, as fp8 GEMMs need; nearest: 128 or 144",
+                ),
+            ],
+        ),
+    ],
+}
+
+
+@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
+def test_rule(name: str, kwargs: dict, expected: list) -> None:
+    assert found(name, **kwargs) == expected
+
+
+@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
+def test_only_the_rule_under_test_fires_in_check_rules(name: str, kwargs: dict, expected) -> None:
+    assert_only_the_rule_fires(name, kwargs, expected)

@@ -1,0 +1,256 @@
+"""Stage 2, `moegen.validate`: the kernel a target runs, pinned Pallas tiles, and the VMEM advice."""
+
+from __future__ import annotations
+
+import pytest
+from validate_cases import (
+    PALLAS_V5E,
+    PALLAS_V6E,
+    assert_only_the_rule_fires,
+    found,
+    loaded_spec,
+    rule_params,
+)
+
+from moegen.validate import check_rules
+
+# rule name -> [(spec overrides, expected diagnostics: (line, column, field, message))].
+CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
+    "kernel_runs_on_target": [
+        ({}, []),  # cpu, xla
+        ({"hardware": "tpu-v5e", "topology": "2x2"}, []),  # ragged_dot runs on TPU too
+        ({"hardware": "tpu-v5e", "topology": "2x2", "kernel": "pallas"}, []),
+        (
+            {
+                "hardware": "tpu-v5e",
+                "topology": "2x2",
+                "kernel": "pallas",
+                "gate_up": "[512, 1024, 1024]",
+            },
+            [],
+        ),
+        (
+            {"kernel": "pallas"},
+            [
+                (
+                    20,
+                    11,
+                    "target.kernel",
+                    "kernel pallas (megablox) runs on TPU targets only, not cpu; use kernel: xla",
+                )
+            ],
+        ),
+        (
+            {"hardware": "tpu-v5e", "topology": "2x2", "down": "[512, 1024, 1024]"},
+            [(21, 3, "target.tiles", "tiles apply to kernel pallas only")],
+        ),
+        (
+            {"gate_up": "[512, 1024, 1024]"},  # cpu, xla
+            [(21, 3, "target.tiles", "tiles apply to kernel pallas only")],
+        ),
+    ],
+    "pinned_tiles_run": [
+        ({}, []),
+        # v5e tiles may use 0.75 * 16 = 12 MiB. [512, 1024, 1024] needs exactly that (tgmm
+        # step 2*(0.5 + 0.5)Mi*2 + 2*1Mi*2 + 4*1Mi = 12 MiB; gmm 10 MiB). [256, 512, 2048]:
+        # m*k = 128 Ki, k*n = 1 Mi, m*n = 512 Ki; gmm 2*1152Ki*2 + 2*512Ki*2 + 4*512Ki =
+        # 4.5 + 2 + 2 = 8.5 MiB, tgmm 2*640Ki*2 + 2*1Mi*2 + 4*1Mi = 2.5 + 4 + 4 = 10.5 MiB
+        (dict(PALLAS_V5E, gate_up="[512, 1024, 1024]", down="[256, 512, 2048]"), []),
+        (dict(PALLAS_V5E, gate_up="[16, 128, 128]"), []),  # the smallest bfloat16 tile
+        (dict(PALLAS_V5E, gate_up="[8, 128, 128]", compute="float32"), []),  # float32: 8 rows
+        (dict(PALLAS_V5E, gate_up="[8, 128, 127]", kernel="xla"), []),  # kernel_runs_on_target
+        # [512, 1024, 2048] bfloat16: m*k = 0.5 Mi, k*n = 2 Mi, m*n = 1 Mi; gmm 2*2.5*2 +
+        # 2*1*2 + 4*1 = 18 MiB, tgmm 2*1.5*2 + 2*2*2 + 4*2 = 22 MiB: too much for v5e's usable
+        # 12, fine in v6e's 0.75 * 32 = 24
+        (dict(PALLAS_V6E, gate_up="[512, 1024, 2048]"), []),
+        (
+            dict(PALLAS_V5E, gate_up="[8, 128, 128]"),
+            [
+                (
+                    22,
+                    14,
+                    "target.tiles.gate_up",
+                    "row tile 8 must be a multiple of 16 for bfloat16; nearest valid: 16",
+                )
+            ],
+        ),
+        (
+            dict(PALLAS_V5E, down="[500, 1024, 1024]"),
+            [
+                (
+                    23,
+                    11,
+                    "target.tiles.down",
+                    "row tile 500 must be a multiple of 16 for bfloat16; nearest valid: 496 or 512",
+                )
+            ],
+        ),
+        (
+            dict(PALLAS_V5E, gate_up="[12, 128, 128]", compute="float32"),
+            [
+                (
+                    22,
+                    14,
+                    "target.tiles.gate_up",
+                    "row tile 12 must be a multiple of 8 for float32; nearest valid: 8 or 16",
+                )
+            ],
+        ),
+        (
+            dict(PALLAS_V5E, gate_up="[512, 100, 1000]"),
+            [
+                (
+                    22,
+                    14,
+                    "target.tiles.gate_up",
+                    "contraction tile 100 must be a multiple of 128 lanes; nearest valid: 128",
+                ),
+                (
+                    22,
+                    14,
+                    "target.tiles.gate_up",
+                    "output tile 1000 must be a multiple of 128 lanes; nearest valid: 896 or 1024",
+                ),
+            ],
+        ),
+        (
+            dict(PALLAS_V5E, gate_up="[512, 2048, 2048]"),
+            [
+                (
+                    22,
+                    14,
+                    "target.tiles.gate_up",
+                    "tiles [512, 2048, 2048] need 40.0 MiB of VMEM forward or backward, more "
+                    "than the 12 MiB tiles may use; for example [512, 1024, 1024] fits",
+                )
+            ],
+        ),
+        # float32 doubles the blocks (the accumulator is float32 anyway): the default tile
+        # (12 MiB in bfloat16) needs 20: tgmm 2*1Mi*4 + 2*1Mi*4 + 4*1Mi. Halving the
+        # contraction, [512, 512, 1024] needs 12 MiB in both steps (2*0.75Mi*4 + 2*0.5Mi*4 +
+        # 4*0.5Mi = 6 + 4 + 2)
+        (
+            dict(PALLAS_V5E, down="[512, 1024, 1024]", compute="float32"),
+            [
+                (
+                    23,
+                    11,
+                    "target.tiles.down",
+                    "tiles [512, 1024, 1024] need 20.0 MiB of VMEM forward or backward, more "
+                    "than the 12 MiB tiles may use; for example [512, 512, 1024] fits",
+                )
+            ],
+        ),
+        # every problem of both projections, in order
+        (
+            dict(PALLAS_V5E, gate_up="[24, 4096, 2050]", down="[16, 128, 256]"),
+            [
+                (
+                    22,
+                    14,
+                    "target.tiles.gate_up",
+                    "row tile 24 must be a multiple of 16 for bfloat16; nearest valid: 16 or 32",
+                ),
+                (
+                    22,
+                    14,
+                    "target.tiles.gate_up",
+                    "output tile 2050 must be a multiple of 128 lanes; nearest valid: 2048 or 2176",
+                ),
+                (
+                    22,
+                    14,
+                    "target.tiles.gate_up",
+                    # m*k = 98304, k*n = 8396800, m*n = 49200; tgmm 2*(98304 + 49200)*2 +
+                    # 2*8396800*2 + 4*8396800 = 590016 + 33587200 + 33587200 = 67764416 B
+                    # = 64.6 MiB (gmm 34374016 B). Aligned down to [16, 4096, 2048] and
+                    # halved k, k, n: [16, 1024, 1024], tgmm 2*32Ki*2 + 2*1Mi*2 + 4*1Mi
+                    # = 8.125 MiB
+                    "tiles [24, 4096, 2050] need 64.6 MiB of VMEM forward or backward, more "
+                    "than the 12 MiB tiles may use; for example [16, 1024, 1024] fits",
+                ),
+            ],
+        ),
+    ],
+}
+
+
+@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
+def test_rule(name: str, kwargs: dict, expected: list) -> None:
+    assert found(name, **kwargs) == expected
+
+
+@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
+def test_only_the_rule_under_test_fires_in_check_rules(name: str, kwargs: dict, expected) -> None:
+    assert_only_the_rule_fires(name, kwargs, expected)
+
+
+def test_pallas_on_cpu_with_tiles_reports_only_the_kernel() -> None:
+    loaded = loaded_spec(kernel="pallas", gate_up="[512, 1024, 1024]")
+    assert [(d.field, d.message) for d in check_rules(loaded)] == [
+        (
+            "target.kernel",
+            "kernel pallas (megablox) runs on TPU targets only, not cpu; use kernel: xla",
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    ("tile", "gmm_mib", "tgmm_mib"),
+    [
+        # tiles whose forward (gmm) step fits v5e's usable 12 MiB, and whose weight-gradient
+        # (tgmm) step does not. [16, 1024, 2048]: m*k = 16 Ki, k*n = 2 Mi, m*n = 32 Ki;
+        # gmm 2*(16Ki + 2Mi)*2 + 2*32Ki*2 + 4*32Ki = 8.0625 + 0.125 + 0.125 = 8.3125 MiB,
+        # tgmm 2*(16 + 32)Ki*2 + 2*2Mi*2 + 4*2Mi = 0.1875 + 8 + 8 = 16.1875 MiB
+        ("[16, 1024, 2048]", 8.3125, 16.1875),
+        # [128, 1024, 1536]: m*k = 128 Ki, k*n = 1.5 Mi, m*n = 192 Ki; gmm 2*1.625*2 +
+        # 2*0.1875*2 + 4*0.1875 = 6.5 + 0.75 + 0.75 = 8 MiB, tgmm 2*0.3125*2 + 2*1.5*2 +
+        # 4*1.5 = 1.25 + 6 + 6 = 13.25 MiB
+        ("[128, 1024, 1536]", 8, 13.25),
+        # [64, 2048, 1024]: m*k = 128 Ki, k*n = 2 Mi, m*n = 64 Ki; gmm 2*2.125*2 + 2*(1/16)*2
+        # + 4/16 = 8.5 + 0.25 + 0.25 = 9 MiB, tgmm 2*(3/16)*2 + 2*2*2 + 4*2 = 0.75 + 8 + 8
+        # = 16.75 MiB
+        ("[64, 2048, 1024]", 9, 16.75),
+    ],
+)
+def test_pinned_tile_whose_weight_gradient_overflows_vmem_is_refused(
+    tile: str, gmm_mib: float, tgmm_mib: float
+) -> None:
+    from moegen.tiling import Tile, vmem_bytes
+
+    m, k, n = (int(v) for v in tile.strip("[]").split(", "))
+    b = 2  # bfloat16
+    assert 2 * (m * k + k * n) * b + 2 * m * n * b + 4 * m * n == gmm_mib * 2**20 <= 12 * 2**20
+    assert 2 * (k * m + m * n) * b + 2 * k * n * b + 4 * k * n == tgmm_mib * 2**20 > 12 * 2**20
+    assert vmem_bytes(Tile(m, k, n), "bfloat16") == tgmm_mib * 2**20
+    loaded = loaded_spec(**PALLAS_V5E, gate_up=tile)
+    [problem] = [d for d in check_rules(loaded) if d.field == "target.tiles.gate_up"]
+    assert problem.message.startswith(
+        f"tiles {tile} need {tgmm_mib:.1f} MiB of VMEM forward or backward, more than the "
+        "12 MiB tiles may use; for example "
+    )
+
+
+@pytest.mark.parametrize(
+    ("tile", "compute"),
+    [
+        ("[512, 2048, 2048]", "bfloat16"),
+        ("[512, 1024, 1024]", "float32"),
+        ("[24, 4096, 2050]", "bfloat16"),
+        ("[512, 1024, 1152]", "bfloat16"),  # 13.25 MiB: refused only by the headroom
+        ("[16, 1024, 2048]", "bfloat16"),
+        ("[1024, 1024, 1024]", "bfloat16"),
+        ("[8, 4096, 4096]", "float32"),
+    ],
+)
+@pytest.mark.parametrize("target", [PALLAS_V5E, PALLAS_V6E], ids=["v5e", "v6e"])
+def test_vmem_advice_followed_once_fits(tile: str, compute: str, target: dict) -> None:
+    """The tile the VMEM message names passes every tile check when pinned instead."""
+    loaded = loaded_spec(**target, gate_up=tile, compute=compute)
+    messages = [d.message for d in check_rules(loaded) if "VMEM" in d.message]
+    if target is PALLAS_V6E and not messages:
+        return  # fits v6e's usable 24 MiB
+    [message] = messages
+    assert message.endswith(" fits")
+    suggested = message.rsplit("; for example ", 1)[1].removesuffix(" fits")
+    assert check_rules(loaded_spec(**target, gate_up=suggested, compute=compute)) == []
