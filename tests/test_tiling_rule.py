@@ -1,0 +1,191 @@
+"""THE TILE RULE on whole Pallas plans: every row tile the kernel uses, forward and backward, divides the padded row count, which exceeds the routed rows by less than one alignment step."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from tiling_cases import choose
+
+from moegen.hardware import CATALOGUE
+from moegen.load import load_spec_bytes
+from moegen.plan import Plan, make_plan
+from moegen.tiling import DTYPE_BYTES, ROW_MULTIPLE, Tile, tile_problems
+from moegen.validate import check_rules
+
+
+def pallas_spec(
+    *,
+    experts: int,
+    embed: int,
+    ffn: int,
+    top_k: int,
+    batch: int,
+    seq: int,
+    axes: dict[str, int],
+    hardware: str,
+    topology: str,
+    compute: str = "bfloat16",
+    gate_up: tuple[int, int, int] | None = None,
+    down: tuple[int, int, int] | None = None,
+) -> str:
+    mesh = "\n".join(f"    {name}: {size}" for name, size in axes.items())
+    tiles = ""
+    if gate_up or down:
+        tiles = "  tiles:\n"
+        tiles += f"    gate_up: {list(gate_up)}\n" if gate_up else ""
+        tiles += f"    down: {list(down)}\n" if down else ""
+    return f"""\
+version: 1
+layer:
+  num_experts: {experts}
+  embed_dim: {embed}
+  ffn_dim: {ffn}
+router:
+  top_k: {top_k}
+shapes:
+  batch: {batch}
+  seq_len: {seq}
+dtypes:
+  compute: {compute}
+mesh:
+  axes:
+{mesh}
+target:
+  hardware: {hardware}
+  topology: {topology}
+  kernel: pallas
+{tiles}"""
+
+
+# name -> pallas_spec keyword arguments; every one is a valid spec
+TILE_RULE_CASES = {
+    "mixtral-v5e-2x4-fsdp8": dict(
+        experts=8, embed=4096, ffn=14336, top_k=2, batch=8, seq=4096,
+        axes={"fsdp": 8}, hardware="tpu-v5e", topology="2x4",
+    ),
+    "mixtral-v5e-2x4-odd-seq": dict(
+        experts=8, embed=4096, ffn=14336, top_k=2, batch=8, seq=4095,
+        axes={"data": 2, "fsdp": 4}, hardware="tpu-v5e", topology="2x4",
+    ),
+    "qwen3-v6e-4x4-top8": dict(
+        experts=128, embed=2048, ffn=768, top_k=8, batch=16, seq=1000,
+        axes={"data": 4, "fsdp": 4}, hardware="tpu-v6e", topology="4x4",
+    ),
+    "deepseek-v5p-2x2x2-one-token": dict(
+        experts=256, embed=7168, ffn=2048, top_k=8, batch=8, seq=1,
+        axes={"data": 8}, hardware="tpu-v5p", topology="2x2x2",
+    ),
+    "deepseek-tpu7x-2x2x1-float32": dict(
+        experts=256, embed=7168, ffn=2048, top_k=8, batch=8, seq=100,
+        axes={"fsdp": 8}, hardware="tpu7x", topology="2x2x1", compute="float32",
+    ),
+    "tiny-v5e-1x1-top1-20rows": dict(
+        experts=4, embed=64, ffn=128, top_k=1, batch=1, seq=20,
+        axes={"data": 1}, hardware="tpu-v5e", topology="1x1",
+    ),
+    "tiny-v5e-1x1-top1-float32-one-row": dict(
+        experts=4, embed=64, ffn=128, top_k=1, batch=1, seq=1,
+        axes={"data": 1}, hardware="tpu-v5e", topology="1x1", compute="float32",
+    ),
+    "many-rows-v6e-2x2": dict(
+        experts=16, embed=1024, ffn=4096, top_k=2, batch=4, seq=50000,
+        axes={"data": 4}, hardware="tpu-v6e", topology="2x2",
+    ),
+    "pinned-both-different-rows": dict(
+        experts=8, embed=512, ffn=1792, top_k=2, batch=4, seq=333,
+        axes={"data": 4}, hardware="tpu-v5e", topology="2x2",
+        gate_up=(256, 512, 512), down=(384, 256, 512),
+    ),
+    "pinned-both-small-rows": dict(
+        experts=8, embed=512, ffn=1792, top_k=3, batch=4, seq=17,
+        axes={"data": 2, "fsdp": 2}, hardware="tpu-v5p", topology="2x2x1",
+        gate_up=(16, 128, 128), down=(48, 128, 256),
+    ),
+    "pinned-gate-up-only": dict(
+        experts=8, embed=4096, ffn=14336, top_k=2, batch=8, seq=4096,
+        axes={"fsdp": 8}, hardware="tpu-v5e", topology="2x4",
+        gate_up=(128, 256, 256),
+    ),
+    "pinned-down-only-float32": dict(
+        experts=8, embed=4096, ffn=14336, top_k=2, batch=8, seq=999,
+        axes={"data": 8}, hardware="tpu7x", topology="2x2x1", compute="float32",
+        down=(40, 512, 512),
+    ),
+}  # fmt: skip
+
+
+def tile_rule_plan(name: str) -> tuple[dict, Plan]:
+    kwargs = TILE_RULE_CASES[name]
+    loaded = load_spec_bytes(pallas_spec(**kwargs).encode(), f"{name}.yaml", "tile_rule")
+    assert check_rules(loaded) == [], name
+    return kwargs, make_plan(loaded)
+
+
+@pytest.mark.parametrize("name", list(TILE_RULE_CASES))
+def test_the_tile_rule(name: str) -> None:
+    kwargs, plan = tile_rule_plan(name)
+    devices = math.prod(kwargs["axes"].values())
+    assert plan.routed_rows == kwargs["batch"] // devices * kwargs["seq"] * kwargs["top_k"]
+    assert plan.gate_up_tile is not None and plan.down_tile is not None
+    # The custom VJP reuses each projection's tiling for gmm (forward and input gradient)
+    # and tgmm (weight gradient): every row tile used must divide the padded row count.
+    row_tiles = [plan.gate_up_tile[0], plan.down_tile[0]]
+    for row_tile in row_tiles:
+        assert plan.padded_rows % row_tile == 0, (row_tile, plan.padded_rows)
+    assert plan.row_alignment == math.lcm(*row_tiles)
+    assert plan.padded_rows % plan.row_alignment == 0
+    assert plan.padded_rows >= plan.routed_rows
+    assert plan.padded_rows - plan.routed_rows < plan.row_alignment
+    assert plan.pads_rows == (plan.padded_rows > plan.routed_rows)
+    # Pinned tiles are used as pinned; the others are choose_tile's, which always run.
+    hw = kwargs["hardware"]
+    budget = CATALOGUE[hw].vmem_bytes_for_tiles
+    dtype = kwargs.get("compute", "bfloat16")
+    embed, ffn = kwargs["embed"], kwargs["ffn"]
+    rows, groups = plan.experts.ffn_rows, plan.local_experts
+    gate_up_width = 2 * ffn if plan.fuses_gate_up else ffn  # one call computes both
+    expected = {
+        "gate_up": kwargs.get("gate_up")
+        or choose(rows, embed, gate_up_width, dtype, hw, groups).as_tuple(),
+        "down": kwargs.get("down") or choose(rows, ffn, embed, dtype, hw, groups).as_tuple(),
+    }
+    assert (plan.gate_up_tile, plan.down_tile) == (expected["gate_up"], expected["down"])
+    for tile in (plan.gate_up_tile, plan.down_tile):
+        assert tile_problems(Tile(*tile), dtype, budget) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "routed", "padded", "alignment"),
+    [
+        ("mixtral-v5e-2x4-fsdp8", 8192, 8192, 512),
+        ("mixtral-v5e-2x4-odd-seq", 8190, 8192, 512),
+        ("deepseek-v5p-2x2x2-one-token", 8, 16, 16),
+        ("deepseek-tpu7x-2x2x1-float32", 800, 1024, 512),
+        ("tiny-v5e-1x1-top1-20rows", 20, 32, 32),
+        ("tiny-v5e-1x1-top1-float32-one-row", 1, 8, 8),
+        ("many-rows-v6e-2x2", 100000, 100352, 512),
+        ("pinned-both-different-rows", 666, 768, 768),
+        ("pinned-both-small-rows", 51, 96, 48),
+        ("pinned-gate-up-only", 8192, 8192, 512),  # lcm(128, 512)
+        ("pinned-down-only-float32", 1998, 2560, 2560),  # lcm(512 chosen, 40 pinned)
+    ],
+)
+def test_the_tile_rule_known_values(name: str, routed: int, padded: int, alignment: int):
+    _, plan = tile_rule_plan(name)
+    assert (plan.routed_rows, plan.padded_rows, plan.row_alignment) == (routed, padded, alignment)
+    assert plan.pads_rows == (padded != routed)
+
+
+def test_xla_plans_do_not_tile_or_pad() -> None:
+    kwargs = dict(TILE_RULE_CASES["mixtral-v5e-2x4-odd-seq"])
+    text = pallas_spec(**kwargs).replace("kernel: pallas", "kernel: xla")
+    plan = make_plan(load_spec_bytes(text.encode(), "xla.yaml", "xla"))
+    assert (plan.gate_up_tile, plan.down_tile) == (None, None)
+    assert (plan.row_alignment, plan.padded_rows, plan.pads_rows) == (1, plan.routed_rows, False)
+
+
+def test_dtype_tables_agree() -> None:
+    assert set(ROW_MULTIPLE) == set(DTYPE_BYTES) == {"float32", "bfloat16"}
+    # a 32-bit vreg holds 8 float32 sublanes, and bfloat16 packs two rows per sublane
+    assert ROW_MULTIPLE["bfloat16"] == 2 * ROW_MULTIPLE["float32"] == 16

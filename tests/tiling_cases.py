@@ -1,0 +1,25 @@
+"""The VMEM budgets, dtypes and the choose_tile call shared by the tests of `moegen.tiling`."""
+
+from __future__ import annotations
+
+from moegen.hardware import CATALOGUE
+from moegen.tiling import Tile, choose_tile
+
+MIB = 2**20
+DTYPES = ["bfloat16", "float32"]
+BUDGETS = {name: hw.vmem_bytes_for_tiles for name, hw in CATALOGUE.items() if hw.platform == "tpu"}
+
+
+def choose(rows: int, k: int, n: int, dtype: str, hw: str, groups: int = 8, **kw) -> Tile:
+    chip = CATALOGUE[hw]
+    return choose_tile(
+        rows,
+        k,
+        n,
+        dtype,
+        kw.pop("budget", chip.vmem_bytes_for_tiles),
+        groups=groups,
+        peak_flops=chip.peak_bf16_flops_per_chip,
+        hbm_bytes_per_s=chip.hbm_bytes_per_s_per_chip,
+        **kw,
+    )
