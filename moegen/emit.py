@@ -45,7 +45,6 @@ import os
 import platform
 import shutil
 import stat
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -86,8 +85,9 @@ def recover(out_dir: Path) -> None:
 def _write_one(target: Path, blob: bytes) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     interrupts.remove_leftovers(target.parent, _TMP)
-    tmp = _temp_beside(target, blob)
+    tmp = _sibling(target, _TMP)
     try:
+        _write_file(tmp, blob)
         _trace(f"write {target.name}")
         with interrupts.blocked():
             os.replace(tmp, target)
@@ -97,29 +97,19 @@ def _write_one(target: Path, blob: bytes) -> None:
         _unlink(tmp)
 
 
-def _temp_beside(target: Path, blob: bytes) -> Path:
-    """`blob` in a durable temporary file beside `target`."""
-    prefix = f".{target.name[:64]}{_TMP}{interrupts.owner_token()}-"
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=prefix)
-    try:
-        _write_fd(fd, blob)
-    except BaseException:
-        _unlink(name)
-        raise
-    return Path(name)
+def _sibling(path: Path, mark: str) -> Path:
+    """A new name beside `path` that says who made it. Every name is noted before its file
+    is made: an interrupt between the two must not leave a file nobody removes."""
+    return path.with_name(f".{path.name[:64]}{mark}{interrupts.owner_token()}-{next(_serial)}")
 
 
 def _write_file(path: Path, blob: bytes) -> None:
-    _write_fd(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), blob)
-
-
-def _write_fd(fd: int, blob: bytes) -> None:
-    """`blob` into the new file open on `fd`, mode 0644, fsynced, and close it."""
-    with os.fdopen(fd, "wb") as handle:
+    """`blob` in the new file `path`, mode 0644, fsynced."""
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as handle:
         handle.write(blob)
         handle.flush()
-        os.fchmod(fd, 0o644)
-        os.fsync(fd)
+        os.fchmod(handle.fileno(), 0o644)
+        os.fsync(handle.fileno())
 
 
 def _write_tree(out_dir: Path, data: dict[Path, bytes], *, swap: bool) -> None:
@@ -159,13 +149,12 @@ def _may_swap(real: Path) -> bool:
 
 
 def _swap(real: Path, relative: dict[str, bytes]) -> None:
-    parent, existed = real.parent, real.is_dir()
-    stage = parent / f".{real.name[:64]}{_STAGE}{interrupts.owner_token()}-{next(_serial)}"
+    parent, existed, stage = real.parent, real.is_dir(), _sibling(real, _STAGE)
     try:
-        os.mkdir(stage)
-    except OSError as err:
-        raise _NoExchange(str(err)) from err
-    try:
+        try:
+            os.mkdir(stage)
+        except OSError as err:
+            raise _NoExchange(str(err)) from err
         _trace("stage")
         if existed:
             _reproduce(real, stage, set(relative))
@@ -240,19 +229,21 @@ def _renameat2(src: Path, dst: Path, flags: int) -> None:
 
 def _write_journaled(root: Path, data: dict[Path, bytes]) -> None:
     entries: list[list] = []  # [target, temporary, backup or None, the temporary's inode]
-    token = f"{interrupts.owner_token()}-{next(_serial)}"
-    journal = root.parent / f".{root.name[:64]}{_JOURNAL}{token}"
+    journal = _sibling(root, _JOURNAL)
     committed = whole = False  # whole: old or new set in place, temporaries may go
     try:
         for target, blob in data.items():
             if os.path.isdir(target) and not os.path.islink(target):
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
             target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = _temp_beside(target, blob)
-            entries.append([str(target), str(tmp), None, os.lstat(tmp).st_ino])
+            entry = [str(target), str(_sibling(target, _TMP)), None, 0]
+            entries.append(entry)
+            _write_file(Path(entry[1]), blob)
+            entry[3] = os.lstat(entry[1]).st_ino
             _trace(f"write {target.name}")
             if os.path.lexists(target):
-                entries[-1][2] = str(_backup(target))
+                entry[2] = str(_sibling(target, _OLD))
+                _backup(target, Path(entry[2]))
                 _trace(f"backup {target.name}")
         journaled = _write_journal(journal, root, entries)
         _trace("journal")
@@ -278,23 +269,25 @@ def _write_journaled(root: Path, data: dict[Path, bytes]) -> None:
             with interrupts.blocked():
                 _discard(entries)
                 _unlink(journal)
+                _unlink(_partial(journal))
 
 
-def _backup(target: Path) -> Path:
-    token = f"{interrupts.owner_token()}-{next(_serial)}"
-    backup = target.with_name(f".{target.name[:64]}{_OLD}{token}")
+def _backup(target: Path, backup: Path) -> None:
     try:
         os.link(target, backup, follow_symlinks=False)
     except OSError:
         shutil.copy2(target, backup, follow_symlinks=False)
         _fsync(backup)
     _fsync(target.parent)
-    return backup
+
+
+def _partial(journal: Path) -> Path:
+    return journal.with_name(journal.name.replace(_JOURNAL, _TMP))
 
 
 def _write_journal(journal: Path, root: Path, entries: list[list]) -> bool:
     """Make the journal durable; False where it cannot be (then SIGKILL is not covered)."""
-    partial = journal.with_name(journal.name.replace(_JOURNAL, _TMP))
+    partial = _partial(journal)
     try:
         _write_file(partial, json.dumps({"root": str(root), "entries": entries}).encode())
         os.rename(partial, journal)

@@ -81,11 +81,13 @@ def handling_signals() -> Iterator[None]:
 @contextmanager
 def blocked() -> Iterator[None]:
     """Defer SIGINT, SIGTERM and SIGHUP (this thread) until the block is done."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, CAUGHT)
+    old = None
     try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, CAUGHT)
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 # ---------------------------------------------------------------------------------------

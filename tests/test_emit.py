@@ -7,7 +7,6 @@ import os
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,8 @@ from moegen.verify import VerifyError, VerifyReport
 
 
 def temp_files(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.rglob("*") if p.name.endswith(".tmp"))
+    """moegen's temporaries, backups, journals and stages under `directory`."""
+    return sorted(p.name for p in directory.rglob("*") if ".moegen-" in p.name)
 
 
 @pytest.fixture
@@ -80,17 +80,17 @@ def test_write_all_replaces_rather_than_rewrites_in_place(existing):
 
 
 def test_failure_while_staging_leaves_targets_unchanged(existing, monkeypatch):
-    """The second temporary cannot be created: nothing is renamed, no temporary is left."""
-    real_mkstemp = tempfile.mkstemp
+    """The second temporary cannot be written: nothing is renamed, no temporary is left."""
+    real_write = emit._write_file
     calls = []
 
-    def failing_mkstemp(*args, **kwargs):
-        calls.append(kwargs)
+    def failing_write(path, blob):
+        calls.append(path)
         if len(calls) == 2:
             raise OSError(28, "No space left on device")
-        return real_mkstemp(*args, **kwargs)
+        return real_write(path, blob)
 
-    monkeypatch.setattr(tempfile, "mkstemp", failing_mkstemp)
+    monkeypatch.setattr(emit, "_write_file", failing_write)
     with pytest.raises(OSError, match="No space left"):
         write_all({path: "new\n" for path in existing})
     for path, text in existing.items():
