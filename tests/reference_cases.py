@@ -1,0 +1,214 @@
+"""The named cases (shapes, router and expert features) and their seeded parameters, shared by the tests of the dense reference."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from moegen.verify.reference import ReferenceConfig
+
+GATED = ("swiglu", "geglu")
+
+
+@dataclass(frozen=True)
+class Case:
+    shape: tuple[int, int, int, int, int]  # batch, seq_len, embed_dim, ffn_dim, num_experts
+    cfg: ReferenceConfig
+    routing_bias: bool = False
+    ffn_biases: bool = False
+    shared: int = 0  # shared expert width; 0 = none
+    zero_router_columns: tuple[int, ...] = ()  # experts whose logits are exactly 0 (ties)
+    repeat_tokens: bool = False  # every odd token repeats the one before it (ties)
+    drops: bool | None = None  # capacity really drops something (True) or nothing (False)
+
+
+# Few shapes, so that op-by-op dispatch compiles each operation once for many cases.
+S4 = (2, 8, 6, 5, 4)  # 16 tokens, 4 experts
+S8 = (2, 4, 8, 6, 8)  # 8 tokens, 8 experts
+S16 = (2, 4, 8, 4, 16)  # 8 tokens, 16 experts
+
+
+def C(**kw) -> ReferenceConfig:
+    return ReferenceConfig(**kw)
+
+
+CASES = {
+    "mixtral": Case(S8, C(top_k=2, score="softmax", renormalize=True)),
+    "switch_top1": Case(S4, C(top_k=1, score="softmax")),
+    "softmax_top4_plain": Case(S8, C(top_k=4, score="softmax")),
+    "sqrtsoftplus": Case(
+        S8,
+        C(
+            top_k=2,
+            score="sqrtsoftplus",
+            renormalize=True,
+            load_balance_weight=0.3,
+            z_loss_weight=0.05,
+        ),
+    ),
+    "sigmoid_bias": Case(S8, C(top_k=2, score="sigmoid", renormalize=True), routing_bias=True),
+    "sigmoid_scaled_plain": Case(S8, C(top_k=3, score="sigmoid", routed_scaling=1.5)),
+    "deepseek_v2_groups": Case(
+        S16,
+        C(top_k=4, score="softmax", num_groups=4, top_groups=2, routed_scaling=16.0),
+    ),
+    "deepseek_v3": Case(
+        S16,
+        C(
+            top_k=4,
+            score="sigmoid",
+            renormalize=True,
+            routed_scaling=2.5,
+            num_groups=4,
+            top_groups=2,
+            load_balance_weight=0.2,
+            z_loss_weight=0.01,
+        ),
+        routing_bias=True,
+        shared=6,
+    ),
+    "gpt_oss": Case(
+        S8,
+        C(
+            top_k=4,
+            score="softmax",
+            score_after_top_k=True,
+            load_balance_weight=0.1,
+            z_loss_weight=0.02,
+        ),
+        ffn_biases=True,
+    ),
+    "llama4": Case(S8, C(top_k=1, score="sigmoid"), shared=6),
+    "geglu": Case(S4, C(top_k=2, score="softmax", activation="geglu")),
+    "gelu": Case(S4, C(top_k=2, score="softmax", activation="gelu")),
+    "relu_biases_shared": Case(
+        S4,
+        C(top_k=2, score="sigmoid", renormalize=True, activation="relu", load_balance_weight=1.0),
+        ffn_biases=True,
+        shared=6,
+    ),
+    "swiglu_biases": Case(S4, C(top_k=2, score="softmax"), ffn_biases=True),
+    "capacity_position": Case(
+        S4,
+        C(top_k=2, score="softmax", renormalize=True, capacity=3, drop_policy="position"),
+        drops=True,
+    ),
+    "capacity_probability": Case(
+        S4,
+        C(
+            top_k=2,
+            score="softmax",
+            renormalize=True,
+            capacity=3,
+            token_shards=2,
+            load_balance_weight=0.5,
+            z_loss_weight=0.1,
+        ),
+        drops=True,
+    ),
+    "capacity_position_shards": Case(
+        S4,
+        C(top_k=2, score="sigmoid", capacity=2, drop_policy="position", token_shards=4),
+        drops=True,
+    ),
+    "capacity_probability_top1": Case(
+        S4, C(top_k=1, score="softmax", capacity=2, token_shards=2), drops=True
+    ),
+    "capacity_roomy": Case(
+        S4, C(top_k=2, score="softmax", capacity=8, token_shards=2), drops=False
+    ),
+    "capacity_zero_shared": Case(S4, C(top_k=2, score="softmax", capacity=0), shared=6, drops=True),
+    "ties": Case(
+        S4,
+        C(top_k=2, score="sigmoid", capacity=3, token_shards=2),
+        zero_router_columns=(1, 2),
+        repeat_tokens=True,
+        drops=True,
+    ),
+    "group_ties": Case(
+        S8,
+        C(top_k=2, score="sigmoid", num_groups=4, top_groups=2),
+        zero_router_columns=(2, 3, 6, 7),
+    ),
+    "deepseek_v3_capacity": Case(
+        S16,
+        C(
+            top_k=4,
+            score="sigmoid",
+            renormalize=True,
+            routed_scaling=2.5,
+            num_groups=4,
+            top_groups=2,
+            capacity=1,
+            token_shards=2,
+            load_balance_weight=0.2,
+        ),
+        routing_bias=True,
+        shared=6,
+        drops=True,
+    ),
+    "gpt_oss_capacity_position": Case(
+        S8,
+        C(
+            top_k=4,
+            score="softmax",
+            score_after_top_k=True,
+            capacity=1,
+            drop_policy="position",
+            token_shards=4,
+            z_loss_weight=0.02,
+        ),
+        ffn_biases=True,
+        drops=True,
+    ),
+}
+GRADIENT_CASES = [
+    "deepseek_v3",
+    "gpt_oss",
+    "capacity_probability",
+    "relu_biases_shared",
+    "sqrtsoftplus",
+]
+
+
+def make_params(case: Case, seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    batch, seq, embed, ffn, experts = case.shape
+    rng = np.random.default_rng(seed)
+
+    def normal(scale, shape):
+        return rng.normal(0, scale, shape).astype(np.float32)
+
+    router = normal(1.0, (embed, experts))
+    router[:, list(case.zero_router_columns)] = 0.0
+    params = {"router": router}
+    if case.routing_bias:
+        params["routing_bias"] = normal(0.3, (experts,))
+    gated = case.cfg.activation in GATED
+    if gated:
+        params["w_gate"] = normal(embed**-0.5, (experts, embed, ffn))
+    params["w_up"] = normal(embed**-0.5, (experts, embed, ffn))
+    params["w_down"] = normal(ffn**-0.5, (experts, ffn, embed))
+    if case.ffn_biases:
+        if gated:
+            params["b_gate"] = normal(0.2, (experts, ffn))
+        params["b_up"] = normal(0.2, (experts, ffn))
+        params["b_down"] = normal(0.2, (experts, embed))
+    if case.shared:
+        if gated:
+            params["shared_gate"] = normal(embed**-0.5, (embed, case.shared))
+        params["shared_up"] = normal(embed**-0.5, (embed, case.shared))
+        params["shared_down"] = normal(case.shared**-0.5, (case.shared, embed))
+    x = normal(1.0, (batch, seq, embed))
+    if case.repeat_tokens:
+        flat = x.reshape(batch * seq, embed)
+        flat[1::2] = flat[0::2]
+        x = flat.reshape(batch, seq, embed)
+    return params, x
+
+
+def case_data(name: str) -> tuple[Case, dict[str, np.ndarray], np.ndarray]:
+    case = CASES[name]
+    params, x = make_params(case, seed=zlib.crc32(name.encode()))
+    return case, params, x

@@ -1,0 +1,172 @@
+"""The slow per-token loop the dense reference is checked against: float64 numpy, one token and one expert at a time, written from the definition."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from reference_cases import GATED
+
+from moegen.verify.reference import ReferenceAux, ReferenceConfig, dense_moe
+
+
+def slow_score(logits: list[float], score: str) -> list[float]:
+    if score == "softmax":
+        peak = max(logits)
+        exps = [math.exp(v - peak) for v in logits]
+        return [v / sum(exps) for v in exps]
+    if score == "sigmoid":
+        return [1.0 / (1.0 + math.exp(-v)) for v in logits]
+    if score == "sqrtsoftplus":
+        return [math.sqrt(math.log1p(math.exp(v))) for v in logits]
+    raise AssertionError(score)
+
+
+def slow_route(token: np.ndarray, params: dict[str, np.ndarray], cfg: ReferenceConfig):
+    """One token: (logits, scores, chosen expert ids in k-slot order, their final weights)."""
+    router = params["router"].astype(np.float64)
+    embed, experts = router.shape
+    logits = [float(sum(token[d] * router[d, e] for d in range(embed))) for e in range(experts)]
+    scores = slow_score(logits, cfg.score)
+    if cfg.score_after_top_k:
+        selection = list(logits)
+    elif "routing_bias" in params:
+        selection = [s + float(b) for s, b in zip(scores, params["routing_bias"], strict=True)]
+    else:
+        selection = list(scores)
+
+    candidates = list(range(experts))
+    if cfg.num_groups > 1:
+        size = experts // cfg.num_groups
+        per_group = cfg.top_k // cfg.top_groups
+        group_score = [
+            sum(sorted(selection[g * size : (g + 1) * size], reverse=True)[:per_group])
+            for g in range(cfg.num_groups)
+        ]
+        # Highest first; on a tie the lower index wins (as jax.lax.top_k).
+        groups = sorted(range(cfg.num_groups), key=lambda g: (-group_score[g], g))
+        candidates = [e for e in candidates if e // size in groups[: cfg.top_groups]]
+    chosen = sorted(candidates, key=lambda e: (-selection[e], e))[: cfg.top_k]
+
+    if cfg.score_after_top_k:
+        peak = max(logits[e] for e in chosen)
+        exps = [math.exp(logits[e] - peak) for e in chosen]
+        weights = [v / sum(exps) for v in exps]
+    else:
+        weights = [scores[e] for e in chosen]
+    if cfg.renormalize:
+        total = sum(weights)
+        weights = [w / total for w in weights]
+    weights = [w * cfg.routed_scaling for w in weights]
+    return logits, scores, chosen, weights
+
+
+def slow_act(name: str, v: np.ndarray) -> np.ndarray:
+    if name == "swiglu":
+        return v / (1.0 + np.exp(-v))
+    if name in ("geglu", "gelu"):
+        return np.array([0.5 * u * (1.0 + math.erf(u / math.sqrt(2.0))) for u in v])
+    if name == "relu":
+        return np.maximum(v, 0.0)
+    raise AssertionError(name)
+
+
+def slow_expert(token: np.ndarray, p: dict[str, np.ndarray], e: int, act: str) -> np.ndarray:
+    up = token @ p["w_up"][e]
+    if "b_up" in p:
+        up = up + p["b_up"][e]
+    if act in GATED:
+        gate = token @ p["w_gate"][e]
+        if "b_gate" in p:
+            gate = gate + p["b_gate"][e]
+        hidden = slow_act(act, gate) * up
+    else:
+        hidden = slow_act(act, up)
+    out = hidden @ p["w_down"][e]
+    if "b_down" in p:
+        out = out + p["b_down"][e]
+    return out
+
+
+def slow_shared(token: np.ndarray, p: dict[str, np.ndarray], act: str) -> np.ndarray:
+    up = token @ p["shared_up"]
+    hidden = slow_act(act, token @ p["shared_gate"]) * up if act in GATED else slow_act(act, up)
+    return hidden @ p["shared_down"]
+
+
+def slow_moe(params: dict[str, np.ndarray], x: np.ndarray, cfg: ReferenceConfig) -> dict:
+    """y, counts, dropped and both losses from the definition."""
+    p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    batch, seq, embed = x.shape
+    tokens = np.asarray(x, np.float64).reshape(batch * seq, embed)
+    num_tokens, experts = len(tokens), p["router"].shape[1]
+    routes = [slow_route(token, p, cfg) for token in tokens]
+    copies = [  # (token, k-slot, expert, weight)
+        (t, k, e, w)
+        for t, (_, _, chosen, weights) in enumerate(routes)
+        for k, (e, w) in enumerate(zip(chosen, weights, strict=True))
+    ]
+
+    kept = set(copies)
+    if cfg.capacity is not None:
+        shard_size = num_tokens // cfg.token_shards
+        for shard in range(cfg.token_shards):
+            for e in range(experts):
+                mine = [c for c in copies if c[2] == e and c[0] // shard_size == shard]
+                if cfg.drop_policy == "position":
+                    mine.sort(key=lambda c: (c[0], c[1]))
+                else:
+                    mine.sort(key=lambda c: (-c[3], c[0], c[1]))
+                kept -= set(mine[cfg.capacity :])
+
+    y = np.zeros((num_tokens, embed))
+    counts = np.zeros(experts, np.int64)
+    dropped = np.zeros(experts, np.int64)
+    for t, k, e, w in copies:
+        counts[e] += 1
+        if (t, k, e, w) in kept:
+            y[t] += w * slow_expert(tokens[t], p, e, cfg.activation)
+        else:
+            dropped[e] += 1
+    if "shared_up" in p:
+        for t in range(num_tokens):
+            y[t] += slow_shared(tokens[t], p, cfg.activation)
+
+    fraction = counts / (num_tokens * cfg.top_k)
+    mean_prob = np.zeros(experts)
+    z_loss = 0.0
+    for logits, scores, _, _ in routes:
+        probs = slow_score(logits, "softmax") if cfg.score == "softmax" else scores
+        mean_prob += np.array(probs) / sum(probs) / num_tokens
+        peak = max(logits)
+        z_loss += (peak + math.log(sum(math.exp(v - peak) for v in logits))) ** 2 / num_tokens
+    return {
+        "y": y.reshape(batch, seq, embed),
+        "counts": counts,
+        "dropped": dropped,
+        "load_balance": cfg.load_balance_weight * experts * float(fraction @ mean_prob),
+        "z_loss": cfg.z_loss_weight * z_loss,
+    }
+
+
+def relative_error(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def check_against_loop(params, x, cfg, want=None) -> tuple[np.ndarray, ReferenceAux, dict]:
+    want = slow_moe(params, x, cfg) if want is None else want
+    y, aux = dense_moe(params, x, cfg)
+    got = np.asarray(y)
+    assert got.shape == x.shape and got.dtype == np.float32
+    assert relative_error(got, want["y"]) < 1e-5
+    np.testing.assert_allclose(got, want["y"], rtol=1e-4, atol=1e-5)
+    for field in aux:
+        assert field.shape == (() if field.ndim == 0 else (params["router"].shape[1],))
+    assert aux.tokens_per_expert.dtype == np.int32 and aux.dropped_per_expert.dtype == np.int32
+    assert aux.load_balance_loss.dtype == np.float32 and aux.router_z_loss.dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(aux.tokens_per_expert), want["counts"])
+    np.testing.assert_array_equal(np.asarray(aux.dropped_per_expert), want["dropped"])
+    np.testing.assert_allclose(float(aux.load_balance_loss), want["load_balance"], rtol=1e-5)
+    np.testing.assert_allclose(float(aux.router_z_loss), want["z_loss"], rtol=1e-5)
+    return got, aux, want
