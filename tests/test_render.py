@@ -1,9 +1,8 @@
-"""Stage 4, render: golden files, determinism, header, lint, imports, only the chosen path."""
+"""Stage 4, render, on the example modules: golden files, determinism, header, lint and format, what they import and call."""
 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import hashlib
 import os
 import re
@@ -11,62 +10,22 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
-from types import SimpleNamespace
-from typing import get_args
 
-import jinja2
 import pytest
 from conftest import EXAMPLE_NAMES, EXAMPLE_SPECS, GENERATED_DIR, REPO_ROOT
+from render_cases import render_examples, render_yaml
 from ruff.__main__ import find_ruff_bin
 
 import moegen
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
-from moegen.render import RenderError, render, templates_dir
-from moegen.spec import Target
+from moegen.render import render
 
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, str]:
     """Each example spec rendered from the repository root (so paths read specs/NAME.yaml)."""
-    old = Path.cwd()
-    os.chdir(REPO_ROOT)
-    try:
-        return {
-            path.stem: render(make_plan(load_valid(Path("specs") / path.name)))
-            for path in EXAMPLE_SPECS
-        }
-    finally:
-        os.chdir(old)
-
-
-def render_yaml(tmp_path: Path, text: str, name: str = "probe") -> str:
-    """Render a spec given as YAML text, from tmp_path, as specs/NAME.yaml."""
-    (tmp_path / "specs").mkdir(exist_ok=True)
-    spec = tmp_path / "specs" / f"{name}.yaml"
-    spec.write_text(text, encoding="utf-8")
-    old = Path.cwd()
-    os.chdir(tmp_path)
-    try:
-        return render(make_plan(load_valid(Path("specs") / spec.name)))
-    finally:
-        os.chdir(old)
-
-
-def code_only(source: str) -> str:
-    """The module's code without comments and docstrings (ast.unparse drops comments)."""
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            body = node.body
-            first = body[0] if body and isinstance(body[0], ast.Expr) else None
-            if (
-                first
-                and isinstance(first.value, ast.Constant)
-                and isinstance(first.value.value, str)
-            ):
-                node.body = body[1:] or [ast.Pass()]
-    return ast.unparse(tree)
+    return render_examples()
 
 
 def test_example_specs_exist():
@@ -252,209 +211,3 @@ def test_module_uses_no_dynamic_code_or_io(rendered, name):
     assert not attributes & {"system", "popen", "environ", "getenv", "config"}, (
         "generated code must read no flags or environment"
     )
-
-
-# ---------------------------------------------------------------------------------------
-# Only the chosen path is emitted
-
-SPEC_TEMPLATE = """\
-version: 1
-description: probe
-layer:
-  num_experts: 8
-  embed_dim: 64
-  ffn_dim: 96
-router:
-  top_k: {top_k}
-  score: {score}
-  renormalize: {renormalize}
-shapes:
-  batch: 8
-  seq_len: 16
-dtypes:
-  params: float32
-  compute: {compute}
-mesh:
-  axes:
-{axes}
-"""
-
-MESHES = {
-    "data": "    data: 2\n",
-    "fsdp": "    fsdp: 4\n",
-    "data+fsdp": "    data: 2\n    fsdp: 2\n",
-}
-
-
-@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
-@pytest.mark.parametrize("renormalize", [True, False])
-@pytest.mark.parametrize("mesh", sorted(MESHES))
-def test_only_the_chosen_path_is_emitted(tmp_path, score, renormalize, mesh):
-    text = SPEC_TEMPLATE.format(
-        top_k=2,
-        score=score,
-        renormalize=str(renormalize).lower(),
-        compute="float32",
-        axes=MESHES[mesh].rstrip("\n"),
-    )
-    source = render_yaml(tmp_path, text)
-    code = code_only(source)
-    other = {"softmax": "sigmoid", "sigmoid": "softmax"}[score]
-    assert f"jax.nn.{score}(" in code
-    assert other not in code and other not in source.split('"""', 2)[2], other
-    renormalise_line = "combine_weights = combine_weights / jnp.sum(combine_weights"
-    assert (renormalise_line in source) is renormalize
-    fsdp = "fsdp" in mesh
-    assert ("all_gather" in code) is fsdp
-    assert ("FSDP_AXIS" in code) is fsdp
-    if not fsdp:
-        assert "fsdp" not in code
-    if "data" not in mesh:
-        assert "'data'" not in code and '"data"' not in source
-    # Nothing conditional survives as a runtime branch on spec options.
-    for option in ("SCORE", "RENORMALIZE", "USE_FSDP", "KERNEL"):
-        assert option not in code
-
-
-@pytest.mark.parametrize("name", EXAMPLE_NAMES)
-def test_example_modules_hold_only_their_path(rendered, name):
-    plan = make_plan(load_valid(REPO_ROOT / "specs" / f"{name}.yaml"))
-    code = code_only(rendered[name])
-    other = {"softmax": "sigmoid", "sigmoid": "softmax"}[plan.score]
-    assert f"jax.nn.{plan.score}(" in code and other not in code
-    if plan.expert_strategy == "replicated":  # else the expert exchange gathers too
-        assert ("all_gather" in code) is (plan.fsdp_axis is not None)
-    assert ("jnp.sum(combine_weights" in code) is plan.renormalize
-    calls = {"xla": "jax.lax.ragged_dot(", "pallas": "megablox.gmm(", "te": "_te_grouped_matmul("}
-    # (gate,) up, down; gate and up side by side in one call where the plan fuses them
-    assert code.count(calls[plan.kernel]) >= plan.grouped_matmul_sites
-    assert ('weights["w_gate_up"]' in rendered[name]) is plan.fuses_gate_up
-    assert not any(call in code for kernel, call in calls.items() if kernel != plan.kernel)
-
-
-def test_sigmoid_example_has_no_softmax_at_all(rendered):
-    name = next(n for n in EXAMPLE_NAMES if "sigmoid" in n)
-    assert "softmax" not in rendered[name]
-    assert "all_gather" not in rendered[name]  # pure data parallel
-    assert "jnp.sum(combine_weights" not in rendered[name]  # renormalize false
-
-
-def test_constants_match_the_plan(rendered):
-    for name in EXAMPLE_NAMES:
-        plan = make_plan(load_valid(REPO_ROOT / "specs" / f"{name}.yaml"))
-        namespace: dict = {}
-        tree = ast.parse(rendered[name])
-        for node in tree.body:
-            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-                try:
-                    namespace[node.targets[0].id] = ast.literal_eval(node.value)
-                except ValueError:
-                    pass
-        assert namespace["BATCH"] == plan.batch
-        assert namespace["SEQ_LEN"] == plan.seq_len
-        assert namespace["EMBED_DIM"] == plan.embed_dim
-        assert namespace["FFN_DIM"] == plan.ffn_dim
-        assert namespace["NUM_EXPERTS"] == plan.num_experts
-        assert namespace["TOP_K"] == plan.top_k
-        assert namespace["LOCAL_TOKENS"] == plan.local_tokens
-        assert namespace["ROUTED_ROWS"] == plan.routed_rows
-        assert namespace["MESH_AXES"] == tuple(a for a, _ in plan.mesh_axes)
-        assert namespace["MESH_SHAPE"] == tuple(s for _, s in plan.mesh_axes)
-        assert namespace["NUM_DEVICES"] == plan.num_devices
-        assert namespace["BATCH_AXES"] == plan.batch_axes
-        assert namespace["SPEC_DESCRIPTION"] == plan.description
-
-
-# ---------------------------------------------------------------------------------------
-# StrictUndefined and the template directory
-
-
-def _plan_without(plan, field: str) -> SimpleNamespace:
-    values = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.name != field}
-    return SimpleNamespace(**values)
-
-
-@pytest.mark.parametrize(
-    "field", ["top_k", "summary", "description", "fsdp_axis", "renormalize", "score", "kernel"]
-)
-def test_render_with_a_plan_missing_a_field_raises(field):
-    plan = make_plan(load_valid(EXAMPLE_SPECS[0]))
-    # A filter receives the Undefined itself: pyrepr then refuses it (RenderError); either
-    # way rendering stops instead of emitting an empty string.
-    with pytest.raises((jinja2.UndefinedError, RenderError)) as caught:
-        render(_plan_without(plan, field))
-    message = str(caught.value)
-    assert field in message or "Undefined" in message, message
-
-
-def test_render_with_a_param_missing_a_field_raises():
-    plan = make_plan(load_valid(REPO_ROOT / "specs" / "mixtral_small_cpu.yaml"))
-    assert plan.fsdp_axis  # gather_axis is read on the fsdp path only
-    params = tuple(_plan_without(p, "gather_axis") for p in plan.params)
-    broken = SimpleNamespace(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)})
-    broken.params = params
-    with pytest.raises(jinja2.UndefinedError):
-        render(broken)
-
-
-def test_render_with_an_intact_stand_in_plan_works():
-    """The stand-ins above fail only for the missing field, not for being stand-ins."""
-    plan = make_plan(load_valid(EXAMPLE_SPECS[0]))
-    stand_in = SimpleNamespace(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)})
-    assert render(stand_in) == render(plan)
-
-
-def test_templates_are_found_via_templates_dir(repo_root):
-    directory = templates_dir()
-    assert directory.is_dir()
-    assert (directory / "module.py.jinja").is_file()
-    packaged = Path(str(__import__("importlib.resources").resources.files("moegen"))) / "templates"
-    assert directory.resolve() in {packaged.resolve(), (repo_root / "templates").resolve()}
-    from moegen.render import _environment
-
-    env = _environment()
-    assert env.undefined is jinja2.StrictUndefined
-    assert [Path(p).resolve() for p in env.loader.searchpath] == [directory.resolve()]
-
-
-def test_every_schema_kernel_has_a_template():
-    kernels = get_args(Target.model_fields["kernel"].annotation)
-    assert kernels
-    for kernel in kernels:
-        assert (templates_dir() / "kernels" / f"{kernel}.jinja").is_file(), kernel
-
-
-def test_templates_do_no_arithmetic_on_spec_text():
-    """Free text reaches code only through the repr-based filters (SPEC_DESCRIPTION)."""
-    template = (templates_dir() / "module.py.jinja").read_text(encoding="utf-8")
-    uses = re.findall(r"\{\{\s*p\.description[^}]*\}\}", template)
-    assert uses and all("pyrepr" in use or "pystr_block" in use for use in uses), uses
-    assert "autoescape" not in template
-
-
-# ---------------------------------------------------------------------------------------
-# Valid specs that render must accept (bugs: see the reasons)
-
-
-def test_description_at_schema_max_length_renders(tmp_path):
-    text = SPEC_TEMPLATE.format(
-        top_k=2, score="softmax", renormalize="true", compute="float32", axes="    data: 2"
-    ).replace("description: probe", "description: " + ("lorem ipsum " * 42).strip()[:500])
-    source = render_yaml(tmp_path, text)
-    assert "lorem ipsum" in source
-
-
-def test_long_spec_path_renders(tmp_path):
-    text = SPEC_TEMPLATE.format(
-        top_k=2, score="softmax", renormalize="true", compute="float32", axes="    data: 2"
-    )
-    deep = tmp_path / "specs" / "a_rather_long_directory_name" / "and_another_long_one"
-    deep.mkdir(parents=True)
-    (deep / "probe.yaml").write_text(text, encoding="utf-8")
-    old = Path.cwd()
-    os.chdir(tmp_path)
-    try:
-        source = render(make_plan(load_valid(deep.relative_to(tmp_path) / "probe.yaml")))
-    finally:
-        os.chdir(old)
-    assert source.startswith("# Code generated by moegen")
