@@ -141,6 +141,23 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
             ],
         ),
     ],
+    "chunks_within_limit": [
+        ({}, []),
+        ({"ffn": 128, "ffn_chunks": 64}, []),  # boundary: MAX_CHUNKS
+        (
+            {"ffn": 130, "ffn_chunks": 65},
+            [
+                (
+                    27,
+                    15,
+                    "memory.ffn_chunks",
+                    "65 FFN slices; at most 64: each is a step of the generated layer (and of "
+                    "the twin `moegen build` verifies), and pieces this narrow cost more in step "
+                    "overhead than they save",
+                )
+            ],
+        ),
+    ],
 }
 
 
