@@ -13,7 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from test_tpu import fake_cpu_env, last_json
+from tpu_cases import fake_cpu_env, last_json
 
 from moegen.pipeline import generate
 from moegen.verify import verify
