@@ -179,7 +179,8 @@ def guard_worker() -> None:
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     for sig in CAUGHT:
-        signal.signal(sig, lambda signum, frame: None)  # the thread acts; see below
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # `nohup moegen`: so is the worker
+            signal.signal(sig, lambda signum, frame: None)  # the thread below acts
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
 
     def watch() -> None:

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -271,8 +272,9 @@ def _wait_for(condition, timeout: float, what: str):
 
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("moment", ["worker starting", "worker running"])
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
-def test_killed_verification_leaves_no_worker_and_no_scratch(tmp_path, sig):
+def test_killed_verification_leaves_no_worker_and_no_scratch(tmp_path, sig, moment):
     project = make_project(tmp_path / "p", SPECS[:1])
     scratch_root = tmp_path / "tmp"
     scratch_root.mkdir()
@@ -283,17 +285,25 @@ def test_killed_verification_leaves_no_worker_and_no_scratch(tmp_path, sig):
         env=_clean_env() | {"TMPDIR": str(scratch_root)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        text=True,
     )
+    progress: list[str] = []
+    reader = threading.Thread(target=lambda: progress.extend(proc.stderr), daemon=True)
+    reader.start()
     try:
         jobs = _wait_for(lambda: list(scratch_root.glob("moegen-verify-*/job.json")), 60, "job")
         job = str(jobs[0])
         _wait_for(lambda: _processes_mentioning(job), 60, "the worker")
-        time.sleep(1.5)  # into the worker's run (JAX imported or importing)
+        if moment == "worker running":  # it has imported the module: JAX is at work
+            _wait_for(lambda: any("verify: import" in line for line in progress), 60, "import")
+            time.sleep(0.5)
         proc.send_signal(sig)
-        _, stderr = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        reader.join(timeout=60)
     finally:
         proc.kill()
         proc.wait()
+    stderr = "".join(progress)
     expected = -signal.SIGKILL if sig == signal.SIGKILL else 128 + sig
     assert proc.returncode == expected, stderr
     # SIGKILL: the worker learns of it from the kernel (PR_SET_PDEATHSIG) and cleans up.
