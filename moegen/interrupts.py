@@ -2,9 +2,10 @@
 
 - The CLI turns SIGINT, SIGTERM and SIGHUP alike into `Interrupted` (a KeyboardInterrupt),
   so every `finally` runs: the write phase removes its stage, verify stops its worker and
-  removes its scratch directory. Only the first signal raises; later ones are recorded and
-  dropped, so that a second Ctrl-C cannot cut that clean-up short. A signal the parent
-  process left ignored (`nohup` ignores SIGHUP) stays ignored.
+  removes its scratch directory. Only the first signal raises; a second is dropped, so that
+  a second Ctrl-C cannot cut that clean-up short; a third ends moegen (what it leaves, the
+  next run removes). A signal the parent process left ignored (`nohup` ignores SIGHUP)
+  stays ignored.
 - `blocked()` defers those signals across a few system calls that must not be separated.
 - Files and directories moegen leaves while it works carry an owner token, `<pid>-<start>`
   (start: the process's start time in clock ticks, from /proc), so that a later run can tell
@@ -66,6 +67,9 @@ def handling_signals() -> Iterator[None]:
         raised.append(signum)
         if len(raised) == 1:
             raise Interrupted(signum)
+        if len(raised) >= 3:  # clean-up stuck (a lock held elsewhere?): the user insists
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
 
     previous = {sig: signal.getsignal(sig) for sig in CAUGHT}
     try:
@@ -125,7 +129,7 @@ def owner_alive(pid: int, start: int) -> bool:
     except PermissionError:
         pass  # another user's process: alive
     fields = _stat_fields(pid)
-    if fields is None:
+    if fields is None or len(fields) <= 19:
         return True  # no /proc: trust the pid alone
     if fields[0] in ("Z", "X"):
         return False  # a zombie has exited; only its parent has not reaped it yet
