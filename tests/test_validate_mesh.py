@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-from validate_cases import assert_only_the_rule_fires, found, rule_params
+from validate_cases import rule_tests
 
 from moegen.validate import MAX_CPU_DEVICES
 
@@ -252,11 +251,4 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
 }
 
 
-@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
-def test_rule(name: str, kwargs: dict, expected: list) -> None:
-    assert found(name, **kwargs) == expected
-
-
-@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
-def test_only_the_rule_under_test_fires_in_check_rules(name: str, kwargs: dict, expected) -> None:
-    assert_only_the_rule_fires(name, kwargs, expected)
+test_rule, test_only_the_rule_under_test_fires_in_check_rules = rule_tests(CASES)

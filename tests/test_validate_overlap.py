@@ -8,10 +8,8 @@ import pytest
 from validate_cases import (
     PALLAS_V5E,
     RING,
-    assert_only_the_rule_fires,
-    found,
     loaded_spec,
-    rule_params,
+    rule_tests,
 )
 
 from moegen.validate import check_rules
@@ -150,14 +148,7 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
 }
 
 
-@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
-def test_rule(name: str, kwargs: dict, expected: list) -> None:
-    assert found(name, **kwargs) == expected
-
-
-@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
-def test_only_the_rule_under_test_fires_in_check_rules(name: str, kwargs: dict, expected) -> None:
-    assert_only_the_rule_fires(name, kwargs, expected)
+test_rule, test_only_the_rule_under_test_fires_in_check_rules = rule_tests(CASES)
 
 
 @pytest.mark.parametrize(

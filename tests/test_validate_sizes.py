@@ -5,15 +5,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
 from validate_cases import (
     REPO_ROOT,
     TWO_V5E_SLICES,
-    assert_only_the_rule_fires,
     found,
     group_limit,
     loaded_spec,
-    rule_params,
+    rule_tests,
     spec_yaml,
 )
 
@@ -161,14 +159,7 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
 }
 
 
-@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
-def test_rule(name: str, kwargs: dict, expected: list) -> None:
-    assert found(name, **kwargs) == expected
-
-
-@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
-def test_only_the_rule_under_test_fires_in_check_rules(name: str, kwargs: dict, expected) -> None:
-    assert_only_the_rule_fires(name, kwargs, expected)
+test_rule, test_only_the_rule_under_test_fires_in_check_rules = rule_tests(CASES)
 
 
 def _with_shared_expert(width: int, **kwargs) -> LoadedSpec:

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from validate_cases import (
     EXPERT_OVER_DCN,
     MIXTRAL_2SLICES,
     REPO_ROOT,
     TWO_V5E_SLICES,
-    assert_only_the_rule_fires,
-    found,
     loaded_spec,
-    rule_params,
+    rule_tests,
 )
 
 from moegen.load import load_spec_bytes
@@ -199,14 +196,7 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
 }
 
 
-@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
-def test_rule(name: str, kwargs: dict, expected: list) -> None:
-    assert found(name, **kwargs) == expected
-
-
-@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
-def test_only_the_rule_under_test_fires_in_check_rules(name: str, kwargs: dict, expected) -> None:
-    assert_only_the_rule_fires(name, kwargs, expected)
+test_rule, test_only_the_rule_under_test_fires_in_check_rules = rule_tests(CASES)
 
 
 def test_example_multi_slice_spec_without_its_slices_is_refused() -> None:

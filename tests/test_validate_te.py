@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-from validate_cases import H100_8, TE_OFF_GPU, assert_only_the_rule_fires, found, rule_params
+from validate_cases import (
+    H100_8,
+    TE_OFF_GPU,
+    rule_tests,
+)
 
 # rule name -> [(spec overrides, expected diagnostics: (line, column, field, message))].
 CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
@@ -109,11 +112,4 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
 }
 
 
-@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
-def test_rule(name: str, kwargs: dict, expected: list) -> None:
-    assert found(name, **kwargs) == expected
-
-
-@pytest.mark.parametrize(("name", "kwargs", "expected"), rule_params(CASES))
-def test_only_the_rule_under_test_fires_in_check_rules(name: str, kwargs: dict, expected) -> None:
-    assert_only_the_rule_fires(name, kwargs, expected)
+test_rule, test_only_the_rule_under_test_fires_in_check_rules = rule_tests(CASES)

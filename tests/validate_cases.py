@@ -204,3 +204,21 @@ def assert_only_the_rule_fires(name: str, kwargs: dict, expected: list) -> None:
     for d in others:
         fired = next(r.__name__ for r in RULES if d in r(loaded))
         assert (name, fired) in related or (fired, name) in related, (name, d)
+
+
+def rule_tests(cases: dict[str, list[tuple[dict, list]]]) -> tuple[object, object]:
+    """The two tests every subject file runs over its CASES table, assigned at its top level
+    as `test_rule, test_only_the_rule_under_test_fires_in_check_rules = rule_tests(CASES)`."""
+    params = rule_params(cases)
+
+    @pytest.mark.parametrize(("name", "kwargs", "expected"), params)
+    def test_rule(name: str, kwargs: dict, expected: list) -> None:
+        assert found(name, **kwargs) == expected
+
+    @pytest.mark.parametrize(("name", "kwargs", "expected"), params)
+    def test_only_the_rule_under_test_fires_in_check_rules(
+        name: str, kwargs: dict, expected: list
+    ) -> None:
+        assert_only_the_rule_fires(name, kwargs, expected)
+
+    return test_rule, test_only_the_rule_under_test_fires_in_check_rules
