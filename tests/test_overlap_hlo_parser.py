@@ -1,15 +1,11 @@
-"""The scheduled-HLO parser of overlap_hlo_parser.py on synthetic scheduled HLO: names, opcodes, operands, and transfers with or without a grouped matmul under them."""
+"""moegen.verify.hlo and moegen.verify.overlap on synthetic scheduled HLO: names, opcodes, operands, and transfers with or without a grouped matmul under them."""
 
 from __future__ import annotations
 
 import pytest
-from overlap_hlo_parser import (
-    entry_instructions,
-    is_grouped_matmul,
-    overlapped,
-    parse_instruction,
-    permute_windows,
-)
+
+from moegen.verify.hlo import entry_instructions, parse_instruction
+from moegen.verify.overlap import hidden_transfers, is_grouped_matmul, overlapped, permute_windows
 
 _GMM = (
     "{name} = f32[128,128]{{1,0:T(8,128)}} custom-call(%lhs, %rhs{extra}), "
@@ -104,6 +100,7 @@ def test_parser_finds_a_grouped_matmul_under_a_transfer() -> None:
     ]
     assert [w.grouped_matmuls for w in windows] == [("gmm.1",), ("gmm.1",)]
     assert len(overlapped(text)) == 2
+    assert hidden_transfers(text) == (2, 2)  # what the verify worker reports
 
 
 def test_parser_reports_no_overlap_when_every_transfer_finishes_first() -> None:
@@ -121,6 +118,22 @@ def test_parser_reports_no_overlap_when_every_transfer_finishes_first() -> None:
     # The grouped matmul inside %fused_computation is not in ENTRY and does not count.
     assert [w.grouped_matmuls for w in permute_windows(text)] == [()]
     assert overlapped(text) == []
+    assert hidden_transfers(text) == (0, 1)
     assert permute_windows(synthetic(["ROOT %negate = bf16[8,128]{1,0} negate(%param)"])) == []
     with pytest.raises(ValueError, match="no ENTRY"):
         entry_instructions("HloModule m\n")
+
+
+def test_a_done_without_its_start_is_an_error_to_the_tests_and_skipped_by_the_worker() -> None:
+    text = synthetic(
+        [
+            _start("collective-permute-start"),
+            _GMM.format(name="%gmm", extra=""),
+            _done("collective-permute-done", "collective-permute-start"),
+            _done("collective-permute-done.1", "gmm"),
+            "ROOT %negate = bf16[8,128]{1,0} negate(%collective-permute-done.1)",
+        ]
+    )
+    with pytest.raises(ValueError, match="waits on gmm, not a permute start"):
+        permute_windows(text)
+    assert hidden_transfers(text) == (1, 1)

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from moegen.verify.counters import compiled_counters
+from moegen.verify.overlap import hidden_transfers
 from moegen.verify.reference import ReferenceConfig, dense_moe
 
 
@@ -185,28 +186,6 @@ def target_devices(module: ModuleType, tpu: dict[str, Any] | None) -> list[Any]:
         chips_per_host_bounds=tuple(tpu["chips_per_host_bounds"]),
         num_slices=tpu.get("num_slices", 1),
     ).devices
-
-
-def hidden_transfers(hlo: str) -> tuple[int, int]:
-    """(collective-permutes with a grouped-matmul kernel between start and done, all of them)
-    in the scheduled ENTRY computation of a compiled TPU module."""
-    entry = hlo[hlo.find("\nENTRY") :]
-    open_starts: dict[str, bool] = {}
-    hidden = total = 0
-    for line in entry.splitlines():
-        name = line.strip().split(" ", 1)[0].lstrip("%")
-        if "collective-permute-start(" in line:
-            open_starts[name] = False
-        elif "collective-permute-done(" in line:
-            started = line.split("collective-permute-done(", 1)[1].split(")", 1)[0]
-            started = started.split()[-1].lstrip("%")
-            if started in open_starts:
-                total += 1
-                hidden += open_starts.pop(started)
-        elif "tpu_custom_call" in line and "gmm" in line:
-            for start in open_starts:
-                open_starts[start] = True
-    return hidden, total
 
 
 def full_size_programs(
