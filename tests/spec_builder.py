@@ -1,0 +1,138 @@
+"""One spec builder for the tests: a flat dict of choices -> the YAML text of a spec.
+
+Each choice names one field of the schema (`moegen/spec.py`) by a short key (FIELDS below);
+a choice left out is not written, so the schema's default applies. Sections and fields come
+out in the schema's order, one field per line (lists in flow style), so the text, and the
+line and column of every diagnostic about it, depend on the choices alone:
+
+    spec_yaml({"experts": 8, "embed": 64, "ffn": 128, "top_k": 2, "batch": 8, "seq_len": 16,
+               "axes": {"data": 2, "fsdp": 2}})
+
+Nested choices are dicts or tuples: `axes` / `dcn_axes` are {axis: size} in mesh order
+(major to minor), `group_limit` is (groups, keep), `capacity` is (factor, drop), `tiles` is
+"auto" or {"gate_up": [rows, contraction, output], "down": [...]}.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+# choice -> (section, field); the order is the schema's (Spec, then each section's fields)
+FIELDS: dict[str, tuple[str, ...]] = {
+    "version": ("version",),
+    "description": ("description",),
+    "experts": ("layer", "num_experts"),
+    "embed": ("layer", "embed_dim"),
+    "ffn": ("layer", "ffn_dim"),
+    "activation": ("layer", "activation"),
+    "ffn_bias": ("layer", "ffn_bias"),
+    "shared_ffn": ("layer", "shared_ffn_dim"),
+    "top_k": ("router", "top_k"),
+    "score": ("router", "score"),
+    "score_after_top_k": ("router", "score_after_top_k"),
+    "renormalize": ("router", "renormalize"),
+    "routed_scaling": ("router", "routed_scaling"),
+    "group_limit": ("router", "group_limit"),
+    "routing_bias": ("router", "routing_bias"),
+    "load_balance_loss": ("router", "load_balance_loss"),
+    "z_loss": ("router", "z_loss"),
+    "capacity": ("router", "capacity"),
+    "batch": ("shapes", "batch"),
+    "seq_len": ("shapes", "seq_len"),
+    "params_dtype": ("dtypes", "params"),
+    "compute_dtype": ("dtypes", "compute"),
+    "axes": ("mesh", "axes"),
+    "batch_axes": ("mesh", "batch_axes"),
+    "dcn_axes": ("mesh", "dcn_axes"),
+    "expert_over_dcn": ("mesh", "expert_over_dcn"),
+    "strategy": ("parallelism", "experts"),
+    "overlap_chunks": ("parallelism", "overlap_chunks"),
+    "hardware": ("target", "hardware"),
+    "topology": ("target", "topology"),
+    "slices": ("target", "slices"),
+    "kernel": ("target", "kernel"),
+    "quantization": ("target", "quantization"),
+    "tiles": ("target", "tiles"),
+    "ffn_chunks": ("memory", "ffn_chunks"),
+}
+
+# Choices given as tuples, written as the mapping the schema expects.
+_PAIRS = {"group_limit": ("groups", "keep"), "capacity": ("factor", "drop")}
+
+_PLAIN = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*\Z|[0-9]+(x[0-9]+)+\Z")  # names, 2x4, 2x2x1
+_RESERVED = re.compile(r"(?:true|false|null|yes|no|on|off|~)\Z", re.IGNORECASE)
+
+
+def scalar(value: Any) -> str:
+    """One YAML scalar: booleans and numbers as themselves, safe names plain, other text in
+    double quotes (JSON's escapes are YAML's)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        text = repr(value)
+        assert re.fullmatch(r"-?[0-9]+\.[0-9]+(e[-+][0-9]+)?", text), text
+        return text
+    if isinstance(value, str):
+        if _PLAIN.match(value) and not _RESERVED.match(value):
+            return value
+        return json.dumps(value)
+    raise TypeError(f"not a YAML scalar: {value!r}")
+
+
+def _lines(value: Any, indent: int) -> list[str]:
+    """The block lines of a mapping, `indent` spaces in; lists in flow style."""
+    out = []
+    for key, item in value.items():
+        head = " " * indent + f"{key}:"
+        if isinstance(item, Mapping):
+            out += [head, *_lines(item, indent + 2)]
+        elif isinstance(item, list | tuple):
+            out.append(f"{head} [{', '.join(scalar(v) for v in item)}]")
+        else:
+            out.append(f"{head} {scalar(item)}")
+    return out
+
+
+def spec_tree(choices: Mapping[str, Any]) -> dict[str, Any]:
+    """The nested mapping the choices stand for, in the schema's order (version 1 unless a
+    `version` choice says otherwise)."""
+    unknown = set(choices) - set(FIELDS)
+    assert not unknown, f"unknown choices: {sorted(unknown)}"
+    tree: dict[str, Any] = {"version": choices.get("version", 1)}
+    for name, path in FIELDS.items():
+        if name not in choices or name == "version":
+            continue
+        value = choices[name]
+        if name in _PAIRS and isinstance(value, tuple):
+            value = dict(zip(_PAIRS[name], value, strict=True))
+        if len(path) == 1:
+            tree[path[0]] = value
+        else:
+            tree.setdefault(path[0], {})[path[1]] = value
+    return tree
+
+
+def spec_yaml(choices: Mapping[str, Any], *, modeline: bool = False) -> str:
+    """The YAML text of the spec `choices` describe (see the module docstring)."""
+    head = ["# yaml-language-server: $schema=moegen.schema.json"] if modeline else []
+    return "\n".join([*head, *_lines(spec_tree(choices), 0)]) + "\n"
+
+
+def tiny(**choices: Any) -> dict[str, Any]:
+    """The choices of a small valid cpu spec (8 experts, top-2, data 2 x fsdp 2), updated with
+    `choices`."""
+    base: dict[str, Any] = {
+        "experts": 8,
+        "embed": 64,
+        "ffn": 128,
+        "top_k": 2,
+        "batch": 8,
+        "seq_len": 16,
+        "axes": {"data": 2, "fsdp": 2},
+    }
+    return base | choices
