@@ -302,6 +302,7 @@ def test_build_no_verify_to_another_out_dir(tmp_project, invoke_main):
     assert "wrote elsewhere/mods/qwen3_moe_fsdp_cpu.py (not verified)" in result.stderr
 
 
+@pytest.mark.slow
 def test_build_with_verification(tmp_project):
     """The one full CLI build with verification: report on stderr, committed bytes written."""
     name = "sigmoid_top1_data_cpu"

@@ -41,6 +41,7 @@ TINY = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_real_tpu_compile_of_a_tiny_shard_map(tmp_path) -> None:
     if importlib.util.find_spec("libtpu") is None:
         pytest.skip("compiling for TPU needs libtpu")

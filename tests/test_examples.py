@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = REPO_ROOT / "examples" / "train_step.py"
 TIME_LIMIT_S = 180  # a hang must fail, not stall CI; an idle 2-core machine needs about 35 s
@@ -38,6 +40,7 @@ def figures(stdout: str) -> tuple[dict[str, tuple[float, float]], dict[str, dict
     return losses, loads
 
 
+@pytest.mark.slow
 def test_training_lowers_the_loss_and_the_bias_evens_the_loads() -> None:
     result = run_example()  # the default: DeepSeek-V3's twin, routing bias on and off
     output = result.stdout + result.stderr
@@ -57,6 +60,7 @@ def test_training_lowers_the_loss_and_the_bias_evens_the_loads() -> None:
     assert even["min"] > 0, f"an expert still gets no tokens with the bias update\n{output}"
 
 
+@pytest.mark.slow
 def test_a_loss_that_does_not_fall_fails_the_run() -> None:
     # Gradient ascent on a spec without routing bias (one quick run): the loss must rise.
     result = run_example(

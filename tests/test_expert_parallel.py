@@ -58,6 +58,7 @@ VERIFY_CASES = {
 
 
 @pytest.mark.parametrize("name", list(VERIFY_CASES))
+@pytest.mark.slow
 def test_twin_parity_forward_and_gradients(name: str, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     case = VERIFY_CASES[name]
@@ -156,6 +157,7 @@ RECEIVED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_received_rows_stays_within_receive_rows_and_reaches_it(tmp_path: Path) -> None:
     case = Case("ragged_all_to_all", {"data": 2, "expert": 4}, top_k=3, embed=16, ffn=8, seq_len=3)
     plan = make_plan(case.load("a2a_received"))
@@ -212,6 +214,7 @@ PALLAS_FORWARD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_pallas_overlap_twin_forward_matches_the_dense_reference(tmp_path: Path) -> None:
     """Chunked gate/up partial sums through megablox (interpreted): the chunks must add up.
 

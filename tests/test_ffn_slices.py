@@ -96,6 +96,7 @@ def _spec(overrides: dict) -> dict:
 
 
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow
 def test_sliced_ffn_matches_dense_reference(name, tmp_path, monkeypatch):
     spec = _spec(CASES[name])
     path = tmp_path / f"{name}.yaml"
@@ -275,6 +276,7 @@ class QuantizerFactory:
 }
 
 
+@pytest.mark.slow
 def test_te_example_in_ffn_slices_builds_and_its_twin_matches(tmp_path, monkeypatch) -> None:
     spec = yaml.safe_load((REPO_ROOT / "specs/mixtral_8x7b_h100.yaml").read_text())
     spec["memory"] = {"ffn_chunks": 2}
@@ -299,6 +301,7 @@ def test_te_example_in_ffn_slices_builds_and_its_twin_matches(tmp_path, monkeypa
         ("gpu-b200", "mxfp8", {"data": 2, "fsdp": 4}, "replicated"),
     ],
 )
+@pytest.mark.slow
 def test_te_module_in_ffn_slices_matches_the_dense_reference(
     hardware, quantization, axes, strategy, tmp_path, monkeypatch
 ) -> None:

@@ -72,6 +72,7 @@ SMALL_MODULES = ["mixtral_small_cpu", "sigmoid_top1_data_cpu", "qwen3_moe_fsdp_c
 
 
 @pytest.mark.parametrize("name", SMALL_MODULES)
+@pytest.mark.slow
 def test_generated_module_trains_and_rejects_bad_calls(name: str, tmp_path: Path) -> None:
     script = tmp_path / "call.py"
     script.write_text(SCRIPT)

@@ -55,6 +55,7 @@ SCAN_VS_UNROLLED = textwrap.dedent(
 
 
 @pytest.mark.parametrize("trips", [4, 7])
+@pytest.mark.slow
 def test_scan_counts_every_trip_like_the_unrolled_loop(tmp_path, trips: int) -> None:
     if importlib.util.find_spec("libtpu") is None:
         pytest.skip("compiling for TPU needs libtpu")

@@ -43,6 +43,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.slow
 def test_processes_agree_with_the_dense_reference(name, tmp_path):
     processes = CASES[name]
     twin = twin_of(validate(load_spec(REPO_ROOT / "specs" / f"{name}.yaml")))

@@ -13,6 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from tpu_cases import fake_cpu_env, last_json
 
 from moegen.pipeline import generate
@@ -59,6 +60,7 @@ def _generate(tmp_path: Path):
     return generate(spec)
 
 
+@pytest.mark.slow
 def test_data_axis_crosses_the_slices_and_the_rest_stays_inside(tmp_path):
     generated = _generate(tmp_path)
     module = tmp_path / "two_slices.py"
@@ -80,6 +82,7 @@ def test_data_axis_crosses_the_slices_and_the_rest_stays_inside(tmp_path):
     assert mesh["ids"] == sorted(set(mesh["ids"])) and len(mesh["ids"]) == 8
 
 
+@pytest.mark.slow
 def test_layer_compiles_for_two_slices_with_a_memory_verdict(tmp_path):
     generated = _generate(tmp_path)
     assert generated.plan.slices == 2

@@ -142,6 +142,7 @@ def test_plans_compiled_here() -> None:
 
 
 @pytest.mark.parametrize("variant", ["v5e-chunks4", "v6e-chunks4"])
+@pytest.mark.slow
 def test_chunked_ring_compiles_to_ring_steps_and_grouped_matmuls(compiled_hlo, variant) -> None:
     text = compiled_hlo[variant]
     assert "is_scheduled=true" in text.splitlines()[0]
@@ -156,6 +157,7 @@ def test_chunked_ring_compiles_to_ring_steps_and_grouped_matmuls(compiled_hlo, v
     assert len(gmms) == 2 * chunks * SHARDS + SHARDS
 
 
+@pytest.mark.slow
 def test_chunked_ring_overlaps_a_grouped_matmul_with_a_transfer_on_v6e(compiled_hlo) -> None:
     assert overlapped(compiled_hlo["v6e-chunks4"]), "no grouped matmul under any ring transfer"
 
@@ -168,12 +170,14 @@ def test_chunked_ring_overlaps_a_grouped_matmul_with_a_transfer_on_v6e(compiled_
     "first gmm: no transfer is in flight under a grouped matmul, contrary to the module's and "
     "the plan's overlap claim (the same layer on v6e 2x4 does overlap)",
 )
+@pytest.mark.slow
 def test_chunked_ring_overlaps_a_grouped_matmul_with_a_transfer_on_v5e(compiled_hlo) -> None:
     windows = permute_windows(compiled_hlo["v5e-chunks4"])
     assert windows
     assert overlapped(compiled_hlo["v5e-chunks4"]), "no grouped matmul under any ring transfer"
 
 
+@pytest.mark.slow
 def test_unchunked_ring_has_no_transfer_under_a_grouped_matmul(compiled_hlo) -> None:
     text = compiled_hlo["v5e-chunks1"]
     instructions = entry_instructions(text)

@@ -245,6 +245,7 @@ def run(request, tmp_path_factory) -> Run:
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_modules_certify_the_worst_case_receive_buffer(run: Run) -> None:
     c, case = run.constants, run.case
     local = case.experts // case.shards
@@ -253,6 +254,7 @@ def test_modules_certify_the_worst_case_receive_buffer(run: Run) -> None:
     assert c["RECEIVE_ROWS"] == case.shards * case.seq_len * min(case.top_k, local)
 
 
+@pytest.mark.slow
 def test_exchange_plan_offsets_and_sizes(run: Run) -> None:
     for name, counts in zip(run.exchange_names, run.exchange_counts, strict=True):
         got = run.exchange(name)
@@ -265,6 +267,7 @@ def test_exchange_plan_offsets_and_sizes(run: Run) -> None:
         )
 
 
+@pytest.mark.slow
 def test_received_buffer_matches_the_docstring_model(run: Run) -> None:
     receive = run.constants["RECEIVE_ROWS"]
     for name, counts, rows in zip(
@@ -288,6 +291,7 @@ def test_received_buffer_matches_the_docstring_model(run: Run) -> None:
             assert (got["received"][d, n:] == -1.0).all(), (name, d)
 
 
+@pytest.mark.slow
 def test_each_device_receives_the_copies_of_its_experts(run: Run) -> None:
     local = run.case.experts // run.case.shards
     for name, inputs in zip(run.routed_names, run.routed_inputs, strict=True):
@@ -303,6 +307,7 @@ def test_each_device_receives_the_copies_of_its_experts(run: Run) -> None:
             np.testing.assert_array_equal(got["recv_counts"][d].sum(0), model.group_sizes[d])
 
 
+@pytest.mark.slow
 def test_return_trip_restores_every_row_to_its_senders_sorted_position(run: Run) -> None:
     for name, counts, rows in zip(
         run.exchange_names, run.exchange_counts, run.exchange_rows, strict=True
@@ -314,6 +319,7 @@ def test_return_trip_restores_every_row_to_its_senders_sorted_position(run: Run)
             assert (back[d, n:] == -7.0).all(), (name, d)  # nothing written past the copies
 
 
+@pytest.mark.slow
 def test_routed_experts_with_a_fake_ffn_combine_every_copy(run: Run) -> None:
     """_routed_experts end to end: expert e multiplies by e + 1; y = sum_k w * x * (e_k + 1)."""
     local = run.case.experts // run.case.shards
@@ -324,6 +330,7 @@ def test_routed_experts_with_a_fake_ffn_combine_every_copy(run: Run) -> None:
         np.testing.assert_array_equal(got["received"], [len(r) for r in model.received])
 
 
+@pytest.mark.slow
 def test_adversarial_routings_never_exceed_receive_rows_and_the_worst_reaches_it(run: Run) -> None:
     receive = run.constants["RECEIVE_ROWS"]
     received = {name: run.routed(name)["received"].tolist() for name in run.routed_names}
@@ -341,6 +348,7 @@ def test_adversarial_routings_never_exceed_receive_rows_and_the_worst_reaches_it
         assert sends.tolist() == [0, int(sends[1]), 0, 0] and sends[1] == run.case.seq_len
 
 
+@pytest.mark.slow
 def test_silent_and_isolated_devices(run: Run) -> None:
     silent = run.exchange("silent sender")
     assert (silent["send_sizes"][1] == 0).all()
@@ -353,6 +361,7 @@ def test_silent_and_isolated_devices(run: Run) -> None:
     assert (nothing["received"] == -1.0).all() and (nothing["back"] == -7.0).all()
 
 
+@pytest.mark.slow
 def test_emulated_ragged_all_to_all_on_arbitrary_arguments(run: Run) -> None:
     """Gaps, blocks in any order, empty blocks with any offset: the docstring's semantics."""
     for i, g in enumerate(run.generic_inputs):

@@ -194,6 +194,7 @@ def _spec(overrides: dict) -> dict:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.slow
 def test_feature_matches_dense_reference(name, tmp_path, monkeypatch):
     overrides, expected_code = CASES[name]
     spec = _spec(overrides)

@@ -53,6 +53,7 @@ print("MOEGEN-COMPILE " + json.dumps(result))
 """
 
 
+@pytest.mark.slow
 def test_v5e_tiles_compile_forward_and_backward() -> None:
     """Mixtral-like gate/up projection (8192 rows, 4096 -> 14336, 8 experts) on v5e.
 
@@ -77,6 +78,7 @@ def test_v5e_tiles_compile_forward_and_backward() -> None:
     assert _compile_verdicts("v5e:1x1", (m, k, n, groups), [chosen, edge]) == ["ok", "ok"]
 
 
+@pytest.mark.slow
 def test_v6e_wide_ring_tile_compiles_forward_and_backward() -> None:
     """The qwen3 ring's gate and up side by side on v6e (32768 rows, 2048 -> 1536, 16 experts):
     the chosen (512, 1024, 2048), a 2048-lane output tile over a 1536-wide output (masked) and

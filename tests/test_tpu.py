@@ -83,6 +83,7 @@ def test_twin_pads_ragged_rows_and_runs_megablox_interpreted(small_pallas):
     assert "interpret" not in generated.source
 
 
+@pytest.mark.slow
 def test_small_pallas_layer_verifies(small_pallas):
     """One full verification per variant: twin parity with gradients, compiles, verdict."""
     variant, generated = small_pallas
@@ -190,6 +191,7 @@ PADDING_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_padding_rows_never_reach_outputs_or_gradients(tmp_path):
     """The rows that pad the routed buffer to whole row tiles are filled with NaN: forward,
     aux and every gradient stay finite and equal to the dense reference."""

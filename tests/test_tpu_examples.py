@@ -49,6 +49,7 @@ def test_tpu_example_is_fresh_without_compiling(name, invoke_main, monkeypatch):
     assert result.stdout == ""
 
 
+@pytest.mark.slow
 def test_mixtral_v5e_builds_through_the_cli_and_matches_the_committed_module(tmp_project):
     """The one full CLI build for a TPU target: twins, compiles, verdict, committed bytes."""
     name = "mixtral_8x7b_v5e"

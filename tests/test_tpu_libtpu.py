@@ -8,6 +8,7 @@ import sys
 import textwrap
 import tomllib
 
+import pytest
 from conftest import REPO_ROOT, assert_no_traceback
 from tpu_cases import fake_cpu_env, last_json, pallas_yaml, write_spec
 
@@ -120,6 +121,7 @@ TOPOLOGY_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_every_catalogue_slice_has_the_devices_the_rules_assume():
     """libtpu's compile-only devices for every (generation, topology) a spec may name."""
     result = subprocess.run(
@@ -175,6 +177,7 @@ def _hold_libtpu(env: dict[str, str]) -> subprocess.Popen[str] | None:
     return None
 
 
+@pytest.mark.slow
 def test_concurrent_tpu_verifications_do_not_collide(tmp_path, monkeypatch):
     """Another process holding libtpu (another `moegen build`, a parallel test run) must not
     make a compile-only verification fail: libtpu takes the exclusive /tmp/libtpu_lockfile

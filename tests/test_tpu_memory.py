@@ -15,6 +15,7 @@ from moegen.plan import make_plan
 from moegen.verify import VerifyError, VerifyReport, memory_verdict, peak_bytes
 
 
+@pytest.mark.slow
 def test_spec_too_large_for_its_slice_is_refused_with_the_compilers_verdict(tmp_path):
     """64 experts of 4096 x 8192 on a v5e 2x2 with the FFN whole: the forward fits,
     forward+backward does not. (Left to the plan, the FFN runs in slices and it fits.)"""

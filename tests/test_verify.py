@@ -38,6 +38,7 @@ TPU_COMPILED_IN_CI = {"mixtral_8x7b_v5e"}
 
 
 @pytest.mark.parametrize("name", EXAMPLE_NAMES)
+@pytest.mark.slow
 def test_example_spec_verifies(name, in_repo):
     generated = generate(Path("specs") / f"{name}.yaml")
     assert generated.source.encode() == (REPO_ROOT / "generated" / f"{name}.py").read_bytes()
@@ -106,6 +107,7 @@ def test_example_spec_verifies(name, in_repo):
     )
 
 
+@pytest.mark.slow
 def test_mutated_module_fails_verification(in_repo, monkeypatch):
     """silu(up) * gate instead of silu(gate) * up: imports, compiles, but is wrong."""
     original, mutant = "jax.nn.silu(gate) * up", "jax.nn.silu(up) * gate"
