@@ -9,7 +9,7 @@ STAMP := $(VENV)/.moegen-installed
 EXAMPLE ?= specs/mixtral_small_cpu.yaml
 
 TE_STAMP := $(VENV)/.moegen-te-installed
-TE_TESTS := tests/test_te_lowering.py tests/test_gpu_targets.py
+TE_TESTS := tests/test_te_lowering.py tests/test_gpu_targets.py tests/test_te_slices.py
 
 .PHONY: setup example test check te test-te
 

@@ -259,9 +259,7 @@ def _te_quantizer_set(num_groups: int) -> te_quantize.QuantizerSet:
     )
 
 
-def _te_grouped_matmul(
-    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, out_dtype: jnp.dtype | None = None
-) -> jax.Array:
+def _te_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
     """lhs [m, k] rows of group g times rhs[g] [k, n]: jax.lax.ragged_dot, through TE.
 
     Rows past sum(group_sizes) give zeros; gradients are TE's own. TE wants the groups to
@@ -280,13 +278,7 @@ def _te_grouped_matmul(
     slot = jnp.where(row < ends[-1], slot, padded)
     buffer = jnp.zeros((padded, lhs.shape[1]), lhs.dtype).at[slot].set(lhs, mode="drop")
     aligned = aligned.at[-1].add(padded - aligned.sum())  # the last group takes the tail
-    out = te_dense.grouped_dense(
-        buffer,
-        rhs,
-        aligned,
-        preferred_element_type=out_dtype,
-        quantizer_set=_te_quantizer_set(groups),
-    )
+    out = te_dense.grouped_dense(buffer, rhs, aligned, quantizer_set=_te_quantizer_set(groups))
     return jnp.take(out, slot, axis=0, mode="fill", fill_value=0)
 
 

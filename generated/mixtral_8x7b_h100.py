@@ -241,9 +241,7 @@ def _te_quantizer_set(num_groups: int) -> te_quantize.QuantizerSet:
     return te_quantize.noop_quantizer_set
 
 
-def _te_grouped_matmul(
-    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, out_dtype: jnp.dtype | None = None
-) -> jax.Array:
+def _te_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
     """lhs [m, k] rows of group g times rhs[g] [k, n]: jax.lax.ragged_dot, through TE.
 
     Rows past sum(group_sizes) give zeros; gradients are TE's own. TE wants the groups to
@@ -256,9 +254,7 @@ def _te_grouped_matmul(
     row = jnp.arange(rows, dtype=jnp.int32)
     lhs = jnp.where((row < ends[-1])[:, None], lhs, jnp.zeros((), lhs.dtype))
     sizes = sizes.at[-1].add(rows - ends[-1])  # the last group takes the zeroed rows
-    return te_dense.grouped_dense(
-        lhs, rhs, sizes, preferred_element_type=out_dtype, quantizer_set=_te_quantizer_set(groups)
-    )
+    return te_dense.grouped_dense(lhs, rhs, sizes, quantizer_set=_te_quantizer_set(groups))
 
 
 def _expert_ffn(rows: jax.Array, weights: Params, group_sizes: jax.Array) -> jax.Array:
