@@ -16,18 +16,18 @@ import difflib
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 from moegen.diagnostics import SpecError
 from moegen.hardware import hardware
-from moegen.load import LoadedSpec
-from moegen.load.source import FieldPath
+from moegen.load import FieldPath, LoadedSpec
 from moegen.plan import Plan, make_plan
 from moegen.render import render
 from moegen.spec import Tiles
-from moegen.validate import check_rules
-from moegen.verify import VerifyError, peak_bytes, verify
+from moegen.variants import derive
+from moegen.verify import VerifyError, verify
+from moegen.verify.messages import Compiled
 
 OVERLAP_CANDIDATES = (1, 2, 4, 8)
 # (rows, contraction, output) variants tried beside the plan's own choice
@@ -37,6 +37,7 @@ TILE_CANDIDATES = ((256, 512, 512), (512, 512, 1024), (512, 1024, 1024), (1024, 
 @dataclass
 class Candidate:
     choices: dict[FieldPath, Any]
+    loaded: LoadedSpec | None = None  # the spec with these choices, when it is valid
     plan: Plan | None = None
     problem: str = ""  # why it was not scored ('' when it was)
     flops: float = 0.0
@@ -44,7 +45,6 @@ class Candidate:
     peak_bytes: int = 0
     score: float = float("inf")  # seconds on TPU targets, bytes on cpu
     seconds: float = 0.0  # compile time
-    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -81,13 +81,12 @@ def candidates(loaded: LoadedSpec) -> list[Candidate]:
         if chunks != 1 and strategy != "ring_of_experts":
             continue  # chunks only overlap the ring's transfers
         candidate = Candidate(choices)
-        concrete = _with_choices(loaded, choices)
-        problems = check_rules(concrete)
-        if problems:
-            candidate.problem = problems[0].message
+        try:
+            candidate.loaded = derive(loaded, choices)
+        except SpecError as err:
+            candidate.problem = err.diagnostics[0].message
         else:
-            candidate.plan = make_plan(concrete)
-            candidate.details["loaded"] = concrete
+            candidate.plan = make_plan(candidate.loaded)
         out.append(candidate)
     return out
 
@@ -122,21 +121,21 @@ def tune(
 
 
 def _score(candidate: Candidate, hbm: int) -> None:
-    plan = candidate.plan
-    assert plan is not None
-    concrete = candidate.details.pop("loaded")
+    plan, concrete = candidate.plan, candidate.loaded
+    assert plan is not None and concrete is not None
     start = time.perf_counter()
     try:
-        report = verify(concrete, render(plan), run_twins=False, compile_forward=False)
+        report = verify(concrete, render(plan), plan=plan, run_twins=False, compile_forward=False)
     except VerifyError as err:
         candidate.problem = f"does not compile or fit: {str(err).splitlines()[0]}"
         return
     finally:
         candidate.seconds = time.perf_counter() - start
     train = report.step("compile forward+backward")
-    candidate.flops = train.get("flops", 0.0)
-    candidate.bytes_accessed = train.get("bytes_accessed", 0.0)
-    candidate.peak_bytes = peak_bytes(train["memory"])
+    assert isinstance(train, Compiled)  # a refusal raised VerifyError above
+    candidate.flops = train.flops
+    candidate.bytes_accessed = train.bytes_accessed
+    candidate.peak_bytes = train.memory.peak
     if hbm and candidate.peak_bytes > hbm:
         candidate.problem = f"peak {candidate.peak_bytes / 2**30:.2f} GiB exceeds HBM"
         return
@@ -148,18 +147,6 @@ def _score(candidate: Candidate, hbm: int) -> None:
         candidate.score = max(compute, memory) + train_roof.exposed_comm_s
     else:
         candidate.score = candidate.bytes_accessed + train_roof.ici_bytes + train_roof.dcn_bytes
-
-
-def _with_choices(loaded: LoadedSpec, choices: dict[FieldPath, Any]) -> LoadedSpec:
-    spec = loaded.spec
-    sections: dict[str, dict[str, Any]] = {}
-    for (section, name), value in choices.items():
-        sections.setdefault(section, {})[name] = value
-    updates = {
-        section: getattr(spec, section).model_copy(update=fields)
-        for section, fields in sections.items()
-    }
-    return replace(loaded, spec=spec.model_copy(update=updates))
 
 
 def yaml_value(value: Any) -> str:
@@ -185,7 +172,7 @@ def write_back(loaded: LoadedSpec, choices: dict[FieldPath, Any]) -> str:
     for path, value in choices.items():
         line, col = loaded.locations.of_value(path)
         if value is None and path == ("target", "tiles"):
-            plan = make_plan(_with_choices(loaded, choices))
+            plan = make_plan(derive(loaded, choices))
             value = Tiles(gate_up=list(plan.gate_up_tile or ()), down=list(plan.down_tile or ()))
         edits.append((line, col, yaml_value(value)))
     for line, col, new in sorted(edits, reverse=True):

@@ -1,23 +1,27 @@
 """The shrunken twin: the same spec with small dimensions, cheap enough to run on CPU.
 
 Everything that decides the code path is kept (mesh axes and sizes, experts, top-k,
-router options, strategy, kernel); only the sizes that merely scale the work shrink,
-and the twin is validated by the same rules as the spec itself. One exception: a `te` spec's
-twin uses kernel `xla` (Transformer Engine runs on NVIDIA GPUs only), so everything but the
-TE call itself is checked on CPU.
+router options, strategy, kernel, FFN slices and gate/up side by side as the full plan runs
+them); only the sizes that merely scale the work shrink, and the twin is validated by the same
+rules as the spec itself (moegen.variants). One exception: a `te` spec's twin uses kernel
+`xla` (Transformer Engine runs on NVIDIA GPUs only), so everything but the TE call itself is
+checked on CPU.
+
+The twins are derived from the full-size plan, once: `twins_of` gives the specs to run and
+`plan_twin` plans each one (kernels interpreted on CPU), the only time a twin is planned.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from typing import Any, NamedTuple
 
-from moegen.load import LoadedSpec
-from moegen.plan import make_plan
+from moegen.load import FieldPath, LoadedSpec
+from moegen.plan import Plan, make_plan
 from moegen.sizes import axes_product
 from moegen.spec import Tiles
 from moegen.tiling import LANES
-from moegen.validate import validate
+from moegen.variants import derive
 
 TWIN_SEQUENCES_PER_SHARD = 2
 TWIN_SEQ_LEN = 5  # 10 tokens per device: routed rows 10*top_k, ragged against 32-row tiles
@@ -27,10 +31,47 @@ TWIN_SHARED_FFN = 20  # differs from both, for the same reason
 # Pallas twins run megablox interpreted with small tiles: rows padded past a ragged last tile,
 # contraction and output dimensions smaller than one tile (both masked by the kernel).
 TWIN_TILE = [32, 128, 128]
+# float32 twin: the issue's bar. Low-precision twins compare bf16 compute to a float32
+# reference, so they only catch gross errors (a wrong path, not rounding).
+TOLERANCES = {"float32": 1e-5, "bfloat16": 5e-2}
 
 
-def twin_of(loaded: LoadedSpec, *, dtype: str | None = "float32") -> LoadedSpec:
-    """The twin of a validated spec; `dtype` overrides both dtypes (None keeps the spec's)."""
+class TwinSpec(NamedTuple):
+    label: str  # names the step: "twin parity (LABEL)"
+    loaded: LoadedSpec
+    tolerance: float  # relative error allowed against the float32 dense reference
+
+
+def twins_of(loaded: LoadedSpec, plan: Plan) -> list[TwinSpec]:
+    """The twins verification runs: float32, and the spec's own dtypes when they differ."""
+    twins = [TwinSpec("float32", twin_of(loaded, plan, dtype="float32"), TOLERANCES["float32"])]
+    dtypes = loaded.spec.dtypes
+    if (dtypes.params, dtypes.compute) != ("float32", "float32"):
+        label = f"{dtypes.compute} compute, {dtypes.params} params"
+        worst = max(TOLERANCES[dtypes.params], TOLERANCES[dtypes.compute])
+        twins.append(TwinSpec(label, twin_of(loaded, plan, dtype=None), worst))
+    return twins
+
+
+def plan_twin(twin: LoadedSpec, full: Plan) -> Plan:
+    """The plan a twin runs (Pallas kernels interpreted), checked to keep the full layer's
+    gate/up layout: a twin that took another path would prove nothing about this one."""
+    plan = make_plan(twin, interpret=True)
+    if plan.fuses_gate_up != full.fuses_gate_up:
+        raise AssertionError("the twin must run gate and up as the full-size layer does")
+    return plan
+
+
+def twin_of(
+    loaded: LoadedSpec, plan: Plan | None = None, *, dtype: str | None = "float32"
+) -> LoadedSpec:
+    """The twin of a validated spec whose full-size plan is `plan` (planned here when not
+    given); `dtype` overrides both dtypes (None keeps the spec's)."""
+    return derive(loaded, twin_overrides(loaded, plan or make_plan(loaded), dtype))
+
+
+def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[FieldPath, Any]:
+    """The fields a twin changes, and their values."""
     spec = loaded.spec
     fsdp = spec.mesh.axes.get("fsdp", 1)
     chunks = spec.parallelism.overlap_chunks
@@ -41,7 +82,6 @@ def twin_of(loaded: LoadedSpec, *, dtype: str | None = "float32") -> LoadedSpec:
     shards = axes_product(spec.mesh.axes, spec.batch_axes)
     # FFN slices as the full plan runs them (pinned or chosen), whole lanes for pallas; gate
     # and up side by side as the full plan runs them (whole lanes per slice when it does)
-    full = make_plan(loaded)
     ffn_chunks = full.ffn_chunks
     ffn_unit = ffn_chunks * (LANES if spec.target.kernel == "pallas" and ffn_chunks > 1 else 1)
     if full.fuses_gate_up:
@@ -49,29 +89,22 @@ def twin_of(loaded: LoadedSpec, *, dtype: str | None = "float32") -> LoadedSpec:
     ffn = ffn_unit * -(-TWIN_FFN // ffn_unit)
     if ffn == embed:  # a transposed weight must not go unnoticed
         ffn += ffn_unit
-    updates = {
-        "layer": spec.layer.model_copy(
-            update={
-                "embed_dim": embed,
-                "ffn_dim": ffn,
-                "shared_ffn_dim": TWIN_SHARED_FFN if spec.layer.shared_ffn_dim else None,
-            }
-        ),
-        "shapes": spec.shapes.model_copy(
-            update={"batch": shards * TWIN_SEQUENCES_PER_SHARD, "seq_len": TWIN_SEQ_LEN}
-        ),
+    overrides: dict[FieldPath, Any] = {
+        ("layer", "embed_dim"): embed,
+        ("layer", "ffn_dim"): ffn,
+        ("layer", "shared_ffn_dim"): TWIN_SHARED_FFN if spec.layer.shared_ffn_dim else None,
+        ("shapes", "batch"): shards * TWIN_SEQUENCES_PER_SHARD,
+        ("shapes", "seq_len"): TWIN_SEQ_LEN,
+        ("memory", "ffn_chunks"): ffn_chunks,
     }
-    updates["memory"] = spec.memory.model_copy(update={"ffn_chunks": ffn_chunks})
     if spec.target.kernel == "te":
         # TE's GEMMs run on a GPU only: the twin runs the same module with the portable
         # grouped matmul in their place (same call signature), in the compute dtype.
-        updates["target"] = spec.target.model_copy(update={"kernel": "xla", "quantization": "none"})
+        overrides[("target", "kernel")] = "xla"
+        overrides[("target", "quantization")] = "none"
     if spec.target.kernel == "pallas":
-        tiles = Tiles(gate_up=TWIN_TILE, down=TWIN_TILE)
-        updates["target"] = spec.target.model_copy(update={"tiles": tiles})
+        overrides[("target", "tiles")] = Tiles(gate_up=TWIN_TILE, down=TWIN_TILE)
     if dtype is not None:
-        updates["dtypes"] = spec.dtypes.model_copy(update={"params": dtype, "compute": dtype})
-    twin = validate(replace(loaded, spec=spec.model_copy(update=updates)))
-    if make_plan(twin).fuses_gate_up != full.fuses_gate_up:
-        raise AssertionError("the twin must run gate and up as the full-size layer does")
-    return twin
+        overrides[("dtypes", "params")] = dtype
+        overrides[("dtypes", "compute")] = dtype
+    return overrides
