@@ -12,12 +12,15 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from moegen import __version__
 from moegen.diagnostics import FORMATS, SpecError, format_diagnostics
+
+if TYPE_CHECKING:  # imported where used: `moegen validate` must not pay for verify
+    from moegen.verify.messages import Step
 
 EXIT_OK, EXIT_STALE, EXIT_USAGE, EXIT_INVALID, EXIT_FAILED = 0, 1, 2, 3, 4
 SCHEMA_PATH = Path("specs/moegen.schema.json")
@@ -66,7 +69,7 @@ def build(specs: tuple[Path, ...], out_dir: Path, no_verify: bool) -> None:
 
     current: list[str] = []
 
-    def progress(spec: str, step: str, seconds: float, details: dict[str, Any]) -> None:
+    def progress(spec: str, step: str, seconds: float, details: Step | None) -> None:
         if current[-1:] != [spec]:
             current.append(spec)
             _err(spec)
@@ -86,46 +89,47 @@ def build(specs: tuple[Path, ...], out_dir: Path, no_verify: bool) -> None:
         _err(f"  wrote {target}" + ("" if not no_verify else " (not verified)"))
 
 
-def _describe(details: dict[str, Any]) -> str:
+def _describe(step: Step | None) -> str:
     """One line for a verification step's figures."""
-    if "cases" in details:
+    from moegen.verify.messages import Compiled, Lowered, MemoryVerdict, TwinParity
+
+    if isinstance(step, TwinParity):
         return "; ".join(
-            f"{c['case']}: max rel err {c['max_relative_error']:.1e}"
+            f"{c.case}: max rel err {c.max_relative_error:.1e}"
             + (
-                f", {len(c['starved_experts'])} experts got 0 tokens"
-                if "starved_experts" in c
+                f", {len(c.starved_experts)} experts got 0 tokens"
+                if c.starved_experts is not None
                 else ""
             )
-            + (f", {c['dropped']} copies dropped" if c.get("dropped") else "")
-            for c in details["cases"]
+            + (f", {c.dropped} copies dropped" if c.dropped else "")
+            for c in step.cases
         )
-    if "verdict" in details:
-        return details["verdict"]
-    if "te_calls" in details:
-        calls = ", ".join(f"{name} x{n}" for name, n in details["te_calls"].items())
-        return f"SM {details['sm'] / 10:.1f}: {calls}"
-    if "memory" in details:
-        mem = details["memory"]
-        mib = {k: v / 2**20 for k, v in mem.items()}
+    if isinstance(step, MemoryVerdict):
+        return step.verdict
+    if isinstance(step, Lowered):
+        calls = ", ".join(f"{name} x{n}" for name, n in step.te_calls.items())
+        return f"SM {step.sm / 10:.1f}: {calls}"
+    if isinstance(step, Compiled):
+        mib = {k: v / 2**20 for k, v in step.memory.to_json().items()}
         text = (
             f"per device: args {mib['argument']:.1f} MiB, out {mib['output']:.1f} MiB, "
             f"temp {mib['temp']:.1f} MiB"
         )
-        if "transfers" in details:
+        if step.transfers is not None:
             text += (
-                f"; {details['hidden_transfers']} of {details['transfers']} ring transfers "
+                f"; {step.hidden_transfers} of {step.transfers} ring transfers "
                 "overlap a grouped matmul"
             )
-        if details.get("flops"):
-            text += f"; {details['flops']:.3e} FLOPs, {details.get('bytes_accessed', 0):.3e} bytes"
-        coll = details.get("collectives")
-        if coll and coll.get("total"):
+        if step.flops:
+            text += f"; {step.flops:.3e} FLOPs, {step.bytes_accessed:.3e} bytes"
+        coll = step.collectives
+        if coll and coll.total:
             text += (
-                f"; collectives {coll['total']}: {coll['hidden']} with compute inside, "
-                f"{coll['exposed']} exposed"
+                f"; collectives {coll.total}: {coll.hidden} with compute inside, "
+                f"{coll.exposed} exposed"
             )
         return text
-    return ""
+    return ""  # import, and a compiler's refusal (the verdict that follows says it all)
 
 
 @cli.command(name="validate")
@@ -195,26 +199,28 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool) -> None:
     from moegen.pipeline import generate
     from moegen.plan import format_plan
     from moegen.verify import VerifyError, verify
+    from moegen.verify.messages import Imported
 
     try:
         generated = generate(spec)
     except SpecError as err:
         _fail_invalid(err)
     plan = generated.plan
-    compiled: list[dict[str, Any]] = []
+    compiled: list[Step] = []
     if compile_too:
         try:
-            report = verify(generated.loaded, generated.source, run_twins=False)
+            report = verify(generated.loaded, generated.source, plan=plan, run_twins=False)
         except VerifyError as err:
             _err(f"compile failed:\n{err}")
             sys.exit(EXIT_FAILED)
-        compiled = [s for s in report.steps if s["step"] != "import"]
+        compiled = [s for s in report.steps if not isinstance(s, Imported)]
     if as_json:
-        click.echo(json.dumps(plan.to_dict() | {"compiled": compiled}, indent=2))
+        steps = [step.to_json() for step in compiled]
+        click.echo(json.dumps(plan.to_dict() | {"compiled": steps}, indent=2))
         return
     click.echo(format_plan(plan))
     for step in compiled:
-        click.echo(f"  {step['step']:<26} {_describe(step)}")
+        click.echo(f"  {step.step:<26} {_describe(step)}")
 
 
 @cli.command(name="tune")

@@ -1,6 +1,8 @@
 """The pipeline wired together: load -> validate -> plan -> render -> verify -> emit.
 
-The CLI calls these; each stage lives in its own module and knows nothing of the others.
+The CLI calls these; each stage lives in its own module and imports only the stages before
+it (tests/test_pipeline_imports.py): what a stage needs from an earlier one it is handed
+(verify gets the plan the source was rendered from), never recomputed.
 """
 
 from __future__ import annotations
@@ -9,19 +11,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from moegen.emit import recover, write_all
 from moegen.load import LoadedSpec, load_spec
 from moegen.plan import Plan, make_plan
 from moegen.render import render
 from moegen.validate import validate
-from moegen.verify import VerifyReport, verify
+from moegen.verify import Step, VerifyReport, verify
 
 DEFAULT_SPEC_DIR = Path("specs")
 DEFAULT_OUT_DIR = Path("generated")
 
-Progress = Callable[[str, str, float, dict[str, Any]], None]  # spec, step, seconds, details
+# spec, step, seconds, and the verify step's figures (None for the stages before verify)
+Progress = Callable[[str, str, float, Step | None], None]
 
 
 @dataclass(frozen=True)
@@ -42,13 +44,13 @@ def generate(path: Path, progress: Progress | None = None) -> Generated:
     note = progress or (lambda *args: None)
     start = time.perf_counter()
     loaded = load_valid(path)
-    note(loaded.source.display, "load + validate", time.perf_counter() - start, {})
+    note(loaded.source.display, "load + validate", time.perf_counter() - start, None)
     start = time.perf_counter()
     plan = make_plan(loaded)
-    note(loaded.source.display, "plan", time.perf_counter() - start, {})
+    note(loaded.source.display, "plan", time.perf_counter() - start, None)
     start = time.perf_counter()
     source = render(plan)
-    note(loaded.source.display, "render", time.perf_counter() - start, {})
+    note(loaded.source.display, "render", time.perf_counter() - start, None)
     return Generated(loaded, plan, source)
 
 
@@ -72,11 +74,12 @@ def build(
         if run_verify:
             display = generated.loaded.source.display
 
-            def on_step(event: dict[str, Any], display: str = display) -> None:
-                details = {k: v for k, v in event.items() if k not in ("step", "seconds")}
-                note(display, f"verify: {event['step']}", event["seconds"], details)
+            def on_step(step: Step, display: str = display) -> None:
+                note(display, f"verify: {step.step}", step.seconds, step)
 
-            report = verify(generated.loaded, generated.source, on_step=on_step)
+            report = verify(
+                generated.loaded, generated.source, plan=generated.plan, on_step=on_step
+            )
             generated = Generated(generated.loaded, generated.plan, generated.source, report)
         results.append((output_path(out_dir, generated), generated))
     _refuse_collisions(results)

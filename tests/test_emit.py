@@ -17,6 +17,7 @@ import moegen.pipeline
 from moegen import interrupts
 from moegen.emit import write_all
 from moegen.verify import VerifyError, VerifyReport
+from moegen.verify.messages import Imported
 
 
 def temp_files(directory: Path) -> list[str]:
@@ -181,12 +182,14 @@ def test_target_that_is_a_directory_fails_and_leaves_no_temporaries(existing, tm
 def _fake_verify(failing: str):
     seen = []
 
-    def verify(loaded, source, *, on_step=lambda step: None, timeout_s=None):
+    def verify(loaded, source, *, plan, on_step=lambda step: None, timeout_s=None):
+        assert plan.module_name == loaded.source.name  # the plan the source came from
         seen.append(loaded.source.name)
         if loaded.source.name == failing:
             raise VerifyError(f"twin parity: y differs from the dense reference ({failing})")
-        on_step({"step": "import", "seconds": 0.0})
-        return VerifyReport(steps=[{"step": "import", "seconds": 0.0}])
+        step = Imported("import", 0.0)
+        on_step(step)
+        return VerifyReport(steps=[step])
 
     return verify, seen
 

@@ -6,6 +6,12 @@ c. compile the full-size forward and forward+backward for the target.
 
 The work runs in a child process (`moegen.verify.worker`) because JAX fixes its device
 count at start-up, and so that a crash in generated code cannot take moegen down with it.
+It is given a `Job` and reports typed steps (moegen.verify.messages).
+
+The public API, beside `verify`: the twins (`twin_of`, `twins_of`, `plan_twin`),
+`reference_config`, the verdict (`memory_verdict`, `peak_bytes`, `VerifyError`) and the
+messages; in the child process, `moegen.verify.compiled` compiles and counts (the benchmark
+uses both). The rest of the package is its own business.
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,53 +29,57 @@ from moegen import interrupts
 from moegen.load import LoadedSpec
 from moegen.plan import Plan, make_plan
 from moegen.render import render
-from moegen.verify.twin import twin_of
+from moegen.verify.messages import (
+    PROGRAMS,
+    CudaTarget,
+    Job,
+    MemoryVerdict,
+    Message,
+    Step,
+    TpuTarget,
+    TwinJob,
+    VerifyReport,
+    WorkerFailed,
+    decode,
+)
+from moegen.verify.twin import TOLERANCES, TwinSpec, plan_twin, twin_of, twins_of
+from moegen.verify.verdict import PlanDefect, VerifyError, memory_verdict, peak_bytes
 
-# float32 twin: the issue's bar. Low-precision twins compare bf16 compute to a float32
-# reference, so they only catch gross errors (a wrong path, not rounding).
-TOLERANCES = {"float32": 1e-5, "bfloat16": 5e-2}
+__all__ = [
+    "TOLERANCES", "PlanDefect", "Step", "TwinSpec", "VerifyError", "VerifyReport",
+    "memory_verdict", "peak_bytes", "plan_twin", "reference_config", "tpu_target", "twin_of",
+    "twins_of", "verify",
+]  # fmt: skip
+
 DEFAULT_TIMEOUT_S = 1800
+OnStep = Callable[[Step], None]
 
 
-class VerifyError(Exception):
-    """The rendered module failed a verification step."""
-
-
-@dataclass
-class VerifyReport:
-    steps: list[dict[str, Any]] = field(default_factory=list)
-
-    def step(self, name: str) -> dict[str, Any]:
-        return next(s for s in self.steps if s["step"] == name)
-
-
-def _twins(loaded: LoadedSpec) -> list[tuple[str, LoadedSpec, float]]:
-    twins = [("float32", twin_of(loaded, dtype="float32"), TOLERANCES["float32"])]
-    dtypes = loaded.spec.dtypes
-    if (dtypes.params, dtypes.compute) != ("float32", "float32"):
-        label = f"{dtypes.compute} compute, {dtypes.params} params"
-        worst = max(TOLERANCES[dtypes.params], TOLERANCES[dtypes.compute])
-        twins.append((label, twin_of(loaded, dtype=None), worst))
-    return twins
+def _twins(subject: tuple[LoadedSpec, Plan]) -> list[TwinSpec]:
+    """The twins to run for (spec, full-size plan); a seam tests replace with their own."""
+    return twins_of(*subject)
 
 
 def verify(
     loaded: LoadedSpec,
     source: str,
     *,
-    on_step: Callable[[dict[str, Any]], None] = lambda step: None,
+    plan: Plan | None = None,
+    on_step: OnStep = lambda step: None,
     timeout_s: float | None = None,
     run_twins: bool = True,
     run_compiles: bool = True,
     compile_forward: bool = True,
 ) -> VerifyReport:
-    """Verify the rendered `source` of `loaded`; raise VerifyError on the first failure.
+    """Verify `source`, rendered from `plan` (the plan of `loaded`); raise VerifyError on the
+    first failure. The pipeline passes the plan it rendered; other callers may leave it out,
+    and it is made here.
 
     `run_twins=False` only imports and compiles (what `moegen plan --compile` shows);
     `run_compiles=False` only imports and runs the twins (no memory verdict then);
     `compile_forward=False` compiles forward+backward alone (all `moegen tune` scores).
     """
-    plan = make_plan(loaded)
+    plan = make_plan(loaded) if plan is None else plan
     # Scratch named after this process, so that a later run can remove it should this one be
     # SIGKILLed before its worker could (the worker removes it when it outlives moegen).
     interrupts.remove_leftovers(tempfile.gettempdir(), interrupts.SCRATCH_PREFIX)
@@ -80,48 +89,40 @@ def verify(
         module_path = workdir / f"{plan.module_name}.py"
         module_path.write_text(source, encoding="utf-8")
         twins = []
-        for i, (label, twin, tolerance) in enumerate(_twins(loaded) if run_twins else []):
+        for i, (label, twin, tolerance) in enumerate(_twins((loaded, plan)) if run_twins else []):
             path = workdir / f"twin_{i}.py"
-            twin_plan = make_plan(twin, interpret=True)
+            twin_plan = plan_twin(twin, plan)
             path.write_text(render(twin_plan), encoding="utf-8")
-            twins.append(
-                {
-                    "path": str(path),
-                    "label": label,
-                    "tolerance": tolerance,
-                    "reference": reference_config(twin_plan),
-                }
-            )
-        job = {
-            "module": str(module_path),
-            "twins": twins,
-            "compile": run_compiles,
-            "programs": ["forward", "forward+backward"]
-            if compile_forward
-            else ["forward+backward"],
-            "cuda": None
-            if plan.cuda_sm is None or plan.kernel != "te"
-            else {
-                "sm": plan.cuda_sm,
-                "quantization": plan.te_quantization,
-                "call_sites": plan.grouped_matmul_sites,
-            },
-            "tpu": None
-            if plan.tpu_topology_name is None
-            else {
-                "topology_name": plan.tpu_topology_name,
-                "chips_per_host_bounds": list(plan.chips_per_host_bounds or ()),
-                "num_slices": plan.slices,
-            },
-        }
+            twins.append(TwinJob(str(path), label, tolerance, reference_config(twin_plan)))
+        job = Job(
+            module=str(module_path),
+            twins=tuple(twins),
+            compile=run_compiles,
+            programs=PROGRAMS if compile_forward else ("forward+backward",),
+            cuda=_cuda_target(plan),
+            tpu=tpu_target(plan),
+        )
         job_path = workdir / "job.json"
-        job_path.write_text(json.dumps(job), encoding="utf-8")
+        job_path.write_text(json.dumps(job.to_json()), encoding="utf-8")
         report = _run_worker(job_path, plan.num_devices, on_step, timeout_s)
     verdict = memory_verdict(plan, report) if run_compiles else None
     if verdict:
-        report.steps.append({"step": "memory verdict", "seconds": 0.0, "verdict": verdict})
+        report.steps.append(MemoryVerdict("memory verdict", 0.0, verdict))
         on_step(report.steps[-1])
     return report
+
+
+def _cuda_target(plan: Plan) -> CudaTarget | None:
+    if plan.cuda_sm is None or plan.kernel != "te":
+        return None
+    return CudaTarget(plan.cuda_sm, plan.te_quantization, plan.grouped_matmul_sites)
+
+
+def tpu_target(plan: Plan) -> TpuTarget | None:
+    """The slice a TPU plan compiles for (None off TPU)."""
+    if plan.tpu_topology_name is None:
+        return None
+    return TpuTarget(plan.tpu_topology_name, tuple(plan.chips_per_host_bounds or ()), plan.slices)
 
 
 def reference_config(plan: Plan) -> dict[str, Any]:
@@ -143,71 +144,10 @@ def reference_config(plan: Plan) -> dict[str, Any]:
     }
 
 
-def peak_bytes(memory: dict[str, int]) -> int:
-    """Per-device peak of a compiled program: what XLA must hold at once."""
-    return memory["argument"] + memory["output"] + memory["temp"] - memory["alias"]
-
-
-def memory_verdict(plan: Plan, report: VerifyReport) -> str | None:
-    """Compiled peaks against the device's HBM (None on targets without fixed memory).
-
-    Raises VerifyError naming the largest buffers and what to change when one does not fit.
-    """
-    hbm = plan.memory.hbm_bytes_per_device
-    if not hbm:
-        return None
-    largest = "; ".join(f"{name} {size / 2**30:.2f} GiB" for name, size in plan.memory.ledger[:4])
-    slices = [
-        f"memory.ffn_chunks: {o.chunks} ({o.train_peak / 2**30:.2f} GiB planned)"
-        for o in plan.ffn_chunk_options
-        if o.chunks > plan.ffn_chunks and o.train_peak < plan.memory.train_peak
-    ][:2]
-    advice = (
-        f"Largest buffers by the plan: {largest}.\n"
-        "To fit: shard parameters over more devices (a larger fsdp axis), shorten the "
-        "per-device batch (shapes.batch or seq_len, or more batch shards), store parameters "
-        "in bfloat16, "
-        + (f"run the FFN in slices ({' or '.join(slices)}), " if slices else "")
-        + "or pick a larger slice or a generation with more HBM."
-    )
-    for step in report.steps:
-        if "oom" in step:
-            raise VerifyError(
-                f"{step['step'].removeprefix('compile ')} does not fit {plan.hardware} "
-                f"{plan.topology}; the TPU compiler says:\n  {step['oom']}\n{advice}"
-            )
-    compiled = [s for s in report.steps if "memory" in s]
-    if not compiled:  # lowered for CUDA: nothing compiled to measure, only the plan
-        return (
-            f"not compiled here (lowered for CUDA only); plan estimate: forward "
-            f"{plan.memory.forward_peak / 2**30:.2f}, forward+backward "
-            f"{plan.memory.train_peak / 2**30:.2f} GiB of {hbm / 2**30:.2f} GiB HBM per device"
-        )
-    for step in compiled:
-        if peak_bytes(step["memory"]) <= hbm:
-            continue
-        mem = step["memory"]
-        raise VerifyError(
-            f"{step['step'].removeprefix('compile ')} does not fit {plan.hardware} "
-            f"{plan.topology}: {peak_bytes(mem) / 2**30:.2f} GiB per device "
-            f"(arguments {mem['argument'] / 2**30:.2f}, outputs {mem['output'] / 2**30:.2f}, "
-            f"temporaries {mem['temp'] / 2**30:.2f}) > {hbm / 2**30:.2f} GiB HBM.\n{advice}"
-        )
-    peaks = ", ".join(
-        f"{s['step'].removeprefix('compile ')} {peak_bytes(s['memory']) / 2**30:.2f} GiB"
-        for s in compiled
-    )
-    return (
-        f"fits: {peaks} of {hbm / 2**30:.2f} GiB HBM per device "
-        f"(plan estimate: forward {plan.memory.forward_peak / 2**30:.2f}, "
-        f"forward+backward {plan.memory.train_peak / 2**30:.2f} GiB)"
-    )
-
-
 def _run_worker(
     job_path: Path,
     num_devices: int,
-    on_step: Callable[[dict[str, Any]], None],
+    on_step: OnStep,
     timeout_s: float | None,
 ) -> VerifyReport:
     env = dict(os.environ)
@@ -228,13 +168,13 @@ def _run_worker(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     ) as proc:
         try:
-            stdout, stderr = _collect(proc, report, on_step, timeout)
+            messages, stderr = _collect(proc, report, on_step, timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise VerifyError(f"verification timed out after {timeout:.0f} s") from None
     if proc.returncode != 0:
-        errors = [line for line in stdout if "error" in line]
-        detail = errors[-1]["error"] if errors else stderr.strip()[-4000:]
+        errors = [message for message in messages if isinstance(message, WorkerFailed)]
+        detail = errors[-1].error if errors else stderr.strip()[-4000:]
         raise VerifyError(detail or f"verifier exited with code {proc.returncode}")
     return report
 
@@ -257,12 +197,12 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 def _collect(
     proc: subprocess.Popen[str],
     report: VerifyReport,
-    on_step: Callable[[dict[str, Any]], None],
+    on_step: OnStep,
     timeout: float,
-) -> tuple[list[dict[str, Any]], str]:
+) -> tuple[list[Message], str]:
     import threading
 
-    events: list[dict[str, Any]] = []
+    messages: list[Message] = []
     stderr_chunks: list[str] = []
     drain = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read()), daemon=True)
     drain.start()
@@ -271,13 +211,16 @@ def _collect(
     try:
         for line in proc.stdout:
             try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
+                data = json.loads(line)
+                message = decode(data) if isinstance(data, dict) else None
+            except ValueError:  # JSONDecodeError too
+                message = None
+            if message is None:
                 continue  # stray output from a library
-            events.append(event)
-            if "step" in event:
-                report.steps.append(event)
-                on_step(event)
+            messages.append(message)
+            if isinstance(message, Step):
+                report.steps.append(message)
+                on_step(message)
         proc.wait()
     except BaseException:  # SIGINT, SIGTERM, SIGHUP: the worker goes before its scratch
         _stop(proc)
@@ -288,4 +231,4 @@ def _collect(
         drain.join(timeout=5)
     if timed_out:
         raise subprocess.TimeoutExpired(proc.args, timeout)
-    return events, "".join(stderr_chunks)
+    return messages, "".join(stderr_chunks)

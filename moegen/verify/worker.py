@@ -1,13 +1,14 @@
 """Runs inside a fresh Python process with fake CPU devices: import, parity, compile.
 
-Invoked as `python -m moegen.verify.worker JOB.json` by `moegen.verify`. The parent sets
-XLA_FLAGS before this process starts, since JAX reads the device count once. Each step
-prints one JSON line on stdout: {"step": ..., "seconds": ..., ...}; a failure prints
-{"error": ...} and exits 1.
+Invoked as `python -m moegen.verify.worker JOB.json` by `moegen.verify`, with a
+`messages.Job`. The parent sets XLA_FLAGS before this process starts, since JAX reads the
+device count once. Each step prints one JSON line on stdout, a `messages.Step`; a failure
+prints a `messages.WorkerFailed` ({"error": ...}) and exits 1.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -23,17 +24,36 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moegen.verify.counters import compiled_counters
+from moegen.verify.compiled import (
+    CheckFailed,
+    OutOfMemory,
+    compile_program,
+    compiled_counters,
+    target_devices,
+)
+from moegen.verify.messages import (
+    PROGRAMS,
+    CollectiveTotals,
+    Compiled,
+    CompilerOutOfMemory,
+    CudaTarget,
+    Imported,
+    Job,
+    Lowered,
+    Memory,
+    Message,
+    ParityCase,
+    TpuTarget,
+    TwinParity,
+    WorkerFailed,
+    encode,
+)
 from moegen.verify.overlap import hidden_transfers
 from moegen.verify.reference import ReferenceConfig, dense_moe
 
 
-class CheckFailed(Exception):
-    pass
-
-
-def emit(**event: Any) -> None:
-    print(json.dumps(event), flush=True)
+def emit(message: Message) -> None:
+    print(encode(message), flush=True)
 
 
 def import_module(path: str, name: str) -> ModuleType:
@@ -101,7 +121,7 @@ def check_parity(
     cotangent: np.ndarray,
     tolerance: float,
     case: str,
-) -> dict[str, Any]:
+) -> ParityCase:
     """Forward, aux and gradients of the module against the dense reference."""
     mesh = module.make_mesh(jax.devices()[: module.NUM_DEVICES])
     placed_params, placed_x = _place(module, mesh, params, x)
@@ -146,14 +166,10 @@ def check_parity(
             f"{errors[worst]:.3e} >= {tolerance:.0e}; all: "
             + ", ".join(f"{k}={v:.2e}" for k, v in errors.items())
         )
-    result = {
-        "case": case,
-        "max_relative_error": errors[worst],
-        "tokens_per_expert": counts.tolist(),
-    }
+    dropped = None
     if "dropped_per_expert" in aux._fields:
-        result["dropped"] = int(np.sum(aux.dropped_per_expert))
-    return result
+        dropped = int(np.sum(aux.dropped_per_expert))
+    return ParityCase(case, errors[worst], tuple(counts.tolist()), dropped)
 
 
 def run_twin(path: str, cfg: ReferenceConfig, tolerance: float, label: str) -> None:
@@ -163,29 +179,10 @@ def run_twin(path: str, cfg: ReferenceConfig, tolerance: float, label: str) -> N
     if module.NUM_EXPERTS > module.TOP_K:
         params, x, cotangent, starved = _starved_case(module, 1)
         result = check_parity(module, cfg, params, x, cotangent, tolerance, "starved experts")
-        if any(result["tokens_per_expert"][e] for e in starved):
-            raise CheckFailed(f"starved experts {starved} received tokens: {result}")
-        results.append(result | {"starved_experts": starved})
-    emit(step=f"twin parity ({label})", seconds=time.perf_counter() - start, cases=results)
-
-
-def target_devices(module: ModuleType, tpu: dict[str, Any] | None) -> list[Any]:
-    """Fake CPU devices, or compile-only devices of the TPU slice (libtpu, no TPU needed)."""
-    if tpu is None:
-        return jax.devices()[: module.NUM_DEVICES]
-    if importlib.util.find_spec("libtpu") is None:
-        raise CheckFailed(
-            "compiling for TPU needs libtpu: pip install 'moegen[tpu]' (libtpu==0.0.51)"
-        )
-    from jax.experimental import topologies
-
-    return topologies.get_topology_desc(
-        platform="tpu",
-        topology_name=tpu["topology_name"],
-        chip_config_name="default",
-        chips_per_host_bounds=tuple(tpu["chips_per_host_bounds"]),
-        num_slices=tpu.get("num_slices", 1),
-    ).devices
+        if any(result.tokens_per_expert[e] for e in starved):
+            raise CheckFailed(f"starved experts {starved} received tokens: {dict(result)}")
+        results.append(dataclasses.replace(result, starved_experts=tuple(starved)))
+    emit(TwinParity(f"twin parity ({label})", time.perf_counter() - start, tuple(results)))
 
 
 def full_size_programs(
@@ -205,37 +202,38 @@ def full_size_programs(
 
 
 def compile_full(
-    module: ModuleType,
-    tpu: dict[str, Any] | None,
-    names: tuple[str, ...] = ("forward", "forward+backward"),
+    module: ModuleType, tpu: TpuTarget | None, names: tuple[str, ...] = PROGRAMS
 ) -> None:
     params, x, programs = full_size_programs(module, target_devices(module, tpu))
     for name in names:
-        program = programs[name]
+        step = f"compile {name}"
         start = time.perf_counter()
-        try:
-            compiled = jax.jit(program).lower(params, x).compile()
-        except jax.errors.JaxRuntimeError as err:
-            if "RESOURCE_EXHAUSTED" not in str(err):
-                raise
+        compiled = compile_program(programs[name], params, x)
+        if isinstance(compiled, OutOfMemory):
             # The compiler itself proved the program cannot fit: a verdict, not a crash.
-            first_line = str(err).strip().splitlines()[0]
-            emit(step=f"compile {name}", seconds=time.perf_counter() - start, oom=first_line)
+            seconds, refused = time.perf_counter() - start, compiled
+            emit(
+                CompilerOutOfMemory(
+                    step, seconds, refused.first_line, refused.memory_space, refused.call
+                )
+            )
             return
         counters = compiled_counters(compiled, items=False)
-        collectives = counters["collectives"]
-        overlap = {}
+        collectives = {k: v for k, v in counters["collectives"].items() if k != "by_kind"}
+        hidden = total = None
         if tpu is not None and getattr(module, "OVERLAP_CHUNKS", 1) > 1:
             hidden, total = hidden_transfers(compiled.as_text())
-            overlap = {"hidden_transfers": hidden, "transfers": total}
         emit(
-            step=f"compile {name}",
-            seconds=time.perf_counter() - start,
-            memory=counters["memory"],
-            flops=counters["flops"],
-            bytes_accessed=counters["bytes_accessed"],
-            collectives={k: v for k, v in collectives.items() if k != "by_kind"},
-            **overlap,
+            Compiled(
+                step,
+                time.perf_counter() - start,
+                Memory.from_json(counters["memory"]),
+                counters["flops"],
+                counters["bytes_accessed"],
+                CollectiveTotals.from_json(collectives),
+                hidden,
+                total,
+            )
         )
 
 
@@ -248,7 +246,7 @@ def prepare_cuda(sm: int) -> None:
         raise CheckFailed(f"kernel te: {err}") from None
 
 
-def lower_for_cuda(module: ModuleType, want: dict[str, Any], names: tuple[str, ...]) -> None:
+def lower_for_cuda(module: ModuleType, want: CudaTarget, names: tuple[str, ...]) -> None:
     """Lower the full-size programs for CUDA (no GPU) and check TE's grouped GEMMs are in them.
 
     Each grouped-matmul call site lowers to one te_grouped_gemm_ffi forward; its VJP adds the
@@ -263,50 +261,43 @@ def lower_for_cuda(module: ModuleType, want: dict[str, Any], names: tuple[str, .
         calls = cuda.count_custom_calls(cuda.lower_for_cuda(programs[name], params, x))
         gemms = calls.get("te_grouped_gemm_ffi", 0)
         quantizes = sum(n for target, n in calls.items() if "grouped_quantize" in target)
-        least = want["call_sites"] * (1 if name == "forward" else 2)
+        least = want.call_sites * (1 if name == "forward" else 2)
         if gemms < least:
             raise CheckFailed(
                 f"{name} lowered for CUDA has {gemms} TE grouped GEMMs, expected at least "
-                f"{least} ({want['call_sites']} grouped-matmul call sites): {dict(calls)}"
+                f"{least} ({want.call_sites} grouped-matmul call sites): {dict(calls)}"
             )
-        if (want["quantization"] != "none") != (quantizes > 0):
+        if (want.quantization != "none") != (quantizes > 0):
             raise CheckFailed(
-                f"{name}: quantization {want['quantization']} but {quantizes} TE grouped "
+                f"{name}: quantization {want.quantization} but {quantizes} TE grouped "
                 f"quantize calls in the lowered module: {dict(calls)}"
             )
-        emit(
-            step=f"lower {name} for cuda",
-            seconds=time.perf_counter() - start,
-            sm=want["sm"],
-            te_calls={k: v for k, v in sorted(calls.items()) if k.startswith("te_")},
-        )
+        te_calls = {k: v for k, v in sorted(calls.items()) if k.startswith("te_")}
+        emit(Lowered(f"lower {name} for cuda", time.perf_counter() - start, want.sm, te_calls))
 
 
 def main(job_path: str) -> int:
-    job = json.loads(Path(job_path).read_text())
+    job = Job.from_json(json.loads(Path(job_path).read_text()))
     try:
         start = time.perf_counter()
-        compiles = job.get("compile", True)
         # A te module imports Transformer Engine, which only the CUDA lowering needs: the
         # twins (kernel xla) run without it.
-        if compiles or not job.get("cuda"):
-            if job.get("cuda"):
-                prepare_cuda(job["cuda"]["sm"])  # before the module imports transformer_engine
-            module = import_module(job["module"], "moegen_full")
-            emit(step="import", seconds=time.perf_counter() - start)
-        for twin in job["twins"]:
-            cfg = ReferenceConfig(**twin["reference"])
-            run_twin(twin["path"], cfg, twin["tolerance"], twin["label"])
-        programs = tuple(job.get("programs", ("forward", "forward+backward")))
-        if compiles and job.get("cuda"):
-            lower_for_cuda(module, job["cuda"], programs)
-        elif compiles:
-            compile_full(module, job["tpu"], programs)
+        if job.compile or job.cuda is None:
+            if job.cuda is not None:
+                prepare_cuda(job.cuda.sm)  # before the module imports transformer_engine
+            module = import_module(job.module, "moegen_full")
+            emit(Imported("import", time.perf_counter() - start))
+        for twin in job.twins:
+            run_twin(twin.path, ReferenceConfig(**twin.reference), twin.tolerance, twin.label)
+        if job.compile and job.cuda is not None:
+            lower_for_cuda(module, job.cuda, job.programs)
+        elif job.compile:
+            compile_full(module, job.tpu, job.programs)
     except CheckFailed as err:
-        emit(error=str(err))
+        emit(WorkerFailed(str(err)))
         return 1
     except Exception:  # anything else is a bug in generated code; report it whole
-        emit(error=traceback.format_exc())
+        emit(WorkerFailed(traceback.format_exc()))
         return 1
     return 0
 

@@ -1,0 +1,46 @@
+"""What a compiler's out-of-memory error says: which memory ran out, and in which call.
+
+The TPU compiler refuses a program it proves cannot fit with RESOURCE_EXHAUSTED, and names
+the memory (libtpu's error codes): E1000 `CompileTimeHbmOom`, the program's buffers exceed the
+chip's HBM, which the spec can change (shard more, shorten the batch, slice the FFN); E1001
+`CompileTimeScopedVmemOom`, one kernel's working set exceeds the scoped VMEM it may use,
+which only the kernel's tiles change: the tiles are the plan's choice (or pinned, after the
+plan's VMEM check), so that one is a defect of the plan, and must never read as an HBM verdict.
+Pure text work: the worker classifies the error where it is raised, the parent classifies
+reports written before that, and tests need no compile.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# HBM first: an HBM report may list the scoped memory beside the temporaries
+_HBM = re.compile(r"CompileTimeHbmOom|memory space hbm", re.IGNORECASE)
+_VMEM = re.compile(r"ScopedVmemOom|scoped vmem|memory space vmem", re.IGNORECASE)
+# megablox's kernels, as Mosaic names them: gmm (forward and input gradient), tgmm (weights)
+_KERNEL = re.compile(r"(?<![A-Za-z0-9])(tgmm|gmm)(?![A-Za-z])")
+KERNEL_ROLES = {
+    "gmm": "gmm, a forward or input-gradient grouped matmul",
+    "tgmm": "tgmm, a weight-gradient grouped matmul",
+}
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    memory_space: str  # "hbm" | "vmem"
+    first_line: str  # what is shown of the compiler's message
+    call: str | None = None  # "gmm" | "tgmm" when the message names one
+
+
+def out_of_memory(message: str) -> OutOfMemory | None:
+    """The out-of-memory verdict in a compiler error; None when the error is another one."""
+    text = message.strip()
+    if "RESOURCE_EXHAUSTED" not in text:
+        return None
+    first_line = text.splitlines()[0]
+    if _HBM.search(text) or not _VMEM.search(text):
+        # CompileTimeHbmOom, and any other exhaustion, as reported before VMEM was told apart
+        return OutOfMemory("hbm", first_line)
+    kernel = _KERNEL.search(text)
+    return OutOfMemory("vmem", first_line, kernel.group(1) if kernel else None)
