@@ -74,7 +74,7 @@ def build_twin(spec_path: Path, out_dir: Path) -> tuple[Path, int]:
     from moegen.plan import make_plan
     from moegen.render import render
     from moegen.validate import validate
-    from moegen.verify.twin import twin_of
+    from moegen.verify import twin_of
 
     try:
         twin = twin_of(validate(load_spec(spec_path)))

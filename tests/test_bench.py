@@ -1,5 +1,5 @@
 """bench/: the baselines compute the dense reference's function (forward and gradients) on tiny
-CPU twins, and bench.run's report formatting on made-up numbers. No TPU compile here: the
+CPU twins, and bench.report's formatting on made-up numbers. No TPU compile here: the
 benchmark itself (python -m bench.run) is not a timed test."""
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ import numpy as np
 import pytest
 
 from bench.baselines import BASELINES, baseline, unsupported
-from bench.run import format_report, losses
+from bench.report import format_report, losses
 from moegen.load import load_spec, load_spec_bytes
 from moegen.plan import make_plan
 from moegen.render import render
 from moegen.validate import validate
-from moegen.verify import reference_config
+from moegen.verify import reference_config, twin_of
 from moegen.verify.reference import ReferenceConfig, dense_moe
-from moegen.verify.twin import twin_of
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -279,6 +278,15 @@ def test_report_tables_on_made_up_numbers() -> None:
         line for line in lines if line.startswith("| alpha_v5e | tpu-v5e 2x4 | ragged_dot |")
     )
     assert "compiler OOM" in oom
+    # a kernel's scoped VMEM is told apart from the layer not fitting HBM
+    results = _results()
+    results["specs"][0]["variants"]["ragged_dot"] |= {"memory_space": "vmem"}
+    vmem = next(
+        line
+        for line in format_report(results).splitlines()
+        if line.startswith("| alpha_v5e | tpu-v5e 2x4 | ragged_dot |")
+    )
+    assert "**no**: compiler tiles exceed scoped VMEM" in vmem and "OOM" not in vmem
     dense_peak = next(
         line for line in lines if line.startswith("| beta_v6e | tpu-v6e 2x4 | dense dispatch |")
     )
