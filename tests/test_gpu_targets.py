@@ -60,6 +60,7 @@ def test_plan_of_a_gpu_spec(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("name", list(GPU_SPECS))
+@pytest.mark.slow
 def test_twin_runs_the_portable_kernel_in_place_of_te(name, monkeypatch) -> None:
     """No TE needed: the twin is the same module with jax.lax.ragged_dot as the kernel."""
     loaded = _load(name, monkeypatch)

@@ -179,6 +179,7 @@ def run_matrix(
 # The signal matrix
 
 
+@pytest.mark.slow
 def test_two_specs_every_signal_after_every_step(tmp_path):
     project = make_project(tmp_path / "p", SPECS)
     args = ["--out", "generated", *(f"specs/{n}.yaml" for n in SPECS)]
@@ -186,18 +187,21 @@ def test_two_specs_every_signal_after_every_step(tmp_path):
     assert "exchange" in figures["steps"] and figures["mixed"] == figures["leftovers"] == 0
 
 
+@pytest.mark.slow
 def test_one_spec_every_signal_after_every_step(tmp_path):
     project = make_project(tmp_path / "p", SPECS[:1])
     args = ["--out", "generated", f"specs/{SPECS[0]}.yaml"]
     run_matrix(project, project, args, project / "generated", "exchange")
 
 
+@pytest.mark.slow
 def test_new_output_directory_every_signal_after_every_step(tmp_path):
     project = make_project(tmp_path / "p", SPECS, old_output=False)
     args = ["--out", "generated", *(f"specs/{n}.yaml" for n in SPECS)]
     run_matrix(project, project, args, project / "generated", "exchange")
 
 
+@pytest.mark.slow
 def test_journaled_fallback_when_the_output_is_the_current_directory(tmp_path):
     """`--out .`: no exchange (it would strand the shell); the journal, signals blocked."""
     project = make_project(tmp_path / "p", SPECS)
@@ -274,6 +278,7 @@ def _wait_for(condition, timeout: float, what: str):
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize("moment", ["worker starting", "worker running"])
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
+@pytest.mark.slow
 def test_killed_verification_leaves_no_worker_and_no_scratch(tmp_path, sig, moment):
     project = make_project(tmp_path / "p", SPECS[:1])
     scratch_root = tmp_path / "tmp"

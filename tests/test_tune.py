@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import assert_no_traceback, run_moegen
 
 from moegen.load import load_spec
@@ -53,6 +54,7 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_ring_of_experts_wins_when_the_expert_axis_is_smaller_than_top_k(tmp_path):
     path = _write(tmp_path, "ring_wins", RING_WINS)
     result = run_moegen("tune", path.name, cwd=tmp_path)
@@ -74,6 +76,7 @@ def test_ring_of_experts_wins_when_the_expert_axis_is_smaller_than_top_k(tmp_pat
     assert bounds["ring_of_experts"] < bounds["ragged_all_to_all"]
 
 
+@pytest.mark.slow
 def test_dry_run_within_a_budget_prints_the_patch_and_writes_nothing(tmp_path):
     path = _write(tmp_path, "two_choices", CPU_TWO_CHOICES)
     result = run_moegen("tune", "--dry-run", "--budget", "1", path.name, cwd=tmp_path)
@@ -87,6 +90,7 @@ def test_dry_run_within_a_budget_prints_the_patch_and_writes_nothing(tmp_path):
     assert "-parallelism: {experts: auto, overlap_chunks: 'auto'}" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_winner_has_the_lowest_score_and_the_tuned_spec_builds(tmp_path):
     path = _write(tmp_path, "two_choices", CPU_TWO_CHOICES)
     loaded = load_spec(path)
