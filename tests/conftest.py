@@ -127,3 +127,14 @@ def invoke_main(
 def assert_no_traceback(text: str) -> None:
     assert "Traceback (most recent call last)" not in text, text
     assert "internal error" not in text, text
+
+
+@pytest.fixture
+def hypothesis_seed_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hypothesis mixes into its draws (5% of integers) constants it finds in the local modules
+    loaded so far, so a seeded test's examples would depend on which test files pytest
+    collected with it; without them, the seed alone fixes the examples (test_property*)."""
+    from hypothesis.internal.conjecture import providers
+
+    empty = providers.Constants()
+    monkeypatch.setattr(providers, "_get_local_constants", lambda: empty)

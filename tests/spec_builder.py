@@ -20,6 +20,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from moegen.diagnostics import SpecError
+from moegen.load import LoadedSpec, load_spec_bytes
+from moegen.validate import validate
+
 # choice -> (section, field); the order is the schema's (Spec, then each section's fields)
 FIELDS: dict[str, tuple[str, ...]] = {
     "version": ("version",),
@@ -136,3 +140,12 @@ def tiny(**choices: Any) -> dict[str, Any]:
         "axes": {"data": 2, "fsdp": 2},
     }
     return base | choices
+
+
+def validated(text: str, display: str, name: str) -> LoadedSpec | SpecError:
+    """The spec `text` loaded and validated as the file `display` (module `name`), or the
+    SpecError that refuses it."""
+    try:
+        return validate(load_spec_bytes(text.encode(), display, name))
+    except SpecError as error:
+        return error

@@ -19,20 +19,20 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
-from hypothesis.internal.conjecture import providers
-from spec_builder import spec_yaml
+from spec_builder import spec_yaml, validated
 from spec_strategies import choices
 
 from moegen.diagnostics import SpecError
-from moegen.load import LoadedSpec, load_spec_bytes
+from moegen.load import LoadedSpec
 from moegen.plan import make_plan
 from moegen.render import render
-from moegen.validate import validate
 
 DISPLAY = "specs/drawn.yaml"
 MODULE = "drawn"
 # MOEGEN_PROPERTY_EXAMPLES=N draws more (or fewer) for a longer campaign
 EXAMPLES = int(os.environ.get("MOEGEN_PROPERTY_EXAMPLES", "500"))
+
+pytestmark = pytest.mark.usefixtures("hypothesis_seed_only")
 
 PROPERTY = settings(
     max_examples=EXAMPLES,
@@ -45,11 +45,7 @@ PROPERTY = settings(
 
 
 def loaded_or_refusal(text: str) -> LoadedSpec | SpecError:
-    """The validated spec, or the SpecError that refuses it."""
-    try:
-        return validate(load_spec_bytes(text.encode(), DISPLAY, MODULE))
-    except SpecError as error:
-        return error
+    return validated(text, DISPLAY, MODULE)
 
 
 def assert_located(error: SpecError, text: str) -> None:
@@ -93,15 +89,6 @@ def builds_without_verify(text: str, kernel: str) -> None:
         module = import_module(source, Path(directory))
     for name in ("moe_layer", "init_params", "make_mesh", "param_shapes", "input_shape"):
         assert callable(getattr(module, name)), name
-
-
-@pytest.fixture(autouse=True)
-def _no_local_constants(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hypothesis mixes into its draws (5% of integers) constants it finds in the local modules
-    loaded so far, so the examples of a run would depend on which test files pytest collected
-    with this one; without them, the seed alone fixes the examples."""
-    empty = providers.Constants()
-    monkeypatch.setattr(providers, "_get_local_constants", lambda: empty)
 
 
 @PROPERTY
