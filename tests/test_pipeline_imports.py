@@ -1,0 +1,206 @@
+"""The pipeline is one-way: load -> validate -> plan -> render -> verify -> emit, each stage
+importing only the stages before it, and no two modules importing each other.
+
+Every module of moegen/ is parsed (ast, nothing imported) and given its stage; every import in
+it (at the top, in a function, under TYPE_CHECKING: each is a dependency) becomes an edge to
+the module it names. Two base modules stand outside the stages: the package itself (its
+version) and moegen.interrupts (signals and process lifetimes, used by verify's worker, the
+emit swap and the CLI alike); they import no moegen module, so they cannot carry a stage's
+dependency backwards.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "moegen"
+STAGES = ("load", "validate", "plan", "render", "verify", "emit", "top")
+# module (or package, for all its modules) -> stage; the longest match wins
+STAGE_OF = {
+    "moegen.load": "load",
+    "moegen.spec": "load",
+    "moegen.diagnostics": "load",
+    "moegen.validate": "validate",
+    "moegen.variants": "validate",  # a spec with fields changed, validated again
+    "moegen.plan": "plan",
+    "moegen.tiling": "plan",
+    "moegen.hardware": "plan",
+    "moegen.sizes": "plan",
+    "moegen.render": "render",
+    "moegen.verify": "verify",
+    "moegen.emit": "emit",
+    "moegen.pipeline": "top",
+    "moegen.cli": "top",
+    "moegen.__main__": "top",
+    "moegen.check": "top",
+    "moegen.tune": "top",
+    "moegen.schema": "top",
+}
+BASE = {"moegen", "moegen.interrupts"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def stage(module: str) -> str | None:
+    """The module's stage; None for a base module; ValueError when it has none."""
+    if module in BASE:
+        return None
+    owners = [m for m in STAGE_OF if module == m or module.startswith(m + ".")]
+    return STAGE_OF[max(owners, key=len)]
+
+
+def _known(name: str) -> str | None:
+    """The moegen module `name` is, or is inside of (a name imported from it)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports(module: str) -> set[str]:
+    """The moegen modules `module` imports, wherever in it the import is."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    edges = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package, up level - 1
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            # `from moegen import interrupts` names a module; `from moegen.plan import Plan`
+            # a name inside one
+            names = [f"{base}.{alias.name}" for alias in node.names] or [base]
+        else:
+            continue
+        edges.update(k for k in map(_known, names) if k is not None and k != module)
+    return edges
+
+
+GRAPH = {module: imports(module) for module in MODULES}
+
+
+def test_every_module_has_a_stage() -> None:
+    unplaced = []
+    for module in MODULES:
+        try:
+            stage(module)
+        except ValueError:
+            unplaced.append(module)
+    assert not unplaced, f"give these modules a stage in STAGE_OF: {unplaced}"
+
+
+def test_base_modules_import_no_stage() -> None:
+    for module in BASE:
+        assert not GRAPH[module], f"{module} is a base module but imports {GRAPH[module]}"
+
+
+def test_no_module_imports_a_later_stage() -> None:
+    backwards = [
+        f"{module} ({stage(module)}) imports {target} ({stage(target)})"
+        for module, targets in sorted(GRAPH.items())
+        for target in sorted(targets)
+        if stage(target) is not None
+        and stage(module) is not None
+        and STAGES.index(stage(target)) > STAGES.index(stage(module))
+    ]
+    assert not backwards, "a stage imports a later one:\n  " + "\n  ".join(backwards)
+
+
+def test_plan_does_not_import_validate() -> None:
+    """The plan decides; validation only refuses. A plan that reads validation's rules takes
+    its decisions in the wrong stage (issue 17: plan imported validate.memory)."""
+    reaching = [
+        f"{module} imports {target}"
+        for module, targets in sorted(GRAPH.items())
+        if stage(module) == "plan"
+        for target in sorted(targets)
+        if stage(target) == "validate"
+    ]
+    assert not reaching, "the plan stage imports validation:\n  " + "\n  ".join(reaching)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle() -> None:
+    cycles = _cycles(GRAPH)
+    assert not cycles, "modules that import each other: " + "; ".join(map(" <-> ".join, cycles))
+
+
+def test_verify_reads_hlo_through_one_parser() -> None:
+    """The collective analysis, the loop trips and the ring overlap read HLO only through
+    moegen.verify.hlo; counters and loops no longer import each other."""
+    readers = ("collectives", "loops", "overlap")
+    for reader in readers:
+        assert "moegen.verify.hlo" in GRAPH[f"moegen.verify.{reader}"], reader
+    assert "moegen.verify.counters" not in GRAPH["moegen.verify.loops"]
+    parsers = [m for m, path in MODULES.items() if "def parse_instruction" in path.read_text()]
+    assert parsers == ["moegen.verify.hlo"], parsers
+
+
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        ({"a": {"b"}, "b": {"a"}, "c": {"a"}}, [["a", "b"]]),
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"d"}}, [["a", "b", "c"]]),
+    ],
+)
+def test_the_cycle_finder(graph, expected) -> None:
+    assert _cycles(graph) == expected
+
+
+def test_imports_are_resolved_to_modules() -> None:
+    """The edges this test relies on, as written in the sources."""
+    assert "moegen.interrupts" in GRAPH["moegen.emit"]  # from moegen import interrupts
+    assert "moegen.plan" in GRAPH["moegen.render"]  # from moegen.plan import Plan
+    assert "moegen.verify.cuda" in GRAPH["moegen.verify.worker"]  # inside a function
+    assert "moegen.verify.twin" in GRAPH["moegen.verify"]
