@@ -180,3 +180,35 @@ def test_twin_keeps_the_code_path_and_shrinks_the_sizes(name, in_repo):
     assert twin.local_batch == TWIN_SEQUENCES_PER_SHARD and twin.seq_len == TWIN_SEQ_LEN
     keep = make_plan(twin_of(generated.loaded, dtype=None))
     assert (keep.param_dtype, keep.compute_dtype) == (plan.param_dtype, plan.compute_dtype)
+
+
+def test_verify_checks_the_plan_it_is_given_and_plans_each_twin_once(in_repo, monkeypatch):
+    """No second plan of the full-size spec, and each twin derived and planned once."""
+    import moegen.verify.twin
+    from moegen.verify.messages import VerifyReport
+
+    generated = generate(Path("specs/mixtral_small_cpu.yaml"))  # bfloat16 compute: two twins
+    planned = []
+    real_make_plan = moegen.verify.twin.make_plan
+
+    def counting_make_plan(loaded, **kwargs):
+        planned.append((loaded.spec.layer.embed_dim, kwargs))
+        return real_make_plan(loaded, **kwargs)
+
+    def no_full_plan(*args, **kwargs):
+        raise AssertionError("verify planned the spec again")
+
+    jobs = []
+
+    def worker(job_path, num_devices, on_step, timeout_s):
+        jobs.append(job_path.read_text(encoding="utf-8"))
+        return VerifyReport()
+
+    monkeypatch.setattr(moegen.verify, "make_plan", no_full_plan)
+    monkeypatch.setattr(moegen.verify.twin, "make_plan", counting_make_plan)
+    monkeypatch.setattr(moegen.verify, "_run_worker", worker)
+    verify(generated.loaded, generated.source, plan=generated.plan, run_compiles=False)
+    assert planned == [(planned[0][0], {"interpret": True})] * 2  # the two twins, once each
+    assert planned[0][0] < generated.plan.embed_dim
+    [job] = jobs
+    assert '"label": "float32"' in job and '"label": "bfloat16 compute, float32 params"' in job
