@@ -1,4 +1,5 @@
-"""The `moegen` command line: build, validate, plan, schema, exit codes, no tracebacks."""
+"""The `moegen` command line: build, validate, plan, exit codes, no tracebacks (schema:
+test_cli_schema)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,6 @@ from conftest import (
 from moegen import __version__
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
-from moegen.schema import schema_text
-
-MODELINE = "# yaml-language-server: $schema=moegen.schema.json"
-
 
 # ---------------------------------------------------------------------------------------
 # Entry points, help and version
@@ -356,49 +353,3 @@ def test_plan_json_matches_make_plan(name, repo_root, invoke_main):
     expected = json.loads(json.dumps(plan.to_dict() | {"compiled": []}))
     assert data == expected  # without --compile nothing is compiled
     assert data["module_name"] == name and data["moegen_version"] == __version__
-
-
-# ---------------------------------------------------------------------------------------
-# schema and the editor modeline
-
-
-def test_schema_check_passes_in_the_repository(repo_root):
-    result = run_moegen("schema", "--check", cwd=repo_root)
-    assert result.returncode == 0, result.stderr
-    assert "specs/moegen.schema.json is fresh" in result.stderr
-
-
-def test_schema_prints_the_committed_schema(repo_root, invoke_main):
-    result = invoke_main("schema", cwd=repo_root)
-    assert result.code == 0
-    committed = (repo_root / "specs" / "moegen.schema.json").read_text(encoding="utf-8")
-    assert result.stdout == committed == schema_text()
-    json.loads(result.stdout)
-
-
-def test_schema_check_fails_when_stale(tmp_project):
-    path = tmp_project / "specs" / "moegen.schema.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
-    data["title"] = "an older schema"
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    result = run_moegen("schema", "--check", cwd=tmp_project)
-    assert result.returncode == 1
-    assert "stale: specs/moegen.schema.json (run `moegen schema --write`)" in result.stderr
-    assert_no_traceback(result.stderr)
-
-
-def test_schema_check_fails_when_missing_and_write_repairs_it(tmp_project, invoke_main):
-    path = tmp_project / "specs" / "moegen.schema.json"
-    path.unlink()
-    assert invoke_main("schema", "--check", cwd=tmp_project).code == 1
-    result = invoke_main("schema", "--write", cwd=tmp_project)
-    assert result.code == 0
-    assert path.read_text(encoding="utf-8") == schema_text()
-    assert invoke_main("schema", "--check", cwd=tmp_project).code == 0
-    assert sorted(p.name for p in path.parent.iterdir() if p.name.startswith(".")) == []
-
-
-@pytest.mark.parametrize("spec", EXAMPLE_SPECS, ids=EXAMPLE_NAMES)
-def test_every_spec_starts_with_the_schema_modeline(spec):
-    assert spec.read_text(encoding="utf-8").splitlines()[0] == MODELINE
-    assert (spec.parent / "moegen.schema.json").is_file()
