@@ -9,9 +9,10 @@ count at start-up, and so that a crash in generated code cannot take moegen down
 It is given a `Job` and reports typed steps (moegen.verify.messages).
 
 The public API, beside `verify`: the twins (`twin_of`, `twins_of`, `plan_twin`),
-`reference_config`, the verdict (`memory_verdict`, `peak_bytes`, `VerifyError`) and the
-messages; in the child process, `moegen.verify.compiled` compiles and counts (the benchmark
-uses both). The rest of the package is its own business.
+`reference_config`, `tpu_target`, the verdict (`memory_verdict`, `peak_bytes`, `VerifyError`)
+and the messages (moegen.verify.messages); in processes that run JAX, the dense reference
+(moegen.verify.reference) and `moegen.verify.compiled`, which compiles and counts. The
+benchmark uses only these; the rest of the package is its own business.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ OnStep = Callable[[Step], None]
 
 
 def _twins(subject: tuple[LoadedSpec, Plan]) -> list[TwinSpec]:
-    """The twins to run for (spec, full-size plan); a seam tests replace with their own."""
+    """The twins to run for (spec, full-size plan). One argument: a seam that tests replace
+    with their own twins (`lambda _: [...]`)."""
     return twins_of(*subject)
 
 
