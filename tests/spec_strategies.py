@@ -208,6 +208,11 @@ MISTAKES = {
     "top_k_above_experts": lambda c: c | {"top_k": c["experts"] + 1},
     "batch_not_divisible": lambda c: c | {"batch": c["batch"] + 1, "axes": {"data": 2}},
     "auto_strategy": lambda c: c | {"strategy": "auto"},
+    "auto_overlap_chunks": lambda c: c | {"overlap_chunks": "auto"},
+    "auto_tiles": lambda c: c | {"tiles": "auto"},
+    "expert_axis_over_dcn": lambda c: (
+        c | {"hardware": "tpu-v5e", "topology": "2x2", "slices": 2, "dcn_axes": {"expert": 2}}
+    ),
     "overlap_without_ring": lambda c: c | {"strategy": "replicated", "overlap_chunks": 2},
     "pallas_off_tpu": lambda c: c | {"kernel": "pallas", "hardware": "cpu"},
     "te_off_gpu": lambda c: c | {"kernel": "te", "hardware": "tpu-v5e", "topology": "2x2"},
