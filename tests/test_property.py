@@ -2,8 +2,9 @@
 
 Specs are drawn by `spec_strategies.choices` (every option of the schema, every target,
 kernel and strategy, real models' sizes and tiny ones, and one time in four a mistake) and
-written by `spec_builder.spec_yaml`. Each one that validates must plan, render (ruff format
-and ruff check inside render) and import; each one that does not must be refused with
+written by `spec_builder.spec_yaml`. Each one that validates must plan (and report), render
+(ruff format and ruff check inside render) and import, and so must the twins a build of it
+would verify (derived, planned, rendered); each one that does not must be refused with
 diagnostics located in the file. Fixed seed (derandomize), a bounded number of examples.
 
 `--hypothesis-show-statistics` prints the share of valid specs and the mix of targets.
@@ -12,6 +13,7 @@ diagnostics located in the file. Fixed seed (derandomize), a bounded number of e
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 import tempfile
@@ -24,8 +26,9 @@ from spec_strategies import choices
 
 from moegen.diagnostics import SpecError
 from moegen.load import LoadedSpec
-from moegen.plan import make_plan
+from moegen.plan import format_plan, make_plan
 from moegen.render import render
+from moegen.verify import plan_twin, twins_of
 
 DISPLAY = "specs/drawn.yaml"
 MODULE = "drawn"
@@ -75,10 +78,17 @@ def import_module(source: str, directory: Path) -> object:
 
 
 def builds_without_verify(text: str, kernel: str) -> None:
-    """Plan, render and import a valid spec, as `moegen build --no-verify` would plus import."""
+    """Plan, render and import a valid spec, as `moegen build --no-verify` would plus import;
+    and the plan's report, and the twins verification would run (derived, planned, rendered),
+    so that a twin that cannot be made shows here, not only in a build."""
     loaded = loaded_or_refusal(text)
     assert isinstance(loaded, LoadedSpec)
-    source = render(make_plan(loaded))
+    plan = make_plan(loaded)
+    source = render(plan)
+    assert format_plan(plan) and json.dumps(plan.to_dict())  # moegen plan [--json]
+    for twin in twins_of(loaded, plan):
+        twin_source = render(plan_twin(twin.loaded, plan))
+        compile(twin_source, f"{MODULE}_twin.py", "exec")
     if kernel == "te":
         # A te module imports Transformer Engine at the top, which may be missing here (and
         # needs a CUDA driver or moegen's stub to load): compile the source instead of
