@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
+from moegen.tiling import LANES
+
 INT32_LIMIT = 2**31
 
 
@@ -49,3 +51,14 @@ def listed(values: list[int], near: int) -> str:
         return ", ".join(map(str, values))
     nearest = sorted(sorted(values, key=lambda v: (abs(v - near), v))[:MAX_LISTED])
     return f"{', '.join(map(str, nearest))} (the {MAX_LISTED} nearest {near} of {len(values)})"
+
+
+def ffn_slice_problem(ffn_dim: int, chunks: int, kernel: str) -> str:
+    """Why an FFN of `ffn_dim` columns cannot run in `chunks` slices ('' when it can): the
+    slices must be equal, and for pallas whole lane tiles (a slice is the output width of the
+    gate and up megablox calls and the contraction width of down)."""
+    if ffn_dim % chunks:
+        return f"ffn_dim {ffn_dim} does not split into {chunks} equal slices"
+    if kernel == "pallas" and (ffn_dim // chunks) % LANES:
+        return f"slices of {ffn_dim // chunks} columns are not whole {LANES}-lane tiles for pallas"
+    return ""

@@ -41,6 +41,9 @@ class Plan:
     topology: str | None
     tpu_topology_name: str | None  # libtpu's name, e.g. "v5e:2x4"
     slices: int  # TPU slices joined by the data-center network (1: one slice)
+    multislice: bool  # slices > 1: the mesh is built per slice and across slices
+    devices_per_slice: int
+    splits_physical_axes: bool  # some mesh axis shares a physical axis of the torus with another
     chips_per_host_bounds: tuple[int, int, int] | None
     kernel: str
     kernel_interpret: bool  # pallas kernels interpreted on CPU (the shrunken twin only)
@@ -55,8 +58,10 @@ class Plan:
     grouped_matmul_sites: int  # grouped-matmul calls in the forward code: (gate,) up, down
     gate_up_tile: tuple[int, int, int] | None  # megablox (rows, contraction, output)
     down_tile: tuple[int, int, int] | None
+    ffn_layout: str  # "whole" | "sliced" (ffn_chunks > 1) | "ring_overlapped" (overlap_chunks > 1)
     ffn_chunks: int  # slices of the expert FFN width run one at a time (1: whole)
     ffn_chunk_width: int  # FFN_DIM / ffn_chunks
+    recompute_flops_text: str  # cost.recompute_flops to 3 significant digits, for the docstring
     regathers_weights: bool  # sliced weights are fsdp-gathered per slice, again in the backward
     sliced_params: tuple[str, ...]  # parameters cut into FFN slices (none when whole)
     ffn_chunk_options: tuple[FfnChunkOption, ...]  # valid slice counts (powers of 2) and costs
@@ -67,6 +72,7 @@ class Plan:
     ffn_dim: int
     num_experts: int
     local_experts: int
+    copies_per_device: int  # most copies of one token a device receives: min(top_k, local_experts)
     top_k: int
     batch_shards: int
     local_batch: int
@@ -90,6 +96,8 @@ class Plan:
     route_returns_logits: bool  # the balance losses need the router logits
     load_balance_weight: float
     z_loss_weight: float
+    has_load_balance_loss: bool  # load_balance_weight > 0: aux has the loss
+    has_z_loss: bool  # z_loss_weight > 0: aux has the router z-loss
     capacity: int | None  # copies per expert per device; None: dropless
     drop_policy: str | None  # "probability" | "position" under a capacity
     activation: str

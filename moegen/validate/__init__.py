@@ -7,320 +7,38 @@ is wrong, the values involved, and the nearest valid value where one exists.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from moegen.diagnostics import Diagnostic, SpecError
-from moegen.hardware import hardware
 from moegen.load import LoadedSpec
-from moegen.sizes import axes_label, axes_product, nearest_multiples
-from moegen.tiling import LANES, Tile, tile_problems
 from moegen.validate.bounds import (
     chunks_within_limit,
     experts_within_limit,
     indices_fit_int32,
-    known_batch_axes,
     parameters_reasonably_sized,
 )
 from moegen.validate.gpu import GPU_RULES
 from moegen.validate.memory import MEMORY_RULES
 from moegen.validate.routing import ROUTING_RULES
+from moegen.validate.rules import (
+    MAX_CPU_DEVICES,
+    Rule,
+    batch_axes_are_mesh_axes,
+    batch_divisible_by_batch_axes,
+    data_parallel_axes_shard_batch,
+    embed_divisible_by_fsdp,
+    expert_axis_matches_strategy,
+    experts_divisible_by_expert_axis,
+    kernel_runs_on_target,
+    mesh_fits_cpu_target,
+    mesh_matches_topology,
+    overlap_chunks_fit,
+    pinned_tiles_run,
+    single_expert_not_renormalized,
+    top_k_within_experts,
+    topology_matches_hardware,
+)
 from moegen.validate.slices import SLICE_RULES
 
-Rule = Callable[[LoadedSpec], list[Diagnostic]]
-
-# Fake host devices XLA:CPU can run the twin on without the verify step crawling.
-MAX_CPU_DEVICES = 256
-
-
-def top_k_within_experts(loaded: LoadedSpec) -> list[Diagnostic]:
-    """A token cannot pick more distinct experts than exist (Tutel silently clamps)."""
-    spec = loaded.spec
-    if spec.router.top_k <= spec.layer.num_experts:
-        return []
-    return [
-        loaded.diagnostic(
-            ("router", "top_k"),
-            f"must be <= layer.num_experts ({spec.layer.num_experts}), got {spec.router.top_k}",
-        )
-    ]
-
-
-def batch_axes_are_mesh_axes(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Batch axes name mesh axes, each at most once (an axis used twice double-counts)."""
-    names = loaded.spec.mesh.batch_axes or []
-    out, seen = [], set()
-    for i, name in enumerate(names):
-        path = ("mesh", "batch_axes", i)
-        if name not in loaded.spec.mesh.axes:
-            known = ", ".join(loaded.spec.mesh.axes)
-            out.append(loaded.diagnostic(path, f"'{name}' is not a mesh axis (mesh.axes: {known})"))
-        elif name in seen:
-            out.append(loaded.diagnostic(path, f"'{name}' is listed twice"))
-        seen.add(name)
-    return out
-
-
-def data_parallel_axes_shard_batch(loaded: LoadedSpec) -> list[Diagnostic]:
-    """A mesh axis that does not shard the batch repeats the same work on each of its devices.
-
-    That holds for the expert axis too: it shards tokens as well as experts (counted once).
-    """
-    listed = loaded.spec.mesh.batch_axes
-    if listed is None:
-        return []
-    axes = loaded.spec.mesh.axes
-    missing = [axis for axis in axes if axis not in listed]
-    if not missing:
-        return []
-    suggestion = list(dict.fromkeys([*(a for a in listed if a in axes), *missing]))
-    return [
-        loaded.diagnostic(
-            ("mesh", "batch_axes"),
-            f"mesh axes {missing} must shard the batch too; write {suggestion}",
-        )
-    ]
-
-
-def batch_divisible_by_batch_axes(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Every device must receive the same whole number of sequences."""
-    spec = loaded.spec
-    axes = known_batch_axes(loaded)
-    shards = axes_product(spec.mesh.axes, axes)
-    if spec.shapes.batch % shards == 0:
-        return []
-    nearest = " or ".join(map(str, nearest_multiples(spec.shapes.batch, shards)))
-    return [
-        loaded.diagnostic(
-            ("shapes", "batch"),
-            f"{spec.shapes.batch} is not divisible by {axes_label(axes)} = {shards}; "
-            f"nearest valid: {nearest}",
-        )
-    ]
-
-
-def embed_divisible_by_fsdp(loaded: LoadedSpec) -> list[Diagnostic]:
-    """FSDP shards every parameter along embed_dim, so each shard must be whole."""
-    spec = loaded.spec
-    fsdp = spec.mesh.axes.get("fsdp", 1)
-    if spec.layer.embed_dim % fsdp == 0:
-        return []
-    nearest = " or ".join(map(str, nearest_multiples(spec.layer.embed_dim, fsdp)))
-    return [
-        loaded.diagnostic(
-            ("layer", "embed_dim"),
-            f"{spec.layer.embed_dim} is not divisible by fsdp = {fsdp} "
-            f"(parameters are sharded along embed_dim); nearest valid: {nearest}",
-        )
-    ]
-
-
-def single_expert_not_renormalized(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Renormalising one weight makes it 1.0: the router would never receive a gradient."""
-    router = loaded.spec.router
-    if not (router.top_k == 1 and router.renormalize):
-        return []
-    return [
-        loaded.diagnostic(
-            ("router", "renormalize"),
-            "with top_k = 1 the renormalised weight is always 1.0 and the router gets zero "
-            "gradient; set renormalize: false",
-        )
-    ]
-
-
-def expert_axis_matches_strategy(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Experts are sharded over the `expert` axis exactly when a strategy moves tokens to them."""
-    spec = loaded.spec
-    strategy = spec.parallelism.experts
-    has_axis = "expert" in spec.mesh.axes
-    if strategy == "replicated" and has_axis:
-        return [
-            loaded.diagnostic(
-                ("mesh", "axes", "expert"),
-                at_key=True,
-                message="an expert axis shards experts, but parallelism.experts is replicated; "
-                "set it to ragged_all_to_all or ring_of_experts",
-            )
-        ]
-    if strategy != "replicated" and not has_axis:
-        return [
-            loaded.diagnostic(
-                ("parallelism", "experts"),
-                f"{strategy} shards experts over a mesh axis named expert; add one to mesh.axes",
-            )
-        ]
-    return []
-
-
-def experts_divisible_by_expert_axis(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Every device of the expert axis holds the same number of whole experts."""
-    spec = loaded.spec
-    shards = spec.mesh.axes.get("expert", 1)
-    if spec.layer.num_experts % shards == 0:
-        return []
-    nearest = " or ".join(map(str, nearest_multiples(spec.layer.num_experts, shards)))
-    return [
-        loaded.diagnostic(
-            ("layer", "num_experts"),
-            f"{spec.layer.num_experts} experts do not split over expert = {shards} devices; "
-            f"nearest valid: {nearest}",
-        )
-    ]
-
-
-def overlap_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Overlap chunks split the embedding of ring-of-experts transfers into whole, aligned parts.
-
-    Only ring_of_experts gathers activations to overlap; each chunk must hold the same number
-    of columns (MaxText's 7 chunks over 512 silently drop one), and for the pallas kernel a
-    chunk is a contraction block, so it must be a whole number of 128-lane tiles.
-    """
-    spec = loaded.spec
-    chunks = spec.parallelism.overlap_chunks
-    if chunks == 1:
-        return []
-    path = ("parallelism", "overlap_chunks")
-    if spec.parallelism.experts != "ring_of_experts":
-        return [
-            loaded.diagnostic(
-                path,
-                f"{chunks} chunks overlap the token all-gather of ring_of_experts; "
-                f"experts: {spec.parallelism.experts} has none to overlap; set 1",
-            )
-        ]
-    embed = spec.layer.embed_dim
-    lanes = LANES if spec.target.kernel == "pallas" else 1
-
-    def fits(count: int) -> bool:
-        return embed % count == 0 and (embed // count) % lanes == 0
-
-    if fits(chunks):
-        return []
-    valid = [str(c) for c in range(2, 65) if fits(c)][:8]
-    options = (
-        f"valid chunk counts: {', '.join(valid)}, or 1 (no overlap)"
-        if valid
-        else "set 1 (no overlap)"
-    )
-    if embed % chunks:
-        problem = f"embed_dim {embed} does not split into {chunks} equal chunks"
-    else:
-        problem = (
-            f"chunks of {embed // chunks} columns are not whole {LANES}-lane tiles "
-            "for the pallas kernel"
-        )
-    return [loaded.diagnostic(path, f"{problem}; {options}")]
-
-
-def topology_matches_hardware(loaded: LoadedSpec) -> list[Diagnostic]:
-    """A TPU target names one of its generation's slice shapes; cpu has none."""
-    target = loaded.spec.target
-    chip = hardware(target.hardware)
-    if chip.platform == "cpu":
-        if target.topology is None:
-            return []
-        return [
-            loaded.diagnostic(("target", "topology"), "target cpu takes no topology; remove it")
-        ]
-    if target.topology is None:
-        return [
-            loaded.diagnostic(
-                ("target",),
-                at_key=True,
-                message=f"{target.hardware} needs target.topology, one of: "
-                + ", ".join(chip.topologies),
-            )
-        ]
-    if target.topology in chip.topologies:
-        return []
-    devices = axes_product(loaded.spec.mesh.axes, loaded.spec.mesh.axes)
-    per_slice = devices // target.slices
-    matching = [t for t in chip.topologies if chip.devices(t) == per_slice]
-    slices = f" ({target.slices} slices of {per_slice})" if target.slices > 1 else ""
-    hint = f"; with {devices} devices{slices}: {', '.join(matching)}" if matching else ""
-    return [
-        loaded.diagnostic(
-            ("target", "topology"),
-            f"{target.topology!r} is not a {target.hardware} slice; valid: "
-            f"{', '.join(chip.topologies)}{hint}",
-        )
-    ]
-
-
-def mesh_matches_topology(loaded: LoadedSpec) -> list[Diagnostic]:
-    """The mesh spans the whole slice: one mesh position per device."""
-    target = loaded.spec.target
-    chip = hardware(target.hardware)
-    if chip.platform == "cpu" or target.topology not in chip.topologies:
-        return []
-    devices = axes_product(loaded.spec.mesh.axes, loaded.spec.mesh.axes)
-    want = chip.devices(target.topology) * target.slices
-    if devices == want:
-        return []
-    per_chip = f" ({chip.devices_per_chip} per chip)" if chip.devices_per_chip > 1 else ""
-    slices = f" x {target.slices} slices" if target.slices > 1 else ""
-    return [
-        loaded.diagnostic(
-            ("mesh", "axes"),
-            at_key=True,
-            message=f"the mesh has {devices} devices but {target.hardware} {target.topology}"
-            f"{slices} has {want}{per_chip}; make the product of the axis sizes {want}",
-        )
-    ]
-
-
-def kernel_runs_on_target(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Pallas megablox kernels are TPU kernels; pinned tiles only mean something to them."""
-    target = loaded.spec.target
-    out = []
-    if target.kernel == "pallas" and hardware(target.hardware).platform != "tpu":
-        out.append(
-            loaded.diagnostic(
-                ("target", "kernel"),
-                f"kernel pallas (megablox) runs on TPU targets only, not {target.hardware}; "
-                "use kernel: xla",
-            )
-        )
-    if target.tiles is not None and target.kernel != "pallas":
-        out.append(
-            loaded.diagnostic(
-                ("target", "tiles"), at_key=True, message="tiles apply to kernel pallas only"
-            )
-        )
-    return out
-
-
-def pinned_tiles_run(loaded: LoadedSpec) -> list[Diagnostic]:
-    """A pinned tile must be lane/sublane aligned and fit the generation's scoped VMEM."""
-    target = loaded.spec.target
-    chip = hardware(target.hardware)
-    if target.tiles is None or target.kernel != "pallas" or chip.platform != "tpu":
-        return []  # kernel_runs_on_target reports tiles and pallas off TPU
-    budget = chip.vmem_bytes_for_tiles
-    out = []
-    for name in ("gate_up", "down"):
-        values = getattr(target.tiles, name)
-        if values is None:
-            continue
-        for problem in tile_problems(Tile(*values), loaded.spec.dtypes.compute, budget):
-            out.append(loaded.diagnostic(("target", "tiles", name), problem))
-    return out
-
-
-def mesh_fits_cpu_target(loaded: LoadedSpec) -> list[Diagnostic]:
-    """The cpu target runs on fake host devices; keep their count tractable."""
-    spec = loaded.spec
-    devices = axes_product(spec.mesh.axes, spec.mesh.axes)
-    if spec.target.hardware != "cpu" or devices <= MAX_CPU_DEVICES:
-        return []
-    return [
-        loaded.diagnostic(
-            ("mesh", "axes"),
-            at_key=True,
-            message=f"{devices} devices; target cpu runs at most {MAX_CPU_DEVICES} host devices",
-        )
-    ]
-
+__all__ = ["MAX_CPU_DEVICES", "RULES", "Rule", "check_rules", "validate"]
 
 RULES: tuple[Rule, ...] = (
     top_k_within_experts,

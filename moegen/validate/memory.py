@@ -4,19 +4,13 @@ from __future__ import annotations
 
 from moegen.diagnostics import Diagnostic
 from moegen.load import LoadedSpec
-from moegen.tiling import LANES
+from moegen.sizes import ffn_slice_problem
 
 
 def ffn_chunk_width(loaded: LoadedSpec, chunks: int) -> str:
     """Why the FFN width cannot be cut into `chunks` slices ('' when it can)."""
     spec = loaded.spec
-    ffn = spec.layer.ffn_dim
-    if ffn % chunks:
-        return f"ffn_dim {ffn} does not split into {chunks} equal slices"
-    if spec.target.kernel == "pallas" and (ffn // chunks) % LANES:
-        # A slice is the output (gate, up) and contraction (down) width of a megablox call.
-        return f"slices of {ffn // chunks} columns are not whole {LANES}-lane tiles for pallas"
-    return ""
+    return ffn_slice_problem(spec.layer.ffn_dim, chunks, spec.target.kernel)
 
 
 def ffn_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:

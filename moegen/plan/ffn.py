@@ -1,0 +1,212 @@
+"""The routed FFN's layout: how many slices of its width run at a time, gate and up side by
+side or not, the megablox tiles and padded rows of each slice count, and what each costs.
+
+`make_plan` asks `ffn_layout(count)` for the count the spec pins or, when it pins none, for the
+fewest slices that fit the target's HBM (`default_ffn_chunks`); `moegen plan` lists the others
+(`ffn_chunk_options`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from moegen.hardware import hardware
+from moegen.load import LoadedSpec
+from moegen.plan.costs import DTYPE_BYTES, CostPlan, FfnBuffers, MemoryPlan, memory_plan
+from moegen.plan.experts import ExpertPlan
+from moegen.plan.model import FfnChunkOption
+from moegen.plan.params import GATED_ACTIVATIONS, ParamPlan
+from moegen.sizes import ffn_slice_problem
+from moegen.tiling import (
+    LANES,
+    Tile,
+    choose_tile,
+    padded_rows,
+    projection_out_dtypes,
+    tile_problems,
+)
+
+# Slice counts `moegen plan` lists (beside the chosen one), and the most the plan picks itself.
+LISTED_CHUNKS = (1, 2, 4, 8, 16)
+MAX_CHOSEN_CHUNKS = 64
+
+
+@dataclass(frozen=True)
+class FfnLayout:
+    """The routed FFN run in `chunks` slices of its width."""
+
+    chunks: int
+    gate_up_outputs: tuple[str, ...]  # per gate/up grouped-matmul call: "gate_up" | "gate", "up"
+    tiles: tuple[Tile, Tile] | None  # megablox (gate/up, down); None for other kernels
+    rows: int  # rows of one grouped-matmul call, padded to whole row tiles
+    cost: CostPlan
+    memory: MemoryPlan
+
+    @property
+    def fused(self) -> bool:
+        return self.gate_up_outputs == ("gate_up",)
+
+
+def _slice_problem(loaded: LoadedSpec, chunks: int) -> str:
+    """Why the FFN width cannot be cut into `chunks` slices ('' when it can)."""
+    spec = loaded.spec
+    return ffn_slice_problem(spec.layer.ffn_dim, chunks, spec.target.kernel)
+
+
+def layouts(
+    loaded: LoadedSpec,
+    experts: ExpertPlan,
+    params: tuple[ParamPlan, ...],
+    base_cost: CostPlan,
+    local_tokens: int,
+) -> Callable[[int], FfnLayout]:
+    """The layout of each slice count (cached: the options and the default ask again)."""
+    spec = loaded.spec
+    layer = spec.layer
+    gated = layer.activation in GATED_ACTIVATIONS
+    compute_bytes = DTYPE_BYTES[spec.dtypes.compute]
+    whole_gather = "fsdp" in spec.mesh.axes
+
+    @functools.cache
+    def layout(chunks: int) -> FfnLayout:
+        fused = fuses_gate_up(gated, layer.ffn_dim // chunks, whole_gather and chunks == 1)
+        outputs = ("gate_up",) if fused else ("gate", "up") if gated else ("up",)
+        gate_up_width = layer.ffn_dim // chunks * (2 if fused else 1)
+        tiles = kernel_tiles(loaded, experts, gate_up_width, chunks)
+        rows = padded_rows(experts.ffn_rows, list(tiles)) if tiles else experts.ffn_rows
+        kernel_rows = rows * experts.ffn_calls
+        matmuls = 3 if gated else 2
+        recompute = 2 * (matmuls - 1) * kernel_rows * layer.embed_dim * layer.ffn_dim
+        cost = replace(base_cost, recompute_flops=recompute if chunks > 1 else 0)
+        buffers = FfnBuffers(
+            rows=kernel_rows,
+            embed_dim=layer.embed_dim,
+            width=layer.ffn_dim // chunks,
+            chunks=chunks,
+            matmuls=matmuls,
+            gate_up_calls=len(outputs),
+            sliced_cast_bytes=sum(
+                math.prod(p.local_shape) * compute_bytes for p in params if p.ffn_axis is not None
+            ),
+        )
+        memory = memory_plan(
+            cost,
+            buffers,
+            local_tokens=local_tokens,
+            num_experts=layer.num_experts,
+            compute_bytes=compute_bytes,
+            hbm=hardware(spec.target.hardware).hbm_bytes_per_device,
+        )
+        return FfnLayout(chunks, outputs, tiles, rows, cost, memory)
+
+    return layout
+
+
+def chosen_layout(loaded: LoadedSpec, layout: Callable[[int], FfnLayout]) -> FfnLayout:
+    """The spec's slice count, else the plan's (`default_ffn_chunks`)."""
+    return layout(loaded.spec.memory.ffn_chunks or default_ffn_chunks(loaded, layout))
+
+
+def default_ffn_chunks(loaded: LoadedSpec, layout: Callable[[int], FfnLayout]) -> int:
+    """Whole (no recomputation) when the layer fits the target's memory; else the fewest FFN
+    slices that make it fit (whole when none does: slicing would not save it). A slice count
+    whose pinned tiles would not fit VMEM is skipped: sliced, the down projection writes
+    float32, and its weight gradient holds blocks of that gradient."""
+    hbm = hardware(loaded.spec.target.hardware).hbm_bytes_per_device
+    if not hbm or loaded.spec.parallelism.overlap_chunks != 1:
+        return 1
+    counts = [1] + [c for c in range(2, MAX_CHOSEN_CHUNKS + 1) if not _slice_problem(loaded, c)]
+    for count in counts:
+        if count > 1 and pinned_tile_problems(loaded, count):
+            continue
+        if layout(count).memory.train_peak <= hbm:
+            return count
+    return 1
+
+
+def ffn_chunk_options(
+    loaded: LoadedSpec, chosen: int, layout: Callable[[int], FfnLayout]
+) -> tuple[FfnChunkOption, ...]:
+    """The valid power-of-two slice counts up to 16 (and the chosen one), costed."""
+    if loaded.spec.parallelism.overlap_chunks != 1:
+        return ()
+    counts = {c for c in LISTED_CHUNKS if c == 1 or not _slice_problem(loaded, c)}
+    options = []
+    for count in sorted(counts | {chosen}):
+        option = layout(count)
+        options.append(FfnChunkOption(count, option.memory.train_peak, option.cost.recompute_flops))
+    return tuple(options)
+
+
+def pinned_tile_problems(loaded: LoadedSpec, ffn_chunks: int) -> list[tuple[str, str]]:
+    """(projection, problem) for each pinned tile that cannot run with `ffn_chunks` slices."""
+    spec = loaded.spec
+    pinned = spec.target.tiles
+    if spec.target.kernel != "pallas" or pinned is None:
+        return []
+    budget = hardware(spec.target.hardware).vmem_bytes_for_tiles
+    gate_up_out, down_out = projection_out_dtypes(loaded, ffn_chunks)
+    problems = []
+    for name, tile, out in (
+        ("gate_up", pinned.gate_up, gate_up_out),
+        ("down", pinned.down, down_out),
+    ):
+        if tile:
+            for problem in tile_problems(Tile(*tile), spec.dtypes.compute, budget, out):
+                problems.append((name, problem))
+    return problems
+
+
+def kernel_tiles(
+    loaded: LoadedSpec, experts: ExpertPlan, gate_up_width: int, ffn_chunks: int
+) -> tuple[Tile, Tile] | None:
+    """Megablox tiles for the gate/up calls and for down: pinned by the spec, else chosen here.
+
+    With overlap chunks the gate and up matmuls contract over one chunk of the embedding and
+    write float32 (the chunks are summed); with FFN slices each matmul covers one slice of the
+    FFN width, and the down projection writes float32 (the slices are summed). Gate and up side
+    by side are one call of twice the width.
+    """
+    spec = loaded.spec
+    if spec.target.kernel != "pallas":
+        return None  # ragged_dot takes groups of any size: nothing to tile or pad
+    chip = hardware(spec.target.hardware)
+    gate_up_out, down_out = projection_out_dtypes(
+        spec.dtypes.compute, spec.parallelism.overlap_chunks, ffn_chunks
+    )
+    choose = functools.partial(
+        choose_tile,
+        experts.ffn_rows,
+        dtype=spec.dtypes.compute,
+        vmem_budget=chip.vmem_bytes_for_tiles,
+        groups=experts.local_experts,
+        peak_flops=chip.peak_bf16_flops_per_chip,
+        hbm_bytes_per_s=chip.hbm_bytes_per_s_per_chip,
+    )
+    pinned = spec.target.tiles
+    gate_up = (
+        Tile(*pinned.gate_up)
+        if pinned and pinned.gate_up
+        else choose(experts.chunk_width, gate_up_width, out_dtype=gate_up_out)
+    )
+    down = (
+        Tile(*pinned.down)
+        if pinned and pinned.down
+        else choose(spec.layer.ffn_dim // ffn_chunks, spec.layer.embed_dim, out_dtype=down_out)
+    )
+    return gate_up, down
+
+
+def fuses_gate_up(gated: bool, width: int, gathers_whole_weights: bool) -> bool:
+    """Gate and up as one grouped matmul over their weights side by side (the rows read once,
+    one row gradient instead of two to add): when the layer is gated, the FFN width of a call
+    is whole 128-lane tiles, so that up starts on a lane tile (splitting the result elsewhere
+    costs XLA a copy of it), and fsdp does not gather the whole weights. Gathered whole, gate
+    and up (the largest buffers) and their gradients would be one buffer each, which XLA can
+    no longer gather or reduce-scatter one after the other: measured on v5e, libtpu 0.0.51,
+    mixtral_8x7b_v5e peaks 1.18 GiB higher fused. Per FFN slice or unsharded, fused is lighter
+    (the memory reference in 8 slices: 3.24 GiB instead of 3.63)."""
+    return gated and width % LANES == 0 and not gathers_whole_weights

@@ -1,0 +1,61 @@
+"""The plan's prose: the one-sentence summary of a spec, and why shard_map's varying-axes check
+is off for a module. Built from validated numbers and enums only (no free text of the spec)."""
+
+from __future__ import annotations
+
+from moegen.hardware import hardware
+from moegen.load import LoadedSpec
+
+
+def vma_unchecked_reason(loaded: LoadedSpec) -> str:
+    """Why shard_map's varying-axes check must be off for this module ('' when it can stay on)."""
+    spec = loaded.spec
+    if spec.target.kernel == "pallas":
+        return "Pallas kernels carry no varying-axes types"
+    if spec.target.kernel == "te":
+        return "Transformer Engine's custom VJPs carry no varying-axes types"
+    if spec.layer.activation in ("geglu", "gelu"):
+        return "XLA's erf polynomial carries no varying-axes types"
+    return ""
+
+
+def _topology_text(hardware_name: str, topology: str | None) -> str:
+    if not topology:
+        return "."
+    chip = hardware(hardware_name)
+    return f", {chip.devices(topology)} GPUs." if chip.platform == "gpu" else f" {topology}."
+
+
+def summary(loaded: LoadedSpec) -> str:
+    """One sentence stating the spec, built from validated numbers and enums only."""
+    spec = loaded.spec
+    router, layer = spec.router, spec.layer
+    routing = f"{router.score} routing"
+    if router.score_after_top_k:
+        routing += " over the chosen logits"
+    if router.group_limit:
+        routing += f" in {router.group_limit.keep} of {router.group_limit.groups} groups"
+    details = [
+        "renormalised" if router.renormalize else "",
+        f"scaled by {router.routed_scaling:g}" if router.routed_scaling != 1.0 else "",
+        "balancing bias" if router.routing_bias else "",
+        f"load-balancing loss {router.load_balance_loss:g}" if router.load_balance_loss else "",
+        f"z-loss {router.z_loss:g}" if router.z_loss else "",
+        f"capacity factor {router.capacity.factor:g} (drop by {router.capacity.drop})"
+        if router.capacity
+        else "",
+    ]
+    extras = "".join(f", {d}" for d in details if d)
+    experts = f"{layer.num_experts} {layer.activation} experts"
+    if layer.ffn_bias:
+        experts += " with biases"
+    widths = f"embed {layer.embed_dim}, ffn {layer.ffn_dim}"
+    if layer.shared_ffn_dim:
+        widths += f", shared expert ffn {layer.shared_ffn_dim}"
+    mesh = " x ".join(f"{name} {size}" for name, size in spec.mesh.axes.items())
+    return (
+        f"MoE layer: {experts} ({widths}), top-{router.top_k} "
+        f"{routing}{extras}, {spec.parallelism.experts} experts, "
+        f"on a {mesh} mesh, kernel {spec.target.kernel}, target {spec.target.hardware}"
+        + _topology_text(spec.target.hardware, spec.target.topology)
+    )
