@@ -35,36 +35,73 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-# The compiler needs room of its own beside the tiles: keep a quarter of the scoped VMEM free
-# (on v5e a gmm step of exactly 16 MiB, [512, 1024, 1792] in bfloat16, does not compile;
-# 14 MiB does, 15 MiB does not).
-VMEM_HEADROOM = 0.75
 # A Pallas TPU grid step costs about 0.35 us beside its work (the Pallas TPU matmul guide,
 # "Performance of pipelined kernels"): many narrow tiles are slower than fewer wide ones.
 GRID_STEP_SECONDS = 0.35e-6
+# The compiler's own scratch in a megablox kernel, beside its blocks and accumulator, as
+# measured (libtpu 0.0.51 on v5e, v5p, v6e and tpu7x: the scoped VMEM each compiled kernel
+# reports, tests/test_tiling_libtpu.py) and bounded from above here: a float32 copy of the
+# [rows, contraction] block (5 bytes an element past 512 rows: v6e's weight gradient at 1024
+# rows), 1.5 bytes per (row tile)^2 (the weight gradient's transposes and masks grow with it),
+# and 128 KiB.
+SCRATCH_FIXED_BYTES = 128 * 2**10
+
+
+def scratch_bytes(tile: Tile) -> int:
+    per_element = 4 if tile.rows <= 512 else 5
+    rows, contraction = tile.rows, tile.contraction
+    return per_element * rows * contraction + 3 * rows**2 // 2 + SCRATCH_FIXED_BYTES
+
+
+KERNELS = ("forward gmm", "input-gradient gmm", "weight-gradient tgmm")
+
+
+def projection_out_dtypes(compute: str, overlap_chunks: int, ffn_chunks: int) -> tuple[str, str]:
+    """What the gate/up and the down grouped matmuls write: the compute dtype, or float32 where
+    the module adds results up (the overlapped ring's gate and up over embedding chunks, the
+    FFN slices' down projections). The gradient reaching each kernel has that type too."""
+    gate_up = "float32" if overlap_chunks > 1 else compute
+    down = "float32" if ffn_chunks > 1 else compute
+    return gate_up, down
+
+
+def kernel_vmem(tile: Tile, dtype: str, out_dtype: str | None = None) -> tuple[int, int, int]:
+    """Scoped VMEM of one grid step of each kernel the custom VJP runs with these tiles
+    (KERNELS order), for rows and weights in `dtype` and a result in `out_dtype`.
+
+    Each holds its input and output blocks double-buffered, in their own dtypes, a float32
+    accumulator of its output block, and the compiler's scratch. The forward gmm reads [m, k]
+    rows and [k, n] weights and writes [m, n]. The input gradient is gmm again with k and n
+    swapped: it reads [m, k] blocks of the result's gradient (`out_dtype`) and [n, k] weights
+    and writes [m, n] row gradients. The weight gradient (tgmm) reads [m, k] rows and [m, n]
+    blocks of the result's gradient and writes [k, n] weight gradients.
+    """
+    c = DTYPE_BYTES[dtype]
+    o = DTYPE_BYTES[out_dtype or dtype]
+    m, k, n = tile.as_tuple()
+    scratch = scratch_bytes(tile)
+    return (
+        2 * (m * k * c + k * n * c + m * n * o) + m * n * 4 + scratch,
+        2 * (m * k * o + n * k * c + m * n * c) + m * n * 4 + scratch,
+        2 * (m * k * c + m * n * o + k * n * c) + k * n * 4 + scratch,
+    )
 
 
 def vmem_bytes(tile: Tile, dtype: str, out_dtype: str | None = None) -> int:
-    """Scoped VMEM of the largest grid step the custom VJP runs with these tiles.
-
-    Each step holds double-buffered input and output blocks and a float32 accumulator.
-    gmm (forward, and the input gradient with the roles of k and n swapped) keeps a
-    [rows, output] result; tgmm (weight gradient) keeps a [contraction, output] result.
-    """
-    size = DTYPE_BYTES[dtype]
-    out = DTYPE_BYTES[out_dtype or dtype]  # gmm's result (float32 when summed afterwards)
-    m, k, n = tile.as_tuple()
-    gmm = 2 * (m * k + k * n) * size + 2 * m * n * out + m * n * 4
-    tgmm = 2 * (k * m + m * n) * size + 2 * k * n * size + k * n * 4
-    return max(gmm, tgmm)
+    """Scoped VMEM of the largest grid step of the three kernels (kernel_vmem)."""
+    return max(kernel_vmem(tile, dtype, out_dtype))
 
 
 def usable_vmem(vmem_budget: int) -> int:
-    return int(vmem_budget * VMEM_HEADROOM)
+    """What the tiles may use of the scoped VMEM: all of it. kernel_vmem is an upper bound of
+    what the compiler allocates (scratch included), so the limit itself is the test."""
+    return vmem_budget
 
 
-def tile_problems(tile: Tile, dtype: str, vmem_budget: int) -> list[str]:
-    """Why `tile` cannot run (empty when it can)."""
+def tile_problems(
+    tile: Tile, dtype: str, vmem_budget: int, out_dtype: str | None = None
+) -> list[str]:
+    """Why `tile` cannot run (empty when it can), for a result in `out_dtype`."""
     problems = []
     rows_multiple = ROW_MULTIPLE[dtype]
     if tile.rows % rows_multiple:
@@ -78,13 +115,16 @@ def tile_problems(tile: Tile, dtype: str, vmem_budget: int) -> list[str]:
                 f"{name} tile {value} must be a multiple of {LANES} lanes; "
                 f"nearest valid: {_nearest(value, LANES)}"
             )
-    need = vmem_bytes(tile, dtype)
+    steps = kernel_vmem(tile, dtype, out_dtype)
+    need = max(steps)
     if need > usable_vmem(vmem_budget):
-        fitting = shrink_to_fit(tile, dtype, vmem_budget)
+        kernel = KERNELS[steps.index(need)]
+        written = f" of a call writing {out_dtype}" if out_dtype and out_dtype != dtype else ""
+        fitting = shrink_to_fit(tile, dtype, vmem_budget, out_dtype)
         problems.append(
-            f"tiles {list(tile.as_tuple())} need {need / 2**20:.1f} MiB of VMEM forward or "
-            f"backward, more than the {usable_vmem(vmem_budget) / 2**20:.0f} MiB tiles may use; "
-            f"for example {list(fitting.as_tuple())} fits"
+            f"tiles {list(tile.as_tuple())} need {need / 2**20:.1f} MiB of VMEM in the "
+            f"{kernel}{written}, more than the {usable_vmem(vmem_budget) / 2**20:.0f} MiB "
+            f"scoped VMEM; for example {list(fitting.as_tuple())} fits"
         )
     return problems
 
@@ -112,7 +152,8 @@ def choose_tile(
 
     The row tile is megablox's 512 (fewer rows when the call has fewer): the lane tiles decide
     how often the rows are read and how many masked lanes the MXU computes, and give way first
-    when VMEM is short. Ties go to fewer grid steps.
+    when VMEM is short. Ties go to fewer grid steps, then to fewer accumulator additions (the
+    wider contraction tile).
     """
     row_multiple = ROW_MULTIPLE[dtype]
     usable = usable_vmem(vmem_budget)
@@ -122,9 +163,9 @@ def choose_tile(
     widths = sorted(set(lane_tiles(contraction, widest)) | set(lane_tiles(output, widest)))
     row_tile = max(row_multiple, min(DEFAULT_TILE[0], round_up(rows, row_multiple)))
 
-    def rank(tile: Tile) -> tuple[float, int]:
+    def rank(tile: Tile) -> tuple[float, int, int]:
         cost = kernel_cost(tile, rows, contraction, output, groups, DTYPE_BYTES[dtype])
-        return (cost.seconds(peak_flops, hbm_bytes_per_s), cost.grid_steps)
+        return (cost.seconds(peak_flops, hbm_bytes_per_s), cost.grid_steps, cost.accumulations)
 
     while True:
         fitting = []
@@ -182,6 +223,10 @@ class KernelCost:
 
     calls: tuple[tuple[int, int], ...]
     grid_steps: int
+    # float32 elements added into the gmm accumulators: each contraction step adds a [rows,
+    # output] block. Vector work beside the MXU's, which the time above leaves out: it only
+    # breaks ties (a compute-bound call whose lane tiles trade contraction for output width).
+    accumulations: int = 0
 
     def seconds(self, peak_flops: float, hbm_bytes_per_s: float) -> float:
         """Each kernel bound by its compute or its traffic, whichever is longer, plus the fixed
@@ -219,7 +264,9 @@ def kernel_cost(
         (m * k * _tiles(n, tn) + m * n * _tiles(k, tk) + g * k * n) * size,
     )
     steps = 2 * _tiles(k, tk) * _tiles(n, tn) + _tiles(n, tk) * _tiles(k, tn)
-    return KernelCost((forward, input_gradient, weight_gradient), steps * visits)
+    # the weight gradient's [k, n] accumulator takes one block per row tile whatever the tiles
+    added = computed_rows * (round_up(n, tn) * _tiles(k, tk) + round_up(k, tn) * _tiles(n, tk))
+    return KernelCost((forward, input_gradient, weight_gradient), steps * visits, added)
 
 
 def _tiles(width: int, tile: int) -> int:

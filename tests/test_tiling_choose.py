@@ -128,26 +128,36 @@ def test_lane_tiles(width: int, tiles: list[int]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("rows", "contraction", "output", "dtype", "hw", "groups", "expected"),
+    ("rows", "contraction", "output", "dtype", "hw", "groups", "expected", "out_dtype"),
     [
         # qwen3-30b-a3b ring of experts on v6e: gate and up side by side (N = 2 x 768), 32768
         # rows, 16 local experts. Memory-bound at 512 rows a tile (v6e: 918 TFLOP/s, 1638
         # GB/s, 560 FLOPs a byte), so a wide output tile that reads the 2048-wide rows once,
-        # forward and in the weight gradient, wins: 22 MiB of the 24 usable.
-        (32768, 2048, 1536, "bfloat16", "tpu-v6e", 16, (512, 1024, 2048)),
-        # mixtral-8x7b gate/up on v5e (197 TFLOP/s, 819 GB/s): compute-bound, megablox's
-        # default is the fastest that fits
-        (8192, 4096, 14336, "bfloat16", "tpu-v5e", 8, (512, 1024, 1024)),
-        # float32 on v5e: (512, 1024, 1024) needs 20 MiB > 12; half the contraction fits
-        (8192, 4096, 14336, "float32", "tpu-v5e", 8, (512, 512, 1024)),
-        # deepseek-v3 routed expert, one routed row: 16 rows (the bfloat16 row group)
-        (1, 7168, 2048, "bfloat16", "tpu-v5e", 8, (16, 1024, 1024)),
+        # forward and in the weight gradient, wins: 24.5 MiB of v6e's 32 (tgmm).
+        (32768, 2048, 1536, "bfloat16", "tpu-v6e", 16, (512, 1024, 2048), None),
+        # mixtral-8x7b gate/up on v5e (197 TFLOP/s, 819 GB/s): compute-bound, so (512, 1024,
+        # 1024) and (512, 512, 2048) take the same modelled time and grid steps (both 14.5 MiB);
+        # the wider contraction adds half as many blocks into the accumulators: megablox's
+        # default
+        (8192, 4096, 14336, "bfloat16", "tpu-v5e", 8, (512, 1024, 1024), None),
+        # float32 on v5e: (512, 1024, 1024) needs 22.5 MiB > 16; half the contraction fits
+        (8192, 4096, 14336, "float32", "tpu-v5e", 8, (512, 512, 1024), None),
+        # the down projection of mixtral in 2 FFN slices writes float32: (512, 1024, 1024)
+        # needs 16.5 MiB in the weight gradient; 896 of the 7168 columns a step, 15 MiB
+        (8192, 7168, 4096, "bfloat16", "tpu-v5e", 2, (512, 896, 1024), "float32"),
+        # deepseek-v3 routed expert, one routed row: 16 rows (the bfloat16 row group), and with
+        # 16 rows the 2048-wide output tile fits: one output tile reads the row once
+        (1, 7168, 2048, "bfloat16", "tpu-v5e", 8, (16, 896, 2048), None),
         # tiny: one lane tile each way, 80 rows
-        (80, 64, 128, "bfloat16", "tpu-v5e", 8, (80, 128, 128)),
+        (80, 64, 128, "bfloat16", "tpu-v5e", 8, (80, 128, 128), None),
     ],
 )
-def test_choose_tile_known_values(rows, contraction, output, dtype, hw, groups, expected):
-    assert choose(rows, contraction, output, dtype, hw, groups).as_tuple() == expected
+def test_choose_tile_known_values(
+    rows, contraction, output, dtype, hw, groups, expected, out_dtype
+):
+    tile = choose(rows, contraction, output, dtype, hw, groups, out_dtype=out_dtype)
+    assert tile.as_tuple() == expected
+    assert tile_problems(tile, dtype, BUDGETS[hw], out_dtype) == []
 
 
 def test_choose_tile_ring_beats_the_old_default_by_the_model() -> None:

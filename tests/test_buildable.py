@@ -1,0 +1,158 @@
+"""Every valid spec builds (issue 17, first Done-when): the layers that validated and then could
+not be built, each built end to end (twins on fake CPU devices, the full-size TPU compile).
+
+- Qwen3-30B-A3B, kernel xla, experts over 8 devices, FFN in 2, 4 or 8 slices: failed to trace
+  (the ragged all-to-all typed its rows as the same on every device; the slices' scan refused
+  its carry). tests/test_buildable_exchange.py checks the types without compiling.
+- Mixtral 8x7B and a Grok-1-sized layer, fsdp 2 x expert 4, FFN slices, pallas on v5e: the
+  weight gradient of the down projection (it writes float32) ran out of scoped VMEM; the plan
+  now chooses tiles by what each kernel allocates (tests/test_tiling_libtpu.py).
+- Phi-3.5-MoE and Qwen2-57B-A14B sizes on a v6e 4x4 slice, data 2 x fsdp 2 x expert 4:
+  jax.make_mesh found no whole physical axis of 2 left for fsdp; the plan sees it and the module
+  splits physical axes (tests/test_plan_mesh.py).
+
+The fast tests check that each validates and what its plan decides; the slow ones build it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import assert_no_traceback, run_moegen
+from spec_builder import spec_yaml, validated
+
+from moegen.hardware import hardware
+from moegen.load import LoadedSpec
+from moegen.plan import Plan, make_plan
+from moegen.tiling import Tile, projection_out_dtypes, tile_problems
+
+# The shapes of MaxText's MoE comparisons: 8 sequences of 4096 tokens on a v5e 2x4 slice.
+V5E_2X4 = {
+    "batch": 8,
+    "seq_len": 4096,
+    "params_dtype": "float32",
+    "compute_dtype": "bfloat16",
+    "hardware": "tpu-v5e",
+    "topology": "2x4",
+    "strategy": "ragged_all_to_all",
+}
+V6E_4X4 = V5E_2X4 | {
+    "batch": 16,
+    "hardware": "tpu-v6e",
+    "topology": "4x4",
+    "axes": {"data": 2, "fsdp": 2, "expert": 4},
+    "kernel": "pallas",
+}
+QWEN3 = {"experts": 128, "embed": 2048, "ffn": 768, "top_k": 8}
+MIXTRAL = {"experts": 8, "embed": 4096, "ffn": 14336, "top_k": 2}
+GROK1 = {"experts": 8, "embed": 6144, "ffn": 32768, "top_k": 2}
+PHI35 = {"experts": 16, "embed": 4096, "ffn": 6400, "top_k": 2}
+QWEN2_57B = {"experts": 64, "embed": 3584, "ffn": 2560, "top_k": 8, "shared_ffn": 20480}
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer of issue 17: its spec choices (tests/spec_builder.py) and what broke."""
+
+    choices: dict[str, Any]
+    defect: str
+    splits_physical_axes: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def text(self) -> str:
+        return spec_yaml(self.choices)
+
+    def loaded(self, name: str = "layer") -> LoadedSpec:
+        loaded = validated(self.text(), f"{name}.yaml", name)
+        assert isinstance(loaded, LoadedSpec), loaded
+        return loaded
+
+    def plan(self) -> Plan:
+        return make_plan(self.loaded())
+
+
+def _qwen3_xla(chunks: int) -> Layer:
+    choices = V5E_2X4 | QWEN3 | {"axes": {"expert": 8}, "kernel": "xla", "ffn_chunks": chunks}
+    return Layer(choices, "scan body function carry input and carry output must have equal types")
+
+
+LAYERS: dict[str, Layer] = {
+    **{f"qwen3_xla_expert8_{c}_slices": _qwen3_xla(c) for c in (2, 4, 8)},
+    "mixtral_2_slices": Layer(
+        V5E_2X4 | MIXTRAL | {"axes": {"fsdp": 2, "expert": 4}, "kernel": "pallas", "ffn_chunks": 2},
+        "CompileTimeScopedVmemOom in the tgmm of the down projection",
+    ),
+    "grok1_4_slices": Layer(
+        V5E_2X4 | GROK1 | {"axes": {"fsdp": 2, "expert": 4}, "kernel": "pallas", "ffn_chunks": 4},
+        "CompileTimeScopedVmemOom in the tgmm of the down projection",
+    ),
+    "phi35_split_mesh": Layer(
+        V6E_4X4 | PHI35,
+        "jax.make_mesh: Failed to find assignment for logical_axis_index 1 of size 2",
+        splits_physical_axes=True,
+    ),
+    "qwen2_57b_split_mesh": Layer(
+        V6E_4X4 | QWEN2_57B,
+        "jax.make_mesh: Failed to find assignment for logical_axis_index 1 of size 2",
+        splits_physical_axes=True,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_validates_and_plans(name: str) -> None:
+    """Each layer validates, its kernel tiles fit the scoped VMEM in every kernel (with the
+    dtype each call writes), its mesh lays out, and its plan fits the chip's HBM."""
+    layer = LAYERS[name]
+    plan = layer.plan()
+    chip = hardware(plan.hardware)
+    assert plan.splits_physical_axes == layer.splits_physical_axes
+    assert plan.ffn_chunks == layer.choices.get("ffn_chunks", plan.ffn_chunks)
+    assert plan.memory.train_peak <= chip.hbm_bytes_per_device
+    if plan.kernel == "pallas":
+        outs = projection_out_dtypes(
+            plan.compute_dtype, plan.experts.overlap_chunks, plan.ffn_chunks
+        )
+        for tile, out in zip((plan.gate_up_tile, plan.down_tile), outs, strict=True):
+            assert (
+                tile_problems(Tile(*tile), plan.compute_dtype, chip.vmem_bytes_for_tiles, out) == []
+            )
+
+
+def test_the_sliced_down_projection_gets_a_narrower_tile() -> None:
+    """The Mixtral layer's down projection writes float32 in slices: the 1024-wide contraction
+    tile megablox uses by default would need 16.5 MiB in the weight gradient."""
+    plan = LAYERS["mixtral_2_slices"].plan()
+    assert plan.gate_up_tile == (512, 1024, 1024)
+    assert plan.down_tile == (512, 896, 1024)
+
+
+COMPILED = re.compile(
+    r"^  verify: compile (forward|forward\+backward)\s+[\d.]+ s  per device: args ([\d.]+) MiB, "
+    r"out ([\d.]+) MiB, temp ([\d.]+) MiB",
+    re.M,
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_builds(name: str, tmp_path: Path) -> None:
+    """moegen build, full verification: twins, the TPU compile forward and forward+backward, the
+    HBM verdict; the module is written."""
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(LAYERS[name].text(), encoding="utf-8")
+    out = tmp_path / "out"
+    result = run_moegen("build", "--out", out, spec, timeout=1800)
+    err = result.stderr
+    assert result.returncode == 0, err
+    assert_no_traceback(err)
+    compiled = {m.group(1): [float(v) for v in m.groups()[1:]] for m in COMPILED.finditer(err)}
+    assert set(compiled) == {"forward", "forward+backward"}, err
+    verdict = re.search(r"^  verify: memory verdict\s+[\d.]+ s  (fits: .*)$", err, re.M)
+    assert verdict, err
+    assert (out / f"{name}.py").is_file()
+    print(f"{name}: {verdict.group(1)}; compiled (args, out, temp MiB) {compiled}")
