@@ -352,9 +352,12 @@ def _routed_experts(
     plan = _exchange_plan(counts.reshape(EXPERT_SHARDS, LOCAL_EXPERTS))
 
     # 2. Send each device the rows of its experts; receive the rows of mine.
+    # The result takes the type of the buffer it is written into: zeros_like gives it the
+    # rows' varying axes (a plain zeros would make it invariant, and the backward pass would
+    # then sum its gradient over the mesh).
     received = _ragged_all_to_all(
         rows,
-        jnp.zeros((RECEIVE_ROWS, EMBED_DIM), rows.dtype),
+        jnp.zeros_like(rows, shape=(RECEIVE_ROWS, EMBED_DIM)),
         plan.input_offsets,
         plan.send_sizes,
         plan.output_offsets,
@@ -370,7 +373,7 @@ def _routed_experts(
     # 4. Each result goes back to where its row came from, in the sender's sorted order.
     returned = _ragged_all_to_all(
         out,
-        jnp.zeros((ROUTED_ROWS, EMBED_DIM), out.dtype),
+        jnp.zeros_like(out, shape=(ROUTED_ROWS, EMBED_DIM)),
         plan.recv_offsets,
         plan.recv_sizes,
         plan.return_offsets,
