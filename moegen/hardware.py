@@ -7,10 +7,11 @@ Topologies are the slice shapes Google Cloud offers for each generation; tpu7x s
 devices per chip. NVIDIA GPUs (datasheet SXM figures: dense bf16 peak, HBM, NVLink) come with
 their CUDA compute capability (`sm`: 80 Ampere, 90 Hopper, 100 Blackwell), which decides the
 Transformer Engine features they have; their topologies are GPU counts, "N" inside one
-NVLink node of up to 8, or "NODESx8". Scoped VMEM budgets are the compiler's defaults per
-generation. TPU HBM is counted in GiB, as the TPU compiler counts it (datasheets write "16 GB"
-for v5e's 16 GiB; libtpu reports 15.75 GiB of it available to a program); GPU HBM in the
-datasheets' GB.
+NVLink node of up to 8, or "NODESx8". Scoped VMEM budgets are the compiler's default limit
+of one kernel per generation (libtpu 0.0.51's CompileTimeScopedVmemOom names it: 16 MiB on v5e
+and v5p, 32 MiB on v6e and tpu7x). TPU HBM is counted in GiB, as the TPU compiler counts it
+(datasheets write "16 GB" for v5e's 16 GiB; libtpu reports 15.75 GiB of it available to a
+program); GPU HBM in the datasheets' GB.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class Hardware:
     hbm_bytes_per_s_per_chip: float
     ici_bytes_per_s_per_chip: float  # bidirectional
     topologies: tuple[str, ...]  # valid slice shapes, e.g. "2x4" or "2x2x1"
-    vmem_bytes_for_tiles: int  # scoped VMEM a kernel's tiles may use (double-buffered)
+    vmem_bytes_for_tiles: int  # the compiler's scoped VMEM limit of one kernel (libtpu names it)
     sm: int = 0  # CUDA compute capability x 10 (GPUs only)
 
     @property

@@ -16,7 +16,7 @@ from spec_builder import spec_yaml, validated
 
 from moegen.hardware import CATALOGUE, hardware
 from moegen.load import load_spec
-from moegen.plan import make_plan
+from moegen.plan import format_plan, make_plan
 from moegen.plan.mesh import lays_out_on_whole_axes, physical_mesh_shape
 from moegen.render import render
 from moegen.validate import validate
@@ -122,6 +122,7 @@ def test_plan_splits_where_make_mesh_would_raise_and_the_module_says_so() -> Non
         source
     )
     assert "jax.make_mesh(" not in source
+    assert "; physical axes split (no whole ones fit)" in format_plan(plan)  # moegen plan
     # the same layer on a mesh of whole physical axes keeps jax.make_mesh
     whole = make_plan(validated(v6e_4x4(axes={"fsdp": 4, "expert": 4}), "w.yaml", "w"))
     assert not whole.splits_physical_axes

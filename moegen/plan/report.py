@@ -13,7 +13,8 @@ def format_plan(plan: Plan) -> str:
     lines = [
         f"{plan.spec_display} -> {plan.module_name}.py",
         f"  {plan.summary}",
-        f"  mesh            {mesh} ({plan.num_devices} devices); batch over {plan.batch_axes}",
+        f"  mesh            {mesh} ({plan.num_devices} devices); batch over {plan.batch_axes}"
+        + ("; physical axes split (no whole ones fit)" if plan.splits_physical_axes else ""),
         f"  input           [{plan.batch}, {plan.seq_len}, {plan.embed_dim}] {plan.compute_dtype}"
         f" -> per device [{plan.local_batch}, {plan.seq_len}, {plan.embed_dim}]",
         f"  tokens/device   {plan.local_tokens}; routed rows {plan.routed_rows} "
