@@ -28,6 +28,12 @@ class ParamPlan:
     # another's (w_up beside w_gate); set by side_by_side
     joined_with: str | None = None  # the parameter put beside it along the FFN axis
 
+    @property
+    def shape_code(self) -> str:
+        """The shape as a Python tuple of the constants naming it: "(A, B)", "(A,)"."""
+        names = ", ".join(self.shape_names)
+        return f"({names},)" if len(self.shape_names) == 1 else f"({names})"
+
 
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 
