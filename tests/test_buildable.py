@@ -156,3 +156,16 @@ def test_builds(name: str, tmp_path: Path) -> None:
     assert verdict, err
     assert (out / f"{name}.py").is_file()
     print(f"{name}: {verdict.group(1)}; compiled (args, out, temp MiB) {compiled}")
+
+
+def test_the_plan_slices_only_where_pinned_tiles_fit() -> None:
+    """The plan slices the FFN by itself when HBM is short (a Grok-1-sized layer, 16 sequences
+    of 4096 on v5e 2x4: whole it plans 24.4 GiB of 16); sliced, down writes float32, so a pinned
+    down tile that only fits a bfloat16 result keeps the layer whole (the HBM verdict of the
+    build then says what to change), and one that fits both lets the plan slice."""
+    base = V5E_2X4 | GROK1 | {"axes": {"fsdp": 2, "expert": 4}, "kernel": "pallas", "batch": 16}
+    assert Layer(base, "").plan().ffn_chunks == 4
+    pinned = Layer(base | {"tiles": {"down": [512, 1024, 1024]}}, "").plan()
+    assert pinned.ffn_chunks == 1 and pinned.down_tile == (512, 1024, 1024)
+    narrower = Layer(base | {"tiles": {"down": [512, 1024, 512]}}, "").plan()
+    assert narrower.ffn_chunks == 4 and narrower.down_tile == (512, 1024, 512)

@@ -148,12 +148,10 @@ def pinned_tile_problems(loaded: LoadedSpec, ffn_chunks: int) -> list[tuple[str,
     if spec.target.kernel != "pallas" or pinned is None:
         return []
     budget = hardware(spec.target.hardware).vmem_bytes_for_tiles
-    gate_up_out, down_out = projection_out_dtypes(loaded, ffn_chunks)
+    outs = projection_out_dtypes(spec.dtypes.compute, spec.parallelism.overlap_chunks, ffn_chunks)
     problems = []
-    for name, tile, out in (
-        ("gate_up", pinned.gate_up, gate_up_out),
-        ("down", pinned.down, down_out),
-    ):
+    for name, out in zip(("gate_up", "down"), outs, strict=True):
+        tile = getattr(pinned, name)
         if tile:
             for problem in tile_problems(Tile(*tile), spec.dtypes.compute, budget, out):
                 problems.append((name, problem))
