@@ -24,8 +24,8 @@ way. Dropless: the receive buffer has RECEIVE_ROWS = 131072 rows, what a device 
 every token of its expert group (32768) sends it min(top_k, local experts) = 4 copies; no
 per-expert padding is added (the grouped matmul takes groups of any size).
 aux.received_rows reports the most rows any device actually received.
-Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 640, 2944] (gate,
-up) and [512, 640, 2944] (down), as (rows, contraction, output).
+Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 768, 2944] (gate,
+up) and [512, 768, 2944] (down), as (rows, contraction, output).
 The 131072 rows of a grouped-matmul call are a whole number of row tiles.
 Routing: the top-4 experts by logit, weighted by a softmax over their logits.
 Experts compute down(silu(x @ gate) * (x @ up)) with a bias after each projection.
@@ -80,8 +80,8 @@ FFN_ROWS = 131072  # rows of one grouped-matmul call, worst case
 RECEIVE_ROWS = 131072  # certified ragged all-to-all receive buffer
 
 # megablox tiles (rows, contraction, output); the custom VJP reuses them for gmm and tgmm.
-GATE_UP_TILING = (512, 640, 2944)
-DOWN_TILING = (512, 640, 2944)
+GATE_UP_TILING = (512, 768, 2944)
+DOWN_TILING = (512, 768, 2944)
 PADDED_ROWS = 131072  # FFN_ROWS rounded up to a multiple of every row tile
 
 PARAM_DTYPE = jnp.float32
