@@ -95,10 +95,22 @@ def _random_case(module: ModuleType, seed: int) -> tuple[dict, np.ndarray, np.nd
 
 
 def _starved_case(module: ModuleType, seed: int) -> tuple[dict, np.ndarray, np.ndarray, list[int]]:
-    """Positive tokens and router columns of one sign: negative columns never win top-k."""
+    """Positive tokens and router columns of one sign: negative columns never win top-k.
+
+    The odd experts of each group are starved, but never so many that a token's kept groups
+    hold fewer than top_k fed experts: group-limited routing would then have to pick starved
+    ones (4 experts in 2 groups, keep 1, top-2 can starve none).
+    """
     params, x, cotangent = _random_case(module, seed)
     experts, top_k = module.NUM_EXPERTS, module.TOP_K
-    starved = list(range(1, experts, 2))[: experts - top_k]
+    groups, kept = getattr(module, "EXPERT_GROUPS", 1), getattr(module, "KEPT_GROUPS", 1)
+    per_group = experts // groups
+    fed_per_group = -(-top_k // kept)
+    starved = [
+        group * per_group + i
+        for group in range(groups)
+        for i in range(1, per_group, 2)[: per_group - fed_per_group]
+    ]
     x = np.abs(x) + 0.1
     # Small logits keep the scores away from saturation, where gradients vanish.
     router = 0.25 * np.abs(params["router"])
