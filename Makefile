@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine; both create .venv first when needed.
 #   make example   set up, then build specs/mixtral_small_cpu.yaml end to end
 #   make test      set up, then run the test suite
+#   make test-fast set up, then the fast loop (pytest -m "not slow": no child-process compiles)
 # GPU targets (kernel te) are lowered for CUDA with Transformer Engine, which needs a build:
 #   make te        install it into .venv (scripts/install-te; ~11 min once, then cached)
 #   make test-te   install it, then run the tests that lower for CUDA, requiring TE
@@ -11,7 +12,7 @@ EXAMPLE ?= specs/mixtral_small_cpu.yaml
 TE_STAMP := $(VENV)/.moegen-te-installed
 TE_TESTS := tests/test_te_lowering.py tests/test_gpu_targets.py tests/test_te_slices.py
 
-.PHONY: setup example test check te test-te
+.PHONY: setup example test test-fast check te test-te
 
 setup: $(STAMP)
 
@@ -25,6 +26,9 @@ example: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/pytest -q
+
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -q -m "not slow"
 
 check: $(STAMP)
 	$(VENV)/bin/moegen check
