@@ -118,7 +118,7 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
                     22,
                     14,
                     "target.tiles.gate_up",
-                    "tiles [512, 2048, 2048] need 44.5 MiB of VMEM in the weight-gradient "
+                    "tiles [512, 2048, 2048] need 46.5 MiB of VMEM in the weight-gradient "
                     "tgmm, more than the 16 MiB scoped VMEM; for example [512, 1024, 1024] fits",
                 )
             ],
@@ -205,10 +205,10 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
                     14,
                     "target.tiles.gate_up",
                     # m*k = 98304, k*n = 8396800, m*n = 49200; tgmm 2*(98304 + 49200)*2 +
-                    # 2*8396800*2 + 4*8396800 = 67764416 B, scratch 4*98304 + 864 + 131072
-                    # = 525152 B: 65.1 MiB. Aligned down to [16, 4096, 2048] and halved k,
+                    # 2*8396800*2 + 4*8396800 = 67764416 B, scratch 6*98304 + 864 + 131072
+                    # = 721760 B: 65.3 MiB. Aligned down to [16, 4096, 2048] and halved k,
                     # k, n: [16, 1024, 1024], tgmm 8.125 MiB + scratch 0.19
-                    "tiles [24, 4096, 2050] need 65.1 MiB of VMEM in the weight-gradient "
+                    "tiles [24, 4096, 2050] need 65.3 MiB of VMEM in the weight-gradient "
                     "tgmm, more than the 16 MiB scoped VMEM; for example [16, 1024, 1024] fits",
                 ),
             ],
@@ -251,7 +251,7 @@ def test_pinned_tile_whose_weight_gradient_overflows_vmem_is_refused(
     m, k, n = (int(v) for v in tile.strip("[]").split(", "))
     b = 2  # bfloat16
     scratch = scratch_bytes(Tile(m, k, n))
-    assert scratch == 4 * m * k + 3 * m * m // 2 + 128 * 2**10
+    assert scratch == (4 if k <= 1024 else 6) * m * k + 3 * m * m // 2 + 128 * 2**10
     forward, _, weight_gradient = kernel_vmem(Tile(m, k, n), "bfloat16")
     assert 2 * (m * k + k * n + m * n) * b + 4 * m * n == gmm_mib * 2**20 == forward - scratch
     assert 2 * (m * k + m * n + k * n) * b + 4 * k * n == tgmm_mib * 2**20
