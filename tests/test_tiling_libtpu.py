@@ -84,7 +84,12 @@ for kernel, (m, k, n, groups), tiling, lhs, rhs, out in cases:
 print("MOEGEN-VMEM " + json.dumps(results))
 """
 
-CHIPS = {"tpu-v5e": ("v5e:1x1", [1, 1, 1]), "tpu-v6e": ("v6e:1x1", [1, 1, 1])}
+CHIPS = {  # one compile-only chip of each generation: libtpu's topology name, host bounds
+    "tpu-v5e": ("v5e:1x1", [1, 1, 1]),
+    "tpu-v6e": ("v6e:1x1", [1, 1, 1]),
+    "tpu-v5p": ("v5p:2x2x1", [2, 2, 1]),
+    "tpu7x": ("tpu7x:2x2x1", [2, 2, 1]),
+}
 # The compile limit raised past every case: each kernel reports what it allocates.
 RAISED_KIB = 120000
 
@@ -186,6 +191,9 @@ def test_issue_17_tiles_allocate_no_more_than_modelled(name: str) -> None:
         # ragged widths: the last contraction tile is masked in float32
         ("tpu-v6e", [8192, 2880, 2880, 8], Tile(256, 768, 2944), "bfloat16", "float32"),
         ("tpu-v5e", [8192, 2000, 1000, 8], Tile(512, 1024, 1024), "bfloat16", "bfloat16"),
+        # past 1024 contraction lanes: tpu7x's weight gradient (5.5 bytes an element)
+        ("tpu7x", [8192, 4096, 4096, 8], Tile(512, 2048, 1024), "bfloat16", "float32"),
+        ("tpu-v5p", [8192, 4096, 4096, 8], Tile(512, 1024, 1024), "bfloat16", "float32"),
         # float32 throughout
         ("tpu-v5e", [8192, 4096, 4096, 8], Tile(512, 512, 1024), "float32", "float32"),
     ],
