@@ -182,6 +182,7 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         score_after_top_k=spec.router.score_after_top_k,
         renormalize=spec.router.renormalize,
         routed_scaling=spec.router.routed_scaling,
+        scales_routing=spec.router.routed_scaling != 1.0,
         expert_groups=group_limit.groups if group_limit else None,
         kept_groups=group_limit.keep if group_limit else None,
         group_top_k=spec.router.top_k // group_limit.keep if group_limit else None,

@@ -87,6 +87,7 @@ class Plan:
     score_after_top_k: bool
     renormalize: bool
     routed_scaling: float
+    scales_routing: bool  # routed_scaling != 1: the combine weights are scaled
     expert_groups: int | None  # group-limited routing, None when off
     kept_groups: int | None
     group_top_k: int | None  # scores summed per group to rank it: top_k / kept_groups
