@@ -27,6 +27,30 @@ LINT_RULES = "E,F,W,I,B,UP"
 LINT_IGNORE = "E501"
 
 
+# The macro contracts of the interchangeable templates: every kernel (templates/kernels/) and
+# every expert strategy (templates/strategies/) provides exactly these, and the other
+# templates call nothing else of them (tests/test_template_contracts.py). A template may keep
+# further macros as private helpers that only it calls.
+KERNEL_MACROS = {
+    "imports": "the kernel's import lines",
+    "constants": "module constants the kernel needs (tilings, TE alignment)",
+    "kernel_doc": "the docstring sentence naming the kernel",
+    "functions": "helper functions the kernel's calls use",
+    "pad_rows": "rows padded to the kernel's row tiles before the FFN",
+    "unpad_rows": "the padding rows dropped after it",
+    "grouped_matmul": "rows x per-expert weights, in the compute dtype",
+    "grouped_matmul_f32": "the same product, as float32 (FFN slices sum their down projections)",
+    "grouped_matmul_acc": "the same product added to a float32 running sum",
+}
+STRATEGY_MACROS = {
+    "doc": "the docstring paragraph on how tokens reach their experts",
+    "functions": "the per-device functions of the strategy",
+    "shard_call": "the shard_map call of the layer",
+    "aux_fields": "the Aux fields the strategy adds",
+    "aux_values": "their values in the returned Aux",
+}
+
+
 class RenderError(Exception):
     """The rendered source could not be formatted or failed lint: a moegen bug."""
 
