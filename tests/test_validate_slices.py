@@ -34,6 +34,29 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
             ],
         ),
     ],
+    "dcn_fields_need_a_tpu_target": [
+        ({}, []),
+        (MIXTRAL_2SLICES, []),
+        (
+            {"dcn_axes": "{data: 2}", "expert_over_dcn": True},
+            [
+                (
+                    12,
+                    8,
+                    "mesh.dcn_axes",
+                    "dcn_axes describes how mesh axes cross TPU slices; target cpu has none, so "
+                    "it would be ignored: remove it",
+                ),
+                (
+                    12,
+                    29,
+                    "mesh.expert_over_dcn",
+                    "expert_over_dcn describes how mesh axes cross TPU slices; target cpu has "
+                    "none, so it would be ignored: remove it",
+                ),
+            ],
+        ),
+    ],
     "dcn_axes_split_mesh_axes": [
         ({}, []),  # no dcn_axes
         (MIXTRAL_2SLICES, []),

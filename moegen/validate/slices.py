@@ -84,6 +84,28 @@ def dcn_axes_span_the_slices(loaded: LoadedSpec) -> list[Diagnostic]:
     ]
 
 
+def dcn_fields_need_a_tpu_target(loaded: LoadedSpec) -> list[Diagnostic]:
+    """mesh.dcn_axes and expert_over_dcn describe TPU slices; elsewhere they would be ignored."""
+    spec = loaded.spec
+    target = spec.target.hardware
+    if hardware(target).platform == "tpu" or spec.target.slices > 1:
+        return []  # with slices, slices_need_a_tpu_target says what to change
+    fields = [
+        ("dcn_axes", spec.mesh.dcn_axes is not None),
+        ("expert_over_dcn", spec.mesh.expert_over_dcn),
+    ]
+    return [
+        loaded.diagnostic(
+            ("mesh", name),
+            at_key=True,
+            message=f"{name} describes how mesh axes cross TPU slices; target {target} has "
+            "none, so it would be ignored: remove it",
+        )
+        for name, written in fields
+        if written
+    ]
+
+
 def expert_axis_stays_in_a_slice(loaded: LoadedSpec) -> list[Diagnostic]:
     """Token exchanges between experts are the layer's heaviest traffic: keep them on ICI."""
     mesh = loaded.spec.mesh
@@ -101,6 +123,7 @@ def expert_axis_stays_in_a_slice(loaded: LoadedSpec) -> list[Diagnostic]:
 
 
 SLICE_RULES = (
+    dcn_fields_need_a_tpu_target,
     slices_need_a_tpu_target,
     dcn_axes_split_mesh_axes,
     dcn_axes_span_the_slices,
