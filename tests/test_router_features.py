@@ -137,7 +137,7 @@ CASES: dict[str, tuple[dict, list[str]]] = {
             "mesh": {"axes": {"expert": 2}},
             "parallelism": {"experts": "ring_of_experts", "overlap_chunks": 2},
         },
-        ['jax.nn.relu(up[step] + weights["b_up"]'],
+        ['block_up = up[step] + weights["b_up"][row_experts]', "jax.nn.relu(block_up)"],
     ),
     "llama4_like_top1_sigmoid_shared": (
         {
