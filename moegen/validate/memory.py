@@ -5,6 +5,7 @@ from __future__ import annotations
 from moegen.diagnostics import Diagnostic
 from moegen.load import LoadedSpec
 from moegen.sizes import ffn_slice_problem
+from moegen.validate.bounds import MAX_CHUNKS
 
 
 def ffn_chunk_width(loaded: LoadedSpec, chunks: int) -> str:
@@ -21,7 +22,7 @@ def ffn_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
     problem = ffn_chunk_width(loaded, chunks)
     if not problem:
         return []
-    valid = [str(c) for c in range(2, 65) if not ffn_chunk_width(loaded, c)][:8]
+    valid = [str(c) for c in range(2, MAX_CHUNKS + 1) if not ffn_chunk_width(loaded, c)][:8]
     options = f"valid slice counts: {', '.join(valid)}, or 1" if valid else "set 1"
     return [loaded.diagnostic(("memory", "ffn_chunks"), f"{problem}; {options}")]
 

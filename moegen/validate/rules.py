@@ -11,7 +11,7 @@ from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.sizes import axes_label, axes_product, nearest_multiples
 from moegen.tiling import LANES, Tile, projection_out_dtypes, tile_problems
-from moegen.validate.bounds import known_batch_axes
+from moegen.validate.bounds import MAX_CHUNKS, known_batch_axes
 
 Rule = Callable[[LoadedSpec], list[Diagnostic]]
 
@@ -183,7 +183,7 @@ def overlap_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
 
     if fits(chunks):
         return []
-    valid = [str(c) for c in range(2, 65) if fits(c)][:8]
+    valid = [str(c) for c in range(2, MAX_CHUNKS + 1) if fits(c)][:8]
     options = (
         f"valid chunk counts: {', '.join(valid)}, or 1 (no overlap)"
         if valid
