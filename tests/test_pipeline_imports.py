@@ -9,7 +9,8 @@ swap and the CLI alike) and the facts both validation and the plan consult: the 
 catalogue (hardware), integer arithmetic (sizes) and the megablox kernel model (tiling: what
 a tile costs and whether it fits VMEM; validation refuses pinned tiles by it, the plan chooses
 tiles by it). They import only each other, so they cannot carry a stage's dependency
-backwards.
+backwards. Runtime libraries stand outside the pipeline too: moegen.checkpoints loads published
+weights into a generated module (reading only the module's constants) and imports no stage.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ STAGE_OF = {
     "moegen.schema": "top",
 }
 BASE = {"moegen", "moegen.interrupts", "moegen.hardware", "moegen.sizes", "moegen.tiling"}
+# packages used at run time beside generated modules, not by the pipeline: no stage, and they
+# import nothing of moegen outside themselves
+RUNTIME = ("moegen.checkpoints",)
 
 
 def _modules() -> dict[str, Path]:
@@ -56,11 +60,17 @@ MODULES = _modules()
 
 
 def stage(module: str) -> str | None:
-    """The module's stage; None for a base module; ValueError when it has none."""
-    if module in BASE:
+    """The module's stage; None for a base module or a runtime library's; ValueError when
+    it has none."""
+    if module in BASE or _runtime(module):
         return None
     owners = [m for m in STAGE_OF if module == m or module.startswith(m + ".")]
     return STAGE_OF[max(owners, key=len)]
+
+
+def _runtime(module: str) -> str | None:
+    """The runtime library `module` belongs to, if any."""
+    return next((r for r in RUNTIME if module == r or module.startswith(r + ".")), None)
 
 
 def _known(name: str) -> str | None:
@@ -109,6 +119,18 @@ def test_base_modules_import_no_stage() -> None:
     for module in BASE:
         staged = GRAPH[module] - BASE
         assert not staged, f"{module} is a base module but imports {staged}"
+
+
+def test_runtime_libraries_import_no_stage() -> None:
+    """moegen.checkpoints runs beside generated modules: it imports only its own modules."""
+    for module in MODULES:
+        library = _runtime(module)
+        if library is None:
+            continue
+        outside = {target for target in GRAPH[module] if _runtime(target) != library}
+        assert not outside, (
+            f"{module} is part of the runtime library {library} but imports {outside}"
+        )
 
 
 def test_no_module_imports_a_later_stage() -> None:
