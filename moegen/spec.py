@@ -18,12 +18,39 @@ Size = Annotated[int, Field(gt=0, le=INT32_MAX)]
 
 AxisName = Literal["data", "fsdp", "expert"]
 Dtype = Literal["float32", "bfloat16"]
+GATED_ACTIVATIONS = ("swiglu", "geglu")  # a gate projection beside up
 
 
 class _Section(BaseModel):
     """Base for all spec sections: immutable, no unknown keys, no type coercion."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+Limit = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
+
+
+class Glu(_Section):
+    """The gated activation's parameters: hidden = act(gate) * (up + up_offset)."""
+
+    gate_limit: Limit | None = Field(
+        None, description="Clamp the gate pre-activation to at most this (none: no clamp)."
+    )
+    up_limit: Limit | None = Field(
+        None, description="Clamp the up pre-activation to [-up_limit, up_limit] (none: no clamp)."
+    )
+    sigmoid_scale: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = Field(
+        1.0,
+        description="swiglu only: silu(g) = g * sigmoid(g) becomes g * sigmoid(sigmoid_scale * g) "
+        "(gpt-oss: 1.702).",
+    )
+    up_offset: Annotated[float, Field(ge=-1e6, le=1e6, allow_inf_nan=False)] = Field(
+        0.0, description="Added to the (clamped) up projection before the product (gpt-oss: 1)."
+    )
+
+
+# gpt-oss's experts (transformers models/gpt_oss: swiglu_limit 7.0, alpha 1.702, (up + 1)).
+GLU_PRESETS = {"gpt_oss": Glu(gate_limit=7.0, up_limit=7.0, sigmoid_scale=1.702, up_offset=1.0)}
 
 
 class Layer(_Section):
@@ -38,6 +65,12 @@ class Layer(_Section):
         "geglu = down(gelu(x @ gate) * (x @ up)); plain: gelu = down(gelu(x @ up)), "
         "relu = down(relu(x @ up)). gelu is the exact (erf) form.",
     )
+    glu: Glu | Literal["gpt_oss"] | None = Field(
+        None,
+        description="Gated activations only: clamps, sigmoid scale and up offset of the "
+        "activation, for the routed and the shared experts (clamps after the biases). "
+        "gpt_oss: gate_limit 7, up_limit 7, sigmoid_scale 1.702, up_offset 1. Omit: plain.",
+    )
     ffn_bias: bool = Field(
         False, description="Add a per-expert bias after each projection of the routed experts."
     )
@@ -47,14 +80,27 @@ class Layer(_Section):
         "(same activation, no bias; n shared experts of width F are one of width n*F). "
         "Omit for none.",
     )
+    shared_expert_gate: bool = Field(
+        False,
+        description="Scale the shared expert's output per token by sigmoid(x @ "
+        "shared_expert_gate), a learned [embed_dim] vector (Qwen1.5/Qwen2-MoE, Qwen3-Next).",
+    )
+
+    @property
+    def glu_params(self) -> Glu | None:
+        """The activation parameters with a preset resolved (None: the plain activation)."""
+        return GLU_PRESETS[self.glu] if isinstance(self.glu, str) else self.glu
 
 
 class GroupLimit(_Section):
     """Group-limited routing (DeepSeek-V3): pick experts only from the best groups."""
 
     groups: Size = Field(description="Experts are split into this many equal groups, in order.")
-    keep: Size = Field(
-        description="Groups kept per token, ranked by the sum of their top (top_k / keep) scores."
+    keep: Size = Field(description="Groups kept per token, the best by group score.")
+    top_per_group: Size = Field(
+        2,
+        description="A group's score is the sum of its best this-many selection scores "
+        "(DeepSeek-V3: 2; 1 is the group's max, DeepSeek-V2's group_limited_greedy).",
     )
 
 
@@ -84,6 +130,11 @@ class Router(_Section):
         description="softmax only: choose the top-k experts by logit and take the softmax over "
         "the chosen logits alone (Mixtral, gpt-oss), instead of over all experts.",
     )
+    linear_bias: bool = Field(
+        False,
+        description="The router is a linear layer with a bias: logits = x @ router + "
+        "router_bias (gpt-oss). Unlike routing_bias it moves both selection and weights.",
+    )
     renormalize: bool = Field(False, description="Rescale the top-k weights to sum to 1.")
     routed_scaling: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = Field(
         1.0, description="Multiply the combine weights by this factor (DeepSeek-V3: 2.5)."
@@ -91,8 +142,14 @@ class Router(_Section):
     group_limit: GroupLimit | None = Field(None, description="Group-limited routing.")
     routing_bias: bool = Field(
         False,
-        description="Aux-loss-free balancing: a per-expert bias added to the scores for "
-        "choosing experts only (sigmoid-type scores); update it with update_routing_bias.",
+        description="Aux-loss-free balancing: a per-expert bias added to the scores (sigmoid "
+        "type, or softmax probabilities as in ERNIE 4.5) for choosing experts only; the "
+        "weights stay the unbiased scores. Update it with update_routing_bias.",
+    )
+    weighting: Literal["output", "input"] = Field(
+        "output",
+        description="What each copy's combine weight multiplies: the expert's output (most "
+        "models) or its input (Llama 4: the expert runs on x * weight).",
     )
     load_balance_loss: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] = Field(
         0.0, description="Weight of the switch-style load-balancing loss in aux (0 = none)."

@@ -17,8 +17,10 @@ class Case:
     shape: tuple[int, int, int, int, int]  # batch, seq_len, embed_dim, ffn_dim, num_experts
     cfg: ReferenceConfig
     routing_bias: bool = False
+    router_bias: bool = False  # the router's linear bias (gpt-oss)
     ffn_biases: bool = False
     shared: int = 0  # shared expert width; 0 = none
+    shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate on the shared expert
     zero_router_columns: tuple[int, ...] = ()  # experts whose logits are exactly 0 (ties)
     repeat_tokens: bool = False  # every odd token repeats the one before it (ties)
     drops: bool | None = None  # capacity really drops something (True) or nothing (False)
@@ -69,6 +71,7 @@ CASES = {
         routing_bias=True,
         shared=6,
     ),
+    # gpt-oss's clamped SwiGLU, with limits low enough that the clamps bite at this scale
     "gpt_oss": Case(
         S8,
         C(
@@ -77,10 +80,44 @@ CASES = {
             score_after_top_k=True,
             load_balance_weight=0.1,
             z_loss_weight=0.02,
+            gate_limit=0.6,
+            up_limit=0.6,
+            sigmoid_scale=1.702,
+            up_offset=1.0,
         ),
+        router_bias=True,
         ffn_biases=True,
     ),
-    "llama4": Case(S8, C(top_k=1, score="sigmoid"), shared=6),
+    "llama4": Case(
+        S8, C(top_k=1, score="sigmoid", weights_on_input=True, z_loss_weight=0.05), shared=6
+    ),
+    "input_weighting_top2_biases": Case(
+        S4, C(top_k=2, score="softmax", renormalize=True, weights_on_input=True), ffn_biases=True
+    ),
+    "qwen2_moe": Case(
+        S8,
+        C(top_k=2, score="softmax", load_balance_weight=0.1),
+        shared=6,
+        shared_expert_gate=True,
+    ),
+    "ernie_softmax_bias": Case(
+        S8, C(top_k=2, score="softmax", renormalize=True), routing_bias=True
+    ),
+    "deepseek_v2_group_max": Case(
+        S16, C(top_k=3, score="softmax", num_groups=4, top_groups=2, group_top_n=1)
+    ),
+    "deepseek_v4_clamped_shared": Case(
+        S8,
+        C(
+            top_k=2,
+            score="sqrtsoftplus",
+            renormalize=True,
+            gate_limit=0.5,
+            up_limit=0.4,
+            z_loss_weight=0.02,
+        ),
+        shared=6,
+    ),
     "geglu": Case(S4, C(top_k=2, score="softmax", activation="geglu")),
     "gelu": Case(S4, C(top_k=2, score="softmax", activation="gelu")),
     "relu_biases_shared": Case(
@@ -129,7 +166,7 @@ CASES = {
     ),
     "group_ties": Case(
         S8,
-        C(top_k=2, score="sigmoid", num_groups=4, top_groups=2),
+        C(top_k=2, score="sigmoid", num_groups=4, top_groups=2, group_top_n=1),
         zero_router_columns=(2, 3, 6, 7),
     ),
     "deepseek_v3_capacity": Case(
@@ -167,6 +204,9 @@ CASES = {
 GRADIENT_CASES = [
     "deepseek_v3",
     "gpt_oss",
+    "llama4",
+    "qwen2_moe",
+    "deepseek_v4_clamped_shared",
     "capacity_probability",
     "relu_biases_shared",
     "sqrtsoftplus",
@@ -183,6 +223,8 @@ def make_params(case: Case, seed: int) -> tuple[dict[str, np.ndarray], np.ndarra
     router = normal(1.0, (embed, experts))
     router[:, list(case.zero_router_columns)] = 0.0
     params = {"router": router}
+    if case.router_bias:
+        params["router_bias"] = normal(0.5, (experts,))
     if case.routing_bias:
         params["routing_bias"] = normal(0.3, (experts,))
     gated = case.cfg.activation in GATED
@@ -200,6 +242,8 @@ def make_params(case: Case, seed: int) -> tuple[dict[str, np.ndarray], np.ndarra
             params["shared_gate"] = normal(embed**-0.5, (embed, case.shared))
         params["shared_up"] = normal(embed**-0.5, (embed, case.shared))
         params["shared_down"] = normal(case.shared**-0.5, (case.shared, embed))
+        if case.shared_expert_gate:
+            params["shared_expert_gate"] = normal(embed**-0.5, (embed,))
     x = normal(1.0, (batch, seq, embed))
     if case.repeat_tokens:
         flat = x.reshape(batch * seq, embed)

@@ -27,6 +27,8 @@ def slow_route(token: np.ndarray, params: dict[str, np.ndarray], cfg: ReferenceC
     router = params["router"].astype(np.float64)
     embed, experts = router.shape
     logits = [float(sum(token[d] * router[d, e] for d in range(embed))) for e in range(experts)]
+    if "router_bias" in params:
+        logits = [v + float(b) for v, b in zip(logits, params["router_bias"], strict=True)]
     scores = slow_score(logits, cfg.score)
     if cfg.score_after_top_k:
         selection = list(logits)
@@ -38,7 +40,7 @@ def slow_route(token: np.ndarray, params: dict[str, np.ndarray], cfg: ReferenceC
     candidates = list(range(experts))
     if cfg.num_groups > 1:
         size = experts // cfg.num_groups
-        per_group = cfg.top_k // cfg.top_groups
+        per_group = cfg.group_top_n
         group_score = [
             sum(sorted(selection[g * size : (g + 1) * size], reverse=True)[:per_group])
             for g in range(cfg.num_groups)
@@ -71,7 +73,22 @@ def slow_act(name: str, v: np.ndarray) -> np.ndarray:
     raise AssertionError(name)
 
 
-def slow_expert(token: np.ndarray, p: dict[str, np.ndarray], e: int, act: str) -> np.ndarray:
+def slow_glu(cfg: ReferenceConfig, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """act(gate) * (up + offset), with the clamps; swiglu's sigmoid scaled."""
+    gate = np.array([min(g, cfg.gate_limit) if cfg.gate_limit is not None else g for g in gate])
+    if cfg.up_limit is not None:
+        up = np.array([max(-cfg.up_limit, min(u, cfg.up_limit)) for u in up])
+    if cfg.activation == "swiglu":
+        activated = np.array([g / (1.0 + math.exp(-cfg.sigmoid_scale * g)) for g in gate])
+    else:
+        activated = slow_act(cfg.activation, gate)
+    return activated * (up + cfg.up_offset)
+
+
+def slow_expert(
+    token: np.ndarray, p: dict[str, np.ndarray], e: int, cfg: ReferenceConfig
+) -> np.ndarray:
+    act = cfg.activation
     up = token @ p["w_up"][e]
     if "b_up" in p:
         up = up + p["b_up"][e]
@@ -79,7 +96,7 @@ def slow_expert(token: np.ndarray, p: dict[str, np.ndarray], e: int, act: str) -
         gate = token @ p["w_gate"][e]
         if "b_gate" in p:
             gate = gate + p["b_gate"][e]
-        hidden = slow_act(act, gate) * up
+        hidden = slow_glu(cfg, gate, up)
     else:
         hidden = slow_act(act, up)
     out = hidden @ p["w_down"][e]
@@ -88,10 +105,16 @@ def slow_expert(token: np.ndarray, p: dict[str, np.ndarray], e: int, act: str) -
     return out
 
 
-def slow_shared(token: np.ndarray, p: dict[str, np.ndarray], act: str) -> np.ndarray:
+def slow_shared(token: np.ndarray, p: dict[str, np.ndarray], cfg: ReferenceConfig) -> np.ndarray:
     up = token @ p["shared_up"]
-    hidden = slow_act(act, token @ p["shared_gate"]) * up if act in GATED else slow_act(act, up)
-    return hidden @ p["shared_down"]
+    if cfg.activation in GATED:
+        hidden = slow_glu(cfg, token @ p["shared_gate"], up)
+    else:
+        hidden = slow_act(cfg.activation, up)
+    out = hidden @ p["shared_down"]
+    if "shared_expert_gate" in p:
+        out = out / (1.0 + math.exp(-float(token @ p["shared_expert_gate"])))
+    return out
 
 
 def slow_moe(params: dict[str, np.ndarray], x: np.ndarray, cfg: ReferenceConfig) -> dict:
@@ -125,12 +148,15 @@ def slow_moe(params: dict[str, np.ndarray], x: np.ndarray, cfg: ReferenceConfig)
     for t, k, e, w in copies:
         counts[e] += 1
         if (t, k, e, w) in kept:
-            y[t] += w * slow_expert(tokens[t], p, e, cfg.activation)
+            if cfg.weights_on_input:
+                y[t] += slow_expert(w * tokens[t], p, e, cfg)
+            else:
+                y[t] += w * slow_expert(tokens[t], p, e, cfg)
         else:
             dropped[e] += 1
     if "shared_up" in p:
         for t in range(num_tokens):
-            y[t] += slow_shared(tokens[t], p, cfg.activation)
+            y[t] += slow_shared(tokens[t], p, cfg)
 
     fraction = counts / (num_tokens * cfg.top_k)
     mean_prob = np.zeros(experts)

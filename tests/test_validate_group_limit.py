@@ -24,7 +24,8 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
         # boundary: each kept group supplies all its experts (16 in 8 groups of 2, 2 of 4 kept)
         ({"experts": 16, "top_k": 4, "router": group_limit(8, 2)}, []),
         ({"experts": 32, "top_k": 8, "router": group_limit(4, 1)}, []),  # 8 of one group of 8
-        ({"experts": 8, "top_k": 2, "router": group_limit(8, 2)}, []),  # groups of one expert
+        # groups of one expert: each group's score is its one expert's
+        ({"experts": 8, "top_k": 2, "router": (*group_limit(8, 2), "  top_per_group: 1")}, []),
         (
             dict(DEEPSEEK_V3, router=(*group_limit(7, 4), "score: sigmoid")),
             [
@@ -60,18 +61,9 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
                 )
             ],
         ),
-        (
-            dict(DEEPSEEK_V3, router=(*group_limit(8, 3), "score: sigmoid")),
-            [
-                (
-                    11,
-                    11,
-                    "router.group_limit.keep",
-                    "top_k = 8 is not a multiple of keep = 3 (a group's score is the sum of its "
-                    "top top_k / keep scores); valid keep: 1, 2, 4; or remove group_limit",
-                )
-            ],
-        ),
+        # top_k need not be a multiple of keep: DeepSeek-V3 keeps 3 of 8 as well as 4
+        (dict(DEEPSEEK_V3, router=(*group_limit(8, 3), "score: sigmoid")), []),
+        ({"experts": 16, "top_k": 3, "router": group_limit(4, 2)}, []),
         (
             dict(DEEPSEEK_V3, router=(*group_limit(8, 8), "score: sigmoid")),
             [
@@ -79,7 +71,7 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
                     11,
                     11,
                     "router.group_limit.keep",
-                    "keeping 8 of 8 groups limits nothing; valid keep: 1, 2, 4; "
+                    "keeping 8 of 8 groups limits nothing; valid keep: 1 to 7; "
                     "or remove group_limit",
                 )
             ],
@@ -95,7 +87,7 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
                 )
             ],
         ),
-        # 16 experts in 8 groups of 2: top 8 from 2 kept groups needs 4 from each
+        # 16 experts in 8 groups of 2: top 8 needs 4 kept groups
         (
             {"experts": 16, "top_k": 8, "router": group_limit(8, 2)},
             [
@@ -103,37 +95,48 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
                     11,
                     11,
                     "router.group_limit.keep",
-                    "each kept group must supply top_k / keep = 4 experts but holds 2; "
-                    "valid keep: 4; or remove group_limit",
-                )
-            ],
-        ),
-        (
-            {"experts": 32, "top_k": 8, "router": group_limit(8, 1)},
-            [
-                (
-                    11,
-                    11,
-                    "router.group_limit.keep",
-                    "each kept group must supply top_k / keep = 8 experts but holds 4; "
-                    "valid keep: 2, 4; or remove group_limit",
-                )
-            ],
-        ),
-        # 16 experts in 4 groups of 4, top 10: keep 1 or 2 would need 10 or 5 from a group of 4
-        (
-            {"experts": 16, "top_k": 10, "router": group_limit(4, 2)},
-            [
-                (
-                    11,
-                    11,
-                    "router.group_limit.keep",
-                    "each kept group must supply top_k / keep = 5 experts but holds 4; "
-                    "no keep works for top_k = 10 with 4 groups of 4; groups that work: 8, 16; "
+                    "2 kept groups of 2 experts cannot supply top_k = 8; valid keep: 4 to 7; "
                     "or remove group_limit",
                 )
             ],
         ),
+        # 16 experts in 4 groups of 4, top 13: 4 groups are needed, and keeping 4 limits nothing
+        (
+            {"experts": 16, "top_k": 13, "router": group_limit(4, 2)},
+            [
+                (
+                    11,
+                    11,
+                    "router.group_limit.keep",
+                    "2 kept groups of 4 experts cannot supply top_k = 13; no keep works for "
+                    "top_k = 13 with 4 groups of 4; groups that work: 8; or remove group_limit",
+                )
+            ],
+        ),
+        (
+            {"experts": 8, "top_k": 2, "router": group_limit(1, 1)},
+            [
+                (
+                    10,
+                    13,
+                    "router.group_limit.groups",
+                    "one group holds every expert and limits nothing; valid: 2, 4, 8",
+                )
+            ],
+        ),
+        # a group's score sums its best top_per_group: a group of 2 has no best 3
+        (
+            {"experts": 16, "top_k": 4, "router": (*group_limit(8, 2), "  top_per_group: 3")},
+            [
+                (
+                    12,
+                    20,
+                    "router.group_limit.top_per_group",
+                    "a group of 2 experts has no best 3 to sum; use 1 to 2, or fewer groups",
+                )
+            ],
+        ),
+        ({"experts": 16, "top_k": 4, "router": (*group_limit(8, 2), "  top_per_group: 1")}, []),
     ],
 }
 
@@ -149,76 +152,44 @@ def _keep_message(experts: int, top_k: int, groups: int, keep: int) -> str:
 
 
 def _listed_keeps(message: str) -> list[int]:
-    """The values of "...; valid keep: a, b; or remove group_limit"."""
-    match = re.search(r"; valid keep: (\d+(?:, \d+)*); or remove group_limit$", message)
+    """The values of "...; valid keep: a to b; or remove group_limit" (or "valid keep: a")."""
+    match = re.search(r"; valid keep: (\d+)(?: to (\d+))?; or remove group_limit$", message)
     assert match, message
-    return [int(value) for value in match.group(1).split(", ")]
-
-
-def _assert_listed_keeps_are_exactly_the_passing_ones(
-    experts: int, top_k: int, groups: int, message: str
-) -> None:
-    listed = _listed_keeps(message)
-    for value in range(1, groups + 2):
-        again = loaded_spec(experts=experts, top_k=top_k, router=group_limit(groups, value))
-        if value in listed:  # every keep the message calls valid passes every rule
-            assert check_rules(again) == [], (value, message)
-        else:  # and it leaves none out
-            assert check_rules(again) != [], (value, message)
+    low, high = int(match.group(1)), int(match.group(2) or match.group(1))
+    return list(range(low, high + 1))
 
 
 @pytest.mark.parametrize(
     ("experts", "top_k", "groups", "keep"),
     [
-        pytest.param(256, 8, 8, 3, id="deepseek-v3-keep-3"),
-        pytest.param(160, 6, 8, 4, id="deepseek-v2-keep-4"),
-        # 16 experts in 8 groups of 2: keep 1 or 2 would need 6 or 3 experts from a group of 2
-        pytest.param(16, 6, 8, 4, id="small-groups"),
-        pytest.param(256, 8, 8, 8, id="keeps-every-group"),
+        pytest.param(256, 8, 8, 8, id="deepseek-v3-keeps-every-group"),
+        pytest.param(160, 6, 8, 9, id="deepseek-v2-keep-past-groups"),
+        # 16 experts in 8 groups of 2: top 6 needs 3 of them
+        pytest.param(16, 6, 8, 2, id="small-groups"),
+        pytest.param(16, 8, 8, 2, id="16-experts-top-8"),
+        pytest.param(32, 8, 8, 1, id="32-experts-top-8"),
     ],
 )
-def test_group_keep_advice_followed_passes(experts: int, top_k: int, groups: int, keep: int):
-    message = _keep_message(experts, top_k, groups, keep)
-    _assert_listed_keeps_are_exactly_the_passing_ones(experts, top_k, groups, message)
-
-
-@pytest.mark.parametrize(
-    ("experts", "top_k", "groups", "keep", "listed"),
-    [
-        pytest.param(16, 8, 8, 2, [4], id="16-experts-top-8"),
-        pytest.param(32, 8, 8, 1, [2, 4], id="32-experts-top-8"),
-    ],
-)
-def test_group_keep_too_few_groups_advice_followed_passes(
-    experts: int, top_k: int, groups: int, keep: int, listed: list[int]
+def test_group_keep_advice_is_exactly_the_passing_keeps(
+    experts: int, top_k: int, groups: int, keep: int
 ) -> None:
-    message = _keep_message(experts, top_k, groups, keep)
-    assert _listed_keeps(message) == listed, message
-    _assert_listed_keeps_are_exactly_the_passing_ones(experts, top_k, groups, message)
-
-
-def test_group_keep_says_when_no_keep_works() -> None:
-    # 16 experts in 4 groups of 4, top 10: no keep below 4 divides 10 and supplies <= 4 a group
-    message = _keep_message(16, 10, 4, 2)
-    assert "valid keep:" not in message, message
-    assert message.endswith(
-        "; no keep works for top_k = 10 with 4 groups of 4; groups that work: 8, 16; "
-        "or remove group_limit"
-    ), message
-    for keep in range(1, 6):  # and indeed none does
-        again = loaded_spec(experts=16, top_k=10, router=group_limit(4, keep))
-        assert check_rules(again) != [], keep
+    listed = _listed_keeps(_keep_message(experts, top_k, groups, keep))
+    for value in range(1, groups + 2):
+        again = loaded_spec(experts=experts, top_k=top_k, router=group_limit(groups, value))
+        assert (check_rules(again) == []) == (value in listed), (value, listed)
 
 
 def test_group_counts_named_when_no_keep_works_do_work() -> None:
-    message = _keep_message(16, 10, 4, 2)
+    message = _keep_message(16, 13, 4, 2)
     named = [int(g) for g in message.split("groups that work: ")[1].split(";")[0].split(", ")]
-    assert named == [8, 16]
+    assert named == [8]  # 16 groups of one expert have no best 2 (top_per_group)
     for groups in named:
         keeps = [
             keep
             for keep in range(1, groups)
-            if check_rules(loaded_spec(experts=16, top_k=10, router=group_limit(groups, keep)))
+            if check_rules(loaded_spec(experts=16, top_k=13, router=group_limit(groups, keep)))
             == []
         ]
         assert keeps, groups
+    for keep in range(1, 6):  # and with 4 groups none does
+        assert check_rules(loaded_spec(experts=16, top_k=13, router=group_limit(4, keep))), keep

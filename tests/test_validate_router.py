@@ -6,7 +6,7 @@ import pytest
 from validate_cases import (
     DEEPSEEK_V3,
     NOTHING_BALANCES,
-    ROUTING_BIAS_ON_SOFTMAX,
+    ROUTING_BIAS_ON_LOGITS,
     group_limit,
     loaded_spec,
     rule_tests,
@@ -46,20 +46,19 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
             ],
         ),
     ],
-    "routing_bias_needs_sigmoid_scores": [
+    "routing_bias_chooses_by_scores": [
         ({}, []),
         ({"router": ("score: sigmoid", "routing_bias: true")}, []),
         ({"router": ("score: sqrtsoftplus", "routing_bias: true")}, []),
         ({"router": ("score: softmax", "routing_bias: false")}, []),
         (DEEPSEEK_V3, []),
-        # softmax by default: the bias is refused where it is written
+        # ERNIE 4.5: the bias is added to the softmax probabilities to choose
+        ({"renormalize": True, "router": ("routing_bias: true",)}, []),
+        ({"router": ("score: softmax", "routing_bias: true")}, []),
+        # by raw logits there is no score to add it to: refused where it is written
         (
-            {"router": ("routing_bias: true",)},
-            [(9, 17, "router.routing_bias", ROUTING_BIAS_ON_SOFTMAX)],
-        ),
-        (
-            {"router": ("score: softmax", "routing_bias: true")},
-            [(10, 17, "router.routing_bias", ROUTING_BIAS_ON_SOFTMAX)],
+            {"router": ("score_after_top_k: true", "routing_bias: true")},
+            [(10, 17, "router.routing_bias", ROUTING_BIAS_ON_LOGITS)],
         ),
     ],
     "score_after_top_k_is_meaningful": [

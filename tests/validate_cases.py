@@ -167,15 +167,15 @@ DEEPSEEK_V3 = {
     "renormalize": True,
     "router": (*group_limit(8, 4), "score: sigmoid", "routing_bias: true", "routed_scaling: 2.5"),
 }
-ROUTING_BIAS_ON_SOFTMAX = (
-    "a routing bias balances sigmoid-type scores; with score: softmax the experts compete "
-    "inside one softmax and the bias has no defined effect; set score: sigmoid (or "
-    "sqrtsoftplus), or routing_bias: false"
+ROUTING_BIAS_ON_LOGITS = (
+    "score_after_top_k chooses experts by their raw logits, before any score exists to add "
+    "the balancing bias to; set score_after_top_k: false (the bias is then added to the "
+    "softmax probabilities, as ERNIE 4.5 does) or routing_bias: false"
 )
 NOTHING_BALANCES = (
     "a capacity drops what unbalanced routing sends past it, and nothing here balances the "
-    "routing; set router.load_balance_loss (e.g. 0.01) or router.routing_bias: true "
-    "(sigmoid-type scores), or remove capacity (dropless)"
+    "routing; set router.load_balance_loss (e.g. 0.01) or router.routing_bias: true, "
+    "or remove capacity (dropless)"
 )
 
 

@@ -20,10 +20,9 @@ from moegen.plan.costs import DTYPE_BYTES, CostPlan, MemoryPlan, cost_plan
 from moegen.plan.experts import ExpertPlan, expert_plan
 from moegen.plan.ffn import chosen_layout, ffn_chunk_options, layouts
 from moegen.plan.mesh import lays_out_on_whole_axes, physical_mesh_shape
-from moegen.plan.model import Plan
+from moegen.plan.model import GluPlan, Plan
 from moegen.plan.network import NetworkPlan, Transfer, network_plan
 from moegen.plan.params import (
-    GATED_ACTIVATIONS,
     ROUTER_DTYPE,
     LayerShape,
     ParamPlan,
@@ -35,10 +34,11 @@ from moegen.plan.prose import summary, vma_unchecked_reason
 from moegen.plan.report import format_plan
 from moegen.plan.roofline import PassRoofline, Roofline, roofline
 from moegen.sizes import axes_product
+from moegen.spec import GATED_ACTIVATIONS, Layer
 from moegen.tiling import round_up
 
 __all__ = [
-    "CostPlan", "ExpertPlan", "MemoryPlan", "NetworkPlan", "ParamPlan", "PartitionSpec",
+    "CostPlan", "ExpertPlan", "GluPlan", "MemoryPlan", "NetworkPlan", "ParamPlan", "PartitionSpec",
     "PassRoofline", "Plan", "Roofline", "Transfer",
     "format_plan", "make_plan",
 ]  # fmt: skip
@@ -68,6 +68,8 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
             ffn_bias=layer.ffn_bias,
             shared_ffn=layer.shared_ffn_dim,
             routing_bias=spec.router.routing_bias,
+            router_bias=spec.router.linear_bias,
+            shared_expert_gate=layer.shared_expert_gate,
         ),
         fsdp_axis,
         axes.get("fsdp", 1),
@@ -185,9 +187,12 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         scales_routing=spec.router.routed_scaling != 1.0,
         expert_groups=group_limit.groups if group_limit else None,
         kept_groups=group_limit.keep if group_limit else None,
-        group_top_k=spec.router.top_k // group_limit.keep if group_limit else None,
+        group_top_k=group_limit.top_per_group if group_limit else None,
+        ranks_groups_by_max=group_limit is not None and group_limit.top_per_group == 1,
         experts_per_group=spec.layer.num_experts // group_limit.groups if group_limit else None,
         routing_bias=spec.router.routing_bias,
+        router_linear_bias=spec.router.linear_bias,
+        weights_on_input=spec.router.weighting == "input",
         selection_is_score=not (
             spec.router.score_after_top_k or spec.router.routing_bias or group_limit
         ),
@@ -200,8 +205,10 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         drop_policy=spec.router.capacity.drop if spec.router.capacity else None,
         activation=layer.activation,
         gated=gated,
+        glu=_glu_plan(layer),
         ffn_bias=layer.ffn_bias,
         shared_ffn_dim=layer.shared_ffn_dim,
+        shared_expert_gate=layer.shared_expert_gate,
         param_dtype=spec.dtypes.params,
         compute_dtype=spec.dtypes.compute,
         router_dtype=ROUTER_DTYPE,
@@ -234,6 +241,19 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
 # when quantized (cuBLAS FP8 contracts over rows in the weight gradient in 16s; TE's SM 100
 # MXFP8 kernels scale 32-row blocks and want 128 when every dimension is a multiple of 128).
 TE_GROUP_ALIGN = {"none": 1, "fp8": 16, "mxfp8": 128}
+
+
+def _glu_plan(layer: Layer) -> GluPlan | None:
+    glu = layer.glu_params
+    if glu is None:
+        return None
+    return GluPlan(
+        gate_limit=glu.gate_limit,
+        up_limit=glu.up_limit,
+        sigmoid_scale=None if glu.sigmoid_scale == 1.0 else glu.sigmoid_scale,
+        up_offset=None if glu.up_offset == 0.0 else glu.up_offset,
+        preset=layer.glu if isinstance(layer.glu, str) else None,
+    )
 
 
 def _ffn_layout(experts: ExpertPlan, chunks: int) -> str:

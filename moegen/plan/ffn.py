@@ -18,8 +18,9 @@ from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES, CostPlan, FfnBuffers, MemoryPlan, memory_plan
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.model import FfnChunkOption
-from moegen.plan.params import GATED_ACTIVATIONS, ParamPlan
+from moegen.plan.params import ParamPlan
 from moegen.sizes import ffn_slice_problem
+from moegen.spec import GATED_ACTIVATIONS
 from moegen.tiling import (
     LANES,
     Tile,

@@ -21,6 +21,18 @@ class FfnChunkOption:
 
 
 @dataclass(frozen=True)
+class GluPlan:
+    """The gated activation's parameters; None: that part is plain (no clamp, scale 1,
+    offset 0), and the module has no constant for it."""
+
+    gate_limit: float | None  # the gate clamped to at most this
+    up_limit: float | None  # up clamped to [-up_limit, up_limit]
+    sigmoid_scale: float | None  # swiglu: gate * sigmoid(sigmoid_scale * gate)
+    up_offset: float | None  # added to up before the product
+    preset: str | None  # the spec's preset name (gpt_oss), for the docstring
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything static about one generated module."""
 
@@ -90,9 +102,12 @@ class Plan:
     scales_routing: bool  # routed_scaling != 1: the combine weights are scaled
     expert_groups: int | None  # group-limited routing, None when off
     kept_groups: int | None
-    group_top_k: int | None  # scores summed per group to rank it: top_k / kept_groups
+    group_top_k: int | None  # a group's best selection scores summed to rank it
+    ranks_groups_by_max: bool  # group_top_k == 1: a group's score is its best one
     experts_per_group: int | None
     routing_bias: bool
+    router_linear_bias: bool  # logits = x @ router + router_bias
+    weights_on_input: bool  # combine weights scale each copy's input (Llama 4), not its output
     selection_is_score: bool  # experts chosen by score alone: no bias, no groups, no after-top-k
     route_returns_logits: bool  # the balance losses need the router logits
     load_balance_weight: float
@@ -103,8 +118,10 @@ class Plan:
     drop_policy: str | None  # "probability" | "position" under a capacity
     activation: str
     gated: bool  # swiglu, geglu: a gate projection beside up
+    glu: GluPlan | None  # clamps, sigmoid scale, up offset; None: the plain activation
     ffn_bias: bool
     shared_ffn_dim: int | None
+    shared_expert_gate: bool  # the shared expert's output times sigmoid(x @ shared_expert_gate)
     param_dtype: str
     compute_dtype: str
     router_dtype: str

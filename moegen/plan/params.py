@@ -35,9 +35,6 @@ class ParamPlan:
         return f"({names},)" if len(self.shape_names) == 1 else f"({names})"
 
 
-GATED_ACTIVATIONS = ("swiglu", "geglu")
-
-
 @dataclass(frozen=True)
 class LayerShape:
     """What decides the parameter set: sizes and the optional parts of the layer."""
@@ -49,6 +46,8 @@ class LayerShape:
     ffn_bias: bool
     shared_ffn: int | None  # hidden width of the shared expert, None when there is none
     routing_bias: bool
+    router_bias: bool = False  # the router is a linear layer with a bias
+    shared_expert_gate: bool = False  # a sigmoid gate [D] on the shared expert's output
 
 
 def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
@@ -57,6 +56,8 @@ def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
     E, D, F = layer.experts, layer.embed, layer.ffn
     dt = compute_dtype
     out: list[tuple] = [("router", (d, e), (D, E), 0, ROUTER_DTYPE, D)]
+    if layer.router_bias:
+        out.append(("router_bias", (e,), (E,), None, ROUTER_DTYPE, 0))
     if layer.routing_bias:
         out.append(("routing_bias", (e,), (E,), None, ROUTER_DTYPE, 0))
     projections = ["gate", "up"] if layer.gated else ["up"]
@@ -69,6 +70,9 @@ def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
         S = layer.shared_ffn
         out += [(f"shared_{p}", (d, s), (D, S), 0, dt, D) for p in projections]
         out.append(("shared_down", (s, d), (S, D), 1, dt, S))
+        if layer.shared_expert_gate:
+            # Replicated: a [D] vector is not worth an fsdp gather.
+            out.append(("shared_expert_gate", (d,), (D,), None, ROUTER_DTYPE, D))
     return out
 
 
@@ -80,12 +84,12 @@ def param_plans(
     expert_axis: str | None,
     expert_shards: int,
 ) -> tuple[ParamPlan, ...]:
-    """Router [D, E] (and its bias [E]); routed experts' weights [E, ...] and biases; the
+    """Router [D, E] (and its biases [E]); routed experts' weights [E, ...] and biases; the
     shared expert's weights.
 
     fsdp shards every embed_dim (gathered inside the layer); the expert axis shards the
     experts of the routed experts' weights and biases (never gathered: each device runs its
-    own experts). The router, its bias and the shared expert are replicated over it.
+    own experts). The router, its biases and the shared expert are replicated over it.
     """
     plans = []
     for name, names, shape, embed_axis, use_dtype, fan_in in _layouts(layer, compute_dtype):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from moegen.diagnostics import Diagnostic, SpecError
 from moegen.load import LoadedSpec
+from moegen.validate.activation import ACTIVATION_RULES
 from moegen.validate.bounds import (
     chunks_within_limit,
     experts_within_limit,
@@ -60,6 +61,7 @@ RULES: tuple[Rule, ...] = (
     pinned_tiles_run,
     mesh_fits_cpu_target,
     *ROUTING_RULES,
+    *ACTIVATION_RULES,
     *SLICE_RULES,
     *MEMORY_RULES,
     *GPU_RULES,

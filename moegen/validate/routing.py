@@ -7,27 +7,24 @@ that cannot pick top_k experts), or one that is a no-op the user did not mean.
 
 from __future__ import annotations
 
-import bisect
-
 from moegen.diagnostics import Diagnostic
 from moegen.load import LoadedSpec
 from moegen.sizes import divisors, listed
 
-SIGMOID_TYPE_SCORES = ("sigmoid", "sqrtsoftplus")
 
-
-def routing_bias_needs_sigmoid_scores(loaded: LoadedSpec) -> list[Diagnostic]:
-    """The aux-loss-free bias is defined on independent per-expert scores (DeepSeek-V3);
-    TE's block accepts it under softmax, where its kernel ignores it."""
+def routing_bias_chooses_by_scores(loaded: LoadedSpec) -> list[Diagnostic]:
+    """The selection bias is added to the scores the router chooses by (sigmoid type, or
+    softmax probabilities as ERNIE 4.5 does); score_after_top_k chooses by raw logits, where no
+    score exists to add it to."""
     router = loaded.spec.router
-    if not router.routing_bias or router.score in SIGMOID_TYPE_SCORES:
+    if not (router.routing_bias and router.score_after_top_k):
         return []
     return [
         loaded.diagnostic(
             ("router", "routing_bias"),
-            f"a routing bias balances sigmoid-type scores; with score: {router.score} the "
-            "experts compete inside one softmax and the bias has no defined effect; set "
-            "score: sigmoid (or sqrtsoftplus), or routing_bias: false",
+            "score_after_top_k chooses experts by their raw logits, before any score exists "
+            "to add the balancing bias to; set score_after_top_k: false (the bias is then "
+            "added to the softmax probabilities, as ERNIE 4.5 does) or routing_bias: false",
         )
     ]
 
@@ -75,69 +72,70 @@ def score_after_top_k_is_meaningful(loaded: LoadedSpec) -> list[Diagnostic]:
 
 
 def group_limit_can_pick_top_k(loaded: LoadedSpec) -> list[Diagnostic]:
-    """DeepSeek-V3's rules: whole groups, kept groups divide top_k, and hold enough experts."""
+    """Whole groups; a group score its experts can supply; kept groups that limit something
+    and hold at least top_k experts."""
     spec = loaded.spec
     limit = spec.router.group_limit
     if limit is None:
         return []
     experts, top_k = spec.layer.num_experts, spec.router.top_k
-    # Group counts and keeps are divisors: enumerated by pairs up to the square root, as a
-    # count of experts or a top_k can be any size up to 2**31 here.
-    group_counts = [g for g in divisors(experts) if g > 1]
-    if experts % limit.groups:
+    if experts % limit.groups or limit.groups == 1:
+        # Group counts are divisors: enumerated by pairs up to the square root, as a count of
+        # experts can be any size up to 2**31 here.
+        group_counts = [g for g in divisors(experts) if g > 1]
+        problem = (
+            "one group holds every expert and limits nothing"
+            if limit.groups == 1
+            else f"{experts} experts do not split into {limit.groups} equal groups"
+        )
         return [
             loaded.diagnostic(
                 ("router", "group_limit", "groups"),
-                f"{experts} experts do not split into {limit.groups} equal groups; "
-                f"valid: {listed(group_counts, limit.groups) or 'none (one expert)'}",
+                f"{problem}; valid: {listed(group_counts, limit.groups) or 'none (one expert)'}",
             )
         ]
     per_group = experts // limit.groups
-    keeps = divisors(top_k)
-    valid = _valid_keeps(keeps, experts, limit.groups, top_k)
-    if limit.keep in valid:
-        return []
-    if limit.keep >= limit.groups:
-        problem = f"keeping {limit.keep} of {limit.groups} groups limits nothing"
-    elif top_k % limit.keep:
-        problem = (
-            f"top_k = {top_k} is not a multiple of keep = {limit.keep} (a group's score is "
-            "the sum of its top top_k / keep scores)"
+    out = []
+    if limit.top_per_group > per_group:
+        out.append(
+            loaded.diagnostic(
+                ("router", "group_limit", "top_per_group"),
+                f"a group of {per_group} experts has no best {limit.top_per_group} to sum; "
+                f"use 1 to {per_group}, or fewer groups",
+            )
         )
-    else:
-        problem = (
-            f"each kept group must supply top_k / keep = {top_k // limit.keep} experts but "
-            f"holds {per_group}"
+    fewest = -(-top_k // per_group)  # kept groups that hold top_k experts
+    if not fewest <= limit.keep < limit.groups:
+        if limit.keep >= limit.groups:
+            problem = f"keeping {limit.keep} of {limit.groups} groups limits nothing"
+        else:
+            problem = (
+                f"{limit.keep} kept groups of {per_group} experts cannot supply top_k = {top_k}"
+            )
+        out.append(
+            loaded.diagnostic(
+                ("router", "group_limit", "keep"),
+                f"{problem}; {_keep_fix(experts, top_k, limit.groups, limit.top_per_group)}; "
+                "or remove group_limit",
+            )
         )
-    if valid:
-        fix = f"valid keep: {listed(valid, limit.keep)}"
-    else:
-        workable = [g for g in group_counts if _some_keep(keeps, experts, g, top_k)]
-        works = f"groups that work: {listed(workable, limit.groups)}" if workable else "none works"
-        fix = (
-            f"no keep works for top_k = {top_k} with {limit.groups} groups of {per_group}; {works}"
-        )
-    return [
-        loaded.diagnostic(
-            ("router", "group_limit", "keep"), f"{problem}; {fix}; or remove group_limit"
-        )
+    return out
+
+
+def _keep_fix(experts: int, top_k: int, groups: int, top_per_group: int) -> str:
+    """The keeps that work (a range: from the fewest groups holding top_k experts up to one
+    below all of them), else the group counts for which some keep works (with groups of at
+    least top_per_group experts)."""
+    fewest = -(-top_k // (experts // groups))
+    if fewest < groups:
+        return f"valid keep: {fewest}" + (f" to {groups - 1}" if fewest < groups - 1 else "")
+    workable = [
+        g
+        for g in divisors(experts)
+        if 1 < g and -(-top_k // (experts // g)) < g and experts // g >= top_per_group
     ]
-
-
-def _valid_keeps(keeps: list[int], experts: int, groups: int, top_k: int) -> list[int]:
-    """Kept-group counts that limit something and can supply top_k experts; `keeps`: the
-    divisors of top_k, ascending (a keep must divide it)."""
-    per_group = experts // groups
-    return [k for k in keeps if k < groups and top_k // k <= per_group]
-
-
-def _some_keep(keeps: list[int], experts: int, groups: int, top_k: int) -> bool:
-    """Whether `_valid_keeps` has any: the smallest divisor k of top_k with top_k / k <= the
-    group size (k >= top_k / size) must limit something (k < groups). One bisection, not a
-    scan of every keep for every group count."""
-    need = -(-top_k // (experts // groups))
-    index = bisect.bisect_left(keeps, need)
-    return index < len(keeps) and keeps[index] < groups
+    works = f"groups that work: {listed(workable, groups)}" if workable else "none works"
+    return f"no keep works for top_k = {top_k} with {groups} groups of {experts // groups}; {works}"
 
 
 def capacity_has_a_balancer(loaded: LoadedSpec) -> list[Diagnostic]:
@@ -151,13 +149,13 @@ def capacity_has_a_balancer(loaded: LoadedSpec) -> list[Diagnostic]:
             at_key=True,
             message="a capacity drops what unbalanced routing sends past it, and nothing here "
             "balances the routing; set router.load_balance_loss (e.g. 0.01) or "
-            "router.routing_bias: true (sigmoid-type scores), or remove capacity (dropless)",
+            "router.routing_bias: true, or remove capacity (dropless)",
         )
     ]
 
 
 ROUTING_RULES = (
-    routing_bias_needs_sigmoid_scores,
+    routing_bias_chooses_by_scores,
     score_after_top_k_is_meaningful,
     group_limit_can_pick_top_k,
     capacity_has_a_balancer,

@@ -143,6 +143,21 @@ def reference_config(plan: Plan) -> dict[str, Any]:
         "load_balance_weight": plan.load_balance_weight,
         "z_loss_weight": plan.z_loss_weight,
         "activation": plan.activation,
+        "group_top_n": plan.group_top_k or 2,
+        "weights_on_input": plan.weights_on_input,
+        **_glu_reference(plan),
+    }
+
+
+def _glu_reference(plan: Plan) -> dict[str, Any]:
+    glu = plan.glu
+    if glu is None:
+        return {}
+    return {
+        "gate_limit": glu.gate_limit,
+        "up_limit": glu.up_limit,
+        "sigmoid_scale": glu.sigmoid_scale or 1.0,
+        "up_offset": glu.up_offset or 0.0,
     }
 
 

@@ -8,10 +8,12 @@ one"), so that it shares no method with a sort- or top_k-based implementation ei
 
 Features follow from `ReferenceConfig` and from which keys `params` holds:
 
-- router [D, E]; routing_bias [E] (optional, selection only: aux-loss-free balancing);
+- router [D, E]; router_bias [E] (optional: added to the logits); routing_bias [E] (optional,
+  selection only: aux-loss-free balancing);
 - w_gate [E, D, F] (gated activations only), w_up [E, D, F], w_down [E, F, D];
 - b_gate [E, F] (gated only), b_up [E, F], b_down [E, D]: optional FFN biases, all or none;
-- shared_gate [D, S] (gated only), shared_up [D, S], shared_down [S, D]: optional shared expert.
+- shared_gate [D, S] (gated only), shared_up [D, S], shared_down [S, D]: optional shared expert;
+  shared_expert_gate [D] (optional with it): its output times sigmoid(x . shared_expert_gate).
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ class ReferenceConfig:
     load_balance_weight: float = 0.0
     z_loss_weight: float = 0.0
     activation: str = "swiglu"  # "swiglu" | "geglu" | "gelu" | "relu"
+    group_top_n: int = 2  # a group's score: the sum of its best n selection scores
+    weights_on_input: bool = False  # the weight scales the expert's input, not its output
+    gate_limit: float | None = None  # gated: gate = min(gate, limit)
+    up_limit: float | None = None  # gated: up = clip(up, -limit, limit)
+    sigmoid_scale: float = 1.0  # swiglu: gate * sigmoid(scale * gate)
+    up_offset: float = 0.0  # gated: act(gate) * (up + offset)
 
 
 RouterConfig = ReferenceConfig  # the older name
@@ -82,10 +90,21 @@ def _exact_gelu(v: jax.Array) -> jax.Array:
     return jax.nn.gelu(v, approximate=False)
 
 
-def _activation(name: str):
-    return {"swiglu": jax.nn.silu, "geglu": _exact_gelu, "gelu": _exact_gelu, "relu": jax.nn.relu}[
-        name
-    ]
+def _hidden(cfg: ReferenceConfig, gate: jax.Array | None, up: jax.Array) -> jax.Array:
+    """The activation: act(up) plain; gated, with the clamps, sigmoid scale and up offset."""
+    if cfg.activation == "gelu":
+        return _exact_gelu(up)
+    if cfg.activation == "relu":
+        return jnp.maximum(up, 0.0)
+    if cfg.gate_limit is not None:
+        gate = jnp.where(gate > cfg.gate_limit, cfg.gate_limit, gate)
+    if cfg.up_limit is not None:
+        up = jnp.where(jnp.abs(up) > cfg.up_limit, jnp.sign(up) * cfg.up_limit, up)
+    if cfg.activation == "swiglu":
+        activated = gate * jax.nn.sigmoid(cfg.sigmoid_scale * gate)
+    else:
+        activated = _exact_gelu(gate)
+    return activated * (up + cfg.up_offset)
 
 
 def _check(cfg: ReferenceConfig, params: dict, num_tokens: int) -> None:
@@ -105,10 +124,10 @@ def _check(cfg: ReferenceConfig, params: dict, num_tokens: int) -> None:
             raise ValueError(f"{experts} experts do not split into {cfg.num_groups} groups")
         if not 1 <= cfg.top_groups <= cfg.num_groups:
             raise ValueError(f"top_groups {cfg.top_groups} not in [1, {cfg.num_groups}]")
-        if not cfg.top_groups <= cfg.top_k <= cfg.top_groups * (experts // cfg.num_groups):
-            raise ValueError(
-                f"top_k {cfg.top_k} needs top_groups <= top_k <= the experts in the kept groups"
-            )
+        if cfg.top_k > cfg.top_groups * (experts // cfg.num_groups):
+            raise ValueError(f"top_k {cfg.top_k} exceeds the experts in the kept groups")
+        if not 1 <= cfg.group_top_n <= experts // cfg.num_groups:
+            raise ValueError(f"group_top_n {cfg.group_top_n} not in [1, group size]")
     if cfg.capacity is not None and cfg.capacity < 0:
         raise ValueError(f"negative capacity {cfg.capacity}")
     if cfg.token_shards < 1 or num_tokens % cfg.token_shards:
@@ -116,6 +135,7 @@ def _check(cfg: ReferenceConfig, params: dict, num_tokens: int) -> None:
     gated = cfg.activation in GATED_ACTIVATIONS
     expected = {"router", "w_up", "w_down"} | ({"w_gate"} if gated else set())
     optional = [
+        {"router_bias"},
         {"routing_bias"},
         {"b_up", "b_down"} | ({"b_gate"} if gated else set()),
         {"shared_up", "shared_down"} | ({"shared_gate"} if gated else set()),
@@ -126,7 +146,9 @@ def _check(cfg: ReferenceConfig, params: dict, num_tokens: int) -> None:
     for group in optional:
         if keys & group and not group <= keys:
             raise ValueError(f"parameters {sorted(group)} come all together or not at all")
-    unknown = keys - expected - set().union(*optional)
+    if "shared_expert_gate" in keys and "shared_up" not in keys:
+        raise ValueError("shared_expert_gate needs a shared expert")
+    unknown = keys - expected - set().union(*optional) - {"shared_expert_gate"}
     if unknown:
         raise ValueError(f"unexpected parameters for {cfg.activation}: {sorted(unknown)}")
 
@@ -136,10 +158,13 @@ def route(
     router: jax.Array,
     cfg: ReferenceConfig,
     routing_bias: jax.Array | None = None,
+    router_bias: jax.Array | None = None,
 ) -> Routing:
     """Dense routing of float32 tokens [T, D]: every decision a [T, E] mask."""
     num_tokens, experts = tokens.shape[0], router.shape[1]
     logits = _einsum("td,de->te", tokens, router)
+    if router_bias is not None:
+        logits = logits + router_bias[None, :]
     if cfg.score == "softmax":
         scores = jax.nn.softmax(logits, axis=-1)
     elif cfg.score == "sigmoid":
@@ -161,7 +186,7 @@ def route(
     if cfg.num_groups > 1:
         size = experts // cfg.num_groups
         grouped = selection.reshape(num_tokens, cfg.num_groups, size)
-        best_in_group = _rank(grouped) < cfg.top_k // cfg.top_groups
+        best_in_group = _rank(grouped) < cfg.group_top_n
         group_score = jnp.where(best_in_group, grouped, 0.0).sum(axis=-1)  # [T, G]
         kept_group = _rank(group_score) < cfg.top_groups
         selection = jnp.where(jnp.repeat(kept_group, size, axis=1), selection, -jnp.inf)
@@ -201,10 +226,11 @@ def router_combine(
     router: jax.Array,
     cfg: ReferenceConfig,
     routing_bias: jax.Array | None = None,
+    router_bias: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Dense [tokens, experts] combine weights (kept copies, zero elsewhere) and the number of
     token copies the router sends each expert (before dropping)."""
-    r = route(tokens, router, cfg, routing_bias)
+    r = route(tokens, router, cfg, routing_bias, router_bias)
     return jnp.where(r.kept, r.weights, 0.0), r.chosen.sum(axis=0).astype(jnp.int32)
 
 
@@ -219,35 +245,34 @@ def dense_moe(
     tokens = x.reshape(num_tokens, embed).astype(jnp.float32)
     p = {name: value.astype(jnp.float32) for name, value in params.items()}
     experts = p["router"].shape[1]
-    act = _activation(cfg.activation)
     gated = cfg.activation in GATED_ACTIVATIONS
     biased = "b_up" in p
 
-    r = route(tokens, p["router"], cfg, p.get("routing_bias"))
+    r = route(tokens, p["router"], cfg, p.get("routing_bias"), p.get("router_bias"))
+    weights = jnp.where(r.kept, r.weights, 0.0)
+    # Weighting the input scales x before the bias of each projection: w * (x @ W) + b.
+    input_scale = weights[:, :, None] if cfg.weights_on_input else 1.0
 
-    up = _einsum("td,edf->tef", tokens, p["w_up"])
-    if biased:
-        up = up + p["b_up"][None]
-    if gated:
-        gate = _einsum("td,edf->tef", tokens, p["w_gate"])
-        if biased:
-            gate = gate + p["b_gate"][None]
-        hidden = act(gate) * up
-    else:
-        hidden = act(up)
+    def projection(name: str) -> jax.Array:
+        value = _einsum("td,edf->tef", tokens, p[f"w_{name}"]) * input_scale
+        return value + p[f"b_{name}"][None] if biased else value
+
+    hidden = _hidden(cfg, projection("gate") if gated else None, projection("up"))
     out = _einsum("tef,efd->ted", hidden, p["w_down"])
     if biased:
         out = out + p["b_down"][None]
-    combine = jnp.where(r.kept, r.weights, 0.0)
+    combine = jnp.where(r.kept, 1.0, 0.0) if cfg.weights_on_input else weights
     y = _einsum("ted,te->td", out, combine)
 
     if "shared_up" in p:
-        shared = _einsum("td,ds->ts", tokens, p["shared_up"])
-        if gated:
-            shared = act(_einsum("td,ds->ts", tokens, p["shared_gate"])) * shared
-        else:
-            shared = act(shared)
-        y = y + _einsum("ts,sd->td", shared, p["shared_down"])
+        shared_up = _einsum("td,ds->ts", tokens, p["shared_up"])
+        shared_gate = _einsum("td,ds->ts", tokens, p["shared_gate"]) if gated else None
+        shared = _einsum("ts,sd->td", _hidden(cfg, shared_gate, shared_up), p["shared_down"])
+        if "shared_expert_gate" in p:
+            shared = shared * jax.nn.sigmoid(_einsum("td,d->t", tokens, p["shared_expert_gate"]))[
+                :, None
+            ]
+        y = y + shared
 
     counts = r.chosen.sum(axis=0).astype(jnp.int32)
     dropped = (r.chosen & ~r.kept).sum(axis=0).astype(jnp.int32)
@@ -273,6 +298,6 @@ def tokens_per_expert(
     """How many token copies the router sends each expert (before dropping), [experts] int32."""
     _check(cfg, params, x.shape[0] * x.shape[1])
     tokens = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
-    bias = params.get("routing_bias")
-    bias = None if bias is None else bias.astype(jnp.float32)
-    return router_combine(tokens, params["router"].astype(jnp.float32), cfg, bias)[1]
+    biases = [params.get(name) for name in ("routing_bias", "router_bias")]
+    biases = [None if bias is None else bias.astype(jnp.float32) for bias in biases]
+    return router_combine(tokens, params["router"].astype(jnp.float32), cfg, *biases)[1]
