@@ -271,7 +271,7 @@ FAMILIES: Mapping[str, Family] = {
         ),
         Family(
             "llama4",
-            "Llama 4 (text)",
+            "Llama 4 text",
             ("llama4", "llama4_text"),
             (Layout("published", "feed_forward", _LLAMA4),),
             **_MIXTRAL_CONFIG,

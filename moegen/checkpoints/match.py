@@ -20,6 +20,7 @@ from moegen.checkpoints.reader import FLOAT_DTYPES, Checkpoint, CheckpointError
 from moegen.checkpoints.sources import Source
 
 MAX_LISTED = 8  # keys listed in a message before "..."
+REQUIRED = ("router", "w_gate", "w_up", "w_down")  # every family's checkpoint has these
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,11 @@ def find_block(family: Family, ckpt: Checkpoint, layer: int) -> tuple[Layout, st
         )
     if found:
         return found[0]
+    for layer_prefix in family.layers:
+        for layout in family.layouts:
+            block = f"{layer_prefix.format(L=layer)}{layout.block}."
+            under = [key for key in ckpt.files if key.startswith(block)]
+            _refuse_quantized(ckpt, under, f"{ckpt.description}, layer {layer} (under {block})")
     markers = [(layout, layout.params["w_down"].key_of(0)) for layout in family.layouts]
     moe_layers = sorted(
         {
@@ -222,6 +228,18 @@ def match_layer(family: Family, ckpt: Checkpoint, target: Target, layer: int) ->
     under = sorted(k[len(block) :] for k in ckpt.files if k.startswith(block))
     _refuse_special(family, ckpt, block, under, where)
     _refuse_unknown(family, layout, under, block, where, target)
+    ignored: dict[str, list[str]] = {}  # fix -> the keys it is for
+    for name, source in layout.params.items():
+        key = block + source.key_of(0)
+        if name not in target.shapes and key in ckpt.files:
+            keys = ignored.setdefault(_fix_for_missing_param(name, ckpt, key, source), [])
+            if key not in keys:
+                keys.append(key)
+    if ignored:
+        raise CheckpointError(
+            f"{where}: the module would ignore "
+            + "; ".join(f"{', '.join(keys)} ({fix})" for fix, keys in ignored.items())
+        )
     sources = {}
     for name in target.shapes:
         source = layout.params.get(name)
@@ -232,15 +250,6 @@ def match_layer(family: Family, ckpt: Checkpoint, target: Target, layer: int) ->
             )
         _check_source(ckpt, block, name, source, target, where)
         sources[name] = source
-    for name, source in layout.params.items():
-        if name in target.shapes:
-            continue
-        key = block + source.key_of(0)
-        if key in ckpt.files:
-            raise CheckpointError(
-                f"{where}: {key} (in {ckpt.files[key].name}) would be ignored: the module has no "
-                f"params[{name!r}]; {_fix_for_missing_param(name, ckpt, key, source)}"
-            )
     return Match(family, layout, block, sources)
 
 
@@ -248,10 +257,10 @@ def _fix_for_missing_param(name: str, ckpt: Checkpoint, key: str, source: Source
     if name.startswith("shared_") and name != "shared_expert_gate":
         axis = source.axes.index("s")
         width = ckpt.shape(key)[axis] if len(ckpt.shape(key)) == len(source.axes) else "?"
-        return f"the spec must say layer.shared_ffn_dim: {width}"
+        return f"the module has no shared expert; the spec must say layer.shared_ffn_dim: {width}"
     if name == "w_gate":
-        return "the checkpoint's experts are gated: the spec must say layer.activation: swiglu"
-    return f"the spec must say {SPEC_FIELD[name]}"
+        return "the experts are gated; the spec must say layer.activation: swiglu"
+    return f"the module has no params[{name!r}]; the spec must say {SPEC_FIELD[name]}"
 
 
 def _refuse_special(
@@ -260,23 +269,24 @@ def _refuse_special(
     for key in under:
         if key in family.refuse:
             raise CheckpointError(f"{where}: {block}{key}: {family.refuse[key]}")
-    quantized = [key for key in under if key.endswith(QUANTIZED_SUFFIXES)]
-    low = [key for key in under if ckpt.dtype(block + key) not in FLOAT_DTYPES]
-    if quantized or low:
-        keys = quantized or low
-        kinds = sorted({ckpt.dtype(block + key) for key in keys})
-        raise CheckpointError(
-            f"{where}: the weights are quantized ({_listed([block + k for k in keys])}; dtypes "
-            f"{', '.join(kinds)}"
-            + (
-                ", MXFP4 blocks and scales"
-                if any(k.endswith(("_blocks", "_scales")) for k in keys)
-                else ""
-            )
-            + "): moegen loads float32, float16 and bfloat16 weights only, and dequantizing is "
-            "not its job; dequantize first (e.g. transformers from_pretrained with the "
-            "quantizer's dequantize option, then save_pretrained) or load a bf16 release"
-        )
+    _refuse_quantized(ckpt, [block + key for key in under], where)
+
+
+def _refuse_quantized(ckpt: Checkpoint, keys: Sequence[str], where: str) -> None:
+    quantized = [key for key in keys if key.endswith(QUANTIZED_SUFFIXES)]
+    low = [key for key in keys if ckpt.dtype(key) not in FLOAT_DTYPES]
+    if not (quantized or low):
+        return
+    found = quantized or low
+    kinds = sorted({ckpt.dtype(key) for key in found})
+    mxfp4 = any(key.endswith(("_blocks", "_scales")) for key in found)
+    raise CheckpointError(
+        f"{where}: the weights are quantized ({_listed(found)}: {', '.join(kinds)}"
+        + (", gpt-oss's MXFP4 blocks and scales" if mxfp4 else "")
+        + "); moegen loads float32, float16 and bfloat16 weights only and does not dequantize: "
+        "dequantize first (e.g. load with transformers, whose quantizer dequantizes, and "
+        "save_pretrained) or use a bf16 release of the model"
+    )
 
 
 def _refuse_unknown(
@@ -312,10 +322,14 @@ def _check_source(
     for expert in experts:
         key = block + source.key_of(expert)
         if key not in ckpt.files:
+            fix = (
+                "the checkpoint is incomplete (a shard left out of the index?)"
+                if name in REQUIRED
+                else f"if the checkpoint has none, the spec must not say {SPEC_FIELD[name]}"
+            )
             raise CheckpointError(
                 f"{where}: {key} is missing from the checkpoint; the module's params[{name!r}] "
-                f"is read from it (if the checkpoint really has none, the spec must not say "
-                f"{SPEC_FIELD.get(name, name)})"
+                f"is read from it: {fix}"
             )
         shape = ckpt.shape(key)
         if shape != expected:
