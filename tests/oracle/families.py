@@ -23,6 +23,17 @@ Published settings the tiny configs keep (expert counts shrink to 8..32):
   MiniMax-Text-01    32 experts, top-2, renormalised
   DeepSeek-V4        sqrtsoftplus + bias, top-6, scaling 1.5, renormalised, 1 shared,
                      SwiGLU clamped at swiglu_limit 10 (routed and shared)
+and, with the spec features of issue 18:
+  gpt-oss            router with a bias, top-4, softmax over the chosen logits, expert
+                     biases, clamped SwiGLU with alpha 1.702 and (up + 1)
+  Llama 4            top-1 sigmoid, the weight multiplies the expert's input, 1 shared
+  Qwen1.5/2-MoE      top-4, not renormalised, shared expert gated by sigmoid(x @ g)
+  ERNIE 4.5          softmax + a selection-only bias (moe_statics), top-6, renormalised,
+                     2 shared
+  DeepSeek-V2        softmax, 8 groups ranked by their best score, keep 3, top-6,
+                     scaling 16, not renormalised, 2 shared
+  (synthetic)        DeepSeek-V3's router with top-6 of 4 kept groups: still ranked by
+                     the sum of each group's top 2
 """
 
 from __future__ import annotations
@@ -40,7 +51,10 @@ from oracle.hf_blocks import (
     concatenated,
     dbrx_experts,
     fused_experts,
+    gpt_oss_experts,
+    interleaved,
     linear_t,
+    llama4_experts,
     shared_mlp,
 )
 
@@ -325,6 +339,7 @@ FAMILIES: list[Family] = [
             "renormalize": True,
             "routed_scaling": 1.5,
             "routing_bias": True,
+            "glu": {"gate_limit": 10.0, "up_limit": 10.0},  # swiglu_limit, routed and shared
         },
         weights=lambda b: {
             "router": linear_t(b.gate.weight),
@@ -333,7 +348,168 @@ FAMILIES: list[Family] = [
             **shared_mlp(b.shared_experts),
         },
         clamp=(10.0, concatenated),
-        large_scale=None,  # the clamps need layer.glu (issue 18)
+    ),
+    # ---- the families below need the spec features of issue 18 ----
+    # transformers/models/gpt_oss/modeling_gpt_oss.py (GptOssMLP: router + experts)
+    Family(
+        name="gpt_oss",
+        block=M + "gpt_oss.modeling_gpt_oss.GptOssMLP",
+        config=M + "gpt_oss.configuration_gpt_oss.GptOssConfig",
+        config_kwargs=dict(
+            hidden_size=EMBED,
+            intermediate_size=FFN,
+            num_local_experts=16,
+            num_experts_per_tok=4,
+            swiglu_limit=7.0,  # the published config's, = the gpt_oss preset
+            swiglu_alpha=1.702,
+        ),
+        spec=_sizes(16)
+        | {
+            "glu": "gpt_oss",
+            "ffn_bias": True,
+            "top_k": 4,
+            "score": "softmax",
+            "score_after_top_k": True,
+            "linear_bias": True,
+        },
+        weights=lambda b: {
+            "router": linear_t(b.router.weight),
+            "router_bias": b.router.bias,
+            **gpt_oss_experts(b.experts),
+        },
+        clamp=(7.0, interleaved),
+    ),
+    # transformers/models/llama4/modeling_llama4.py (Llama4TextMoe)
+    Family(
+        name="llama4",
+        block=M + "llama4.modeling_llama4.Llama4TextMoe",
+        config=M + "llama4.configuration_llama4.Llama4TextConfig",
+        # the shared expert is intermediate_size wide, like each routed one
+        config_kwargs=dict(
+            hidden_size=EMBED, intermediate_size=FFN, num_local_experts=16, num_experts_per_tok=1
+        ),
+        spec=_sizes(16, shared=FFN) | {"top_k": 1, "score": "sigmoid", "weighting": "input"},
+        weights=lambda b: {
+            "router": linear_t(b.router.weight),
+            **llama4_experts(b.experts),
+            **shared_mlp(b.shared_expert),
+        },
+        # 8x saturates the sigmoid of some top logits to 1.0 (see the test's
+        # KNOWN_DIFFERENCES); at 4x the best two sigmoid scores of every token differ
+        large_scale=4.0,
+    ),
+    # transformers/models/qwen2_moe/modeling_qwen2_moe.py
+    Family(
+        name="qwen2_moe",
+        block=M + "qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+        config=M + "qwen2_moe.configuration_qwen2_moe.Qwen2MoeConfig",
+        # Qwen1.5-MoE-A2.7B: 60 experts, top-4, not renormalised, shared expert 4 x 1408 wide
+        config_kwargs=dict(
+            hidden_size=EMBED,
+            moe_intermediate_size=FFN,
+            shared_expert_intermediate_size=4 * FFN,
+            num_experts=16,
+            num_experts_per_tok=4,
+            norm_topk_prob=False,
+        ),
+        spec=_sizes(16, shared=4 * FFN)
+        | {"shared_expert_gate": True, "top_k": 4, "score": "softmax"},
+        weights=lambda b: {
+            "router": linear_t(b.gate.weight),
+            **fused_experts(b.experts),
+            **shared_mlp(b.shared_expert),
+            "shared_expert_gate": b.shared_expert_gate.weight[0],  # nn.Linear(D, 1): [1, D]
+        },
+    ),
+    # transformers/models/ernie4_5_moe/modeling_ernie4_5_moe.py
+    Family(
+        name="ernie4_5_moe",
+        block=M + "ernie4_5_moe.modeling_ernie4_5_moe.Ernie4_5_MoeSparseMoeBlock",
+        config=M + "ernie4_5_moe.configuration_ernie4_5_moe.Ernie4_5_MoeConfig",
+        # ERNIE-4.5-21B-A3B: 64 experts, top-6, moe_statics bias on the softmax, 2 shared
+        config_kwargs=dict(
+            hidden_size=EMBED,
+            moe_intermediate_size=FFN,
+            moe_num_experts=16,
+            moe_k=6,
+            moe_num_shared_experts=2,
+            use_bias=False,
+        ),
+        spec=_sizes(16, shared=2 * FFN)
+        | {"top_k": 6, "score": "softmax", "renormalize": True, "routing_bias": True},
+        weights=lambda b: {
+            "router": linear_t(b.gate.weight),
+            "routing_bias": b.gate.moe_statics.e_score_correction_bias[0],  # [1, E]
+            **fused_experts(b.experts),
+            **shared_mlp(b.shared_experts),
+        },
+        # softmax probabilities are about 1 / 16 each: a bias of that order steers selection
+        init=Init(selection_bias=0.03),
+    ),
+    # transformers/models/deepseek_v2/modeling_deepseek_v2.py (topk_method
+    # "group_limited_greedy": groups ranked by their best score)
+    Family(
+        name="deepseek_v2",
+        block=M + "deepseek_v2.modeling_deepseek_v2.DeepseekV2Moe",
+        config=M + "deepseek_v2.configuration_deepseek_v2.DeepseekV2Config",
+        # DeepSeek-V2: 160 experts in 8 groups, keep 3, top-6, scaling 16, 2 shared
+        config_kwargs=dict(
+            hidden_size=EMBED,
+            moe_intermediate_size=FFN,
+            n_routed_experts=32,
+            num_experts_per_tok=6,
+            topk_method="group_limited_greedy",
+            n_group=8,
+            topk_group=3,
+            routed_scaling_factor=16.0,
+            norm_topk_prob=False,
+            n_shared_experts=2,
+        ),
+        spec=_sizes(32, shared=2 * FFN)
+        | {
+            "top_k": 6,
+            "score": "softmax",
+            "routed_scaling": 16.0,
+            "group_limit": {"groups": 8, "keep": 3, "top_per_group": 1},
+        },
+        weights=lambda b: {
+            "router": linear_t(b.gate.weight),
+            **fused_experts(b.experts),
+            **shared_mlp(b.shared_experts),
+        },
+    ),
+    # transformers/models/deepseek_v3/modeling_deepseek_v3.py, synthetic: top-6 of 4 kept
+    # groups (not a multiple): groups are still ranked by the sum of their top 2
+    Family(
+        name="deepseek_v3_top6_keep4",
+        block=M + "deepseek_v3.modeling_deepseek_v3.DeepseekV3MoE",
+        config=M + "deepseek_v3.configuration_deepseek_v3.DeepseekV3Config",
+        config_kwargs=dict(
+            hidden_size=EMBED,
+            moe_intermediate_size=FFN,
+            n_routed_experts=32,
+            num_experts_per_tok=6,
+            n_group=8,
+            topk_group=4,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            n_shared_experts=1,
+        ),
+        spec=_sizes(32, shared=FFN)
+        | {
+            "top_k": 6,
+            "score": "sigmoid",
+            "renormalize": True,
+            "routed_scaling": 2.5,
+            "group_limit": {"groups": 8, "keep": 4},  # top_per_group: the default 2
+            "routing_bias": True,
+        },
+        weights=lambda b: {
+            "router": linear_t(b.gate.weight),
+            "routing_bias": b.gate.e_score_correction_bias,
+            **fused_experts(b.experts),
+            **shared_mlp(b.shared_experts),
+        },
     ),
 ]
 
