@@ -122,8 +122,11 @@ class Router(_Section):
     """How each token picks its experts."""
 
     top_k: Size = Field(description="Experts per token.")
-    score: Literal["softmax", "sigmoid", "sqrtsoftplus"] = Field(
-        "softmax", description="Score function applied to the router logits."
+    score: Literal["softmax", "sigmoid", "sqrtsoftplus", "sparsemixer"] = Field(
+        "softmax",
+        description="Score function applied to the router logits. sparsemixer "
+        "(Phi-3.5-MoE) is named only to be refused with its reason: its deterministic form "
+        "gives the router no gradient.",
     )
     score_after_top_k: bool = Field(
         False,

@@ -86,10 +86,15 @@ def layers(draw: st.DrawFn, tiny_only: bool = False) -> dict:
     activation = draw(st.sampled_from([None, "swiglu", "geglu", "gelu", "relu"]))
     if activation is not None:
         out["activation"] = activation
+    if activation in (None, "swiglu", "geglu") and draw(st.booleans()):
+        glus = ["gpt_oss", {"gate_limit": 7.0, "up_limit": 7.0}, {"up_offset": 1.0}]
+        out["glu"] = draw(st.sampled_from(glus if activation != "geglu" else glus[1:]))
     if draw(st.booleans()):
         out["ffn_bias"] = draw(st.booleans())
     if draw(st.booleans()):
         out["shared_ffn"] = draw(st.sampled_from([ffn, 2 * ffn, 64]))
+        if draw(st.booleans()):
+            out["shared_expert_gate"] = True
     return out
 
 
@@ -105,16 +110,21 @@ def routers(draw: st.DrawFn, experts: int, top_k: int) -> dict:
     if scaling is not None:
         out["routed_scaling"] = scaling
     limits = [
-        (groups, keep)
+        {"groups": groups, "keep": keep, "top_per_group": top}
         for groups in divisors(experts)
         if groups > 1
-        for keep in divisors(top_k)
-        if keep < groups and top_k // keep <= experts // groups
+        for keep in range(-(-top_k // (experts // groups)), groups)
+        for top in (1, 2)
+        if top <= experts // groups
     ]
     if limits and not after and draw(st.booleans()):
         out["group_limit"] = draw(st.sampled_from(limits))
-    if score != "softmax" and draw(st.booleans()):
+    if not after and draw(st.booleans()):
         out["routing_bias"] = True
+    if draw(st.booleans()):
+        out["linear_bias"] = True
+    if draw(st.booleans()):
+        out["weighting"] = draw(st.sampled_from(["input", "output"]))
     for name, weights in (("load_balance_loss", [0.01, 0.0]), ("z_loss", [0.001, 0.0])):
         if draw(st.booleans()):
             out[name] = draw(st.sampled_from(weights))
@@ -219,7 +229,13 @@ MISTAKES = {
     "quantization_without_te": lambda c: c | {"kernel": "xla", "quantization": "fp8"},
     "unknown_topology": lambda c: c | {"topology": "3x3"},
     "embed_not_divisible_by_fsdp": lambda c: c | {"embed": 63, "axes": {"fsdp": 2}},
-    "routing_bias_under_softmax": lambda c: c | {"score": "softmax", "routing_bias": True},
+    "routing_bias_by_logits": lambda c: (
+        c | {"score": "softmax", "score_after_top_k": True, "routing_bias": True}
+    ),
+    "glu_without_a_gate": lambda c: c | {"activation": "relu", "glu": "gpt_oss"},
+    "shared_expert_gate_without_shared_expert": lambda c: (
+        {k: v for k, v in c.items() if k != "shared_ffn"} | {"shared_expert_gate": True}
+    ),
     "capacity_without_balancer": lambda c: (
         {k: v for k, v in c.items() if k not in ("load_balance_loss", "routing_bias")}
         | {"capacity": (1.0, "probability")}

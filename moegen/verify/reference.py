@@ -269,9 +269,8 @@ def dense_moe(
         shared_gate = _einsum("td,ds->ts", tokens, p["shared_gate"]) if gated else None
         shared = _einsum("ts,sd->td", _hidden(cfg, shared_gate, shared_up), p["shared_down"])
         if "shared_expert_gate" in p:
-            shared = shared * jax.nn.sigmoid(_einsum("td,d->t", tokens, p["shared_expert_gate"]))[
-                :, None
-            ]
+            share = jax.nn.sigmoid(_einsum("td,d->t", tokens, p["shared_expert_gate"]))
+            shared = shared * share[:, None]
         y = y + shared
 
     counts = r.chosen.sum(axis=0).astype(jnp.int32)
