@@ -2,15 +2,15 @@
 layer that computes the same MoE block (tests/test_checkpoints.py).
 
 Each case: the family, a function that builds a 2-layer float32 model of that family with layer 1
-an MoE layer, the path from the model to layer 1's MoE block, and the spec (spec_builder choices,
-or YAML text for the fields spec_builder does not have yet). Sizes: 8 experts (16 where groups
-need them), embed 32, FFN 16, so every test runs in seconds on a CPU.
+an MoE layer, the path from the model to layer 1's MoE block, and the spec of the matching moegen
+layer (tests/spec_builder.py choices). Sizes: 8 experts (16 where groups need them), embed 32,
+FFN 16, so every test runs in seconds on a CPU.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 EMBED, FFN, EXPERTS = 32, 16, 8
@@ -41,30 +41,9 @@ class Case:
     family: str
     model: str  # transformers class
     config: Callable[[Any], Any]  # transformers module -> config
-    spec: dict[str, Any] | str  # spec_builder choices (merged into SPEC_BASE) or YAML text
+    spec: dict[str, Any]  # spec_builder choices, merged into SPEC_BASE
     block: Callable[[Any], Any] = lambda model: model.model.layers[1].mlp
     fused_differs: bool = True  # the in-memory (state_dict) names differ from save_pretrained's
-    needs: tuple[str, ...] = field(default=())  # spec fields another change adds
-
-
-def _yaml(layer: str, router: str, experts: int = EXPERTS) -> str:
-    """A spec with lines spec_builder cannot write yet (new fields)."""
-    return f"""version: 1
-layer:
-  num_experts: {experts}
-  embed_dim: {EMBED}
-  ffn_dim: {FFN}
-{layer}router:
-{router}shapes:
-  batch: 2
-  seq_len: 8
-dtypes:
-  params: float32
-  compute: float32
-mesh:
-  axes:
-    data: 1
-"""
 
 
 def _qwen_like(t: Any, cls: str, **kw: Any) -> Any:
@@ -302,12 +281,8 @@ CASES: dict[str, Case] = {
                 num_local_experts=EXPERTS,
                 num_experts_per_tok=2,
             ),
-            _yaml(
-                "  ffn_bias: true\n  glu: gpt_oss\n",
-                "  top_k: 2\n  score: softmax\n  score_after_top_k: true\n  linear_bias: true\n",
-            ),
+            {"ffn_bias": True, "glu": "gpt_oss", "score_after_top_k": True, "linear_bias": True},
             fused_differs=False,
-            needs=("layer.glu", "router.linear_bias"),
         ),
         Case(
             "llama4",
@@ -320,12 +295,9 @@ CASES: dict[str, Case] = {
                 num_local_experts=EXPERTS,
                 num_experts_per_tok=1,
             ),
-            _yaml(
-                f"  shared_ffn_dim: {FFN}\n", "  top_k: 1\n  score: sigmoid\n  weighting: input\n"
-            ),
+            {"shared_ffn": FFN, "top_k": 1, "score": "sigmoid", "weighting": "input"},
             block=lambda model: model.model.layers[1].feed_forward,
             fused_differs=False,
-            needs=("router.weighting",),
         ),
         Case(
             "qwen2_moe",
@@ -339,8 +311,7 @@ CASES: dict[str, Case] = {
                 num_experts=EXPERTS,
                 num_experts_per_tok=2,
             ),
-            _yaml("  shared_ffn_dim: 24\n  shared_expert_gate: true\n", "  top_k: 2\n"),
-            needs=("layer.shared_expert_gate",),
+            {"shared_ffn": 24, "shared_expert_gate": True},
         ),
         Case(
             "ernie4_5_moe",
@@ -354,11 +325,7 @@ CASES: dict[str, Case] = {
                 moe_k=2,
                 moe_num_shared_experts=1,
             ),
-            _yaml(
-                f"  shared_ffn_dim: {FFN}\n",
-                "  top_k: 2\n  score: softmax\n  renormalize: true\n  routing_bias: true\n",
-            ),
-            needs=("router.routing_bias with softmax",),
+            {"shared_ffn": FFN, "renormalize": True, "routing_bias": True},
         ),
     )
 }
@@ -368,10 +335,9 @@ DEEPSEEK_V2_GROUPS = Case(
     "deepseek_v2",
     "DeepseekV2ForCausalLM",
     lambda t: _deepseek_v2(t, topk_method="group_limited_greedy", n_group=4, topk_group=2),
-    _yaml(
-        f"  shared_ffn_dim: {2 * FFN}\n",
-        "  top_k: 2\n  routed_scaling: 2.0\n  group_limit:\n    groups: 4\n    keep: 2\n"
-        "    top_per_group: 1\n",
-    ),
-    needs=("router.group_limit.top_per_group",),
+    {
+        "shared_ffn": 2 * FFN,
+        "routed_scaling": 2.0,
+        "group_limit": {"groups": 4, "keep": 2, "top_per_group": 1},
+    },
 )
