@@ -37,6 +37,7 @@ from checkpoint_cases import CASES, DEEPSEEK_V2_GROUPS, EMBED, FFN, SPEC_BASE, C
 from spec_builder import spec_yaml, validated
 
 from moegen.checkpoints import FAMILIES, CheckpointError, load_layer_params, match_checkpoint
+from moegen.checkpoints.sources import PARAM_AXES, Source, Split
 from moegen.diagnostics import SpecError
 from moegen.plan import make_plan
 from moegen.render import render
@@ -870,3 +871,87 @@ def test_each_device_reads_only_its_region(tmp_path: Path) -> None:
     # the weights really were split: 8 regions for the experts' weights (expert 4 x fsdp 2)
     assert "mixtral w_gate 8 regions" in result.stdout, result.stdout
     assert "gpt_oss b_gate 4 regions" in result.stdout, result.stdout
+
+
+# -- the region arithmetic, without devices ------------------------------------------------------
+
+SIZES = {"e": 4, "d": 6, "f": 8, "s": 10}
+
+
+@pytest.mark.parametrize(
+    ("source", "param", "full"),
+    [
+        # transposed router [E, D] -> [D, E]
+        (Source("gate.weight", ("e", "d")), "router", lambda t: t.T),
+        # fused [E, 2F, D], chunked: up is rows F..2F
+        (
+            Source("gate_up", ("e", "f", "d"), Split("f", 1)),
+            "w_up",
+            lambda t: t[:, 8:].transpose(0, 2, 1),
+        ),
+        # gpt-oss [E, D, 2F], interleaved: gate at even columns
+        (
+            Source("gate_up", ("e", "d", "f"), Split("f", 0, interleaved=True)),
+            "w_gate",
+            lambda t: t[..., ::2],
+        ),
+        # DBRX [E * F, D]: experts merged into the rows
+        (Source("w1", ("ef", "d")), "w_gate", lambda t: t.reshape(4, 8, 6).transpose(0, 2, 1)),
+        # Qwen2-MoE shared-expert gate [1, D]
+        (Source("shared_expert_gate.weight", ("1", "d")), "shared_expert_gate", lambda t: t[0]),
+    ],
+)
+def test_a_region_reads_only_its_source_region(source: Source, param: str, full: Any) -> None:
+    tensor = np.arange(np.prod(source.shape(SIZES)), dtype=np.float32).reshape(source.shape(SIZES))
+    whole = full(tensor)
+    read_elements = []
+
+    def fetch(key: str, index: tuple[slice, ...]) -> np.ndarray:
+        assert key == source.key
+        out = tensor[index]
+        read_elements.append(out.size)
+        return out
+
+    axes = PARAM_AXES[param]
+    # each half of the parameter along each of its axes, as a device's shard would be
+    for axis in axes:
+        size = whole.shape[axes.index(axis)]
+        for start in range(0, size, size // 2):
+            region = {a: (0, whole.shape[i]) for i, a in enumerate(axes)} | {
+                axis: (start, start + size // 2)
+            }
+            read_elements.clear()
+            block = source.read(fetch, region, SIZES, axes)
+            expected = whole[tuple(slice(*region[a]) for a in axes)]
+            np.testing.assert_array_equal(block, expected)
+            assert sum(read_elements) == expected.size, (axis, region, read_elements)
+
+
+def test_per_expert_region_reads_its_experts_only() -> None:
+    source = Source("experts.{i}.w2.weight", ("d", "f"))
+    tensors = {f"experts.{i}.w2.weight": np.full((6, 8), i, np.float32) for i in range(4)}
+    keys = []
+
+    def fetch(key: str, index: tuple[slice, ...]) -> np.ndarray:
+        keys.append((key, index))
+        return tensors[key][index]
+
+    block = source.read(fetch, {"e": (2, 4), "f": (0, 8), "d": (3, 6)}, SIZES, "efd")
+    assert block.shape == (2, 8, 3) and (block[0] == 2).all() and (block[1] == 3).all()
+    assert keys == [
+        ("experts.2.w2.weight", (slice(3, 6), slice(0, 8))),
+        ("experts.3.w2.weight", (slice(3, 6), slice(0, 8))),
+    ]
+
+
+def test_bfloat16_module_from_float32_checkpoint(tmp_path: Path) -> None:
+    module = module_for(CASES["mixtral"].spec | {"params_dtype": "bfloat16"}, tmp_path)
+    tensors = mixtral_tensors()
+    params = load_layer_params(
+        module, save_numpy(tmp_path / "ck", tensors, MIXTRAL_CONFIG), layer=1
+    )
+    import ml_dtypes
+
+    assert all(p.dtype == ml_dtypes.bfloat16 for p in params.values())
+    router = tensors["model.layers.1.block_sparse_moe.gate.weight"].T.astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(np.asarray(params["router"]), router)

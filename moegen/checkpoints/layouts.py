@@ -89,10 +89,11 @@ _BIAS = {"routing_bias": Source("gate.e_score_correction_bias", ("e",))}
 
 
 def _qwen_style(
-    extra: Mapping[str, Source] = {}, router: str = "gate.weight"
+    extra: Mapping[str, Source] | None = None, router: str = "gate.weight"
 ) -> tuple[Layout, ...]:
     """Qwen2-MoE's conversion (qwen3_moe, olmoe, deepseek_v2/v3, glm4_moe, dots1, hunyuan):
     the same block, experts fused in memory and per expert on the Hub."""
+    extra = extra or {}
     return (
         Layout("fused", "mlp", {**_router(router), **_fused(), **extra}),
         Layout("published", "mlp", {**_router(router), **_QWEN_PUBLISHED, **extra}),
