@@ -44,6 +44,8 @@ from moegen.render import render
 
 REPO = Path(__file__).resolve().parent.parent
 MODULES: dict[str, Any] = {}
+# the `checkpoints` extra; every test here writes or reads safetensors files
+pytest.importorskip("safetensors", reason="moegen.checkpoints needs moegen[checkpoints]")
 
 
 def oracle() -> tuple[Any, Any]:
@@ -955,3 +957,11 @@ def test_bfloat16_module_from_float32_checkpoint(tmp_path: Path) -> None:
     assert all(p.dtype == ml_dtypes.bfloat16 for p in params.values())
     router = tensors["model.layers.1.block_sparse_moe.gate.weight"].T.astype(ml_dtypes.bfloat16)
     np.testing.assert_array_equal(np.asarray(params["router"]), router)
+
+
+def test_without_safetensors_the_error_says_what_to_install(
+    mixtral_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = save_numpy(tmp_path / "ck", mixtral_tensors(), MIXTRAL_CONFIG)
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # import safetensors -> ImportError
+    assert "pip install 'moegen[checkpoints]'" in refusal(mixtral_module, path)
