@@ -210,8 +210,9 @@ def _route(tokens: jax.Array, weights: Params) -> tuple[jax.Array, jax.Array]:
     logits = jnp.dot(
         tokens.astype(ROUTER_DTYPE), weights["router"], precision=jax.lax.Precision.HIGHEST
     )
-    scores = jax.nn.sigmoid(logits)
-    combine_weights, expert_ids = jax.lax.top_k(scores, TOP_K)
+    # The score rises with the logit alone: choose by logit, which never saturates.
+    top_logits, expert_ids = jax.lax.top_k(logits, TOP_K)
+    combine_weights = jax.nn.sigmoid(top_logits)
     return combine_weights, expert_ids
 
 

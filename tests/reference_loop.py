@@ -30,7 +30,8 @@ def slow_route(token: np.ndarray, params: dict[str, np.ndarray], cfg: ReferenceC
     if "router_bias" in params:
         logits = [v + float(b) for v, b in zip(logits, params["router_bias"], strict=True)]
     scores = slow_score(logits, cfg.score)
-    if cfg.score_after_top_k:
+    by_logit = cfg.score in ("sigmoid", "sqrtsoftplus") and "routing_bias" not in params
+    if cfg.score_after_top_k or (by_logit and cfg.num_groups == 1):
         selection = list(logits)
     elif "routing_bias" in params:
         selection = [s + float(b) for s, b in zip(scores, params["routing_bias"], strict=True)]

@@ -10,10 +10,12 @@ group scores by the sum of the best n or the max (DeepSeek-V3, DeepSeek-V2).
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from ruff.__main__ import find_ruff_bin
 
 from moegen.pipeline import generate
 from moegen.verify import verify
@@ -124,6 +126,15 @@ def test_feature_renders_its_code(feature, tmp_path, monkeypatch):
     )
     for code in FEATURES[feature][2]:
         assert code in generated.source, code
+    # the project's own lint (line length included), as for the committed modules
+    lint = subprocess.run(
+        [find_ruff_bin(), "check", "--isolated", "--select=E,F,W,I,B,UP", "--line-length=100", "-"],
+        input=generated.source,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert lint.returncode == 0, lint.stdout
 
 
 @pytest.mark.parametrize(("feature", "strategy", "kernel", "ffn_chunks"), CASES)

@@ -196,6 +196,8 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         selection_is_score=not (
             spec.router.score_after_top_k or spec.router.routing_bias or group_limit
         ),
+        chooses_by_logit=spec.router.score in ELEMENTWISE_SCORES
+        and not (spec.router.routing_bias or group_limit),
         route_returns_logits=spec.router.load_balance_loss > 0 or spec.router.z_loss > 0,
         load_balance_weight=spec.router.load_balance_loss,
         z_loss_weight=spec.router.z_loss,
@@ -236,6 +238,10 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         memory=memory,
     )
 
+
+# Scores that are an increasing function of each logit alone: their top-k is the logits' top-k,
+# which is exact where the score saturates (a float32 sigmoid is 1.0 past a logit of ~17).
+ELEMENTWISE_SCORES = ("sigmoid", "sqrtsoftplus")
 
 # Transformer Engine's grouped GEMM: every expert's rows fill a multiple of this many rows
 # when quantized (cuBLAS FP8 contracts over rows in the weight gradient in 16s; TE's SM 100

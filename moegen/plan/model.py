@@ -109,6 +109,7 @@ class Plan:
     router_linear_bias: bool  # logits = x @ router + router_bias
     weights_on_input: bool  # combine weights scale each copy's input (Llama 4), not its output
     selection_is_score: bool  # experts chosen by score alone: no bias, no groups, no after-top-k
+    chooses_by_logit: bool  # so, by an elementwise increasing score: top-k of the logits
     route_returns_logits: bool  # the balance losses need the router logits
     load_balance_weight: float
     z_loss_weight: float

@@ -175,8 +175,9 @@ def route(
         raise ValueError(f"unknown score function {cfg.score!r}")
 
     # Selection decides which experts, never how much: no gradient flows through it.
-    if cfg.score_after_top_k:
-        selection = logits
+    elementwise = cfg.score in ("sigmoid", "sqrtsoftplus")
+    if cfg.score_after_top_k or (elementwise and routing_bias is None and cfg.num_groups == 1):
+        selection = logits  # an elementwise increasing score keeps the logits' order exactly
     elif routing_bias is not None:
         selection = scores + routing_bias[None, :]
     else:
