@@ -10,11 +10,11 @@ difference over the norm of transformers' value, below 1e-5) for a seeded random
 normal scale and at a large one (where a family clamps its SwiGLU, large enough that the
 clamps bite, counted inside transformers' experts). Each family runs with replicated
 experts (data 2), the ragged all-to-all (data 2 x expert 2) and the ring of experts
-(expert 2). KNOWN_DIFFERENCES keeps, as strict xfails, inputs where the two part and why.
+(expert 2).
 
-torch and transformers are test-only (moegen does not depend on them; measured with
-transformers 5.24 and torch 2.14): without them the test skips, unless
-MOEGEN_REQUIRE_ORACLE is set (CI), where their absence fails.
+torch and transformers come from the `oracle` extra (test-only: pinned to transformers 5.24
+and torch 2.14): without them the test skips, unless MOEGEN_REQUIRE_ORACLE is set (CI and
+`make test`), where their absence fails.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ else:
 
 import jax  # noqa: E402
 from oracle import moegen_side  # noqa: E402
-from oracle.families import BATCH, BY_NAME, EMBED, FAMILIES, SEQ_LEN, Family  # noqa: E402
+from oracle.families import BATCH, EMBED, FAMILIES, SEQ_LEN, Family  # noqa: E402
 from oracle.hf_blocks import as_numpy, build_block, counting_bites, run_block  # noqa: E402
 
 TOLERANCE = 1e-5
@@ -79,29 +79,6 @@ def test_generated_layer_matches_transformers_block(family: Family, strategy: st
     if family.large_scale is not None:
         scales["large"] = family.large_scale
     compare(family, strategy, scales)
-
-
-# Where moegen and transformers part on purpose-built inputs: strict, so that a fix shows.
-KNOWN_DIFFERENCES = [
-    pytest.param(
-        BY_NAME["llama4"],
-        8.0,
-        id="llama4-x8-saturated-sigmoid",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="at 8x the input, the top router logits of 2 of the 64 tokens pass ~17, "
-            "where float32 sigmoid is exactly 1.0 for both: moegen takes the top-1 of the "
-            "sigmoid scores (the tie goes to the lower expert index), Llama4Router the top-1 "
-            "of the logits (transformers/models/llama4/modeling_llama4.py, Llama4Router."
-            "forward); 4x (the family's large scale) has no tie",
-        ),
-    ),
-]
-
-
-@pytest.mark.parametrize(("family", "scale"), KNOWN_DIFFERENCES)
-def test_known_differences_from_transformers(family: Family, scale: float) -> None:
-    compare(family, "replicated", {f"x{scale}": scale})
 
 
 def compare(family: Family, strategy: str, scales: dict[str, float]) -> None:
