@@ -10,7 +10,7 @@ STAMP := $(VENV)/.moegen-installed
 EXAMPLE ?= specs/mixtral_small_cpu.yaml
 
 TE_STAMP := $(VENV)/.moegen-te-installed
-TE_TESTS := tests/test_te_lowering.py tests/test_gpu_targets.py tests/test_te_slices.py
+TE_TESTS := tests/test_te_lowering.py tests/test_gpu_targets.py tests/test_te_slices.py tests/test_te_features.py
 
 .PHONY: setup example test test-fast check te test-te
 
