@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 
 import pytest
 from conftest import EXAMPLE_NAMES, REPO_ROOT
@@ -60,7 +61,9 @@ def test_example_modules_hold_only_their_path(rendered, name):
     plan = make_plan(load_valid(REPO_ROOT / "specs" / f"{name}.yaml"))
     code = code_only(rendered[name])
     other = {"softmax": "sigmoid", "sigmoid": "softmax"}[plan.score]
-    assert f"jax.nn.{plan.score}(" in code and other not in code
+    # The router scores its logits one way (a sigmoid may still gate a GLU or a shared expert).
+    assert f"jax.nn.{plan.score}(" in code
+    assert not re.search(rf"jax\.nn\.{other}\((top_)?logits\b", code)
     if plan.expert_strategy == "replicated":  # else the expert exchange gathers too
         assert ("all_gather" in code) is (plan.fsdp_axis is not None)
     assert ("jnp.sum(combine_weights" in code) is plan.renormalize
