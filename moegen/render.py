@@ -38,9 +38,8 @@ KERNEL_MACROS = {
     "functions": "helper functions the kernel's calls use",
     "pad_rows": "rows padded to the kernel's row tiles before the FFN",
     "unpad_rows": "the padding rows dropped after it",
-    "grouped_matmul": "rows x per-expert weights, in the compute dtype",
-    "grouped_matmul_f32": "the same product, as float32 (FFN slices sum their down projections)",
-    "grouped_matmul_acc": "the same product added to a float32 running sum",
+    "grouped_matmul": "rows x per-expert weights; dtype: the result's (COMPUTE_DTYPE, or "
+    "jnp.float32 where FFN slices and ring chunks sum their products)",
 }
 STRATEGY_MACROS = {
     "doc": "the docstring paragraph on how tokens reach their experts",

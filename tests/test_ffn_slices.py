@@ -210,7 +210,7 @@ def test_every_kernel_defines_every_macro_the_templates_call() -> None:
         for path in TEMPLATES.rglob("*.jinja")
         for name in re.findall(r"\bkernel\.(\w+)\(", path.read_text(encoding="utf-8"))
     }
-    assert {"grouped_matmul", "grouped_matmul_f32", "grouped_matmul_acc"} <= called
+    assert "grouped_matmul" in called  # one macro; the result dtype is an argument
     for kernel, macros in kernels.items():
         assert called <= macros, f"kernels/{kernel}.jinja lacks {sorted(called - macros)}"
     assert len({frozenset(macros) for macros in kernels.values()}) == 1, kernels

@@ -137,7 +137,10 @@ CASES: dict[str, tuple[dict, list[str]]] = {
             "mesh": {"axes": {"expert": 2}},
             "parallelism": {"experts": "ring_of_experts", "overlap_chunks": 2},
         },
-        ['block_up = up[step] + weights["b_up"][row_experts]', "jax.nn.relu(block_up)"],
+        [
+            'block_up = up[step] + weights["b_up"][row_experts]',
+            "hidden = jax.nn.relu(block_up).astype(COMPUTE_DTYPE)",  # a call needs no parentheses
+        ],
     ),
     "llama4_like_top1_sigmoid_shared": (
         {

@@ -242,7 +242,7 @@ def test_template_helper_renders_and_lowers_like_the_hand_written_one():
             te_aligned_rows=-(-(ROWS + GROUPS * (align - 1)) // align) * align,
         )
         call = template.grouped_matmul(p, "lhs", "rhs", "group_sizes", "None")
-        accumulate = template.grouped_matmul_acc(p, "lhs", "rhs", "group_sizes", "None", "None")
+        widened = template.grouped_matmul(p, "lhs", "rhs", "group_sizes", "None", "jnp.float32")
         source = "\n".join(
             [
                 "import jax",
@@ -250,12 +250,10 @@ def test_template_helper_renders_and_lowers_like_the_hand_written_one():
                 str(template.imports()),
                 str(template.constants(p)),
                 str(template.functions(p)),
-                "def _accumulate(total, part):",
-                "    return part if total is None else total + part",
                 "def matmul(lhs, rhs, group_sizes):",
                 f"    return {call}",
                 "def matmul_f32(lhs, rhs, group_sizes):",
-                f"    return {accumulate}",
+                f"    return {widened}",
             ]
         )
         namespace: dict = {}

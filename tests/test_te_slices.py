@@ -2,7 +2,7 @@
 forward+backward lowered for CUDA with Transformer Engine's grouped GEMMs and its VJP.
 
 TE 2.20's grouped GEMM VJP cannot return float32 from bfloat16 inputs, so the sliced FFN's
-down projection must not ask for it (templates/kernels/te.jinja, grouped_matmul_f32): the
+down projection must not ask for it (templates/kernels/te.jinja, grouped_matmul to jnp.float32): the
 twins, which stand ragged_dot in for TE, cannot catch that; only the lowering can. Needs TE
 (`make te`); skipped without it, failed without it under MOEGEN_REQUIRE_TE=1 (`make test-te`).
 """

@@ -1,7 +1,9 @@
 """Declared template contracts (moegen/render.py KERNEL_MACROS, STRATEGY_MACROS): every
 kernel and every strategy template provides its kind's macros, and nothing else of theirs is
 called from outside, so a kernel or strategy cannot lack what another template calls (issue
-16: te.jinja lacked grouped_matmul_f32 and `kernel: te` in FFN slices crashed in render)."""
+16: te.jinja lacked grouped_matmul_f32 and `kernel: te` in FFN slices crashed in render). The
+kernels' macros take the same arguments, and the code a kernel emits calls no private function
+of another template (issue 17: the ring strategy defined _accumulate, the kernels called it)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,19 @@ from moegen.render import KERNEL_MACROS, STRATEGY_MACROS, _environment, template
 KINDS = {"kernel": ("kernels", KERNEL_MACROS), "strategy": ("strategies", STRATEGY_MACROS)}
 
 
-def _macros(relative: str) -> set[str]:
-    env = _environment()
+def _macro_nodes(relative: str) -> dict[str, nodes.Macro]:
     source = (templates_dir() / relative).read_text(encoding="utf-8")
-    return {macro.name for macro in env.parse(source).find_all(nodes.Macro)}
+    return {macro.name: macro for macro in _environment().parse(source).find_all(nodes.Macro)}
+
+
+def _macros(relative: str) -> set[str]:
+    return set(_macro_nodes(relative))
+
+
+def _signature(macro: nodes.Macro) -> tuple:
+    """Argument names, and the defaults of the trailing ones, as source."""
+    defaults = tuple(default.as_const() for default in macro.defaults)
+    return tuple(arg.name for arg in macro.args), defaults
 
 
 def _calls_from_outside(alias: str, folder: str) -> set[str]:
@@ -56,3 +67,19 @@ def test_other_templates_call_only_the_contract(alias: str) -> None:
 def test_every_kind_has_its_templates() -> None:
     assert len([c for c in CASES if c.values[0] == "kernel"]) == 3
     assert len([c for c in CASES if c.values[0] == "strategy"]) == 3
+
+
+def test_every_kernel_takes_the_same_arguments() -> None:
+    kernels = {c.values[1]: _macro_nodes(c.values[1]) for c in CASES if c.values[0] == "kernel"}
+    for name in KERNEL_MACROS:
+        signatures = {relative: _signature(macros[name]) for relative, macros in kernels.items()}
+        assert len(set(signatures.values())) == 1, f"{name}: {signatures}"
+
+
+@pytest.mark.parametrize("relative", [c.values[1] for c in CASES if c.values[0] == "kernel"])
+def test_kernel_code_calls_only_its_own_private_functions(relative: str) -> None:
+    """A private function (`_name(`) in the code a kernel emits is one the kernel defines."""
+    source = (templates_dir() / relative).read_text(encoding="utf-8")
+    called = set(re.findall(r"(?<![\w.])(_\w+)\(", source))
+    defined = set(re.findall(r"^def (_\w+)\(", source, flags=re.MULTILINE))
+    assert called <= defined, f"{relative} calls {sorted(called - defined)}, defined elsewhere"
