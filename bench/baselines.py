@@ -74,6 +74,10 @@ def unsupported(cfg: ReferenceConfig) -> str | None:
         reasons.append("capacity (token dropping)")
     if cfg.load_balance_weight or cfg.z_loss_weight:
         reasons.append("auxiliary losses")
+    if cfg.weights_on_input:
+        reasons.append("combine weights on the expert input")
+    if (cfg.gate_limit, cfg.up_limit, cfg.sigmoid_scale, cfg.up_offset) != (None, None, 1.0, 0.0):
+        reasons.append("a clamped or scaled gated activation")
     return ", ".join(reasons) or None
 
 
@@ -87,7 +91,9 @@ def _activation(name: str) -> Callable[[jax.Array], jax.Array]:
 def _cast(params: Params, layer: LayerConfig) -> Params:
     return {
         name: value.astype(
-            layer.router_dtype if name in ("router", "routing_bias") else layer.compute_dtype
+            layer.router_dtype
+            if name in ("router", "routing_bias", "router_bias", "shared_expert_gate")
+            else layer.compute_dtype
         )
         for name, value in params.items()
     }
@@ -98,6 +104,8 @@ def route(tokens: jax.Array, p: Params, layer: LayerConfig) -> tuple[jax.Array, 
     logits = jnp.dot(
         tokens.astype(layer.router_dtype), p["router"], precision=jax.lax.Precision.HIGHEST
     )
+    if "router_bias" in p:
+        logits = logits + p["router_bias"]
     if layer.score_after_top_k:
         chosen, ids = jax.lax.top_k(logits, layer.top_k)
         weights = jax.nn.softmax(chosen, axis=-1)
@@ -120,7 +128,15 @@ def _shared(tokens: jax.Array, p: Params, layer: LayerConfig) -> jax.Array:
     act = _activation(layer.activation)
     up = tokens @ p["shared_up"]
     hidden = act(tokens @ p["shared_gate"]) * up if "shared_gate" in p else act(up)
-    return jnp.dot(hidden, p["shared_down"], preferred_element_type=jnp.float32)
+    out = jnp.dot(hidden, p["shared_down"], preferred_element_type=jnp.float32)
+    if "shared_expert_gate" not in p:
+        return out
+    gate = jnp.dot(
+        tokens.astype(layer.router_dtype),
+        p["shared_expert_gate"],
+        precision=jax.lax.Precision.HIGHEST,
+    )
+    return out * jax.nn.sigmoid(gate)[:, None]
 
 
 def dense_dispatch(layer: LayerConfig) -> Layer:

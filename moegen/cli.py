@@ -140,7 +140,7 @@ def validate_command(specs: tuple[Path, ...], fmt: str) -> None:
     from moegen.pipeline import default_specs, load_valid
 
     diagnostics = []
-    paths = list(specs) or default_specs()
+    paths = list(specs) or _default_specs_or_exit(default_specs)
     for path in paths:
         try:
             load_valid(path)
@@ -155,6 +155,19 @@ def validate_command(specs: tuple[Path, ...], fmt: str) -> None:
         _err(f"{len(paths)} spec(s) valid")
 
 
+def _default_specs_or_exit(default_specs: Any) -> list[Path]:
+    """Every spec in specs/; none there is a usage mistake (a run in the wrong directory), not
+    a pass."""
+    found = default_specs()
+    if not found:
+        _err(
+            "no specs to check: specs/ holds no *.yaml here; pass spec files, or run in the "
+            "directory that holds specs/"
+        )
+        sys.exit(EXIT_USAGE)
+    return found
+
+
 @cli.command(name="check")
 @spec_paths
 @out_dir_option
@@ -163,7 +176,7 @@ def check_command(specs: tuple[Path, ...], out_dir: Path) -> None:
     from moegen.check import check
     from moegen.pipeline import default_specs
 
-    paths = list(specs) or default_specs()
+    paths = list(specs) or _default_specs_or_exit(default_specs)
     report = check(paths, out_dir, find_orphans=not specs)
     if report.invalid:
         _err(format_diagnostics(report.invalid, "text"))
@@ -284,23 +297,37 @@ def _choice_text(choices: dict, to_yaml: Any) -> str:
 
 
 @cli.command(name="schema")
-@click.option("--check", "check_only", is_flag=True, help=f"Fail if {SCHEMA_PATH} is stale.")
-@click.option("--write", is_flag=True, help=f"Write {SCHEMA_PATH}.")
-def schema_command(check_only: bool, write: bool) -> None:
+@click.option("--check", "check_only", is_flag=True, help="Fail if the schema file is stale.")
+@click.option("--write", is_flag=True, help="Write the schema file.")
+@click.option(
+    "--path",
+    "schema_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=SCHEMA_PATH,
+    show_default=True,
+    help="The schema file that --check and --write use.",
+)
+def schema_command(check_only: bool, write: bool, schema_path: Path) -> None:
     """Print the spec's JSON Schema (for editors via yaml-language-server)."""
     from moegen.schema import schema_text
 
     text = schema_text()
     if check_only:
-        if not SCHEMA_PATH.is_file() or SCHEMA_PATH.read_text(encoding="utf-8") != text:
-            _err(f"stale: {SCHEMA_PATH} (run `moegen schema --write`)")
+        fix = "moegen schema --write" + (
+            "" if schema_path == SCHEMA_PATH else f" --path {schema_path}"
+        )
+        if not schema_path.is_file():
+            _err(f"missing: {schema_path} (run `{fix}`)")
             sys.exit(EXIT_STALE)
-        _err(f"{SCHEMA_PATH} is fresh")
+        if schema_path.read_text(encoding="utf-8") != text:
+            _err(f"stale: {schema_path} (run `{fix}`)")
+            sys.exit(EXIT_STALE)
+        _err(f"{schema_path} is fresh")
     elif write:
         from moegen.emit import write_all
 
-        write_all({SCHEMA_PATH: text})
-        _err(f"wrote {SCHEMA_PATH}")
+        write_all({schema_path: text})
+        _err(f"wrote {schema_path}")
     else:
         click.echo(text, nl=False)
 

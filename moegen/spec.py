@@ -122,11 +122,8 @@ class Router(_Section):
     """How each token picks its experts."""
 
     top_k: Size = Field(description="Experts per token.")
-    score: Literal["softmax", "sigmoid", "sqrtsoftplus", "sparsemixer"] = Field(
-        "softmax",
-        description="Score function applied to the router logits. sparsemixer "
-        "(Phi-3.5-MoE) is named only to be refused with its reason: its deterministic form "
-        "gives the router no gradient.",
+    score: Literal["softmax", "sigmoid", "sqrtsoftplus"] = Field(
+        "softmax", description="Score function applied to the router logits."
     )
     score_after_top_k: bool = Field(
         False,
@@ -330,6 +327,16 @@ class Memory(_Section):
         "FLOPs. 1 = no slicing. Omit: 1, unless the layer would not fit the target's memory.",
     )
 
+
+# Choices people reach for that moegen refuses on purpose: (field, value) -> why.
+UNSUPPORTED_CHOICES = {
+    (("router", "score"), "sparsemixer"): "Phi-3.5-MoE's sparsemixer is not supported: its "
+    "deterministic form weighs each chosen expert by a softmax over the logits within 2 * "
+    "jitter_eps of the best, usually the best alone, so the weight is 1.0 and the router "
+    "learns nothing; the model trains with Gumbel sampling and a Heun-method gradient "
+    "estimator that a static layer does not reproduce; its closest trainable router is "
+    "softmax with top_k: 2",
+}
 
 AUTO_FIELDS = (
     ("parallelism", "experts"),

@@ -79,8 +79,8 @@ def _relative(got, want) -> float:
     "source",
     [
         "mixtral_small_cpu",  # softmax, renormalised, swiglu
-        "llama4_scout_v5e",  # sigmoid top-1, a shared expert
-        "gpt_oss_120b_v6e",  # softmax over the chosen logits, FFN biases
+        "qwen2_57b_a14b_v6e",  # softmax top-8, a sigmoid-gated shared expert
+        "ernie45_21b_a3b_v5p",  # softmax probabilities + selection bias, a shared expert
         "features",
     ],
 )
@@ -132,6 +132,10 @@ def test_unsupported_features_are_named(tmp_path: Path) -> None:
     assert "group-limited routing" in unsupported(cfg)
     capped = ReferenceConfig(top_k=2, score="softmax", capacity=4, load_balance_weight=0.01)
     assert unsupported(capped) == "capacity (token dropping), auxiliary losses"
+    _, llama4 = _twin_of_example("llama4_scout_v5e", tmp_path)
+    assert unsupported(llama4) == "combine weights on the expert input"
+    _, gpt_oss = _twin_of_example("gpt_oss_120b_v6e", tmp_path)
+    assert unsupported(gpt_oss) == "a clamped or scaled gated activation"
     with pytest.raises(ValueError, match="group-limited"):
         baseline("dense_dispatch", None, cfg)
     with pytest.raises(ValueError, match="unknown baseline"):

@@ -361,7 +361,8 @@ def test_per_expert_values_and_shards(mixtral_module: Any, tmp_path: Path) -> No
     """Published per-expert tensors, split over 3 shards, become the module's [E, D, F] params."""
     tensors = mixtral_tensors(layer=2)
     path = save_numpy(tmp_path / "ck", tensors, MIXTRAL_CONFIG, shards=3)
-    params = load_layer_params(mixtral_module, path, layer=2, family="mixtral")
+    mesh = one_device_mesh(mixtral_module)
+    params = load_layer_params(mixtral_module, path, layer=2, family="mixtral", mesh=mesh)
     p = "model.layers.2.block_sparse_moe."
     np.testing.assert_array_equal(params["router"], tensors[p + "gate.weight"].T)
     for i in range(8):
@@ -374,7 +375,8 @@ def test_family_from_config_and_fused_values(deepseek_module: Any, tmp_path: Pat
     tensors = deepseek_tensors()
     config = {"model_type": "deepseek_v3", "n_routed_experts": 16, "hidden_size": EMBED}
     path = save_numpy(tmp_path / "ck", tensors, config | {"moe_intermediate_size": FFN})
-    params = load_layer_params(deepseek_module, path, layer=1)  # family from model_type
+    mesh = one_device_mesh(deepseek_module)  # family from model_type:
+    params = load_layer_params(deepseek_module, path, layer=1, mesh=mesh)
     p = "model.layers.1.mlp."
     gate_up, down = tensors[p + "experts.gate_up_proj"], tensors[p + "experts.down_proj"]
     np.testing.assert_array_equal(params["w_gate"], gate_up[:, :FFN].transpose(0, 2, 1))
@@ -949,9 +951,8 @@ def test_per_expert_region_reads_its_experts_only() -> None:
 def test_bfloat16_module_from_float32_checkpoint(tmp_path: Path) -> None:
     module = module_for(CASES["mixtral"].spec | {"params_dtype": "bfloat16"}, tmp_path)
     tensors = mixtral_tensors()
-    params = load_layer_params(
-        module, save_numpy(tmp_path / "ck", tensors, MIXTRAL_CONFIG), layer=1
-    )
+    path = save_numpy(tmp_path / "ck", tensors, MIXTRAL_CONFIG)
+    params = load_layer_params(module, path, layer=1, mesh=one_device_mesh(module))
     import ml_dtypes
 
     assert all(p.dtype == ml_dtypes.bfloat16 for p in params.values())

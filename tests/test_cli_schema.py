@@ -45,7 +45,9 @@ def test_schema_check_fails_when_stale(tmp_project):
 def test_schema_check_fails_when_missing_and_write_repairs_it(tmp_project, invoke_main):
     path = tmp_project / "specs" / "moegen.schema.json"
     path.unlink()
-    assert invoke_main("schema", "--check", cwd=tmp_project).code == 1
+    missing = invoke_main("schema", "--check", cwd=tmp_project)
+    assert missing.code == 1
+    assert "missing: specs/moegen.schema.json (run `moegen schema --write`)" in missing.stderr
     result = invoke_main("schema", "--write", cwd=tmp_project)
     assert result.code == 0
     assert path.read_text(encoding="utf-8") == schema_text()
@@ -57,3 +59,23 @@ def test_schema_check_fails_when_missing_and_write_repairs_it(tmp_project, invok
 def test_every_spec_starts_with_the_schema_modeline(spec):
     assert spec.read_text(encoding="utf-8").splitlines()[0] == MODELINE
     assert (spec.parent / "moegen.schema.json").is_file()
+
+
+def test_schema_path_option_writes_and_checks_elsewhere(tmp_path):
+    # a project of a user's own: no specs/ directory, the schema beside their specs
+    result = run_moegen("schema", "--write", "--path", "config/moe.schema.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "config" / "moe.schema.json").read_text(encoding="utf-8") == schema_text()
+    fresh = run_moegen("schema", "--check", "--path", "config/moe.schema.json", cwd=tmp_path)
+    assert fresh.returncode == 0 and "config/moe.schema.json is fresh" in fresh.stderr
+    gone = run_moegen("schema", "--check", "--path", "other.json", cwd=tmp_path)
+    assert gone.returncode == 1
+    assert "missing: other.json (run `moegen schema --write --path other.json`)" in gone.stderr
+
+
+@pytest.mark.parametrize("command", ["validate", "check"])
+def test_no_specs_here_is_a_usage_error_not_a_pass(command, tmp_path):
+    result = run_moegen(command, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "no specs to check: specs/ holds no *.yaml here" in result.stderr
+    assert_no_traceback(result.stderr)

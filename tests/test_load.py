@@ -257,8 +257,8 @@ FEATURE_ERRORS = [
     # other tools' flat key: not close enough to 'capacity' for a hint, so the keys are listed
     ("capacity: {factor: 1.25, drop: position}", "capacity_factor: 1.25", 21, 3, "router",
      "unknown key 'capacity_factor'; expected one of: top_k, score, score_after_top_k, "
-     "renormalize, routed_scaling, group_limit, routing_bias, load_balance_loss, z_loss, "
-     "capacity"),
+     "linear_bias, renormalize, routed_scaling, group_limit, routing_bias, weighting, "
+     "load_balance_loss, z_loss, capacity"),
     ("routing_bias: true", "routing_bais: true", 18, 3, "router",
      "unknown key 'routing_bais'; did you mean 'routing_bias'?"),
     ("shared_ffn_dim: 96", "shared_ffn: 96", 9, 3, "layer",
@@ -280,7 +280,7 @@ def test_feature_schema_errors_are_located(old, new, line, col, field, message) 
     ("old", "new", "line", "col", "field", "message"),
     [
         ("keep: 2", "keep: 2\n    top_k: 4", 18, 5, "router.group_limit",
-         "unknown key 'top_k'; expected one of: groups, keep"),
+         "unknown key 'top_k'; expected one of: groups, keep, top_per_group"),
         ("drop: position", "drop: position, policy: x", 21, 44, "router.capacity",
          "unknown key 'policy'; expected one of: factor, drop"),
         # 'drop' is already written: suggesting it would make a duplicate key

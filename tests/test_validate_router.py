@@ -46,27 +46,6 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
             ],
         ),
     ],
-    "sparsemixer_is_refused": [
-        ({}, []),
-        ({"router": ("score: softmax",)}, []),
-        (
-            {"router": ("score: sparsemixer",)},
-            [
-                (
-                    9,
-                    10,
-                    "router.score",
-                    "sparsemixer (Phi-3.5-MoE) is not supported: its deterministic form weighs "
-                    "each chosen expert by a softmax over the logits within 2 * jitter_eps of "
-                    "the best, usually the best alone, so the weight is 1.0 and the router "
-                    "learns nothing; the model trains with Gumbel sampling and a Heun-method "
-                    "gradient estimator that a static layer does not reproduce; use score: "
-                    "softmax with top_k: 2 (its closest trainable router) or another model's "
-                    "router",
-                )
-            ],
-        ),
-    ],
     "routing_bias_chooses_by_scores": [
         ({}, []),
         ({"router": ("score: sigmoid", "routing_bias: true")}, []),

@@ -234,13 +234,15 @@ def test_prime_expert_count_at_the_schema_limit_splits_into_no_groups() -> None:
 
 
 def test_group_count_at_the_schema_limit_lists_its_keeps() -> None:
-    loaded = loaded_spec(experts=2**30, router=group_limit(2**30, 3))
+    groups = 2**30  # of one expert each: their score is their one expert's (top_per_group 1)
+    router = (*group_limit(groups, groups), "  top_per_group: 1")
+    loaded = loaded_spec(experts=2**30, router=router)
     assert _fired(loaded, "router.group_limit.keep") == [
         (
             11,
             11,
-            "top_k = 2 is not a multiple of keep = 3 (a group's score is the sum of its top "
-            "top_k / keep scores); valid keep: 2; or remove group_limit",
+            f"keeping {groups} of {groups} groups limits nothing; valid keep: 2 to {groups - 1}; "
+            "or remove group_limit",
         )
     ]
 
@@ -254,20 +256,15 @@ def test_no_keep_works_lists_the_group_counts_that_do_nearest_the_one_written() 
     groups, total = _listed_values(message, "groups that work: ")
     assert len(groups) == 8 and total is not None and total > 8, message
     assert groups == sorted(groups) and all(HIGHLY_COMPOSITE % g == 0 for g in groups)
-    keeps = divisors(top_k)
-    for count in groups:  # each listed group count has a keep that passes the rule
-        passing = [
-            keep
-            for keep in keeps
-            if keep < count
-            and not found(
-                "group_limit_can_pick_top_k",
-                experts=HIGHLY_COMPOSITE,
-                top_k=top_k,
-                router=group_limit(count, keep),
-            )
-        ]
-        assert passing, count
+    for count in groups:  # each listed group count has a keep that passes the rule: the fewest
+        fewest = -(-top_k // (HIGHLY_COMPOSITE // count))
+        assert fewest < count, count
+        assert not found(
+            "group_limit_can_pick_top_k",
+            experts=HIGHLY_COMPOSITE,
+            top_k=top_k,
+            router=group_limit(count, fewest),
+        ), count
 
 
 def test_axis_at_the_schema_limit_over_slices() -> None:

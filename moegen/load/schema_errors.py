@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 from moegen.diagnostics import Diagnostic
 from moegen.load.source import FieldPath, Locations, SpecSource, dotted
 from moegen.load.yaml_limits import shown
-from moegen.spec import Spec
+from moegen.spec import UNSUPPORTED_CHOICES, Spec
 
 # pydantic's names for the members of the `X | Literal["auto"]` unions of the spec
 _AUTO_TAG = "literal['auto']"
@@ -159,6 +159,9 @@ def _value_message(error: Any) -> str:
         expected = ctx.get("expected", "")
         options = [part.strip(" '") for part in expected.replace(" or ", ",").split(",")]
         message = f"must be {expected}, got {got}"
+        refused = isinstance(value, str) and UNSUPPORTED_CHOICES.get((error["loc"], value))
+        if refused:
+            return f"{message}: {refused}"
         close = _suggest(value, options) if isinstance(value, str) else []
         return f"{message}; did you mean '{close[0]}'?" if close and close[0] != value else message
     return f"{error['msg'][0].lower()}{error['msg'][1:]}, got {got}"

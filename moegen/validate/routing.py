@@ -12,26 +12,6 @@ from moegen.load import LoadedSpec
 from moegen.sizes import divisors, listed
 
 
-def sparsemixer_is_refused(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Phi-3.5-MoE's SparseMixer has no static form that trains: its deterministic (eval) form
-    weighs the chosen expert by a softmax over the logits within 2 * jitter_eps (relative) of
-    the best, which is almost always the best one alone: a weight of exactly 1.0 and no
-    gradient for the router; training needs its Gumbel sampling and Heun-method estimator."""
-    if loaded.spec.router.score != "sparsemixer":
-        return []
-    return [
-        loaded.diagnostic(
-            ("router", "score"),
-            "sparsemixer (Phi-3.5-MoE) is not supported: its deterministic form weighs each "
-            "chosen expert by a softmax over the logits within 2 * jitter_eps of the best, "
-            "usually the best alone, so the weight is 1.0 and the router learns nothing; the "
-            "model trains with Gumbel sampling and a Heun-method gradient estimator that a "
-            "static layer does not reproduce; use score: softmax with top_k: 2 (its closest "
-            "trainable router) or another model's router",
-        )
-    ]
-
-
 def routing_bias_chooses_by_scores(loaded: LoadedSpec) -> list[Diagnostic]:
     """The selection bias is added to the scores the router chooses by (sigmoid type, or
     softmax probabilities as ERNIE 4.5 does); score_after_top_k chooses by raw logits, where no
@@ -175,7 +155,6 @@ def capacity_has_a_balancer(loaded: LoadedSpec) -> list[Diagnostic]:
 
 
 ROUTING_RULES = (
-    sparsemixer_is_refused,
     routing_bias_chooses_by_scores,
     score_after_top_k_is_meaningful,
     group_limit_can_pick_top_k,
