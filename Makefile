@@ -18,7 +18,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/make-venv
 	./scripts/make-venv $(VENV)
-	$(VENV)/bin/python -m pip install -q -e ".[dev,tpu,checkpoints,oracle]"
+	$(VENV)/bin/python -m pip install -q -e ".[dev,tpu,checkpoints,oracle,flax]"
 	touch $(STAMP)
 
 example: $(STAMP)

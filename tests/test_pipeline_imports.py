@@ -43,7 +43,7 @@ STAGE_OF = {
 BASE = {"moegen", "moegen.interrupts", "moegen.hardware", "moegen.sizes", "moegen.tiling"}
 # packages used at run time beside generated modules, not by the pipeline: no stage, and they
 # import nothing of moegen outside themselves
-RUNTIME = ("moegen.checkpoints",)
+RUNTIME = ("moegen.checkpoints", "moegen.nnx")
 
 
 def _modules() -> dict[str, Path]:
