@@ -32,6 +32,7 @@ This module needs flax (the `flax` extra); it is a runtime library, not a pipeli
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import PurePath
 from types import ModuleType
 from typing import Any
@@ -65,6 +66,18 @@ class RoutingBias(nnx.Variable):
     `MoELayer.update_routing_bias` does."""
 
 
+@dataclass(frozen=True)
+class _Generated:
+    """The generated module, held as static data of the layer: equal (and hashed) by the
+    module's identity, so layers of one module share nnx.jit compilations, and not copied by
+    copy.deepcopy (Python modules cannot be)."""
+
+    module: ModuleType
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Generated:
+        return self
+
+
 class MoELayer(nnx.Module):
     """One generated MoE layer: `layer(x) -> (y, aux)` is `module.moe_layer(params, x)`.
 
@@ -80,11 +93,16 @@ class MoELayer(nnx.Module):
         _check_module(module)
         if not isinstance(rngs, nnx.Rngs):
             raise TypeError(f"rngs must be an nnx.Rngs, e.g. nnx.Rngs(0); got {_kind(rngs)}")
-        self.module = module
+        self._generated = _Generated(module)
         self.mesh = _check_mesh(module, mesh)
         values = _initial_values(module, rngs.params(), self.mesh)
         for name, value in values.items():
             setattr(self, name, _variable(module, name, value, self.mesh))
+
+    @property
+    def module(self) -> ModuleType:
+        """The generated module this layer runs."""
+        return self._generated.module
 
     def __call__(self, x: jax.Array) -> tuple[jax.Array, Any]:
         """y, aux = module.moe_layer(params, x): x is [BATCH, SEQ_LEN, EMBED_DIM] of
@@ -165,7 +183,7 @@ def _check_module(module: Any) -> None:
         raise TypeError(f"{_name(module)}: parameter names {reserved} clash with MoELayer's")
 
 
-_OWN = ("module", "mesh")
+_OWN = ("module", "mesh", "_generated")
 
 
 def _layer_mesh(module: ModuleType) -> dict[str, int]:
@@ -224,12 +242,12 @@ def _initial_values(module: ModuleType, key: jax.Array, mesh: Mesh | None) -> di
 
 
 def _variable(module: ModuleType, name: str, value: Any, mesh: Mesh | None) -> nnx.Variable:
-    """An nnx.Param (RoutingBias for routing_bias) carrying PARAM_SPECS[name] as metadata."""
+    """An nnx.Param (RoutingBias for routing_bias) carrying PARAM_SPECS[name] as metadata,
+    and the mesh: the concrete one when known, else (inside nnx.jit) the context's abstract
+    mesh, so that Variables made from it later (nnx.Optimizer's state) need no mesh context."""
     kind = RoutingBias if name == BIAS else nnx.Param
-    metadata: dict[str, Any] = {"out_sharding": tuple(module.PARAM_SPECS[name])}
-    if mesh is not None:
-        metadata["mesh"] = mesh
-    return kind(value, **metadata)
+    where = jax.sharding.get_abstract_mesh() if mesh is None else mesh
+    return kind(value, out_sharding=tuple(module.PARAM_SPECS[name]), mesh=where)
 
 
 def _sharding_of(variable: nnx.Variable, mesh: Mesh | None) -> jax.sharding.Sharding:
