@@ -66,13 +66,19 @@ class RoutingBias(nnx.Variable):
     `MoELayer.update_routing_bias` does."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Generated:
     """The generated module, held as static data of the layer: equal (and hashed) by the
     module's identity, so layers of one module share nnx.jit compilations, and not copied by
     copy.deepcopy (Python modules cannot be)."""
 
     module: ModuleType
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Generated) and other.module is self.module
+
+    def __hash__(self) -> int:
+        return id(self.module)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Generated:
         return self
@@ -139,6 +145,9 @@ class MoELayer(nnx.Module):
                     f"params[{name!r}]: expected {dtype.name}{list(shape)}, got "
                     f"{got_dtype}{list(got_shape)}{cast}"
                 )
+        traced = [*params.values(), *self.param_dict().values()]
+        if any(isinstance(value, jax.core.Tracer) for value in traced):
+            raise ValueError("load_params replaces concrete values: call it outside nnx.jit")
         for name in shapes:
             variable = getattr(self, name)
             variable.set_value(jax.device_put(params[name], _sharding_of(variable, self.mesh)))

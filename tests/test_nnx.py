@@ -19,7 +19,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -305,6 +305,10 @@ def test_misuse_is_refused_with_the_fix(qwen3: ModuleType, biased: ModuleType) -
         layer.load_params(params | {"router": params["router"].astype(jnp.bfloat16)})
     with pytest.raises(TypeError, match=r"dict of name -> array"):
         layer.load_params([params])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"outside nnx\.jit"):
+        nnx.jit(lambda layer, params: layer.load_params(params))(layer, params)
+    with pytest.raises(TypeError, match=r"has no PARAM_SHAPES"):
+        MoELayer(SimpleNamespace(moe_layer=None), rngs=rngs, mesh=mesh)  # type: ignore[arg-type]
 
 
 STEP = re.compile(r"^step +(\d+) +loss (\S+)$", re.MULTILINE)
