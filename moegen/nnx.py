@@ -31,7 +31,8 @@ This module needs flax (the `flax` extra); it is a runtime library, not a pipeli
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
 from types import ModuleType
@@ -58,6 +59,7 @@ REQUIRED = (
     "moe_layer",
 )
 BIAS = "routing_bias"
+Params = dict[str, jax.Array]
 
 
 class RoutingBias(nnx.Variable):
@@ -101,7 +103,7 @@ class MoELayer(nnx.Module):
             raise TypeError(f"rngs must be an nnx.Rngs, e.g. nnx.Rngs(0); got {_kind(rngs)}")
         self._generated = _Generated(module)
         self.mesh = _check_mesh(module, mesh)
-        values = _initial_values(module, rngs.params(), self.mesh)
+        values = _initializer(self._generated, self.mesh)(rngs.params())
         for name, value in values.items():
             setattr(self, name, _variable(module, name, value, self.mesh))
 
@@ -115,7 +117,7 @@ class MoELayer(nnx.Module):
         COMPUTE_DTYPE (see the module's INPUT_SHAPE and input_sharding)."""
         return self.module.moe_layer(self.param_dict(), x, mesh=self.mesh)
 
-    def param_dict(self) -> dict[str, jax.Array]:
+    def param_dict(self) -> Params:
         """The current values as the module's params dict (PARAM_SHAPES order)."""
         return {name: getattr(self, name).get_value() for name in self.module.PARAM_SHAPES}
 
@@ -227,13 +229,17 @@ def _check_mesh(module: ModuleType, mesh: Any) -> Mesh | None:
     return None if mesh.empty else mesh
 
 
-def _initial_values(module: ModuleType, key: jax.Array, mesh: Mesh | None) -> dict[str, Any]:
-    """As module.init_params(key, mesh) draws them, created sharded when the mesh is known
-    (without one, inside nnx.jit under jax.set_mesh, the Variables shard them)."""
+@functools.cache
+def _initializer(generated: _Generated, mesh: Mesh | None) -> Callable[[jax.Array], Params]:
+    """key -> the initial values, as module.init_params(key, mesh) draws them; jitted to
+    create them sharded when the mesh is known (without one, inside nnx.jit under
+    jax.set_mesh, the Variables shard them). One per module and mesh: later layers reuse its
+    compilation."""
+    module = generated.module
     shapes = module.PARAM_SHAPES
-    keys = dict(zip(shapes, jax.random.split(key, len(shapes)), strict=True))
 
-    def init() -> dict[str, jax.Array]:
+    def init(key: jax.Array) -> Params:
+        keys = dict(zip(shapes, jax.random.split(key, len(shapes)), strict=True))
         values = {}
         for name, shape in shapes.items():
             scale = module.INIT_SCALES[name]
@@ -245,9 +251,10 @@ def _initial_values(module: ModuleType, key: jax.Array, mesh: Mesh | None) -> di
         return values
 
     if mesh is None:
-        return init()
-    out = {name: NamedSharding(mesh, module.PARAM_SPECS[name]) for name in shapes}
-    return jax.jit(init, out_shardings=out)()
+        return init
+    return jax.jit(
+        init, out_shardings={n: NamedSharding(mesh, module.PARAM_SPECS[n]) for n in shapes}
+    )
 
 
 def _variable(module: ModuleType, name: str, value: Any, mesh: Mesh | None) -> nnx.Variable:
