@@ -22,9 +22,15 @@ zeros where the scale is 0. `routing_bias` (specs with router.routing_bias) is a
 `nnx.grad` over `nnx.Param` leave it alone, and `layer.update_routing_bias(aux.tokens_per_expert,
 rate)` applies the module's aux-loss-free balancing step to it.
 
+Pretrained weights replace the initial ones with `layer.load_params(params)`, e.g. params =
+`moegen.checkpoints.load_layer_params(moe, path, layer=3, mesh=mesh)`.
+
 The mesh is the one passed, or else the one set by `jax.set_mesh` (the usual NNX pattern:
 create the model inside `nnx.jit` under the mesh, and every parameter is created already
-sharded). It must have every axis of the layer's mesh with the layer's size.
+sharded; there only the abstract mesh is known, so `layer.mesh` is None and moe_layer takes
+x's). It must have every axis of the layer's mesh with the layer's size; whether a mesh with
+more axes is accepted is the module's moe_layer's decision. Each Variable also carries the
+mesh as metadata, so `nnx.Optimizer` can create its state outside a mesh context.
 
 This module needs flax (the `flax` extra); it is a runtime library, not a pipeline stage.
 """
