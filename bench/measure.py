@@ -82,10 +82,10 @@ def bench_spec(name: str, workdir: Path, repeats: int, log) -> dict[str, Any]:
     result: dict[str, Any] = {
         "name": name,
         "hardware": plan.hardware,
-        "topology": plan.topology,
-        "mesh": dict(plan.mesh_axes),
-        "strategy": plan.expert_strategy,
-        "kernel": plan.kernel,
+        "topology": plan.mesh.topology,
+        "mesh": dict(plan.mesh.axes),
+        "strategy": plan.experts.strategy,
+        "kernel": plan.kernel.name,
         "useful_train_flops": plan.cost.train_flops,
         "hbm_bytes": plan.memory.hbm_bytes_per_device,
         "variants": {},
@@ -96,7 +96,7 @@ def bench_spec(name: str, workdir: Path, repeats: int, log) -> dict[str, Any]:
         result["skipped"] = f"the baselines do not cover {reason}"
         log(f"{name}: skipped ({result['skipped']})")
         return result
-    if plan.tpu_topology_name is None:
+    if plan.mesh.tpu_topology_name is None:
         result["skipped"] = "not a TPU target"
         log(f"{name}: skipped ({result['skipped']})")
         return result
@@ -105,7 +105,7 @@ def bench_spec(name: str, workdir: Path, repeats: int, log) -> dict[str, Any]:
     tpu = tpu_target(plan).to_json()
     modules = {variant: module_path for variant in VARIANTS}
     result["plan_memory"] = {"moegen": _plan_memory(plan)}
-    if plan.ffn_chunks > 1:
+    if plan.ffn.chunks > 1:
         # The trade the spec made: the same layer with the FFN whole, beside it.
         whole = make_plan(derive(loaded, {("memory", "ffn_chunks"): 1}))
         modules["moegen_whole"] = workdir / f"{name}_whole.py"
@@ -116,7 +116,7 @@ def bench_spec(name: str, workdir: Path, repeats: int, log) -> dict[str, Any]:
         job["forward"] = variant.startswith("moegen")
         outcome = _run_child("compile", job, _child_env(), COMPILE_TIMEOUT_S)
         result["variants"][variant] = outcome
-        log(f"{name}: compiled {variant} for {plan.tpu_topology_name}: {_brief(outcome)}")
+        log(f"{name}: compiled {variant} for {plan.mesh.tpu_topology_name}: {_brief(outcome)}")
 
     twin = twin_of(loaded, plan, dtype=None)
     twin_plan = plan_twin(twin, plan)
@@ -127,16 +127,18 @@ def bench_spec(name: str, workdir: Path, repeats: int, log) -> dict[str, Any]:
         "cfg": reference_config(twin_plan),
         "variants": list(VARIANTS),
         "repeats": repeats,
-        "kernel": "pallas (interpret)" if twin_plan.kernel == "pallas" else twin_plan.kernel,
+        "kernel": "pallas (interpret)"
+        if twin_plan.kernel.name == "pallas"
+        else twin_plan.kernel.name,
     }
-    if twin_plan.kernel == "pallas":
+    if twin_plan.kernel.name == "pallas":
         # The same twin with kernel xla: the layer's own structure without the interpreter.
         xla_twin = _with_xla_kernel(twin)
         if xla_twin is not None:
             xla_path = workdir / f"{name}_twin_xla.py"
             xla_path.write_text(render(make_plan(xla_twin, interpret=True)), encoding="utf-8")
             job["xla_module"] = str(xla_path)
-    result["cpu"] = _run_child("time", job, _child_env(twin_plan.num_devices), TIME_TIMEOUT_S)
+    result["cpu"] = _run_child("time", job, _child_env(twin_plan.mesh.num_devices), TIME_TIMEOUT_S)
     log(f"{name}: timed the CPU twins: {_brief_cpu(result['cpu'])}")
     return result
 
@@ -145,7 +147,7 @@ def _plan_memory(plan) -> dict[str, int]:
     return {
         "forward": plan.memory.forward_peak,
         "train": plan.memory.train_peak,
-        "ffn_chunks": plan.ffn_chunks,
+        "ffn_chunks": plan.ffn.chunks,
     }
 
 

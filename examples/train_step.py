@@ -84,7 +84,7 @@ def build_twin(spec_path: Path, out_dir: Path) -> tuple[Path, int]:
     plan = make_plan(twin, interpret=True)
     path = out_dir / f"{plan.module_name}_twin.py"
     path.write_text(render(plan), encoding="utf-8")
-    return path, plan.num_devices
+    return path, plan.mesh.num_devices
 
 
 def use_fake_cpu_devices(count: int) -> None:

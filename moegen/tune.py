@@ -173,7 +173,9 @@ def write_back(loaded: LoadedSpec, choices: dict[FieldPath, Any]) -> str:
         line, col = loaded.locations.of_value(path)
         if value is None and path == ("target", "tiles"):
             plan = make_plan(derive(loaded, choices))
-            value = Tiles(gate_up=list(plan.gate_up_tile or ()), down=list(plan.down_tile or ()))
+            pallas = plan.kernel.pallas  # target.tiles: auto is a pallas choice
+            gate_up, down = (pallas.gate_up_tile, pallas.down_tile) if pallas else ((), ())
+            value = Tiles(gate_up=list(gate_up), down=list(down))
         edits.append((line, col, yaml_value(value)))
     for line, col, new in sorted(edits, reverse=True):
         row = lines[line - 1]

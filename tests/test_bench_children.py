@@ -53,13 +53,13 @@ def test_time_child_runs_the_twin_and_both_baselines(tmp_path: Path) -> None:
         "cfg": reference_config(twin_plan),
         "variants": list(VARIANTS),
         "repeats": 1,
-        "kernel": twin_plan.kernel,
+        "kernel": twin_plan.kernel.name,
     }
-    cpu = _run_child("time", job, _child_env(twin_plan.num_devices), TIME_TIMEOUT_S)
+    cpu = _run_child("time", job, _child_env(twin_plan.mesh.num_devices), TIME_TIMEOUT_S)
     assert "error" not in cpu, cpu.get("error")
     assert set(cpu["variants"]) == set(VARIANTS)
     for variant, result in cpu["variants"].items():
         assert result["median_s"] > 0 and len(result["runs_s"]) == 1
         # the baselines compute the same layer (bfloat16 compute: rounding apart)
         assert result["y_rel_err"] < 5e-2, variant
-    assert cpu["devices"] == twin_plan.num_devices
+    assert cpu["devices"] == twin_plan.mesh.num_devices

@@ -139,14 +139,16 @@ def test_validates_and_plans(name: str) -> None:
     layer = LAYERS[name]
     plan = layer.plan()
     chip = hardware(plan.hardware)
-    assert plan.splits_physical_axes == layer.splits_physical_axes
-    assert plan.ffn_chunks == layer.choices.get("ffn_chunks", plan.ffn_chunks)
+    assert plan.mesh.splits_physical_axes == layer.splits_physical_axes
+    assert plan.ffn.chunks == layer.choices.get("ffn_chunks", plan.ffn.chunks)
     assert not chip.hbm_bytes_per_device or plan.memory.train_peak <= chip.hbm_bytes_per_device
-    if plan.kernel == "pallas":
+    if plan.kernel.name == "pallas":
         outs = projection_out_dtypes(
-            plan.compute_dtype, plan.experts.overlap_chunks, plan.ffn_chunks
+            plan.compute_dtype, plan.experts.overlap_chunks, plan.ffn.chunks
         )
-        for tile, out in zip((plan.gate_up_tile, plan.down_tile), outs, strict=True):
+        for tile, out in zip(
+            (plan.kernel.pallas.gate_up_tile, plan.kernel.pallas.down_tile), outs, strict=True
+        ):
             assert (
                 tile_problems(Tile(*tile), plan.compute_dtype, chip.vmem_bytes_for_tiles, out) == []
             )
@@ -156,8 +158,8 @@ def test_the_sliced_down_projection_gets_a_narrower_tile() -> None:
     """The Mixtral layer's down projection writes float32 in slices: the 1024-wide contraction
     tile megablox uses by default would need 16.5 MiB in the weight gradient."""
     plan = LAYERS["mixtral_2_slices"].plan()
-    assert plan.gate_up_tile == (512, 1024, 1024)
-    assert plan.down_tile == (512, 896, 1024)
+    assert plan.kernel.pallas.gate_up_tile == (512, 1024, 1024)
+    assert plan.kernel.pallas.down_tile == (512, 896, 1024)
 
 
 COMPILED = re.compile(
@@ -196,8 +198,8 @@ def test_the_plan_slices_only_where_pinned_tiles_fit() -> None:
     down tile that only fits a bfloat16 result keeps the layer whole (the HBM verdict of the
     build then says what to change), and one that fits both lets the plan slice."""
     base = V5E_2X4 | GROK1 | {"axes": {"fsdp": 2, "expert": 4}, "kernel": "pallas", "batch": 16}
-    assert Layer(base, "").plan().ffn_chunks == 4
+    assert Layer(base, "").plan().ffn.chunks == 4
     pinned = Layer(base | {"tiles": {"down": [512, 1024, 1024]}}, "").plan()
-    assert pinned.ffn_chunks == 1 and pinned.down_tile == (512, 1024, 1024)
+    assert pinned.ffn.chunks == 1 and pinned.kernel.pallas.down_tile == (512, 1024, 1024)
     narrower = Layer(base | {"tiles": {"down": [512, 1024, 512]}}, "").plan()
-    assert narrower.ffn_chunks == 4 and narrower.down_tile == (512, 1024, 512)
+    assert narrower.ffn.chunks == 4 and narrower.kernel.pallas.down_tile == (512, 1024, 512)

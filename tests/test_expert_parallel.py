@@ -64,8 +64,8 @@ def test_twin_parity_forward_and_gradients(name: str, tmp_path: Path, monkeypatc
     case = VERIFY_CASES[name]
     loaded = case.load(name.replace("-", "_"))
     plan = make_plan(loaded)
-    assert plan.expert_strategy == case.strategy and plan.expert_axis == "expert"
-    assert plan.fuses_gate_up is (case.ffn % 128 == 0 and "fsdp" not in case.axes)
+    assert plan.experts.strategy == case.strategy and plan.mesh.expert_axis == "expert"
+    assert plan.ffn.fuses_gate_up is (case.ffn % 128 == 0 and "fsdp" not in case.axes)
     report = verify(loaded, render(plan))
     names = [step["step"] for step in report.steps]
     assert names == [
@@ -76,9 +76,9 @@ def test_twin_parity_forward_and_gradients(name: str, tmp_path: Path, monkeypatc
     ]
 
     twin = make_plan(twin_of(loaded))
-    assert twin.expert_strategy == case.strategy
+    assert twin.experts.strategy == case.strategy
     assert twin.experts.overlap_chunks == case.chunks
-    assert (twin.top_k, twin.score, twin.local_experts) == (
+    assert (twin.router.top_k, twin.router.score, twin.local_experts) == (
         case.top_k,
         case.score,
         plan.local_experts,
@@ -235,7 +235,7 @@ def test_pallas_overlap_twin_forward_matches_the_dense_reference(tmp_path: Path)
         kernel="pallas",
     )
     twin = make_plan(twin_of(case.load("ring_pallas_overlap")), interpret=True)
-    assert twin.kernel_interpret and twin.experts.overlap_chunks == 2
+    assert twin.kernel.pallas.interpret and twin.experts.overlap_chunks == 2
     assert twin.experts.ffn_calls == 4
     module = tmp_path / "twin.py"
     module.write_text(render(twin), encoding="utf-8")

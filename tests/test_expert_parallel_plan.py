@@ -43,7 +43,7 @@ def test_param_partitions_and_local_shapes(mesh: str, strategy: str) -> None:
     for name, p in params.items():
         assert p.gather_axis == (gather[name] if fsdp else None)
     assert plan.local_experts == e // shards
-    assert plan.expert_axis == "expert" and plan.experts.shards == shards
+    assert plan.mesh.expert_axis == "expert" and plan.experts.shards == shards
     # Stored bytes: only this device's experts, fsdp-sharded.
     stored = sum(math.prod(p.local_shape) for p in plan.params) * 4
     assert plan.cost.param_bytes == stored
@@ -57,8 +57,8 @@ def test_replicated_strategy_shards_no_experts() -> None:
     params = {p.name: p for p in plan.params}
     assert params["w_gate"].partition == (None, "fsdp", None)
     assert params["w_gate"].local_shape[0] == plan.num_experts
-    assert plan.expert_axis is None and plan.experts.axis is None
-    assert plan.experts.ffn_rows == plan.local_tokens * plan.top_k
+    assert plan.mesh.expert_axis is None and plan.experts.axis is None
+    assert plan.experts.ffn_rows == plan.local_tokens * plan.router.top_k
     assert (plan.experts.ffn_calls, plan.experts.receive_rows) == (1, 0)
     assert plan.experts.communication_bytes == ()
     assert not plan.experts.emulate_ragged_all_to_all
@@ -111,7 +111,7 @@ def test_rows_and_calls_per_strategy(shape) -> None:
     assert overlap.experts.receive_rows == 0
     assert (overlap.experts.overlap_chunks, overlap.experts.chunk_width) == (4, 32 // 4)
     # kernel xla: nothing padded
-    assert a2a.padded_rows == a2a.experts.ffn_rows and ring.padded_rows == ring.experts.ffn_rows
+    assert a2a.kernel.pallas is None and ring.kernel.pallas is None  # no row padding
     src = render(a2a)
     assert f"RECEIVE_ROWS = {group * per_token}" in src
     assert f"FFN_ROWS = {group * per_token}" in src
@@ -214,8 +214,8 @@ def test_plan_of_a_ring_overlap_spec_uses_chunk_wide_gate_up_tiles() -> None:
         ).load()
     )  # fmt: skip
     assert plan.experts.chunk_width == 256
-    assert plan.gate_up_tile is not None and plan.down_tile is not None
+    assert plan.kernel.pallas.gate_up_tile is not None and plan.kernel.pallas.down_tile is not None
     # gate/up contract over one chunk of the embedding; down over the whole ffn dimension.
-    assert plan.gate_up_tile[1] <= 256
-    assert plan.padded_rows % plan.row_alignment == 0
-    assert plan.padded_rows >= plan.experts.ffn_rows
+    assert plan.kernel.pallas.gate_up_tile[1] <= 256
+    assert plan.kernel.pallas.padded_rows % plan.kernel.pallas.row_alignment == 0
+    assert plan.kernel.pallas.padded_rows >= plan.experts.ffn_rows

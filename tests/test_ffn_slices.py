@@ -145,16 +145,16 @@ def test_plan_slices_only_when_the_whole_layer_does_not_fit() -> None:
     hbm = hardware("tpu-v5e").hbm_bytes_per_device
     small = _reference_spec()
     del small["memory"]
-    assert _plan(small).ffn_chunks == 1  # 6 GiB of 16: no recomputation
+    assert _plan(small).ffn.chunks == 1  # 6 GiB of 16: no recomputation
 
     large = _reference_spec(batch=32)  # 4x the tokens: the whole FFN needs > 16 GiB
     del large["memory"]
     plan = _plan(large)
-    options = {o.chunks: o.train_peak for o in plan.ffn_chunk_options}
+    options = {o.chunks: o.train_peak for o in plan.ffn.chunk_options}
     assert options[1] > hbm
-    assert plan.ffn_chunks > 1 and plan.memory.train_peak <= hbm
+    assert plan.ffn.chunks > 1 and plan.memory.train_peak <= hbm
     # the fewest slices that fit
-    assert all(peak > hbm for count, peak in options.items() if count < plan.ffn_chunks)
+    assert all(peak > hbm for count, peak in options.items() if count < plan.ffn.chunks)
     assert plan.cost.recompute_flops > 0
     assert plan.roofline.passes[1].kernel_flops == (
         3 * plan.roofline.passes[0].kernel_flops + plan.cost.recompute_flops
@@ -231,7 +231,7 @@ def test_every_kernel_strategy_and_slicing_renders(kernel, strategy, chunks, lay
     spec["parallelism"] = parallelism
     spec["memory"] = {"ffn_chunks": chunks}
     plan = _plan(spec)  # every combination listed validates
-    assert (plan.kernel, plan.expert_strategy, plan.ffn_chunks) == (
+    assert (plan.kernel.name, plan.experts.strategy, plan.ffn.chunks) == (
         kernel.split("-")[0],
         parallelism["experts"],
         chunks,
@@ -289,7 +289,7 @@ def test_te_example_in_ffn_slices_builds_and_its_twin_matches(tmp_path, monkeypa
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     monkeypatch.chdir(tmp_path)
     generated = generate(Path(path.name))
-    assert generated.plan.ffn_chunks == 2 and "FFN_CHUNKS = 2" in generated.source
+    assert generated.plan.ffn.chunks == 2 and "FFN_CHUNKS = 2" in generated.source
     report = verify(generated.loaded, generated.source, run_compiles=False)
     parity = [step for step in report.steps if step["step"].startswith("twin parity")]
     assert len(parity) == 2, report.steps  # float32, and bfloat16 compute

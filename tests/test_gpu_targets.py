@@ -50,9 +50,13 @@ def _require_te() -> None:
 def test_plan_of_a_gpu_spec(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     sm, quantization, *_ = GPU_SPECS[name]
     plan = make_plan(_load(name, monkeypatch))
-    assert (plan.kernel, plan.cuda_sm, plan.te_quantization) == ("te", sm, quantization)
-    assert plan.tpu_topology_name is None and plan.gate_up_tile is None
-    assert plan.vma_unchecked_reason.startswith("Transformer Engine")
+    assert (plan.kernel.name, plan.kernel.te.cuda_sm, plan.kernel.te.quantization) == (
+        "te",
+        sm,
+        quantization,
+    )
+    assert plan.mesh.tpu_topology_name is None and plan.kernel.pallas is None
+    assert plan.kernel.vma_unchecked_reason.startswith("Transformer Engine")
     source = render(plan)
     assert "from transformer_engine.jax import dense as te_dense" in source
     assert source.count("_te_grouped_matmul(") == 1 + 3  # defined once, called per projection

@@ -50,7 +50,7 @@ def test_processes_agree_with_the_dense_reference(name, tmp_path):
     plan = make_plan(twin, interpret=True)
     module = tmp_path / f"{name}_twin.py"
     module.write_text(render(plan), encoding="utf-8")
-    local_devices = plan.num_devices // processes
+    local_devices = plan.mesh.num_devices // processes
     env = dict(os.environ)
     env.update(
         JAX_PLATFORMS="cpu",
@@ -89,7 +89,7 @@ def test_processes_agree_with_the_dense_reference(name, tmp_path):
     assert covered[0][0] == 0 and covered[-1][1] == plan.batch  # every row, once
     assert all(a[1] == b[0] for a, b in zip(covered[:-1], covered[1:], strict=True))
     for result in results:
-        assert result["devices"] == plan.num_devices
+        assert result["devices"] == plan.mesh.num_devices
         assert result["local_devices"] == local_devices
         assert result["counts_match"], result
         worst = max(result["errors"], key=result["errors"].get)

@@ -85,7 +85,7 @@ def test_data_axis_crosses_the_slices_and_the_rest_stays_inside(tmp_path):
 @pytest.mark.slow
 def test_layer_compiles_for_two_slices_with_a_memory_verdict(tmp_path):
     generated = _generate(tmp_path)
-    assert generated.plan.slices == 2
+    assert generated.plan.mesh.slices == 2
     assert generated.plan.network.dcn_bytes > 0
     report = verify(generated.loaded, generated.source)
     names = [step["step"] for step in report.steps]

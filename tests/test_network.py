@@ -134,8 +134,8 @@ def test_hand_numbers() -> None:
 def test_two_slice_example_transfers(monkeypatch: pytest.MonkeyPatch) -> None:
     plan = _plan(TWO_SLICES, monkeypatch)
     net = plan.network
-    assert plan.slices == net.slices == 2
-    assert plan.mesh_axes == (("data", 2), ("fsdp", 2), ("expert", 4))
+    assert plan.mesh.slices == net.slices == 2
+    assert plan.mesh.axes == (("data", 2), ("fsdp", 2), ("expert", 4))
     assert net.ici_mesh_shape == (1, 2, 4)
     assert net.dcn_mesh_shape == (2, 1, 1)
     assert net.transfers == (
@@ -165,7 +165,7 @@ def test_two_slice_example_totals(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_two_slice_plan_dict_carries_the_network(monkeypatch: pytest.MonkeyPatch) -> None:
     data = json.loads(json.dumps(_plan(TWO_SLICES, monkeypatch).to_dict()))
-    assert data["slices"] == 2
+    assert data["mesh"]["slices"] == 2
     assert data["network"]["ici_mesh_shape"] == [1, 2, 4]
     assert data["network"]["dcn_mesh_shape"] == [2, 1, 1]
     assert data["network"]["dcn_bytes"] == DATA_ALL_REDUCE
@@ -225,9 +225,9 @@ def test_ring_of_experts_over_dcn_is_gather_type() -> None:
 def test_one_slice_is_all_ici(monkeypatch: pytest.MonkeyPatch) -> None:
     plan = _plan(ONE_SLICE, monkeypatch)
     net = plan.network
-    assert plan.slices == net.slices == 1
-    assert net.dcn_mesh_shape == tuple(1 for _ in plan.mesh_axes)
-    assert net.ici_mesh_shape == tuple(size for _, size in plan.mesh_axes)
+    assert plan.mesh.slices == net.slices == 1
+    assert net.dcn_mesh_shape == tuple(1 for _ in plan.mesh.axes)
+    assert net.ici_mesh_shape == tuple(size for _, size in plan.mesh.axes)
     assert net.transfers
     assert all(t.dcn_bytes == 0 for t in net.transfers)
     assert net.dcn_bytes == 0

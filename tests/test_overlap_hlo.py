@@ -114,7 +114,7 @@ def compiled_hlo(tmp_path_factory) -> dict[str, str]:
         path = tmp / f"{plan.module_name}.py"
         path.write_text(render(plan), encoding="utf-8")
         paths[variant] = path
-        args += [plan.tpu_topology_name, str(path)]
+        args += [plan.mesh.tpu_topology_name, str(path)]
     script = tmp / "compile.py"
     script.write_text(COMPILE, encoding="utf-8")
     env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
@@ -136,9 +136,9 @@ def test_plans_compiled_here() -> None:
     chunked, whole = plan_for("v5e-chunks4"), plan_for("v5e-chunks1")
     assert (chunked.experts.overlap_chunks, chunked.experts.chunk_width) == (4, 256)
     assert chunked.experts.ffn_calls == SHARDS and whole.experts.ffn_calls == 1
-    assert chunked.tpu_topology_name == whole.tpu_topology_name == "v5e:2x4"
-    assert plan_for("v6e-chunks4").tpu_topology_name == "v6e:2x4"
-    assert chunked.chips_per_host_bounds == (2, 4, 1)
+    assert chunked.mesh.tpu_topology_name == whole.mesh.tpu_topology_name == "v5e:2x4"
+    assert plan_for("v6e-chunks4").mesh.tpu_topology_name == "v6e:2x4"
+    assert chunked.mesh.chips_per_host_bounds == (2, 4, 1)
 
 
 @pytest.mark.parametrize("variant", ["v5e-chunks4", "v6e-chunks4"])

@@ -7,8 +7,10 @@ import json
 import math
 
 import pytest
+from conftest import EXAMPLE_SPECS
 from plan_cases import BYTES, SHAPES, Shape, loaded
 
+from moegen.pipeline import load_valid
 from moegen.plan import Plan, format_plan, make_plan
 
 # name -> (mesh axes in order, explicit batch_axes or None for the default)
@@ -38,20 +40,24 @@ def case(request) -> tuple[Shape, dict[str, int], list[str] | None, Plan]:
 def test_global_and_per_device_sizes(case) -> None:
     s, axes, batch_axes, plan = case
     devices = math.prod(axes.values())
-    assert plan.mesh_axes == tuple(axes.items())
-    assert plan.num_devices == devices
-    assert plan.batch_axes == tuple(batch_axes or axes)
+    assert plan.mesh.axes == tuple(axes.items())
+    assert plan.mesh.num_devices == devices
+    assert plan.mesh.batch_axes == tuple(batch_axes or axes)
     assert plan.input_partition == (tuple(batch_axes or axes), None, None)
-    assert plan.fsdp_axis == ("fsdp" if "fsdp" in axes else None)
-    assert plan.expert_axis is None
-    assert plan.expert_strategy == "replicated"
+    assert plan.mesh.fsdp_axis == ("fsdp" if "fsdp" in axes else None)
+    assert plan.mesh.expert_axis is None
+    assert plan.experts.strategy == "replicated"
     assert (plan.batch, plan.seq_len, plan.embed_dim, plan.ffn_dim) == (
         s.batch,
         s.seq,
         s.embed,
         s.ffn,
     )
-    assert (plan.num_experts, plan.local_experts, plan.top_k) == (s.experts, s.experts, s.top_k)
+    assert (plan.num_experts, plan.local_experts, plan.router.top_k) == (
+        s.experts,
+        s.experts,
+        s.top_k,
+    )
     # Every batch axis shards the batch (all of them here), so each device gets 1/devices.
     assert plan.batch_shards == devices
     assert plan.local_batch == s.batch // devices
@@ -60,15 +66,18 @@ def test_global_and_per_device_sizes(case) -> None:
     assert plan.local_tokens * plan.batch_shards == s.batch * s.seq
     assert plan.routed_rows * plan.batch_shards == s.batch * s.seq * s.top_k
     # ragged_dot (kernel xla) takes groups of any size: nothing is padded.
-    assert plan.row_alignment == 1
-    assert plan.padded_rows == plan.routed_rows
-    assert (plan.score, plan.renormalize, plan.activation) == (s.score, s.renormalize, "swiglu")
+    assert plan.kernel.pallas is None and plan.experts.ffn_rows == plan.routed_rows
+    assert (plan.router.score, plan.router.renormalize, plan.ffn.activation) == (
+        s.score,
+        s.renormalize,
+        "swiglu",
+    )
     assert (plan.param_dtype, plan.compute_dtype, plan.router_dtype) == (
         s.params,
         s.compute,
         "float32",
     )
-    assert (plan.hardware, plan.kernel) == ("cpu", "xla")
+    assert (plan.hardware, plan.kernel.name) == ("cpu", "xla")
     assert plan.module_name == "plan_case"
     assert plan.spec_display == "specs/plan_case.yaml"
     assert len(plan.spec_sha256) == 64
@@ -170,7 +179,7 @@ def test_plan_is_frozen(case) -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.params[0].local_shape = ()  # type: ignore[misc]
     assert isinstance(plan.params, tuple)
-    assert isinstance(plan.mesh_axes, tuple)
+    assert isinstance(plan.mesh.axes, tuple)
     assert hash(plan) == hash(plan)  # every field is immutable, so the plan hashes
 
 
@@ -183,7 +192,12 @@ def test_to_dict_is_json_serialisable(case) -> None:
     assert back["cost"]["expert_flops"] == plan.cost.expert_flops
     assert [p["name"] for p in back["params"]] == ["router", "w_gate", "w_up", "w_down"]
     assert back["params"][1]["partition"] == list(plan.params[1].partition)
-    assert back["mesh_axes"] == [list(item) for item in plan.mesh_axes]
+    assert back["mesh"]["axes"] == [list(item) for item in plan.mesh.axes]
+    assert (back["kernel"]["name"], back["kernel"]["pallas"], back["kernel"]["te"]) == (
+        "xla",
+        None,
+        None,
+    )
     assert set(back) == {f.name for f in dataclasses.fields(Plan)}
     # to_dict is a copy: changing it leaves the plan alone.
     data["batch"] = -1
@@ -211,10 +225,10 @@ def test_plan_is_deterministic() -> None:
 
 def test_cpu_plan_has_no_tpu_fields(case) -> None:
     *_, plan = case
-    assert (plan.hardware, plan.topology) == ("cpu", None)
-    assert (plan.tpu_topology_name, plan.chips_per_host_bounds) == (None, None)
-    assert (plan.gate_up_tile, plan.down_tile) == (None, None)
-    assert (plan.kernel_interpret, plan.check_vma, plan.pads_rows) == (False, True, False)
+    assert (plan.hardware, plan.mesh.topology) == ("cpu", None)
+    assert (plan.mesh.tpu_topology_name, plan.mesh.chips_per_host_bounds) == (None, None)
+    assert (plan.kernel.name, plan.kernel.pallas, plan.kernel.te) == ("xla", None, None)
+    assert plan.kernel.check_vma
     assert plan.memory.hbm_bytes_per_device == 0
 
 
@@ -222,7 +236,7 @@ def test_one_slice_network_is_all_ici(case) -> None:
     """Without target.slices the mesh lies in one slice: every byte moves over ICI."""
     _, axes, _, plan = case
     net = plan.network
-    assert plan.slices == net.slices == 1
+    assert plan.mesh.slices == net.slices == 1
     assert net.ici_mesh_shape == tuple(axes.values())
     assert net.dcn_mesh_shape == (1,) * len(axes)
     assert net.dcn_bytes == 0 and all(t.dcn_bytes == 0 for t in net.transfers)
@@ -234,3 +248,20 @@ def test_one_slice_network_is_all_ici(case) -> None:
     text = format_plan(plan)
     assert "over DCN" not in text
     assert "communication per device, forward+backward: ICI " in text
+
+
+@pytest.mark.parametrize("path", EXAMPLE_SPECS, ids=lambda p: p.stem)
+def test_each_sub_plan_is_typed_and_the_kernel_has_only_its_backend_config(path) -> None:
+    """Plan keeps identity and shapes; the router, FFN, mesh and kernel are sub-plans, and the
+    kernel carries the config of its own backend only (pallas tiles, TE quantization)."""
+    plan = make_plan(load_valid(path))
+    kernel = plan.kernel
+    assert (kernel.pallas is not None, kernel.te is not None) == (
+        kernel.name == "pallas",
+        kernel.name == "te",
+    )
+    for sub_plan in (plan.router, plan.ffn, plan.mesh, kernel):
+        assert dataclasses.is_dataclass(sub_plan)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            sub_plan.__setattr__(dataclasses.fields(sub_plan)[0].name, None)
+    assert len(dataclasses.fields(Plan)) < 40

@@ -113,10 +113,15 @@ def test_cli_plan_json_tpu_example(monkeypatch: pytest.MonkeyPatch) -> None:
     result = run_cli("plan", TPU_EXAMPLE, "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert data["gate_up_tile"] == data["down_tile"] == [512, 1024, 1024]
-    assert data["tpu_topology_name"] == "v5e:2x4"
-    assert data["chips_per_host_bounds"] == [2, 4, 1]
-    assert (data["kernel_interpret"], data["check_vma"]) == (False, False)
+    kernel, mesh = data["kernel"], data["mesh"]
+    assert kernel["pallas"]["gate_up_tile"] == kernel["pallas"]["down_tile"] == [512, 1024, 1024]
+    assert mesh["tpu_topology_name"] == "v5e:2x4"
+    assert mesh["chips_per_host_bounds"] == [2, 4, 1]
+    assert (kernel["pallas"]["interpret"], kernel["check_vma"], kernel["te"]) == (
+        False,
+        False,
+        None,
+    )
     assert sum(size for _, size in data["memory"]["ledger"]) == data["memory"]["train_peak"]
 
 
@@ -145,7 +150,7 @@ def test_plan_text_says_what_is_padded() -> None:
 def test_xla_plan_text_does_not_speak_of_row_tiles() -> None:
     name, topology, axes, *_ = TPU_TARGETS["v5e-2x4"]
     plan = make_plan(tpu_spec(name, topology, axes, kernel="xla"))
-    assert (plan.row_alignment, plan.padded_rows) == (1, plan.routed_rows)
+    assert (plan.kernel.pallas, plan.experts.ffn_rows) == (None, plan.routed_rows)
     text = format_plan(plan)
     assert "row tiles" not in text
     assert "padded to" not in text
@@ -161,6 +166,6 @@ def test_plan_text_says_padded_only_when_rows_are_padded(experts: str) -> None:
         + "target:\n  hardware: tpu-v5e\n  topology: 2x4\n  kernel: pallas\n"
     )
     plan = make_plan(validate(load_spec_bytes(raw.encode(), "specs/plan_case.yaml", "plan_case")))
-    assert plan.row_alignment > 1 and not plan.pads_rows
-    assert plan.padded_rows == plan.experts.ffn_rows
+    assert plan.kernel.pallas.row_alignment > 1 and not plan.kernel.pallas.pads_rows
+    assert plan.kernel.pallas.padded_rows == plan.experts.ffn_rows
     assert "padded to" not in tokens_line(plan)

@@ -116,7 +116,7 @@ def v6e_4x4(**choices) -> str:
 def test_plan_splits_where_make_mesh_would_raise_and_the_module_says_so() -> None:
     loaded = validated(v6e_4x4(), "phi.yaml", "phi")
     plan = make_plan(loaded)
-    assert plan.splits_physical_axes
+    assert plan.mesh.splits_physical_axes
     source = render(plan)
     assert "mesh_utils.create_device_mesh(MESH_SHAPE, devices, allow_split_physical_axes=True)" in (
         source
@@ -125,7 +125,7 @@ def test_plan_splits_where_make_mesh_would_raise_and_the_module_says_so() -> Non
     assert "; physical axes split (no whole ones fit)" in format_plan(plan)  # moegen plan
     # the same layer on a mesh of whole physical axes keeps jax.make_mesh
     whole = make_plan(validated(v6e_4x4(axes={"fsdp": 4, "expert": 4}), "w.yaml", "w"))
-    assert not whole.splits_physical_axes
+    assert not whole.mesh.splits_physical_axes
     assert "jax.make_mesh(MESH_SHAPE, MESH_AXES, devices=devices)" in render(whole)
 
 
@@ -140,11 +140,11 @@ def test_multislice_meshes_split_inside_each_slice() -> None:
     )
     plan = make_plan(validated(text, "two.yaml", "two"))
     assert plan.network.ici_mesh_shape == (2, 2, 4)
-    assert plan.splits_physical_axes and plan.multislice
+    assert plan.mesh.splits_physical_axes and plan.mesh.multislice
     assert "allow_split_physical_axes=True" in render(plan)
 
 
 @pytest.mark.parametrize("path", EXAMPLE_SPECS, ids=lambda p: p.stem)
 def test_example_meshes_lay_out_on_whole_axes(path) -> None:
     """No committed example needs a split (their modules keep jax.make_mesh)."""
-    assert not make_plan(validate(load_spec(path))).splits_physical_axes
+    assert not make_plan(validate(load_spec(path))).mesh.splits_physical_axes

@@ -40,13 +40,13 @@ def test_params_non_gated_biased_shared_routing_bias_on_fsdp_and_expert() -> Non
     assert names["b_down"] == ("NUM_EXPERTS", "EMBED_DIM")
     assert names["shared_up"] == ("EMBED_DIM", "SHARED_FFN_DIM")
     assert names["shared_down"] == ("SHARED_FFN_DIM", "EMBED_DIM")
-    assert (plan.activation, plan.gated, plan.ffn_bias, plan.shared_ffn_dim) == (
+    assert (plan.ffn.activation, plan.ffn.gated, plan.ffn.bias, plan.ffn.shared_ffn_dim) == (
         "gelu",
         False,
         True,
         96,
     )
-    assert plan.routing_bias is True
+    assert plan.router.routing_bias is True
     text = format_plan(plan)
     for p in plan.params:
         spec = "P(" + ", ".join(repr(e) for e in p.partition) + ")"
@@ -77,7 +77,7 @@ def test_params_gated_biased_shared_on_data_and_fsdp() -> None:
         "shared_up": shared_in,
         "shared_down": ((96, 64), (96, 32), (None, "fsdp"), 1, f32, 1 / math.sqrt(96)),
     }
-    assert plan.gated is True
+    assert plan.ffn.gated is True
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ def test_params_gated_biased_shared_on_data_and_fsdp() -> None:
 def test_only_gated_activations_have_a_gate(activation: str, names: list[str]) -> None:
     plan = feature_plan(layer={"activation": activation})
     assert [p.name for p in plan.params] == names
-    assert plan.gated is (activation in ("swiglu", "geglu"))
+    assert plan.ffn.gated is (activation in ("swiglu", "geglu"))
     assert plan.summary.startswith(f"MoE layer: 8 {activation} experts ")
 
 
@@ -111,9 +111,9 @@ def test_gate_and_up_side_by_side_when_up_starts_on_a_lane_tile(
     activation: str, ffn: int, fused: bool
 ) -> None:
     plan = feature_plan(ffn=ffn, layer={"activation": activation})  # no fsdp
-    assert plan.fuses_gate_up is fused
+    assert plan.ffn.fuses_gate_up is fused
     gated = activation in ("swiglu", "geglu")
-    assert plan.grouped_matmul_sites == (3 if gated and not fused else 2)
+    assert plan.ffn.grouped_matmul_sites == (3 if gated and not fused else 2)
     source = render(plan)
     assert ('weights["w_gate_up"]' in source) is fused
     assert ('weights["w_gate"]' in source) is (gated and not fused)
@@ -123,19 +123,22 @@ def test_gate_and_up_stay_apart_when_fsdp_gathers_the_whole_weights() -> None:
     """Gathered whole, fused gate and up weights and gradients are one buffer each (measured
     heavier); gathered per FFN slice they are small, and one row gradient per slice is not."""
     whole = feature_plan(ffn=256, axes={"fsdp": 2})
-    assert (whole.fuses_gate_up, whole.grouped_matmul_sites) == (False, 3)
+    assert (whole.ffn.fuses_gate_up, whole.ffn.grouped_matmul_sites) == (False, 3)
     assert 'weights["w_gate"]' in render(whole)
     sliced = feature_plan(ffn=256, axes={"fsdp": 2}, memory={"ffn_chunks": 2})
-    assert (sliced.fuses_gate_up, sliced.grouped_matmul_sites) == (True, 2)
+    assert (sliced.ffn.fuses_gate_up, sliced.ffn.grouped_matmul_sites) == (True, 2)
     source = render(sliced)
     assert '"w_gate_up": jax.lax.all_gather(' in source
     assert 'jnp.concatenate([columns("w_gate", 2), columns("w_up", 2)], axis=2)' in source
     ledger = dict(sliced.memory.ledger)
-    row_block = sliced.padded_rows * 64 * 4
+    row_block = sliced.experts.ffn_rows * 64 * 4  # kernel xla: no row padding
     assert ledger["the slice's row gradients"] == row_block  # one call reads the rows
     apart = feature_plan(ffn=64, axes={"fsdp": 2}, memory={"ffn_chunks": 2})  # 32-lane slices
-    assert not apart.fuses_gate_up
-    assert dict(apart.memory.ledger)["the slice's row gradients"] == 2 * apart.padded_rows * 64 * 4
+    assert not apart.ffn.fuses_gate_up
+    assert (
+        dict(apart.memory.ledger)["the slice's row gradients"]
+        == 2 * apart.experts.ffn_rows * 64 * 4
+    )
 
 
 def test_params_relu_on_the_expert_axis_alone() -> None:
@@ -223,7 +226,7 @@ def test_memory_ledger_with_shared_expert_by_hand() -> None:
         compute="bfloat16",
     )
     # ragged_all_to_all: 2 devices' 512 tokens x min(top 2, 4 local experts) = 1024 rows
-    assert plan.padded_rows == 1024
+    assert (plan.experts.ffn_rows, plan.kernel.pallas) == (1024, None)
     row_block = 1024 * 64 * 2  # [rows, D] bfloat16
     activation = 1024 * 32 * 2  # [rows, F] bfloat16
     x = 256 * 64 * 2
@@ -265,7 +268,7 @@ def test_gather_traffic_counts_only_gathered_parameters() -> None:
 )
 def test_erf_activations_turn_the_varying_axes_check_off(activation: str, check_vma: bool):
     plan = feature_plan(layer={"activation": activation})
-    assert plan.check_vma is check_vma
-    assert plan.vma_unchecked_reason == (
+    assert plan.kernel.check_vma is check_vma
+    assert plan.kernel.vma_unchecked_reason == (
         "" if check_vma else "XLA's erf polynomial carries no varying-axes types"
     )

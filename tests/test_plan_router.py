@@ -10,7 +10,11 @@ from moegen.plan import format_plan
 
 def test_dropless_plan_has_no_capacity() -> None:
     plan = feature_plan()
-    assert (plan.capacity, plan.drop_policy, plan.experts.capacity) == (None, None, None)
+    assert (plan.router.capacity, plan.router.drop_policy, plan.experts.capacity) == (
+        None,
+        None,
+        None,
+    )
     # data=2: 8 of 16 sequences of 64 tokens per device, top-2
     assert (plan.local_tokens, plan.routed_rows, plan.experts.ffn_rows) == (512, 1024, 1024)
     assert "(x top_2, dropless)" in tokens_line(plan)
@@ -29,9 +33,9 @@ def test_dropless_plan_has_no_capacity() -> None:
 )
 def test_capacity_replicated(factor: float, expected_capacity: int, expected_rows: int) -> None:
     plan = feature_plan(router=capacity(factor, "position"))
-    assert plan.capacity == plan.experts.capacity == expected_capacity
-    assert plan.drop_policy == "position"
-    assert plan.experts.ffn_rows == plan.padded_rows == expected_rows
+    assert plan.router.capacity == plan.experts.capacity == expected_capacity
+    assert plan.router.drop_policy == "position"
+    assert (plan.experts.ffn_rows, plan.kernel.pallas) == (expected_rows, None)  # no padding
     # routed_rows counts every chosen copy, before dropping; so do the FLOPs (an upper bound)
     assert plan.routed_rows == 1024
     assert plan.cost.expert_flops == 6 * 1024 * 64 * 32
@@ -44,7 +48,10 @@ def test_capacity_replicated(factor: float, expected_capacity: int, expected_row
 
 def test_capacity_drop_policy_defaults_to_probability() -> None:
     plan = feature_plan(router={"load_balance_loss": 0.01, "capacity": {"factor": 2}})
-    assert (plan.capacity, plan.drop_policy) == (256, "probability")  # ceil(2 * 1024 / 8)
+    assert (plan.router.capacity, plan.router.drop_policy) == (
+        256,
+        "probability",
+    )  # ceil(2 * 1024 / 8)
 
 
 @pytest.mark.parametrize(
@@ -67,7 +74,7 @@ def test_capacity_ragged_all_to_all(
     assert (plan.local_tokens, e.local_experts, e.group_tokens) == (128, 2, 512)
     assert e.capacity == expected_capacity
     assert (e.ffn_rows, e.receive_rows, e.ffn_calls) == (expected_rows, expected_rows, 1)
-    assert plan.padded_rows == expected_rows
+    assert (plan.experts.ffn_rows, plan.kernel.pallas) == (expected_rows, None)
 
 
 @pytest.mark.parametrize(
@@ -128,7 +135,7 @@ def test_capacity_is_exact_for_decimal_factors() -> None:
     # data 2: 8 sequences of 375 tokens = 3000 tokens a device, top-2: 6000 copies
     plan = feature_plan(seq=375, router=capacity(1.1))
     assert plan.local_tokens == 3000
-    assert plan.capacity == 825  # 1.1 * 6000 / 8 = 11 * 600 / 8 = 825 exactly
+    assert plan.router.capacity == 825  # 1.1 * 6000 / 8 = 11 * 600 / 8 = 825 exactly
 
 
 def test_plan_text_under_a_capacity_does_not_say_dropless() -> None:
@@ -158,11 +165,11 @@ def test_router_settings_reach_the_plan() -> None:
             "z_loss": 0.001,
         },
     )
-    assert (plan.expert_groups, plan.kept_groups) == (8, 4)
-    assert (plan.group_top_k, plan.experts_per_group) == (2, 8)
-    assert (plan.routed_scaling, plan.routing_bias) == (2.5, True)
-    assert (plan.load_balance_weight, plan.z_loss_weight) == (0.0, 0.001)
-    assert plan.score_after_top_k is False
+    assert (plan.router.expert_groups, plan.router.kept_groups) == (8, 4)
+    assert (plan.router.group_top_k, plan.router.experts_per_group) == (2, 8)
+    assert (plan.router.routed_scaling, plan.router.routing_bias) == (2.5, True)
+    assert (plan.router.load_balance_weight, plan.router.z_loss_weight) == (0.0, 0.001)
+    assert plan.router.score_after_top_k is False
     assert plan.global_tokens == 16 * 64
     assert plan.summary.startswith(
         "MoE layer: 64 swiglu experts (embed 64, ffn 32, shared expert ffn 64), top-8 sigmoid "
@@ -173,12 +180,21 @@ def test_router_settings_reach_the_plan() -> None:
 
 def test_router_defaults_in_the_plan() -> None:
     plan = feature_plan()
-    assert (plan.expert_groups, plan.kept_groups, plan.group_top_k, plan.experts_per_group) == (
+    assert (
+        plan.router.expert_groups,
+        plan.router.kept_groups,
+        plan.router.group_top_k,
+        plan.router.experts_per_group,
+    ) == (
         None,
         None,
         None,
         None,
     )
-    assert (plan.routed_scaling, plan.routing_bias, plan.score_after_top_k) == (1.0, False, False)
-    assert (plan.load_balance_weight, plan.z_loss_weight) == (0.0, 0.0)
-    assert (plan.ffn_bias, plan.shared_ffn_dim, plan.gated) == (False, None, True)
+    assert (
+        plan.router.routed_scaling,
+        plan.router.routing_bias,
+        plan.router.score_after_top_k,
+    ) == (1.0, False, False)
+    assert (plan.router.load_balance_weight, plan.router.z_loss_weight) == (0.0, 0.0)
+    assert (plan.ffn.bias, plan.ffn.shared_ffn_dim, plan.ffn.gated) == (False, None, True)

@@ -33,28 +33,31 @@ def test_tpu_target_fields(target: str) -> None:
 
     name, topology, axes, libtpu_name, host_bounds = TPU_TARGETS[target]
     plan = make_plan(tpu_spec(name, topology, axes))
-    assert (plan.hardware, plan.topology, plan.kernel) == (name, topology, "pallas")
-    assert plan.tpu_topology_name == libtpu_name
-    assert plan.chips_per_host_bounds == host_bounds
-    assert plan.num_devices == hardware(name).devices(topology)
+    assert (plan.hardware, plan.mesh.topology, plan.kernel.name) == (name, topology, "pallas")
+    assert plan.mesh.tpu_topology_name == libtpu_name
+    assert plan.mesh.chips_per_host_bounds == host_bounds
+    assert plan.mesh.num_devices == hardware(name).devices(topology)
     assert plan.memory.hbm_bytes_per_device == hardware(name).hbm_bytes_per_device > 0
     assert plan.summary.endswith(f", kernel pallas, target {name} {topology}.")
     # pallas: tiles chosen, shard_map's varying-axes check off, compiled (not interpreted)
-    assert plan.gate_up_tile is not None and plan.down_tile is not None
-    assert plan.check_vma is False
-    assert plan.kernel_interpret is False
-    assert make_plan(tpu_spec(name, topology, axes), interpret=True).kernel_interpret is True
+    assert plan.kernel.pallas.gate_up_tile is not None and plan.kernel.pallas.down_tile is not None
+    assert plan.kernel.check_vma is False
+    assert plan.kernel.pallas.interpret is False
+    assert make_plan(tpu_spec(name, topology, axes), interpret=True).kernel.pallas.interpret is True
 
 
 @pytest.mark.parametrize("target", list(TPU_TARGETS))
 def test_xla_kernel_on_tpu(target: str) -> None:
     name, topology, axes, libtpu_name, host_bounds = TPU_TARGETS[target]
     plan = make_plan(tpu_spec(name, topology, axes, kernel="xla"), interpret=True)
-    assert (plan.tpu_topology_name, plan.chips_per_host_bounds) == (libtpu_name, host_bounds)
-    assert (plan.gate_up_tile, plan.down_tile) == (None, None)
-    assert plan.check_vma is True
-    assert plan.kernel_interpret is False  # nothing to interpret: ragged_dot is XLA's own
-    assert (plan.row_alignment, plan.padded_rows, plan.pads_rows) == (1, plan.routed_rows, False)
+    assert (plan.mesh.tpu_topology_name, plan.mesh.chips_per_host_bounds) == (
+        libtpu_name,
+        host_bounds,
+    )
+    # no tiles, no padding, nothing to interpret: ragged_dot is XLA's own
+    assert (plan.kernel.name, plan.kernel.pallas, plan.kernel.te) == ("xla", None, None)
+    assert plan.kernel.check_vma is True
+    assert plan.experts.ffn_rows == plan.routed_rows
 
 
 def test_pallas_tiles_chosen_for_the_v5e_example(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,21 +65,23 @@ def test_pallas_tiles_chosen_for_the_v5e_example(monkeypatch: pytest.MonkeyPatch
     plan = make_plan(load_valid(Path(TPU_EXAMPLE)))
     # megablox's default fits v5e exactly: its tgmm (weight-gradient) step needs
     # 2*(0.5 + 0.5) Mi*2 B + 2*1 Mi*2 B + 4*1 Mi = 12 MiB = 0.75 * 16 MiB (gmm step 10 MiB)
-    assert (plan.gate_up_tile, plan.down_tile) == ((512, 1024, 1024), (512, 1024, 1024))
-    assert (plan.routed_rows, plan.padded_rows, plan.row_alignment) == (8192, 8192, 512)
-    assert plan.pads_rows is False
-    assert plan.tpu_topology_name == "v5e:2x4"
-    assert plan.chips_per_host_bounds == (2, 4, 1)
+    pallas = plan.kernel.pallas
+    assert (pallas.gate_up_tile, pallas.down_tile) == ((512, 1024, 1024), (512, 1024, 1024))
+    assert (plan.routed_rows, pallas.padded_rows, pallas.row_alignment) == (8192, 8192, 512)
+    assert pallas.pads_rows is False
+    assert plan.mesh.tpu_topology_name == "v5e:2x4"
+    assert plan.mesh.chips_per_host_bounds == (2, 4, 1)
 
 
 def test_pinned_tiles_are_used_and_rows_padded() -> None:
     tiles = "  tiles:\n    gate_up: [256, 512, 512]\n    down: [384, 256, 512]\n"
     shape = dataclasses.replace(SHAPES["qwen3-30b-a3b"], batch=8, seq=1000)
     plan = make_plan(tpu_spec("tpu-v5e", "2x4", {"data": 8}, shape=shape, tiles=tiles))
-    assert (plan.gate_up_tile, plan.down_tile) == ((256, 512, 512), (384, 256, 512))
+    pallas = plan.kernel.pallas
+    assert (pallas.gate_up_tile, pallas.down_tile) == ((256, 512, 512), (384, 256, 512))
     # 1000 tokens x top-8 = 8000 rows, padded to a multiple of lcm(256, 384) = 768
-    assert (plan.routed_rows, plan.row_alignment, plan.padded_rows) == (8000, 768, 8448)
-    assert plan.pads_rows is True
+    assert (plan.routed_rows, pallas.row_alignment, pallas.padded_rows) == (8000, 768, 8448)
+    assert pallas.pads_rows is True
     # the memory estimate counts the padded buffer, the cost estimate only real rows
     D, F, cb = shape.embed, shape.ffn, BYTES[shape.compute]
     ledger = dict(plan.memory.ledger)
@@ -102,7 +107,7 @@ def test_memory_ledger_sorted_and_summed() -> None:
         sizes = [size for _, size in m.ledger]
         assert sizes == sorted(sizes, reverse=True), m.ledger
         assert sum(sizes) == m.train_peak
-        expected = 8 if plan.ffn_chunks == 1 else 11
+        expected = 8 if plan.ffn.chunks == 1 else 11
         assert len({name for name, _ in m.ledger}) == len(m.ledger) == expected
         assert all(size > 0 for size in sizes)
         assert 0 < m.forward_peak < m.train_peak
@@ -113,7 +118,7 @@ def test_memory_known_numbers_v5e_example(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.chdir(REPO_ROOT)
     plan = make_plan(load_valid(Path(TPU_EXAMPLE)))
     m = plan.memory
-    assert plan.ffn_chunks == 1  # 5 GiB fits the 16 GiB of a v5e: nothing to recompute
+    assert plan.ffn.chunks == 1  # 5 GiB fits the 16 GiB of a v5e: nothing to recompute
     params = (4096 * 8 + 3 * 8 * 4096 * 14336) // 8 * 4  # float32 shards
     gathered = 4096 * 8 * 4 + 3 * 8 * 4096 * 14336 * 2  # bfloat16 experts, float32 router
     row_block = 8192 * 4096 * 2  # [rows, D] bfloat16
@@ -141,8 +146,8 @@ def test_memory_ledger_of_ffn_slices_by_hand(monkeypatch: pytest.MonkeyPatch) ->
     slices: the ledger the compiled peak (3.476e9 bytes, libtpu 0.0.51) is checked against."""
     monkeypatch.chdir(REPO_ROOT)
     plan = make_plan(load_valid(Path("specs/mixtral_8x7b_ep_a2a_v5e.yaml")))
-    assert (plan.ffn_chunks, plan.ffn_chunk_width, plan.regathers_weights) == (8, 1792, True)
-    assert plan.sliced_params == ("w_gate", "w_up", "w_down")
+    assert (plan.ffn.chunks, plan.ffn.chunk_width, plan.ffn.regathers_weights) == (8, 1792, True)
+    assert plan.ffn.sliced_params == ("w_gate", "w_up", "w_down")
     rows, D, F = 32768, 4096, 14336  # the certified receive buffer
     params = 2048 * 8 * 4 + 3 * 2 * 2048 * 14336 * 4  # router over fsdp, experts over both
     experts_bf16 = 3 * 2 * 4096 * 14336 * 2  # 2 local experts, whole embed, bfloat16
@@ -165,7 +170,7 @@ def test_memory_ledger_of_ffn_slices_by_hand(monkeypatch: pytest.MonkeyPatch) ->
     assert abs(plan.memory.train_peak / compiled_peak - 1) < 0.10
     # gate and up run again in the backward pass: 2 x 2 x rows x D x F more FLOPs
     assert plan.cost.recompute_flops == 2 * 2 * rows * D * F
-    by_count = {o.chunks: o for o in plan.ffn_chunk_options}
+    by_count = {o.chunks: o for o in plan.ffn.chunk_options}
     assert sorted(by_count) == [1, 2, 4, 8, 16]
     assert by_count[1].recompute_flops == 0
     peaks = [by_count[c].train_peak for c in sorted(by_count)]
@@ -177,7 +182,7 @@ def test_gate_and_up_side_by_side_are_tiled_as_one_call_of_twice_the_width() -> 
     1536] call, so the output tile may span both halves (one read of the rows forward)."""
     path = REPO_ROOT / "specs" / "qwen3_30b_a3b_ring_v6e.yaml"
     plan = make_plan(validate(load_spec_bytes(path.read_bytes(), str(path), path.stem)))
-    assert plan.fuses_gate_up
+    assert plan.ffn.fuses_gate_up
     chip = CATALOGUE["tpu-v6e"]
     expected = choose_tile(
         plan.experts.ffn_rows,
@@ -189,8 +194,8 @@ def test_gate_and_up_side_by_side_are_tiled_as_one_call_of_twice_the_width() -> 
         peak_flops=chip.peak_bf16_flops_per_chip,
         hbm_bytes_per_s=chip.hbm_bytes_per_s_per_chip,
     )
-    assert plan.gate_up_tile == expected.as_tuple() == (512, 1024, 2048)
-    assert plan.gate_up_tile[2] > plan.ffn_dim  # wider than gate or up alone
+    assert plan.kernel.pallas.gate_up_tile == expected.as_tuple() == (512, 1024, 2048)
+    assert plan.kernel.pallas.gate_up_tile[2] > plan.ffn_dim  # wider than gate or up alone
 
 
 # ---------------------------------------------------------------------------------------
@@ -223,9 +228,9 @@ def test_widest_layers_plan_runnable_tiles(embed: int, ffn: int, compute: str) -
     text = _one_chip_pallas(embed, ffn, compute)
     plan = make_plan(validate(load_spec_bytes(text.encode(), "wide.yaml", "wide")))
     budget = CATALOGUE["tpu-v5e"].vmem_bytes_for_tiles
-    for tile in (plan.gate_up_tile, plan.down_tile):
+    for tile in (plan.kernel.pallas.gate_up_tile, plan.kernel.pallas.down_tile):
         assert tile_problems(Tile(*tile), compute, budget) == [], tile
-    assert plan.ffn_chunks == 1  # too large for HBM in any number of slices: whole
+    assert plan.ffn.chunks == 1  # too large for HBM in any number of slices: whole
     assert len(render(plan)) > 0
 
 

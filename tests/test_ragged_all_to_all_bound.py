@@ -94,7 +94,7 @@ def test_receive_rows_with_a_data_axis_counts_the_expert_group_only() -> None:
     assert plan.local_tokens == 5
     assert plan.experts.group_tokens == 20
     assert plan.experts.receive_rows == 20 * min(3, 2)
-    assert math.prod(dict(plan.mesh_axes).values()) == 8
+    assert math.prod(dict(plan.mesh.axes).values()) == 8
 
 
 def test_twin_of_the_tpu_example_emulates_the_collective() -> None:
@@ -104,7 +104,7 @@ def test_twin_of_the_tpu_example_emulates_the_collective() -> None:
         pytest.skip("example spec not present")
     loaded = load_valid(path)
     full = make_plan(loaded)
-    assert full.expert_strategy == "ragged_all_to_all"
+    assert full.experts.strategy == "ragged_all_to_all"
     assert not full.experts.emulate_ragged_all_to_all
     source = render(full)
     assert "jax.lax.ragged_all_to_all(" in source and "def _ragged_all_to_all(" not in source
@@ -115,6 +115,6 @@ def test_twin_of_the_tpu_example_emulates_the_collective() -> None:
     assert "jax.lax.ragged_all_to_all(" not in twin_source
     local = twin_plan.local_experts
     assert twin_plan.experts.receive_rows == twin_plan.experts.group_tokens * min(
-        twin_plan.top_k, local
+        twin_plan.router.top_k, local
     )
     assert f"RECEIVE_ROWS = {twin_plan.experts.receive_rows}" in twin_source

@@ -60,18 +60,18 @@ def test_only_the_chosen_path_is_emitted(tmp_path, score, renormalize, mesh):
 def test_example_modules_hold_only_their_path(rendered, name):
     plan = make_plan(load_valid(REPO_ROOT / "specs" / f"{name}.yaml"))
     code = code_only(rendered[name])
-    other = {"softmax": "sigmoid", "sigmoid": "softmax"}[plan.score]
+    other = {"softmax": "sigmoid", "sigmoid": "softmax"}[plan.router.score]
     # The router scores its logits one way (a sigmoid may still gate a GLU or a shared expert).
-    assert f"jax.nn.{plan.score}(" in code
+    assert f"jax.nn.{plan.router.score}(" in code
     assert not re.search(rf"jax\.nn\.{other}\((top_)?logits\b", code)
-    if plan.expert_strategy == "replicated":  # else the expert exchange gathers too
-        assert ("all_gather" in code) is (plan.fsdp_axis is not None)
-    assert ("jnp.sum(combine_weights" in code) is plan.renormalize
+    if plan.experts.strategy == "replicated":  # else the expert exchange gathers too
+        assert ("all_gather" in code) is (plan.mesh.fsdp_axis is not None)
+    assert ("jnp.sum(combine_weights" in code) is plan.router.renormalize
     calls = {"xla": "jax.lax.ragged_dot(", "pallas": "megablox.gmm(", "te": "_te_grouped_matmul("}
     # (gate,) up, down; gate and up side by side in one call where the plan fuses them
-    assert code.count(calls[plan.kernel]) >= plan.grouped_matmul_sites
-    assert ('weights["w_gate_up"]' in rendered[name]) is plan.fuses_gate_up
-    assert not any(call in code for kernel, call in calls.items() if kernel != plan.kernel)
+    assert code.count(calls[plan.kernel.name]) >= plan.ffn.grouped_matmul_sites
+    assert ('weights["w_gate_up"]' in rendered[name]) is plan.ffn.fuses_gate_up
+    assert not any(call in code for kernel, call in calls.items() if kernel != plan.kernel.name)
 
 
 def test_sigmoid_example_has_no_softmax_at_all(rendered):
@@ -97,11 +97,11 @@ def test_constants_match_the_plan(rendered):
         assert namespace["EMBED_DIM"] == plan.embed_dim
         assert namespace["FFN_DIM"] == plan.ffn_dim
         assert namespace["NUM_EXPERTS"] == plan.num_experts
-        assert namespace["TOP_K"] == plan.top_k
+        assert namespace["TOP_K"] == plan.router.top_k
         assert namespace["LOCAL_TOKENS"] == plan.local_tokens
         assert namespace["ROUTED_ROWS"] == plan.routed_rows
-        assert namespace["MESH_AXES"] == tuple(a for a, _ in plan.mesh_axes)
-        assert namespace["MESH_SHAPE"] == tuple(s for _, s in plan.mesh_axes)
-        assert namespace["NUM_DEVICES"] == plan.num_devices
-        assert namespace["BATCH_AXES"] == plan.batch_axes
+        assert namespace["MESH_AXES"] == tuple(a for a, _ in plan.mesh.axes)
+        assert namespace["MESH_SHAPE"] == tuple(s for _, s in plan.mesh.axes)
+        assert namespace["NUM_DEVICES"] == plan.mesh.num_devices
+        assert namespace["BATCH_AXES"] == plan.mesh.batch_axes
         assert namespace["SPEC_DESCRIPTION"] == plan.description

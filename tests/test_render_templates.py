@@ -24,12 +24,27 @@ from moegen.spec import Target
 
 
 def _plan_without(plan, field: str) -> SimpleNamespace:
+    """A stand-in for `plan` without `field` (dotted: a field of one of its sub-plans)."""
+    head, _, rest = field.partition(".")
     values = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.name != field}
+    if rest:
+        values[head] = _plan_without(getattr(plan, head), rest)
     return SimpleNamespace(**values)
 
 
 @pytest.mark.parametrize(
-    "field", ["top_k", "summary", "description", "fsdp_axis", "renormalize", "score", "kernel"]
+    "field",
+    [
+        "router.top_k",
+        "summary",
+        "description",
+        "mesh.fsdp_axis",
+        "router.renormalize",
+        "router.score",
+        "kernel",
+        "kernel.name",
+        "ffn.layout",
+    ],
 )
 def test_render_with_a_plan_missing_a_field_raises(field):
     plan = make_plan(load_valid(EXAMPLE_SPECS[0]))
@@ -38,12 +53,12 @@ def test_render_with_a_plan_missing_a_field_raises(field):
     with pytest.raises((jinja2.UndefinedError, RenderError)) as caught:
         render(_plan_without(plan, field))
     message = str(caught.value)
-    assert field in message or "Undefined" in message, message
+    assert field.rpartition(".")[2] in message or "Undefined" in message, message
 
 
 def test_render_with_a_param_missing_a_field_raises():
     plan = make_plan(load_valid(REPO_ROOT / "specs" / "mixtral_small_cpu.yaml"))
-    assert plan.fsdp_axis  # gather_axis is read on the fsdp path only
+    assert plan.mesh.fsdp_axis  # gather_axis is read on the fsdp path only
     params = tuple(_plan_without(p, "gather_axis") for p in plan.params)
     broken = SimpleNamespace(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)})
     broken.params = params

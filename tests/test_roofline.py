@@ -15,7 +15,7 @@ from moegen.plan import Plan, format_plan, make_plan
 
 def transfer_bytes(plan: Plan, forward_only: bool) -> tuple[int, int]:
     """(ICI, DCN) of the network plan's transfers: forward ones, or all of them."""
-    forward_names = ("fsdp weight all-gather", f"{plan.expert_strategy} tokens, forward")
+    forward_names = ("fsdp weight all-gather", f"{plan.experts.strategy} tokens, forward")
     chosen = [t for t in plan.network.transfers if not forward_only or t.name in forward_names]
     return sum(t.ici_bytes for t in chosen), sum(t.dcn_bytes for t in chosen)
 
@@ -35,7 +35,7 @@ def test_v5e_swiglu_ragged_all_to_all_by_hand() -> None:
     t, d, f, e, k, m = 128, 256, 512, 8, 2, 3
     # worst-case rows of the grouped matmul: every token of the 2-device expert group sends
     # min(top_k 2, 4 local experts) = 2 copies here -> 256 x 2 = 512; xla: no tile padding
-    assert (plan.experts.ffn_rows, plan.padded_rows, plan.experts.ffn_calls) == (512, 512, 1)
+    assert (plan.experts.ffn_rows, plan.kernel.pallas, plan.experts.ffn_calls) == (512, None, 1)
     kernel_rows = 512
 
     router = 2 * t * d * e  # 524,288
@@ -114,11 +114,11 @@ def test_cpu_replicated_gelu_shared_by_hand() -> None:
     )
     r = plan.roofline
     fwd, train = r.passes
-    assert not plan.gated
+    assert not plan.ffn.gated
     assert plan.local_tokens == 128
     t, d, f, s, e, k, m = 128, 256, 512, 128, 8, 2, 2
     # replicated: the grouped matmul sees this device's t x K copies, no padding
-    assert (plan.experts.ffn_rows, plan.padded_rows, plan.experts.ffn_calls) == (256, 256, 1)
+    assert (plan.experts.ffn_rows, plan.kernel.pallas, plan.experts.ffn_calls) == (256, None, 1)
 
     router = 2 * t * d * e
     routed = 2 * m * t * k * d * f
@@ -178,11 +178,11 @@ def test_tpu7x_gelu_shared_ragged_all_to_all_by_hand() -> None:
     r = plan.roofline
     fwd, train = r.passes
     # 4 chips x 2 devices = 8 devices; batch 8 -> 1 sequence of 64 tokens per device
-    assert plan.num_devices == 8
+    assert plan.mesh.num_devices == 8
     assert plan.local_tokens == 64
     t, d, f, s, e, k, m = 64, 256, 512, 128, 8, 2, 2
     # worst case: 4 x 64 group tokens, each sending min(2, 2 local experts) = 2 copies here
-    assert (plan.experts.ffn_rows, plan.padded_rows, plan.experts.ffn_calls) == (512, 512, 1)
+    assert (plan.experts.ffn_rows, plan.kernel.pallas, plan.experts.ffn_calls) == (512, None, 1)
 
     router = 2 * t * d * e
     routed = 2 * m * t * k * d * f
@@ -274,7 +274,7 @@ def test_cli_plan_prints_roofline(spec: Path, invoke_main) -> None:
         assert head.startswith(f"  roofline per device ({plan.hardware}: ")
         assert f"{r.peak_flops_per_s / 1e12:.0f} TFLOP/s" in head
         assert f"ICI {r.ici_bytes_per_s / 1e9:.0f} GB/s" in head
-        assert ("DCN" in head) == (plan.slices > 1)
+        assert ("DCN" in head) == (plan.mesh.slices > 1)
     else:
         assert head == "  roofline per device (no peak figures for cpu: counts only):"
     block = lines[heads[0] + 1 : heads[0] + 1 + (3 if tpu else 2) * 2]

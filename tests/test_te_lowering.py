@@ -236,11 +236,12 @@ def test_template_helper_renders_and_lowers_like_the_hand_written_one():
     for quantization, sm in CASES:
         cuda.prepare_te(sm)
         align = ALIGN[quantization]
-        p = types.SimpleNamespace(
-            te_quantization=quantization,
-            te_group_align=align,
-            te_aligned_rows=-(-(ROWS + GROUPS * (align - 1)) // align) * align,
+        te = types.SimpleNamespace(
+            quantization=quantization,
+            group_align=align,
+            aligned_rows=-(-(ROWS + GROUPS * (align - 1)) // align) * align,
         )
+        p = types.SimpleNamespace(kernel=types.SimpleNamespace(te=te))
         call = template.grouped_matmul(p, "lhs", "rhs", "group_sizes", "None")
         widened = template.grouped_matmul(p, "lhs", "rhs", "group_sizes", "None", "jnp.float32")
         source = "\n".join(

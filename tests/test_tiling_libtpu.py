@@ -133,17 +133,17 @@ def plan_kernels(loaded: LoadedSpec) -> tuple[str, list[tuple[list, int]]]:
     """Every kernel a Pallas spec's plan runs, and the VMEM the model gives each."""
     plan = make_plan(loaded)
     gate_up_out, down_out = projection_out_dtypes(
-        plan.compute_dtype, plan.experts.overlap_chunks, plan.ffn_chunks
+        plan.compute_dtype, plan.experts.overlap_chunks, plan.ffn.chunks
     )
-    width = plan.ffn_chunk_width * (2 if plan.fuses_gate_up else 1)
-    rows, groups, dtype = plan.padded_rows, plan.local_experts, plan.compute_dtype
-    gate_up = Tile(*plan.gate_up_tile)
-    down = Tile(*plan.down_tile)
+    width = plan.ffn.chunk_width * (2 if plan.ffn.fuses_gate_up else 1)
+    rows, groups, dtype = plan.kernel.pallas.padded_rows, plan.local_experts, plan.compute_dtype
+    gate_up = Tile(*plan.kernel.pallas.gate_up_tile)
+    down = Tile(*plan.kernel.pallas.down_tile)
     chunk = plan.experts.chunk_width
     return plan.hardware, [
         *projection_kernels(rows, chunk, width, groups, gate_up, dtype, gate_up_out),
         *projection_kernels(
-            rows, plan.ffn_chunk_width, plan.embed_dim, groups, down, dtype, down_out
+            rows, plan.ffn.chunk_width, plan.embed_dim, groups, down, dtype, down_out
         ),
     ]
 
@@ -207,7 +207,10 @@ def test_a_tile_the_model_refuses_the_compiler_refuses() -> None:
     v5e: megablox's default tile is refused by the model (16.5 MiB in the weight gradient) and
     by the compiler under v5e's own limit (16.12 MiB of 16: CompileTimeScopedVmemOom); the
     plan's choice compiles, every kernel, gradients included."""
-    default, chosen = Tile(512, 1024, 1024), LAYERS["mixtral_2_slices"].plan().down_tile
+    default, chosen = (
+        Tile(512, 1024, 1024),
+        LAYERS["mixtral_2_slices"].plan().kernel.pallas.down_tile,
+    )
     assert chosen == (512, 896, 1024)
     assert tile_problems(default, "bfloat16", 16 * MIB, "float32")
     assert tile_problems(Tile(*chosen), "bfloat16", 16 * MIB, "float32") == []

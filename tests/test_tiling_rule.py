@@ -127,31 +127,35 @@ def test_the_tile_rule(name: str) -> None:
     kwargs, plan = tile_rule_plan(name)
     devices = math.prod(kwargs["axes"].values())
     assert plan.routed_rows == kwargs["batch"] // devices * kwargs["seq"] * kwargs["top_k"]
-    assert plan.gate_up_tile is not None and plan.down_tile is not None
+    pallas = plan.kernel.pallas
+    assert pallas is not None
     # The custom VJP reuses each projection's tiling for gmm (forward and input gradient)
     # and tgmm (weight gradient): every row tile used must divide the padded row count.
-    row_tiles = [plan.gate_up_tile[0], plan.down_tile[0]]
+    row_tiles = [pallas.gate_up_tile[0], pallas.down_tile[0]]
     for row_tile in row_tiles:
-        assert plan.padded_rows % row_tile == 0, (row_tile, plan.padded_rows)
-    assert plan.row_alignment == math.lcm(*row_tiles)
-    assert plan.padded_rows % plan.row_alignment == 0
-    assert plan.padded_rows >= plan.routed_rows
-    assert plan.padded_rows - plan.routed_rows < plan.row_alignment
-    assert plan.pads_rows == (plan.padded_rows > plan.routed_rows)
+        assert pallas.padded_rows % row_tile == 0, (row_tile, pallas.padded_rows)
+    assert pallas.row_alignment == math.lcm(*row_tiles)
+    assert pallas.padded_rows % pallas.row_alignment == 0
+    assert pallas.padded_rows >= plan.routed_rows
+    assert pallas.padded_rows - plan.routed_rows < pallas.row_alignment
+    assert pallas.pads_rows == (pallas.padded_rows > plan.routed_rows)
     # Pinned tiles are used as pinned; the others are choose_tile's, which always run.
     hw = kwargs["hardware"]
     budget = CATALOGUE[hw].vmem_bytes_for_tiles
     dtype = kwargs.get("compute", "bfloat16")
     embed, ffn = kwargs["embed"], kwargs["ffn"]
     rows, groups = plan.experts.ffn_rows, plan.local_experts
-    gate_up_width = 2 * ffn if plan.fuses_gate_up else ffn  # one call computes both
+    gate_up_width = 2 * ffn if plan.ffn.fuses_gate_up else ffn  # one call computes both
     expected = {
         "gate_up": kwargs.get("gate_up")
         or choose(rows, embed, gate_up_width, dtype, hw, groups).as_tuple(),
         "down": kwargs.get("down") or choose(rows, ffn, embed, dtype, hw, groups).as_tuple(),
     }
-    assert (plan.gate_up_tile, plan.down_tile) == (expected["gate_up"], expected["down"])
-    for tile in (plan.gate_up_tile, plan.down_tile):
+    assert (plan.kernel.pallas.gate_up_tile, plan.kernel.pallas.down_tile) == (
+        expected["gate_up"],
+        expected["down"],
+    )
+    for tile in (plan.kernel.pallas.gate_up_tile, plan.kernel.pallas.down_tile):
         assert tile_problems(Tile(*tile), dtype, budget) == []
 
 
@@ -173,16 +177,19 @@ def test_the_tile_rule(name: str) -> None:
 )
 def test_the_tile_rule_known_values(name: str, routed: int, padded: int, alignment: int):
     _, plan = tile_rule_plan(name)
-    assert (plan.routed_rows, plan.padded_rows, plan.row_alignment) == (routed, padded, alignment)
-    assert plan.pads_rows == (padded != routed)
+    assert (plan.routed_rows, plan.kernel.pallas.padded_rows, plan.kernel.pallas.row_alignment) == (
+        routed,
+        padded,
+        alignment,
+    )
+    assert plan.kernel.pallas.pads_rows == (padded != routed)
 
 
 def test_xla_plans_do_not_tile_or_pad() -> None:
     kwargs = dict(TILE_RULE_CASES["mixtral-v5e-2x4-odd-seq"])
     text = pallas_spec(**kwargs).replace("kernel: pallas", "kernel: xla")
     plan = make_plan(load_spec_bytes(text.encode(), "xla.yaml", "xla"))
-    assert (plan.gate_up_tile, plan.down_tile) == (None, None)
-    assert (plan.row_alignment, plan.padded_rows, plan.pads_rows) == (1, plan.routed_rows, False)
+    assert (plan.kernel.pallas, plan.experts.ffn_rows) == (None, plan.routed_rows)
 
 
 def test_dtype_tables_agree() -> None:

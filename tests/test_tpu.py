@@ -56,15 +56,16 @@ def test_twin_pads_ragged_rows_and_runs_megablox_interpreted(small_pallas):
     top_k = VARIANTS[variant]["top_k"]
     twin = make_plan(twin_of(generated.loaded), interpret=True)
 
-    assert twin.kernel == "pallas" and twin.kernel_interpret
-    assert twin.gate_up_tile == twin.down_tile == tuple(TWIN_TILE)
+    pallas = twin.kernel.pallas
+    assert twin.kernel.name == "pallas" and pallas.interpret
+    assert pallas.gate_up_tile == pallas.down_tile == tuple(TWIN_TILE)
     assert twin.local_tokens == TWIN_SEQUENCES_PER_SHARD * TWIN_SEQ_LEN
     assert twin.routed_rows == twin.local_tokens * top_k
     # The routed rows are not a whole number of row tiles: the kernel gets padding rows.
     assert twin.routed_rows % TWIN_TILE[0] != 0
-    assert twin.pads_rows and twin.padded_rows > twin.routed_rows
-    assert twin.padded_rows % twin.row_alignment == 0
-    assert twin.padded_rows - twin.routed_rows < twin.row_alignment
+    assert pallas.pads_rows and pallas.padded_rows > twin.routed_rows
+    assert pallas.padded_rows % pallas.row_alignment == 0
+    assert pallas.padded_rows - twin.routed_rows < pallas.row_alignment
     # Contraction and output smaller than one tile: the kernel masks them.
     assert twin.embed_dim < TWIN_TILE[1] and twin.ffn_dim < TWIN_TILE[2]
 
@@ -73,12 +74,12 @@ def test_twin_pads_ragged_rows_and_runs_megablox_interpreted(small_pallas):
     assert len(gmm_calls) == 3  # gate, up, down
     assert all(call.rstrip().rstrip(",").endswith("interpret=True") for call in gmm_calls)
     assert twin_source.count("interpret=True") == 3
-    assert f"PADDED_ROWS = {twin.padded_rows}" in twin_source
+    assert f"PADDED_ROWS = {pallas.padded_rows}" in twin_source
     assert "jnp.pad(" in twin_source  # what the padding rows do: the padding test below
 
     # The module that ships is never interpreted.
-    assert not generated.plan.kernel_interpret
-    assert make_plan(generated.loaded).kernel_interpret is False
+    assert not generated.plan.kernel.pallas.interpret
+    assert make_plan(generated.loaded).kernel.pallas.interpret is False
     assert "megablox.gmm(" in generated.source
     assert "interpret" not in generated.source
 
@@ -209,11 +210,15 @@ def test_padding_rows_never_reach_outputs_or_gradients(tmp_path):
         )
     )
     plans = [make_plan(twin_of(twin_spec), interpret=True), make_plan(pinned_spec, interpret=True)]
-    assert (plans[0].routed_rows, plans[0].padded_rows) == (20, 32)
-    assert (plans[1].routed_rows, plans[1].padded_rows, plans[1].row_alignment) == (20, 96, 96)
+    assert (plans[0].routed_rows, plans[0].kernel.pallas.padded_rows) == (20, 32)
+    assert (
+        plans[1].routed_rows,
+        plans[1].kernel.pallas.padded_rows,
+        plans[1].kernel.pallas.row_alignment,
+    ) == (20, 96, 96)
     modules = []
     for i, plan in enumerate(plans):
-        assert plan.pads_rows and plan.num_devices == 4
+        assert plan.kernel.pallas.pads_rows and plan.mesh.num_devices == 4
         path = tmp_path / f"padded_{i}.py"
         path.write_text(render(plan), encoding="utf-8")
         modules.append([str(path), i == 0])
@@ -233,10 +238,16 @@ def test_padding_rows_never_reach_outputs_or_gradients(tmp_path):
     results = last_json(result.stdout)["results"]
     assert len(results) == 2
     for plan, got in zip(plans, results, strict=True):
-        assert (got["routed_rows"], got["padded_rows"]) == (plan.routed_rows, plan.padded_rows)
+        assert (got["routed_rows"], got["padded_rows"]) == (
+            plan.routed_rows,
+            plan.kernel.pallas.padded_rows,
+        )
         # The poisoned pad was really used: the padding rows exist and hold NaN.
         assert got["pads"], "the module never padded its routed rows"
-        assert all(p == [[0, plan.padded_rows - plan.routed_rows], [0, 0]] for p in got["pads"])
+        assert all(
+            p == [[0, plan.kernel.pallas.padded_rows - plan.routed_rows], [0, 0]]
+            for p in got["pads"]
+        )
         # y, grad_x and the four parameter gradients, per case: all finite...
         assert len(got["finite"]) == 6 * len(got["cases"]) and all(got["finite"]), got
         # ...and equal to the dense reference.

@@ -53,12 +53,16 @@ def test_missing_libtpu_says_to_install_the_tpu_extra(tmp_path):
     plan = generated.plan
     module = tmp_path / "no_libtpu.py"
     module.write_text(generated.source, encoding="utf-8")
-    tpu = {"topology_name": plan.tpu_topology_name, "chips_per_host_bounds": [2, 2, 1]}
-    assert plan.tpu_topology_name == "v5e:2x2" and plan.chips_per_host_bounds == (2, 2, 1)
+    tpu = {"topology_name": plan.mesh.tpu_topology_name, "chips_per_host_bounds": [2, 2, 1]}
+    assert plan.mesh.tpu_topology_name == "v5e:2x2" and plan.mesh.chips_per_host_bounds == (2, 2, 1)
     job = {
         "module": str(module),
         "twins": [],
-        "router": {"top_k": plan.top_k, "score": plan.score, "renormalize": plan.renormalize},
+        "router": {
+            "top_k": plan.router.top_k,
+            "score": plan.router.score,
+            "renormalize": plan.router.renormalize,
+        },
         "tpu": tpu,
     }
     job_path = tmp_path / "job.json"
@@ -68,7 +72,7 @@ def test_missing_libtpu_says_to_install_the_tpu_extra(tmp_path):
 
     result = subprocess.run(
         [sys.executable, str(script), str(job_path), json.dumps(tpu)],
-        env=fake_cpu_env(plan.num_devices),
+        env=fake_cpu_env(plan.mesh.num_devices),
         capture_output=True,
         text=True,
         timeout=300,

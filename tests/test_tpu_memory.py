@@ -77,7 +77,7 @@ def _report(*steps: dict) -> VerifyReport:
 @pytest.fixture
 def v5e_plan(tmp_path):
     plan = make_plan(load_valid(write_spec(tmp_path, "verdict_v5e", pallas_yaml())))
-    assert (plan.hardware, plan.topology) == ("tpu-v5e", "2x2")
+    assert (plan.hardware, plan.mesh.topology) == ("tpu-v5e", "2x2")
     assert plan.memory.hbm_bytes_per_device == 16 * GIB
     return plan
 

@@ -191,7 +191,7 @@ def test_other_compiler_errors_are_not_out_of_memory() -> None:
 @pytest.fixture(scope="module")
 def pallas_plan():
     plan = make_plan(load_valid(REPO_ROOT / "specs" / "mixtral_8x7b_v5e.yaml"))
-    assert plan.kernel == "pallas" and plan.memory.hbm_bytes_per_device
+    assert plan.kernel.name == "pallas" and plan.memory.hbm_bytes_per_device
     return plan
 
 
@@ -214,7 +214,7 @@ def test_a_vmem_out_of_memory_is_a_plan_defect_never_an_hbm_verdict(pallas_plan)
     ), message
     assert VMEM_OOM.splitlines()[0] in message
     assert "tgmm, a weight-gradient grouped matmul" in message  # which call
-    gate_up, down = pallas_plan.gate_up_tile, pallas_plan.down_tile
+    gate_up, down = pallas_plan.kernel.pallas.gate_up_tile, pallas_plan.kernel.pallas.down_tile
     assert f"gate_up {list(gate_up)} and down {list(down)}" in message
     assert "pin smaller tiles in target.tiles" in message  # what to change
     assert "defect in moegen's plan, not in the spec" in message

@@ -29,6 +29,19 @@ class CostPlan:
     recompute_flops: int = 0  # FFN slices: (gate and) up recomputed in the backward pass
 
 
+def forward_hbm_bytes(cost: CostPlan, kernel_rows: int, fsdp: int) -> int:
+    """HBM bytes of one forward pass per device: stored parameters read, gathered weights
+    written by the gather and read, routed buffers and shared-expert activations written and
+    read, the layer's input and output."""
+    return (
+        cost.param_bytes
+        + cost.gathered_weight_bytes * (2 if fsdp > 1 else 1)
+        + 2 * kernel_rows * cost.routed_row_bytes
+        + cost.activation_bytes
+        + 2 * cost.shared_activation_bytes
+    )
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """Per-device memory estimate of forward+backward, item by item, in bytes."""

@@ -1,9 +1,10 @@
-"""The routed FFN's layout: how many slices of its width run at a time, gate and up side by
-side or not, the megablox tiles and padded rows of each slice count, and what each costs.
+"""The routed FFN's plan: the activation and biases, how many slices of its width run at a
+time, gate and up side by side or not, the megablox tiles and padded rows of each slice count,
+and what each costs.
 
-`make_plan` asks `ffn_layout(count)` for the count the spec pins or, when it pins none, for the
-fewest slices that fit the target's HBM (`default_ffn_chunks`); `moegen plan` lists the others
-(`ffn_chunk_options`).
+`make_plan` asks `layouts(...)(count)` for the count the spec pins or, when it pins none, for
+the fewest slices that fit the target's HBM (`default_ffn_chunks`); `moegen plan` lists the
+others (`ffn_chunk_options`); `ffn_plan` is what the templates read of the chosen one.
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES, CostPlan, FfnBuffers, MemoryPlan, memory_plan
 from moegen.plan.experts import ExpertPlan
-from moegen.plan.model import FfnChunkOption
 from moegen.plan.params import ParamPlan
 from moegen.sizes import ffn_slice_problem
-from moegen.spec import GATED_ACTIVATIONS
+from moegen.spec import GATED_ACTIVATIONS, Layer
 from moegen.tiling import (
     LANES,
     Tile,
@@ -33,6 +33,49 @@ from moegen.tiling import (
 # Slice counts `moegen plan` lists (beside the chosen one), and the most the plan picks itself.
 LISTED_CHUNKS = (1, 2, 4, 8, 16)
 MAX_CHOSEN_CHUNKS = 64
+
+
+@dataclass(frozen=True)
+class FfnChunkOption:
+    """One value of memory.ffn_chunks and what it costs."""
+
+    chunks: int
+    train_peak: int  # planned forward+backward peak per device, bytes
+    recompute_flops: int  # per device per training step
+
+
+@dataclass(frozen=True)
+class GluPlan:
+    """The gated activation's parameters; None: that part is plain (no clamp, scale 1,
+    offset 0), and the module has no constant for it."""
+
+    gate_limit: float | None  # the gate clamped to at most this
+    up_limit: float | None  # up clamped to [-up_limit, up_limit]
+    sigmoid_scale: float | None  # swiglu: gate * sigmoid(sigmoid_scale * gate)
+    up_offset: float | None  # added to up before the product
+    preset: str | None  # the spec's preset name (gpt_oss), for the docstring
+
+
+@dataclass(frozen=True)
+class FfnPlan:
+    """The experts' FFN as the module runs it: activation, biases, shared expert, layout."""
+
+    activation: str
+    gated: bool  # swiglu, geglu: a gate projection beside up
+    glu: GluPlan | None  # clamps, sigmoid scale, up offset; None: the plain activation
+    bias: bool  # a bias after each projection
+    shared_ffn_dim: int | None
+    shared_expert_gate: bool  # the shared expert's output times sigmoid(x @ shared_expert_gate)
+    layout: str  # "whole" | "sliced" (chunks > 1) | "ring_overlapped" (overlap_chunks > 1)
+    chunks: int  # slices of the expert FFN width run one at a time (1: whole)
+    chunk_width: int  # FFN_DIM / chunks
+    chunk_options: tuple[FfnChunkOption, ...]  # valid slice counts (powers of 2) and costs
+    recompute_flops_text: str  # cost.recompute_flops to 3 significant digits, for the docstring
+    regathers_weights: bool  # sliced weights are fsdp-gathered per slice, again in the backward
+    sliced_params: tuple[str, ...]  # parameters cut into FFN slices (none when whole)
+    fuses_gate_up: bool  # gate and up as one grouped matmul over w_gate_up, [E, D, 2 x width]
+    gate_up_outputs: tuple[str, ...]  # per gate/up grouped-matmul call: "gate_up" | "gate", "up"
+    grouped_matmul_sites: int  # grouped-matmul calls in the forward code: (gate,) up, down
 
 
 @dataclass(frozen=True)
@@ -104,6 +147,64 @@ def layouts(
         return FfnLayout(chunks, outputs, tiles, rows, cost, memory)
 
     return layout
+
+
+def ffn_plan(
+    loaded: LoadedSpec,
+    chosen: FfnLayout,
+    layout: Callable[[int], FfnLayout],
+    experts: ExpertPlan,
+    params: tuple[ParamPlan, ...],
+) -> FfnPlan:
+    """The FFN of a validated spec in its `chosen` layout (`layout`: every slice count's)."""
+    spec = loaded.spec
+    layer = spec.layer
+    chunks = chosen.chunks
+    return FfnPlan(
+        activation=layer.activation,
+        gated=layer.activation in GATED_ACTIVATIONS,
+        glu=_glu_plan(layer),
+        bias=layer.ffn_bias,
+        shared_ffn_dim=layer.shared_ffn_dim,
+        shared_expert_gate=layer.shared_expert_gate,
+        layout=_layout_name(experts, chunks),
+        chunks=chunks,
+        chunk_width=layer.ffn_dim // chunks,
+        chunk_options=ffn_chunk_options(loaded, chunks, layout),
+        recompute_flops_text=f"{chosen.cost.recompute_flops:.3g}",
+        regathers_weights=_regathers_weights(loaded, chunks),
+        sliced_params=tuple(p.name for p in params if chunks > 1 and p.ffn_axis is not None),
+        fuses_gate_up=chosen.fused,
+        gate_up_outputs=chosen.gate_up_outputs,
+        grouped_matmul_sites=len(chosen.gate_up_outputs) + 1,  # and down
+    )
+
+
+def _regathers_weights(loaded: LoadedSpec, chunks: int) -> bool:
+    """Sliced weights sharded over fsdp are gathered slice by slice, again in the backward."""
+    return chunks > 1 and loaded.spec.mesh.axes.get("fsdp", 1) > 1
+
+
+def _glu_plan(layer: Layer) -> GluPlan | None:
+    glu = layer.glu_params
+    if glu is None:
+        return None
+    return GluPlan(
+        gate_limit=glu.gate_limit,
+        up_limit=glu.up_limit,
+        sigmoid_scale=None if glu.sigmoid_scale == 1.0 else glu.sigmoid_scale,
+        up_offset=None if glu.up_offset == 0.0 else glu.up_offset,
+        preset=layer.glu if isinstance(layer.glu, str) else None,
+    )
+
+
+def _layout_name(experts: ExpertPlan, chunks: int) -> str:
+    """How the routed FFN runs: "ring_overlapped" (gate and up chunk by chunk of the embedding
+    around the ring, in the strategy's code), "sliced" (slices of the FFN width one at a time),
+    or "whole"."""
+    if experts.overlap_chunks > 1:
+        return "ring_overlapped"
+    return "sliced" if chunks > 1 else "whole"
 
 
 def chosen_layout(loaded: LoadedSpec, layout: Callable[[int], FfnLayout]) -> FfnLayout:

@@ -1,4 +1,5 @@
-"""How the logical mesh lays out on a TPU slice's torus: whether each axis gets whole physical axes.
+"""The mesh's plan (`MeshPlan`), and how the logical mesh lays out on a TPU slice's torus:
+whether each axis gets whole physical axes.
 
 `jax.make_mesh` maps every logical axis, most communication-heavy (last) first, onto a set of
 whole physical axes of the slice whose sizes multiply to it (jax.experimental.mesh_utils,
@@ -19,8 +20,57 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
-from moegen.hardware import Hardware
+from moegen.hardware import Hardware, hardware
+from moegen.load import LoadedSpec
+from moegen.plan.network import NetworkPlan
+from moegen.sizes import axes_product
+
+
+@dataclass(frozen=True)
+class MeshPlan:
+    """The device mesh: its axes, what each shards, the slices and how they lay out."""
+
+    axes: tuple[tuple[str, int], ...]
+    num_devices: int
+    batch_axes: tuple[str, ...]
+    fsdp_axis: str | None
+    expert_axis: str | None  # seam for expert parallelism; None: experts replicated
+    topology: str | None
+    tpu_topology_name: str | None  # libtpu's name, e.g. "v5e:2x4"
+    slices: int  # TPU slices joined by the data-center network (1: one slice)
+    multislice: bool  # slices > 1: the mesh is built per slice and across slices
+    devices_per_slice: int
+    splits_physical_axes: bool  # some mesh axis shares a physical axis of the torus with another
+    chips_per_host_bounds: tuple[int, int, int] | None
+
+
+def mesh_plan(loaded: LoadedSpec, expert_axis: str | None, network: NetworkPlan) -> MeshPlan:
+    """The mesh of a validated spec (`expert_axis` from the expert plan, the in-slice mesh
+    shape from the network plan)."""
+    spec = loaded.spec
+    chip = hardware(spec.target.hardware)
+    axes = dict(spec.mesh.axes)
+    devices = axes_product(axes, axes)
+    tpu = chip.platform == "tpu"
+    topology = spec.target.topology
+    return MeshPlan(
+        axes=tuple(axes.items()),
+        num_devices=devices,
+        batch_axes=spec.batch_axes,
+        fsdp_axis="fsdp" if "fsdp" in axes else None,
+        expert_axis=expert_axis,
+        topology=topology,
+        tpu_topology_name=f"{chip.topology_prefix}:{topology}" if tpu else None,
+        slices=spec.target.slices,
+        multislice=spec.target.slices > 1,
+        devices_per_slice=devices // spec.target.slices,
+        splits_physical_axes=tpu
+        and topology is not None
+        and not lays_out_on_whole_axes(physical_mesh_shape(chip, topology), network.ici_mesh_shape),
+        chips_per_host_bounds=chip.chips_per_host_bounds(topology) if tpu else None,
+    )
 
 
 def physical_mesh_shape(chip: Hardware, topology: str) -> tuple[int, ...]:

@@ -8,20 +8,20 @@ from moegen.plan.params import PartitionSpec
 
 def format_plan(plan: Plan) -> str:
     """Human-readable plan for `moegen plan`."""
-    c = plan.cost
-    mesh = " x ".join(f"{name}={size}" for name, size in plan.mesh_axes)
+    c, mesh = plan.cost, plan.mesh
+    axes = " x ".join(f"{name}={size}" for name, size in mesh.axes)
     lines = [
         f"{plan.spec_display} -> {plan.module_name}.py",
         f"  {plan.summary}",
-        f"  mesh            {mesh} ({plan.num_devices} devices); batch over {plan.batch_axes}"
-        + ("; physical axes split (no whole ones fit)" if plan.splits_physical_axes else ""),
+        f"  mesh            {axes} ({mesh.num_devices} devices); batch over {mesh.batch_axes}"
+        + ("; physical axes split (no whole ones fit)" if mesh.splits_physical_axes else ""),
         f"  input           [{plan.batch}, {plan.seq_len}, {plan.embed_dim}] {plan.compute_dtype}"
         f" -> per device [{plan.local_batch}, {plan.seq_len}, {plan.embed_dim}]",
         f"  tokens/device   {plan.local_tokens}; routed rows {plan.routed_rows} "
-        f"(x top_{plan.top_k}, {_dropping_text(plan)})" + _padding_text(plan),
+        f"(x top_{plan.router.top_k}, {_dropping_text(plan)})" + _padding_text(plan),
         f"  experts         {plan.num_experts} ({plan.local_experts} per device, "
-        f"{plan.expert_strategy}); kernel {plan.kernel}; target {plan.hardware}"
-        + (f" {plan.topology}" if plan.topology else ""),
+        f"{plan.experts.strategy}); kernel {plan.kernel.name}; target {plan.hardware}"
+        + (f" {plan.mesh.topology}" if plan.mesh.topology else ""),
         *_expert_lines(plan),
         "  parameters:",
     ]
@@ -40,10 +40,10 @@ def format_plan(plan: Plan) -> str:
         f"    routed buffers {_gib(c.routed_buffer_bytes)}; activations {_gib(c.activation_bytes)}",
         f"    fsdp gather    {_gib(c.gather_bytes_received)} received",
     ]
-    if plan.gate_up_tile:
-        down = list(plan.down_tile or ())
+    pallas = plan.kernel.pallas
+    if pallas:
         lines.append(
-            f"  megablox tiles  gate/up {list(plan.gate_up_tile)}, down {down} "
+            f"  megablox tiles  gate/up {list(pallas.gate_up_tile)}, down {list(pallas.down_tile)} "
             "(rows, contraction, output)"
         )
     lines += _network_lines(plan)
@@ -61,12 +61,13 @@ def format_plan(plan: Plan) -> str:
 
 def _ffn_slice_lines(plan: Plan) -> list[str]:
     """memory.ffn_chunks: what each slice count costs in memory and in recomputed FLOPs."""
-    if len(plan.ffn_chunk_options) < 2:
+    ffn = plan.ffn
+    if len(ffn.chunk_options) < 2:
         return []
-    chosen = f"{plan.ffn_chunks} ({plan.ffn_chunk_width} columns each)"
+    chosen = f"{ffn.chunks} ({ffn.chunk_width} columns each)"
     lines = [f"  FFN slices      {chosen}; memory.ffn_chunks options, forward+backward:"]
-    for option in plan.ffn_chunk_options:
-        mark = "  <- this spec" if option.chunks == plan.ffn_chunks else ""
+    for option in ffn.chunk_options:
+        mark = "  <- this spec" if option.chunks == ffn.chunks else ""
         lines.append(
             f"    {option.chunks:>3} slices  peak {_gib(option.train_peak):>10}  "
             f"recomputed FLOPs {option.recompute_flops:.3e}{mark}"
@@ -75,19 +76,21 @@ def _ffn_slice_lines(plan: Plan) -> list[str]:
 
 
 def _dropping_text(plan: Plan) -> str:
-    if plan.capacity is None:
+    router = plan.router
+    if router.capacity is None:
         return "dropless"
-    return f"at most {plan.capacity} per expert kept, drop by {plan.drop_policy}"
+    return f"at most {router.capacity} per expert kept, drop by {router.drop_policy}"
 
 
 def _padding_text(plan: Plan) -> str:
     rows = plan.experts.ffn_rows
-    if plan.pads_rows:
+    pallas = plan.kernel.pallas
+    if pallas and pallas.pads_rows:
         return (
-            f"; grouped-matmul calls of {rows} rows padded to {plan.padded_rows} "
-            f"(a multiple of {plan.row_alignment}: whole row tiles)"
+            f"; grouped-matmul calls of {rows} rows padded to {pallas.padded_rows} "
+            f"(a multiple of {pallas.row_alignment}: whole row tiles)"
         )
-    if plan.row_alignment > 1:
+    if pallas and pallas.row_alignment > 1:
         return f"; grouped-matmul calls of {rows} rows, already whole row tiles"
     return f"; grouped-matmul calls of {rows} rows, no padding (groups of any size)"
 
@@ -97,12 +100,13 @@ def _expert_lines(plan: Plan) -> list[str]:
     if experts.strategy == "replicated":
         return []
     calls = f" x {experts.ffn_calls} ring steps" if experts.ffn_calls > 1 else ""
-    bound = "dropless" if plan.capacity is None else f"capacity {plan.capacity} per expert"
+    capacity = plan.router.capacity
+    bound = "dropless" if capacity is None else f"capacity {capacity} per expert"
     lines = [f"  expert FFN rows {experts.ffn_rows}{calls} per device, worst case ({bound})"]
     if experts.receive_rows:
         why = (
             "every token of the expert group sending min(top_k, local experts) copies here"
-            if plan.capacity is None
+            if capacity is None
             else "the lesser of every group token sending min(top_k, local experts) copies "
             "here and every device sending each local expert its capacity"
         )
@@ -147,7 +151,7 @@ def _roofline_lines(plan: Plan) -> list[str]:
         head += (
             f" ({plan.hardware}: {r.peak_flops_per_s / 1e12:.0f} TFLOP/s, HBM "
             f"{r.hbm_bytes_per_s / 1e9:.0f} GB/s, ICI {r.ici_bytes_per_s / 1e9:.0f} GB/s"
-            + (f", DCN {r.dcn_bytes_per_s / 1e9:.2f} GB/s" if plan.slices > 1 else "")
+            + (f", DCN {r.dcn_bytes_per_s / 1e9:.2f} GB/s" if plan.mesh.slices > 1 else "")
             + "):"
         )
     else:

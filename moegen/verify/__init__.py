@@ -106,7 +106,7 @@ def verify(
         )
         job_path = workdir / "job.json"
         job_path.write_text(json.dumps(job.to_json()), encoding="utf-8")
-        report = _run_worker(job_path, plan.num_devices, on_step, timeout_s)
+        report = _run_worker(job_path, plan.mesh.num_devices, on_step, timeout_s)
     verdict = memory_verdict(plan, report) if run_compiles else None
     if verdict:
         report.steps.append(MemoryVerdict("memory verdict", 0.0, verdict))
@@ -115,42 +115,44 @@ def verify(
 
 
 def _cuda_target(plan: Plan) -> CudaTarget | None:
-    if plan.cuda_sm is None or plan.kernel != "te":
+    te = plan.kernel.te
+    if te is None or te.cuda_sm is None:
         return None
-    return CudaTarget(plan.cuda_sm, plan.te_quantization, plan.grouped_matmul_sites)
+    return CudaTarget(te.cuda_sm, te.quantization, plan.ffn.grouped_matmul_sites)
 
 
 def tpu_target(plan: Plan) -> TpuTarget | None:
     """The slice a TPU plan compiles for (None off TPU)."""
-    if plan.tpu_topology_name is None:
+    mesh = plan.mesh
+    if mesh.tpu_topology_name is None:
         return None
-    return TpuTarget(plan.tpu_topology_name, tuple(plan.chips_per_host_bounds or ()), plan.slices)
+    return TpuTarget(mesh.tpu_topology_name, tuple(mesh.chips_per_host_bounds or ()), mesh.slices)
 
 
 def reference_config(plan: Plan) -> dict[str, Any]:
     """What the dense reference must compute for this plan (see reference.ReferenceConfig)."""
     return {
-        "top_k": plan.top_k,
-        "score": plan.score,
-        "renormalize": plan.renormalize,
-        "score_after_top_k": plan.score_after_top_k,
-        "routed_scaling": plan.routed_scaling,
-        "num_groups": plan.expert_groups or 1,
-        "top_groups": plan.kept_groups or 1,
-        "capacity": plan.capacity,
-        "drop_policy": plan.drop_policy or "probability",
+        "top_k": plan.router.top_k,
+        "score": plan.router.score,
+        "renormalize": plan.router.renormalize,
+        "score_after_top_k": plan.router.score_after_top_k,
+        "routed_scaling": plan.router.routed_scaling,
+        "num_groups": plan.router.expert_groups or 1,
+        "top_groups": plan.router.kept_groups or 1,
+        "capacity": plan.router.capacity,
+        "drop_policy": plan.router.drop_policy or "probability",
         "token_shards": plan.batch_shards,
-        "load_balance_weight": plan.load_balance_weight,
-        "z_loss_weight": plan.z_loss_weight,
-        "activation": plan.activation,
-        "group_top_n": plan.group_top_k or 2,
-        "weights_on_input": plan.weights_on_input,
+        "load_balance_weight": plan.router.load_balance_weight,
+        "z_loss_weight": plan.router.z_loss_weight,
+        "activation": plan.ffn.activation,
+        "group_top_n": plan.router.group_top_k or 2,
+        "weights_on_input": plan.router.weights_on_input,
         **_glu_reference(plan),
     }
 
 
 def _glu_reference(plan: Plan) -> dict[str, Any]:
-    glu = plan.glu
+    glu = plan.ffn.glu
     if glu is None:
         return {}
     return {

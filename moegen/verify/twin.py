@@ -57,7 +57,7 @@ def plan_twin(twin: LoadedSpec, full: Plan) -> Plan:
     """The plan a twin runs (Pallas kernels interpreted), checked to keep the full layer's
     gate/up layout: a twin that took another path would prove nothing about this one."""
     plan = make_plan(twin, interpret=True)
-    if plan.fuses_gate_up != full.fuses_gate_up:
+    if plan.ffn.fuses_gate_up != full.ffn.fuses_gate_up:
         raise AssertionError("the twin must run gate and up as the full-size layer does")
     return plan
 
@@ -82,9 +82,9 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
     shards = axes_product(spec.mesh.axes, spec.batch_axes)
     # FFN slices as the full plan runs them (pinned or chosen), whole lanes for pallas; gate
     # and up side by side as the full plan runs them (whole lanes per slice when it does)
-    ffn_chunks = full.ffn_chunks
+    ffn_chunks = full.ffn.chunks
     ffn_unit = ffn_chunks * (LANES if spec.target.kernel == "pallas" and ffn_chunks > 1 else 1)
-    if full.fuses_gate_up:
+    if full.ffn.fuses_gate_up:
         ffn_unit = math.lcm(ffn_unit, ffn_chunks * LANES)
     ffn = ffn_unit * -(-TWIN_FFN // ffn_unit)
     if ffn == embed:  # a transposed weight must not go unnoticed

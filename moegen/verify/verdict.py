@@ -47,7 +47,7 @@ def memory_verdict(plan: Plan, report: VerifyReport) -> str | None:
                 raise vmem_defect(plan, step)
             raise VerifyError(
                 f"{step.step.removeprefix('compile ')} does not fit {plan.hardware} "
-                f"{plan.topology}; the TPU compiler says:\n  {step.oom}\n{_hbm_advice(plan)}"
+                f"{plan.mesh.topology}; the TPU compiler says:\n  {step.oom}\n{_hbm_advice(plan)}"
             )
     compiled = [s for s in report.steps if isinstance(s, Compiled)]
     if not compiled:  # lowered for CUDA: nothing compiled to measure, only the plan
@@ -62,7 +62,7 @@ def memory_verdict(plan: Plan, report: VerifyReport) -> str | None:
             continue
         raise VerifyError(
             f"{step.step.removeprefix('compile ')} does not fit {plan.hardware} "
-            f"{plan.topology}: {mem.peak / 2**30:.2f} GiB per device "
+            f"{plan.mesh.topology}: {mem.peak / 2**30:.2f} GiB per device "
             f"(arguments {mem.argument / 2**30:.2f}, outputs {mem.output / 2**30:.2f}, "
             f"temporaries {mem.temp / 2**30:.2f}) > {hbm / 2**30:.2f} GiB HBM.\n"
             f"{_hbm_advice(plan)}"
@@ -81,8 +81,8 @@ def _hbm_advice(plan: Plan) -> str:
     largest = "; ".join(f"{name} {size / 2**30:.2f} GiB" for name, size in plan.memory.ledger[:4])
     slices = [
         f"memory.ffn_chunks: {o.chunks} ({o.train_peak / 2**30:.2f} GiB planned)"
-        for o in plan.ffn_chunk_options
-        if o.chunks > plan.ffn_chunks and o.train_peak < plan.memory.train_peak
+        for o in plan.ffn.chunk_options
+        if o.chunks > plan.ffn.chunks and o.train_peak < plan.memory.train_peak
     ][:2]
     return (
         f"Largest buffers by the plan: {largest}.\n"
@@ -98,11 +98,9 @@ def vmem_defect(plan: Plan, step: CompilerOutOfMemory) -> PlanDefect:
     """The words for a kernel whose tiles the compiler cannot fit in scoped VMEM."""
     program = step.step.removeprefix("compile ")
     call = KERNEL_ROLES.get(step.call or "", "a kernel the compiler does not name")
-    pinned = [
-        f"{name} {list(tile)}"
-        for name, tile in (("gate_up", plan.gate_up_tile), ("down", plan.down_tile))
-        if tile
-    ]
+    pallas = plan.kernel.pallas
+    tiles = (("gate_up", pallas.gate_up_tile), ("down", pallas.down_tile)) if pallas else ()
+    pinned = [f"{name} {list(tile)}" for name, tile in tiles]
     budget = hardware(plan.hardware).vmem_bytes_for_tiles / 2**20
     if pinned:
         change = (
@@ -112,9 +110,9 @@ def vmem_defect(plan: Plan, step: CompilerOutOfMemory) -> PlanDefect:
             "tile (a multiple of 128) for the projection of that call."
         )
     else:  # no megablox tiles: XLA's own kernels (moegen pins nothing there)
-        change = f"The layer runs kernel {plan.kernel}, for which moegen pins no tiles."
+        change = f"The layer runs kernel {plan.kernel.name}, for which moegen pins no tiles."
     return PlanDefect(
-        f"{program} does not compile for {plan.hardware} {plan.topology}: the kernel tiles "
+        f"{program} does not compile for {plan.hardware} {plan.mesh.topology}: the kernel tiles "
         "do not fit the chip's scoped VMEM (a kernel's working memory, not the layer's HBM); "
         f"the TPU compiler says:\n  {step.oom}\n"
         f"The call: {call}. {change}\n"

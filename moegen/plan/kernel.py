@@ -1,0 +1,94 @@
+"""The kernel's plan: which grouped matmul runs the experts, with a typed config per backend
+(megablox tiles and row padding for pallas; quantization and group alignment for Transformer
+Engine; the portable xla kernel has none), and whether shard_map checks varying axes around it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from moegen.hardware import hardware
+from moegen.load import LoadedSpec
+from moegen.plan.experts import ExpertPlan
+from moegen.plan.ffn import FfnLayout
+from moegen.plan.prose import vma_unchecked_reason
+from moegen.tiling import round_up
+
+# Transformer Engine's grouped GEMM: every expert's rows fill a multiple of this many rows
+# when quantized (cuBLAS FP8 contracts over rows in the weight gradient in 16s; TE's SM 100
+# MXFP8 kernels scale 32-row blocks and want 128 when every dimension is a multiple of 128).
+TE_GROUP_ALIGN = {"none": 1, "fp8": 16, "mxfp8": 128}
+
+
+@dataclass(frozen=True)
+class PallasConfig:
+    """megablox gmm/tgmm (kernel pallas)."""
+
+    gate_up_tile: tuple[int, int, int]  # (rows, contraction, output)
+    down_tile: tuple[int, int, int]
+    interpret: bool  # kernels interpreted on CPU (the shrunken twin only)
+    row_alignment: int  # a call's row count is a multiple of this (every row tile)
+    padded_rows: int  # rows of one grouped-matmul call including the padding
+    pads_rows: bool  # padded_rows > FFN_ROWS: the kernel gets rows of no expert group
+
+
+@dataclass(frozen=True)
+class TeConfig:
+    """Transformer Engine's grouped GEMM (kernel te, CUDA GPUs)."""
+
+    quantization: str  # "none" | "fp8" | "mxfp8"
+    group_align: int  # every expert's rows fill a multiple of this in the GEMM
+    aligned_rows: int  # rows of the group-aligned GEMM buffer (quantized)
+    cuda_sm: int | None  # compute capability x 10 (TE is traced for it)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """The grouped-matmul kernel; exactly the config of its backend is set."""
+
+    name: str  # "xla" | "pallas" | "te"
+    check_vma: bool  # shard_map's varying-axes check; off around Pallas calls and erf
+    vma_unchecked_reason: str  # why it is off ('' when on)
+    pallas: PallasConfig | None
+    te: TeConfig | None
+
+
+def kernel_plan(
+    loaded: LoadedSpec, layout: FfnLayout, experts: ExpertPlan, *, interpret: bool
+) -> KernelPlan:
+    """The kernel of a validated spec for its chosen FFN layout (`interpret`: Pallas on CPU)."""
+    spec = loaded.spec
+    name = spec.target.kernel
+    reason = vma_unchecked_reason(loaded)
+    return KernelPlan(
+        name=name,
+        check_vma=not reason,
+        vma_unchecked_reason=reason,
+        pallas=_pallas_config(layout, experts, interpret) if name == "pallas" else None,
+        te=_te_config(loaded, layout, experts) if name == "te" else None,
+    )
+
+
+def _pallas_config(layout: FfnLayout, experts: ExpertPlan, interpret: bool) -> PallasConfig:
+    assert layout.tiles is not None  # the layout tiles every pallas call
+    gate_up, down = layout.tiles
+    return PallasConfig(
+        gate_up_tile=gate_up.as_tuple(),
+        down_tile=down.as_tuple(),
+        interpret=interpret,
+        row_alignment=math.lcm(gate_up.rows, down.rows),
+        padded_rows=layout.rows,
+        pads_rows=layout.rows > experts.ffn_rows,
+    )
+
+
+def _te_config(loaded: LoadedSpec, layout: FfnLayout, experts: ExpertPlan) -> TeConfig:
+    spec = loaded.spec
+    chip = hardware(spec.target.hardware)
+    align = TE_GROUP_ALIGN[spec.target.quantization]
+    return TeConfig(
+        quantization=spec.target.quantization,
+        group_align=align,
+        aligned_rows=round_up(layout.rows + experts.local_experts * (align - 1), align),
+        cuda_sm=chip.sm if chip.platform == "gpu" else None,
+    )

@@ -1,0 +1,74 @@
+"""The router's plan: how each token chooses its experts and weighs their outputs, what it keeps
+under a capacity, and which balance losses the layer reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moegen.load import LoadedSpec
+
+# Scores that are an increasing function of each logit alone: their top-k is the logits' top-k,
+# which is exact where the score saturates (a float32 sigmoid is 1.0 past a logit of ~17).
+ELEMENTWISE_SCORES = ("sigmoid", "sqrtsoftplus")
+
+
+@dataclass(frozen=True)
+class RouterPlan:
+    """The routing of one token: scores, the experts chosen, their weights, the losses."""
+
+    top_k: int
+    score: str
+    score_after_top_k: bool
+    renormalize: bool
+    routed_scaling: float
+    scales_routing: bool  # routed_scaling != 1: the combine weights are scaled
+    expert_groups: int | None  # group-limited routing, None when off
+    kept_groups: int | None
+    group_top_k: int | None  # a group's best selection scores summed to rank it
+    ranks_groups_by_max: bool  # group_top_k == 1: a group's score is its best one
+    experts_per_group: int | None
+    routing_bias: bool
+    linear_bias: bool  # logits = x @ router + router_bias
+    weights_on_input: bool  # combine weights scale each copy's input (Llama 4), not its output
+    selection_is_score: bool  # experts chosen by score alone: no bias, no groups, no after-top-k
+    chooses_by_logit: bool  # so, by an elementwise increasing score: top-k of the logits
+    returns_logits: bool  # the balance losses need the router logits
+    load_balance_weight: float
+    z_loss_weight: float
+    has_load_balance_loss: bool  # load_balance_weight > 0: aux has the loss
+    has_z_loss: bool  # z_loss_weight > 0: aux has the router z-loss
+    capacity: int | None  # copies per expert per device; None: dropless
+    drop_policy: str | None  # "probability" | "position" under a capacity
+
+
+def router_plan(loaded: LoadedSpec, capacity: int | None) -> RouterPlan:
+    """The router of a validated spec; `capacity`: the expert plan's copies per expert."""
+    spec = loaded.spec
+    router = spec.router
+    group_limit = router.group_limit
+    return RouterPlan(
+        top_k=router.top_k,
+        score=router.score,
+        score_after_top_k=router.score_after_top_k,
+        renormalize=router.renormalize,
+        routed_scaling=router.routed_scaling,
+        scales_routing=router.routed_scaling != 1.0,
+        expert_groups=group_limit.groups if group_limit else None,
+        kept_groups=group_limit.keep if group_limit else None,
+        group_top_k=group_limit.top_per_group if group_limit else None,
+        ranks_groups_by_max=group_limit is not None and group_limit.top_per_group == 1,
+        experts_per_group=spec.layer.num_experts // group_limit.groups if group_limit else None,
+        routing_bias=router.routing_bias,
+        linear_bias=router.linear_bias,
+        weights_on_input=router.weighting == "input",
+        selection_is_score=not (router.score_after_top_k or router.routing_bias or group_limit),
+        chooses_by_logit=router.score in ELEMENTWISE_SCORES
+        and not (router.routing_bias or group_limit),
+        returns_logits=router.load_balance_loss > 0 or router.z_loss > 0,
+        load_balance_weight=router.load_balance_loss,
+        z_loss_weight=router.z_loss,
+        has_load_balance_loss=router.load_balance_loss > 0,
+        has_z_loss=router.z_loss > 0,
+        capacity=capacity,
+        drop_policy=router.capacity.drop if router.capacity else None,
+    )
