@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_validate_activation import CASES as ACTIVATION_CASES
 from test_validate_group_limit import CASES as GROUP_LIMIT_CASES
 from test_validate_mesh import CASES as MESH_CASES
 from test_validate_overlap import CASES as OVERLAP_CASES
@@ -23,6 +24,7 @@ from moegen.validate import RULES, check_rules, validate
 # Every rule's cases, gathered from the files that test them by subject.
 CASES = {
     **ROUTER_CASES,
+    **ACTIVATION_CASES,
     **GROUP_LIMIT_CASES,
     **MESH_CASES,
     **OVERLAP_CASES,

@@ -38,6 +38,7 @@ def spec_yaml(
     slices: int | None = None,
     ffn_chunks: int | None = None,
     quantization: str | None = None,
+    layer: tuple[str, ...] = (),
 ) -> str:
     """A schema-valid spec with every value on a fixed line (see the column comments).
 
@@ -58,7 +59,8 @@ def spec_yaml(
     line 13, column 9, and batch_axes at line 14, column 15. `slices` writes target.slices at
     line 21, column 11, in place of the tiles comment (so it cannot go with tiles).
     `ffn_chunks` writes memory.ffn_chunks at line 27, column 15. `quantization` writes
-    target.quantization at line 21, column 17, in place of the tiles comment too."""
+    target.quantization at line 21, column 17, in place of the tiles comment too. `layer` adds
+    lines to the layer section like `router` does, from line 6 on (every later line moves)."""
     tiles = gate_up is not None or down is not None
     assert not (tiles and slices is not None), "slices takes the line of target.tiles"
     mesh_fields = ([f"dcn_axes: {dcn_axes}"] if dcn_axes is not None else []) + (
@@ -74,6 +76,7 @@ def spec_yaml(
         f"  num_experts: {experts}",  # 3, value at column 16
         f"  embed_dim: {embed}",  # 4, column 14
         f"  ffn_dim: {ffn}",  # 5, column 12
+        *(f"  {line}" for line in layer),  # 6 on
         "router:",  # 6
         f"  top_k: {top_k}",  # 7, column 10
         f"  renormalize: {'true' if renormalize else 'false'}",  # 8, column 16

@@ -49,6 +49,7 @@ def glu_needs_a_gated_activation(loaded: LoadedSpec) -> list[Diagnostic]:
 
 
 def shared_expert_gate_needs_a_shared_expert(loaded: LoadedSpec) -> list[Diagnostic]:
+    """The gate scales the shared expert's output: without one it gates nothing."""
     layer = loaded.spec.layer
     if not layer.shared_expert_gate or layer.shared_ffn_dim:
         return []
