@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -122,6 +123,19 @@ def invoke_main(
         return CliResult(code, out, err)
 
     return invoke
+
+
+def assert_twin_parity(report: Any) -> list[dict]:
+    """Every twin-parity case of a verify report within tolerance (float32 1e-5, a bfloat16
+    compute twin 5e-2); returns the parity steps for further checks."""
+    parity = [step for step in report.steps if step["step"].startswith("twin parity")]
+    assert parity, report.steps
+    for step in parity:
+        for case in step["cases"]:
+            assert case["max_relative_error"] < (
+                1e-5 if step["step"].endswith("(float32)") else 5e-2
+            ), (step["step"], case)
+    return parity
 
 
 def assert_no_traceback(text: str) -> None:

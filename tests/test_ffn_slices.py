@@ -21,6 +21,7 @@ import jinja2
 import jinja2.nodes
 import pytest
 import yaml
+from conftest import assert_twin_parity
 
 import moegen.verify
 from moegen.hardware import hardware
@@ -113,13 +114,7 @@ def test_sliced_ffn_matches_dense_reference(name, tmp_path, monkeypatch):
     assert "by _weight_slice" in source.split("def _gather_weights", 1)[1]
 
     report = verify(generated.loaded, generated.source, run_compiles=False)
-    parity = [step for step in report.steps if step["step"].startswith("twin parity")]
-    assert parity, report.steps
-    for step in parity:
-        for case in step["cases"]:
-            assert case["max_relative_error"] < (
-                1e-5 if step["step"].endswith("(float32)") else 5e-2
-            ), (step["step"], case)
+    assert_twin_parity(report)
 
 
 def test_whole_ffn_renders_no_slices(tmp_path, monkeypatch):

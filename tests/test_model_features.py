@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import assert_twin_parity
 from ruff.__main__ import find_ruff_bin
 
 from moegen.pipeline import generate
@@ -145,10 +146,4 @@ def test_feature_matches_dense_reference(
     spec = spec_of(feature, strategy, kernel, ffn_chunks)
     generated = _generate(spec, "layer", tmp_path, monkeypatch)
     report = verify(generated.loaded, generated.source, run_compiles=False)
-    parity = [step for step in report.steps if step["step"].startswith("twin parity")]
-    assert parity, report.steps
-    for step in parity:
-        for case in step["cases"]:
-            assert case["max_relative_error"] < (
-                1e-5 if step["step"].endswith("(float32)") else 5e-2
-            ), (step["step"], case)
+    assert_twin_parity(report)

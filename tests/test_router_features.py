@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import assert_twin_parity
 
 from moegen.pipeline import generate
 from moegen.verify import verify
@@ -213,13 +214,7 @@ def test_feature_matches_dense_reference(name, tmp_path, monkeypatch):
 
     # The twins are the point here; full-size compiles are covered by the example specs.
     report = verify(generated.loaded, generated.source, run_compiles=False)
-    parity = [step for step in report.steps if step["step"].startswith("twin parity")]
-    assert parity, report.steps
-    for step in parity:
-        for case in step["cases"]:
-            assert case["max_relative_error"] < (
-                1e-5 if step["step"].endswith("(float32)") else 5e-2
-            )
+    parity = assert_twin_parity(report)
     if "capacity" in router:
         random_case = parity[0]["cases"][0]
         assert random_case["dropped"] > 0, "the twin must really drop copies"
