@@ -13,6 +13,8 @@ Static shapes (global -> per device):
     routed    4096 per device (512 tokens x top-8): dropless
 
 Mesh expert=8; the batch is sharded over expert.
+A model's mesh works too when it holds these axes with these sizes, in any order, beside
+others: the layer runs replicated over the axes it does not use.
 The router is replicated; expert weights are sharded over the expert axis only.
 Experts are sharded over the expert axis, 16 per device (ring of experts). The routing of
 all 4096 tokens of the expert group is all-gathered; each device runs its own experts on
@@ -176,8 +178,8 @@ def moe_layer(params: Params, x: jax.Array, *, mesh: Mesh | None = None) -> tupl
     Args:
       params: as from init_params (see PARAM_SHAPES, PARAM_SPECS), dtype PARAM_DTYPE.
       x: [BATCH, SEQ_LEN, EMBED_DIM] of COMPUTE_DTYPE, laid out as input_sharding(mesh).
-      mesh: the mesh to run on; defaults to the mesh x is placed on, else the one set by
-        jax.set_mesh.
+      mesh: the mesh to run on: make_mesh()'s, or a model's holding MESH_AXES with MESH_SHAPE
+        among its axes; defaults to the mesh x is placed on, else the one set by jax.set_mesh.
 
     Returns:
       y: like x. aux: Aux, the same on every device.
@@ -318,11 +320,13 @@ def _resolve_mesh(x: jax.Array, mesh: Mesh | None) -> Mesh:
         raise ValueError(
             "no mesh: pass mesh=..., place x with input_sharding(mesh), or call under jax.set_mesh"
         )
-    if tuple(mesh.axis_names) != MESH_AXES or tuple(mesh.axis_sizes) != MESH_SHAPE:
+    # A model's mesh will do: it holds these axes with these sizes, in any order, beside others.
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+    if any(sizes.get(axis) != size for axis, size in zip(MESH_AXES, MESH_SHAPE, strict=True)):
         raise ValueError(
-            f"mesh {dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))} is not the "
-            f"mesh this layer was generated for: {dict(zip(MESH_AXES, MESH_SHAPE, strict=True))}; "
-            "build it with make_mesh()"
+            f"mesh {sizes} does not hold this layer's axes "
+            f"{dict(zip(MESH_AXES, MESH_SHAPE, strict=True))} (in any order, beside others); "
+            "build one with make_mesh()"
         )
     return mesh
 

@@ -16,7 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_valid
 INT32_MAX = 2**31 - 1
 Size = Annotated[int, Field(gt=0, le=INT32_MAX)]
 
-AxisName = Literal["data", "fsdp", "expert"]
+AxisName = Literal["data", "fsdp", "expert", "tensor", "sequence"]
+# Axes that never shard the batch: tensor splits the expert FFN width (every tensor shard sees
+# the same tokens), sequence splits each sequence's tokens (dimension 1 of x).
+NON_BATCH_AXES = ("tensor", "sequence")
 Dtype = Literal["float32", "bfloat16"]
 GATED_ACTIVATIONS = ("swiglu", "geglu")  # a gate projection beside up
 
@@ -181,12 +184,18 @@ class Mesh(_Section):
 
     axes: dict[AxisName, Size] = Field(
         min_length=1,
-        description="Mesh axes and sizes. data: pure data parallel; fsdp: data parallel "
-        "with parameters sharded along embed_dim and gathered inside the layer; expert: "
-        "experts sharded over it (tokens too), with parallelism.experts saying how tokens travel.",
+        description="Mesh axes and sizes; each axis's name is its role. data: pure data "
+        "parallel; fsdp: data parallel with parameters sharded along embed_dim and gathered "
+        "inside the layer; expert: experts sharded over it (tokens too), with "
+        "parallelism.experts saying how tokens travel; tensor: expert tensor parallelism, the "
+        "FFN width of the routed and shared experts sharded over it and the partial outputs "
+        "summed (tokens are not sharded over it); sequence: tokens sharded along seq_len. A "
+        "model mesh may hold further axes (pipeline, ...): the layer runs replicated over them.",
     )
     batch_axes: list[AxisName] | None = Field(
-        None, description="Axes the batch is sharded over (default: every mesh axis)."
+        None,
+        description="Axes the batch is sharded over (default: every mesh axis but tensor and "
+        "sequence).",
     )
     dcn_axes: dict[AxisName, Size] | None = Field(
         None,
@@ -382,5 +391,15 @@ class Spec(_Section):
     @property
     def batch_axes(self) -> tuple[str, ...]:
         if self.mesh.batch_axes is None:
-            return tuple(self.mesh.axes)
+            return tuple(a for a in self.mesh.axes if a not in NON_BATCH_AXES)
         return tuple(self.mesh.batch_axes)
+
+    @property
+    def tensor_shards(self) -> int:
+        """Ways the experts' FFN width is split (the tensor axis; 1 without one)."""
+        return self.mesh.axes.get("tensor", 1)
+
+    @property
+    def sequence_shards(self) -> int:
+        """Ways each sequence's tokens are split (the sequence axis; 1 without one)."""
+        return self.mesh.axes.get("sequence", 1)

@@ -63,7 +63,7 @@ SCRIPT = textwrap.dedent(
     expect("exactly", lambda: moe.make_mesh(jax.devices()[: moe.NUM_DEVICES - 1]))
     if moe.NUM_DEVICES > 1:
         other = jax.make_mesh((moe.NUM_DEVICES,), ("other",), devices=jax.devices()[: moe.NUM_DEVICES])
-        expect("is not the mesh", lambda: moe.moe_layer(params, x, mesh=other))
+        expect("does not hold this layer", lambda: moe.moe_layer(params, x, mesh=other))
     print("all ok")
     """
 )

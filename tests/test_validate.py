@@ -8,6 +8,7 @@ import pytest
 from test_validate_activation import CASES as ACTIVATION_CASES
 from test_validate_group_limit import CASES as GROUP_LIMIT_CASES
 from test_validate_mesh import CASES as MESH_CASES
+from test_validate_mesh_roles import CASES as MESH_ROLE_CASES
 from test_validate_overlap import CASES as OVERLAP_CASES
 from test_validate_router import CASES as ROUTER_CASES
 from test_validate_sizes import CASES as SIZES_CASES
@@ -27,6 +28,7 @@ CASES = {
     **ACTIVATION_CASES,
     **GROUP_LIMIT_CASES,
     **MESH_CASES,
+    **MESH_ROLE_CASES,
     **OVERLAP_CASES,
     **TE_CASES,
     **TILES_CASES,

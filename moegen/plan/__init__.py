@@ -54,7 +54,10 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
     fsdp = axes.get("fsdp", 1)
     batch_shards = axes_product(axes, spec.batch_axes)
     local_batch = spec.shapes.batch // batch_shards
-    local_tokens = local_batch * spec.shapes.seq_len
+    local_seq_len = spec.shapes.seq_len // spec.sequence_shards
+    local_tokens = local_batch * local_seq_len
+    local_ffn = layer.ffn_dim // spec.tensor_shards  # the FFN columns of one device
+    local_shared_ffn = (layer.shared_ffn_dim or 0) // spec.tensor_shards
     routed_rows = local_tokens * spec.router.top_k
     experts = expert_plan(loaded, local_tokens, emulate=interpret)
     params = _param_plans(loaded, experts)
@@ -63,13 +66,13 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         local_tokens=local_tokens,
         routed_rows=routed_rows,
         embed_dim=layer.embed_dim,
-        ffn_dim=layer.ffn_dim,
+        ffn_dim=local_ffn,
         num_experts=layer.num_experts,
         param_bytes=DTYPE_BYTES[spec.dtypes.params],
         compute_bytes=DTYPE_BYTES[spec.dtypes.compute],
         fsdp=fsdp,
         gated=layer.activation in GATED_ACTIVATIONS,
-        shared_ffn_dim=layer.shared_ffn_dim or 0,
+        shared_ffn_dim=local_shared_ffn,
     )
     layout = layouts(loaded, experts, params, base_cost, local_tokens)
     chosen = chosen_layout(loaded, layout)
@@ -82,6 +85,7 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         spec.target.slices,
         spec.dtypes.params,
         regather_sliced=ffn.regathers_weights,
+        tensor_sum_bytes=local_tokens * layer.embed_dim * DTYPE_BYTES[spec.dtypes.compute],
     )
     kernel_rows = chosen.rows * experts.ffn_calls
     return Plan(
@@ -94,8 +98,10 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         hardware=spec.target.hardware,
         batch=spec.shapes.batch,
         seq_len=spec.shapes.seq_len,
+        local_seq_len=local_seq_len,
         embed_dim=layer.embed_dim,
         ffn_dim=layer.ffn_dim,
+        local_ffn_dim=local_ffn,
         num_experts=layer.num_experts,
         local_experts=experts.local_experts,
         copies_per_device=min(spec.router.top_k, experts.local_experts),
@@ -107,7 +113,7 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
         param_dtype=spec.dtypes.params,
         compute_dtype=spec.dtypes.compute,
         router_dtype=ROUTER_DTYPE,
-        input_partition=(spec.batch_axes or None, None, None),
+        input_partition=(spec.batch_axes or None, _sequence_axis(spec.mesh.axes), None),
         zero_initialised=any(param.init_scale == 0.0 for param in params),
         router=router_plan(loaded, experts.capacity),
         ffn=ffn,
@@ -123,8 +129,8 @@ def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
             routed_rows=routed_rows,
             kernel_rows=kernel_rows,
             embed_dim=layer.embed_dim,
-            ffn_dim=layer.ffn_dim,
-            shared_ffn_dim=layer.shared_ffn_dim or 0,
+            ffn_dim=local_ffn,
+            shared_ffn_dim=local_shared_ffn,
             num_experts=layer.num_experts,
             gated=ffn.gated,
             hbm_forward_bytes=forward_hbm_bytes(chosen.cost, kernel_rows, fsdp),
@@ -158,4 +164,11 @@ def _param_plans(loaded: LoadedSpec, experts: ExpertPlan) -> tuple[ParamPlan, ..
         spec.dtypes.compute,
         experts.axis,
         experts.shards,
+        "tensor" if "tensor" in axes else None,
+        spec.tensor_shards,
     )
+
+
+def _sequence_axis(axes: dict[str, int]) -> str | None:
+    """The axis x's dimension 1 (seq_len) is sharded over."""
+    return "sequence" if "sequence" in axes else None

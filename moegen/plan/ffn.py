@@ -20,7 +20,7 @@ from moegen.plan.costs import DTYPE_BYTES, CostPlan, FfnBuffers, MemoryPlan, mem
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.params import ParamPlan
 from moegen.sizes import ffn_slice_problem
-from moegen.spec import GATED_ACTIVATIONS, Layer
+from moegen.spec import GATED_ACTIVATIONS, Layer, Spec
 from moegen.tiling import (
     LANES,
     Tile,
@@ -97,7 +97,12 @@ class FfnLayout:
 def _slice_problem(loaded: LoadedSpec, chunks: int) -> str:
     """Why the FFN width cannot be cut into `chunks` slices ('' when it can)."""
     spec = loaded.spec
-    return ffn_slice_problem(spec.layer.ffn_dim, chunks, spec.target.kernel)
+    return ffn_slice_problem(local_ffn_dim(spec), chunks, spec.target.kernel)
+
+
+def local_ffn_dim(spec: Spec) -> int:
+    """The expert FFN columns one device holds: FFN_DIM over the tensor axis."""
+    return spec.layer.ffn_dim // spec.tensor_shards
 
 
 def layouts(
@@ -113,22 +118,23 @@ def layouts(
     gated = layer.activation in GATED_ACTIVATIONS
     compute_bytes = DTYPE_BYTES[spec.dtypes.compute]
     whole_gather = "fsdp" in spec.mesh.axes
+    ffn_dim = local_ffn_dim(spec)
 
     @functools.cache
     def layout(chunks: int) -> FfnLayout:
-        fused = fuses_gate_up(gated, layer.ffn_dim // chunks, whole_gather and chunks == 1)
+        fused = fuses_gate_up(gated, ffn_dim // chunks, whole_gather and chunks == 1)
         outputs = ("gate_up",) if fused else ("gate", "up") if gated else ("up",)
-        gate_up_width = layer.ffn_dim // chunks * (2 if fused else 1)
+        gate_up_width = ffn_dim // chunks * (2 if fused else 1)
         tiles = kernel_tiles(loaded, experts, gate_up_width, chunks)
         rows = padded_rows(experts.ffn_rows, list(tiles)) if tiles else experts.ffn_rows
         kernel_rows = rows * experts.ffn_calls
         matmuls = 3 if gated else 2
-        recompute = 2 * (matmuls - 1) * kernel_rows * layer.embed_dim * layer.ffn_dim
+        recompute = 2 * (matmuls - 1) * kernel_rows * layer.embed_dim * ffn_dim
         cost = replace(base_cost, recompute_flops=recompute if chunks > 1 else 0)
         buffers = FfnBuffers(
             rows=kernel_rows,
             embed_dim=layer.embed_dim,
-            width=layer.ffn_dim // chunks,
+            width=ffn_dim // chunks,
             chunks=chunks,
             matmuls=matmuls,
             gate_up_calls=len(outputs),
@@ -169,7 +175,7 @@ def ffn_plan(
         shared_expert_gate=layer.shared_expert_gate,
         layout=_layout_name(experts, chunks),
         chunks=chunks,
-        chunk_width=layer.ffn_dim // chunks,
+        chunk_width=local_ffn_dim(spec) // chunks,
         chunk_options=ffn_chunk_options(loaded, chunks, layout),
         recompute_flops_text=f"{chosen.cost.recompute_flops:.3g}",
         regathers_weights=_regathers_weights(loaded, chunks),
@@ -295,7 +301,7 @@ def kernel_tiles(
     down = (
         Tile(*pinned.down)
         if pinned and pinned.down
-        else choose(spec.layer.ffn_dim // ffn_chunks, spec.layer.embed_dim, out_dtype=down_out)
+        else choose(local_ffn_dim(spec) // ffn_chunks, spec.layer.embed_dim, out_dtype=down_out)
     )
     return gate_up, down
 

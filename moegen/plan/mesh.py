@@ -35,7 +35,14 @@ class MeshPlan:
     axes: tuple[tuple[str, int], ...]
     num_devices: int
     batch_axes: tuple[str, ...]
+    token_axes: tuple[str, ...]  # every axis the tokens are split over: batch, then sequence
     fsdp_axis: str | None
+    tensor_axis: str | None  # splits the experts' FFN width; None: whole on every device
+    tensor_shards: int
+    sequence_axis: str | None  # splits each sequence (x's dimension 1); None: whole
+    sequence_shards: int
+    token_axes_name: str  # the module constant naming token_axes: BATCH_AXES or TOKEN_AXES
+    local_seq_len_name: str  # the constant of a device's sequence length: SEQ_LEN or LOCAL_SEQ_LEN
     expert_axis: str | None  # seam for expert parallelism; None: experts replicated
     topology: str | None
     tpu_topology_name: str | None  # libtpu's name, e.g. "v5e:2x4"
@@ -59,7 +66,14 @@ def mesh_plan(loaded: LoadedSpec, expert_axis: str | None, network: NetworkPlan)
         axes=tuple(axes.items()),
         num_devices=devices,
         batch_axes=spec.batch_axes,
+        token_axes=spec.batch_axes + (("sequence",) if "sequence" in axes else ()),
         fsdp_axis="fsdp" if "fsdp" in axes else None,
+        tensor_axis="tensor" if "tensor" in axes else None,
+        tensor_shards=spec.tensor_shards,
+        sequence_axis="sequence" if "sequence" in axes else None,
+        sequence_shards=spec.sequence_shards,
+        token_axes_name="TOKEN_AXES" if "sequence" in axes else "BATCH_AXES",
+        local_seq_len_name="LOCAL_SEQ_LEN" if "sequence" in axes else "SEQ_LEN",
         expert_axis=expert_axis,
         topology=topology,
         tpu_topology_name=f"{chip.topology_prefix}:{topology}" if tpu else None,

@@ -35,8 +35,10 @@ class Plan:
 
     batch: int
     seq_len: int
+    local_seq_len: int  # SEQ_LEN / sequence shards
     embed_dim: int
     ffn_dim: int
+    local_ffn_dim: int  # FFN_DIM / tensor shards: the expert FFN columns of one device
     num_experts: int
     local_experts: int
     copies_per_device: int  # most copies of one token a device receives: min(top_k, local_experts)

@@ -59,7 +59,10 @@ def network_plan(
     param_dtype: str,
     *,
     regather_sliced: bool = False,
+    tensor_sum_bytes: int = 0,
 ) -> NetworkPlan:
+    """`tensor_sum_bytes`: one device's layer output [local tokens, D] in the compute dtype,
+    which the tensor shards sum (forward) as they sum the input's gradient (backward)."""
     ici_shape = {a: n // dcn_axes.get(a, 1) for a, n in mesh_axes.items()}
     flows: list[tuple[str, str, str, int]] = []  # name, axis, kind, bytes received
     fsdp = mesh_axes.get("fsdp", 1)
@@ -95,6 +98,11 @@ def network_plan(
         if replicated:
             reduce = 2 * replicated * (size - 1) // size
             flows.append((f"gradient all-reduce over {axis}", axis, "gather", reduce))
+    tensor = mesh_axes.get("tensor", 1)
+    if tensor > 1:
+        summed = 2 * tensor_sum_bytes * (tensor - 1) // tensor
+        flows.append(("tensor all-reduce of the output, forward", "tensor", "gather", summed))
+        flows.append(("tensor all-reduce of the input gradient", "tensor", "gather", summed))
     if experts.strategy != "replicated":
         forward = dict(experts.communication_bytes)[experts.strategy]
         kind = "all-to-all" if experts.strategy == "ragged_all_to_all" else "gather"

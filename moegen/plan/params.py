@@ -9,6 +9,9 @@ ROUTER_DTYPE = "float32"  # router math is float32 whatever the compute dtype
 
 PartitionSpec = tuple[str | tuple[str, ...] | None, ...]
 
+# The FFN widths the tensor axis shards: the routed experts' and the shared expert's.
+FFN_WIDTHS = ("FFN_DIM", "SHARED_FFN_DIM")
+
 
 @dataclass(frozen=True)
 class ParamPlan:
@@ -83,37 +86,35 @@ def param_plans(
     compute_dtype: str,
     expert_axis: str | None,
     expert_shards: int,
+    tensor_axis: str | None = None,
+    tensor_shards: int = 1,
 ) -> tuple[ParamPlan, ...]:
     """Router [D, E] (and its biases [E]); routed experts' weights [E, ...] and biases; the
     shared expert's weights.
 
     fsdp shards every embed_dim (gathered inside the layer); the expert axis shards the
     experts of the routed experts' weights and biases (never gathered: each device runs its
-    own experts). The router, its biases and the shared expert are replicated over it.
+    own experts); the tensor axis shards the FFN width of the routed and the shared experts
+    (never gathered: each device computes its columns' share of the output). The router, its
+    biases and the shared expert are replicated over the expert axis.
     """
     plans = []
     for name, names, shape, embed_axis, use_dtype, fan_in in _layouts(layer, compute_dtype):
         sharded_experts = expert_axis is not None and name[:2] in ("w_", "b_")
-        partition = tuple(
-            fsdp_axis if i == embed_axis else expert_axis if i == 0 and sharded_experts else None
-            for i in range(len(shape))
-        )
-        local = tuple(
-            n // fsdp
-            if i == embed_axis and fsdp_axis
-            else n // expert_shards
-            if i == 0 and sharded_experts
-            else n
-            for i, n in enumerate(shape)
-        )
+        ways = {
+            "embed": (fsdp_axis, fsdp) if fsdp_axis else (None, 1),
+            "experts": (expert_axis, expert_shards) if sharded_experts else (None, 1),
+            "ffn": (tensor_axis, tensor_shards) if tensor_axis else (None, 1),
+        }
+        sharding = [ways.get(_role(i, n, embed_axis), (None, 1)) for i, n in enumerate(names)]
         plans.append(
             ParamPlan(
                 name=name,
                 doc="[" + ", ".join(names) + "]",
                 shape=shape,
                 shape_names=names,
-                local_shape=local,
-                partition=partition,
+                local_shape=tuple(n // ways for n, (_, ways) in zip(shape, sharding, strict=True)),
+                partition=tuple(axis for axis, _ in sharding),
                 gather_axis=embed_axis if fsdp_axis else None,
                 ffn_axis=names.index("FFN_DIM") if "FFN_DIM" in names else None,
                 use_dtype=use_dtype,
@@ -122,6 +123,15 @@ def param_plans(
             )
         )
     return tuple(plans)
+
+
+def _role(index: int, name: str, embed_axis: int | None) -> str:
+    """What dimension `index` (named `name`) of a parameter holds, for its sharding."""
+    if index == embed_axis:
+        return "embed"
+    if index == 0 and name == "NUM_EXPERTS":
+        return "experts"
+    return "ffn" if name in FFN_WIDTHS else "other"
 
 
 GATE_UP_SIDE_BY_SIDE = "w_gate_up"

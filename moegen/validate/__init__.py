@@ -18,6 +18,7 @@ from moegen.validate.bounds import (
 )
 from moegen.validate.gpu import GPU_RULES
 from moegen.validate.memory import MEMORY_RULES
+from moegen.validate.mesh_roles import MESH_ROLE_RULES
 from moegen.validate.routing import ROUTING_RULES
 from moegen.validate.rules import (
     MAX_CPU_DEVICES,
@@ -60,6 +61,7 @@ RULES: tuple[Rule, ...] = (
     kernel_runs_on_target,
     pinned_tiles_run,
     mesh_fits_cpu_target,
+    *MESH_ROLE_RULES,
     *ROUTING_RULES,
     *ACTIVATION_RULES,
     *SLICE_RULES,

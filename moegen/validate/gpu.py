@@ -77,8 +77,8 @@ def quantized_widths_fit(loaded: LoadedSpec) -> list[Diagnostic]:
     out = []
     for path, name, width in (
         (("layer", "embed_dim"), "embed_dim", spec.layer.embed_dim),
-        (("layer", "ffn_dim"), "ffn_dim" + (f" / {chunks} slices" if chunks > 1 else ""),
-         spec.layer.ffn_dim // chunks),
+        (("layer", "ffn_dim"), "ffn_dim" + _local_width_note(spec.tensor_shards, chunks),
+         spec.layer.ffn_dim // spec.tensor_shards // chunks),
     ):  # fmt: skip
         if width % multiple:
             below = width // multiple * multiple
@@ -90,6 +90,12 @@ def quantized_widths_fit(loaded: LoadedSpec) -> list[Diagnostic]:
                 )
             )
     return out
+
+
+def _local_width_note(tensor: int, chunks: int) -> str:
+    """How the FFN width a GEMM sees is cut: " / 2 tensor shards / 4 slices"."""
+    note = f" / {tensor} tensor shards" if tensor > 1 else ""
+    return note + (f" / {chunks} slices" if chunks > 1 else "")
 
 
 GPU_RULES = (

@@ -11,7 +11,7 @@ from moegen.validate.bounds import MAX_CHUNKS
 def ffn_chunk_width(loaded: LoadedSpec, chunks: int) -> str:
     """Why the FFN width cannot be cut into `chunks` slices ('' when it can)."""
     spec = loaded.spec
-    return ffn_slice_problem(spec.layer.ffn_dim, chunks, spec.target.kernel)
+    return ffn_slice_problem(spec.layer.ffn_dim // spec.tensor_shards, chunks, spec.target.kernel)
 
 
 def ffn_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:

@@ -10,6 +10,7 @@ from moegen.diagnostics import Diagnostic
 from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.sizes import axes_label, axes_product, nearest_multiples
+from moegen.spec import NON_BATCH_AXES
 from moegen.tiling import LANES, Tile, projection_out_dtypes, tile_problems
 from moegen.validate.bounds import MAX_CHUNKS, known_batch_axes
 
@@ -56,7 +57,7 @@ def data_parallel_axes_shard_batch(loaded: LoadedSpec) -> list[Diagnostic]:
     if listed is None:
         return []
     axes = loaded.spec.mesh.axes
-    missing = [axis for axis in axes if axis not in listed]
+    missing = [axis for axis in axes if axis not in listed and axis not in NON_BATCH_AXES]
     if not missing:
         return []
     suggestion = list(dict.fromkeys([*(a for a in listed if a in axes), *missing]))

@@ -24,7 +24,8 @@ from moegen.tiling import LANES
 from moegen.variants import derive
 
 TWIN_SEQUENCES_PER_SHARD = 2
-TWIN_SEQ_LEN = 5  # 10 tokens per device: routed rows 10*top_k, ragged against 32-row tiles
+TWIN_SEQ_LEN = 5  # per sequence shard; 10 tokens per device: routed rows 10*top_k, ragged
+# against 32-row tiles
 TWIN_MIN_EMBED = 16
 TWIN_FFN = 24  # differs from embed so that a transposed weight cannot go unnoticed
 TWIN_SHARED_FFN = 20  # differs from both, for the same reason
@@ -82,19 +83,23 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
     shards = axes_product(spec.mesh.axes, spec.batch_axes)
     # FFN slices as the full plan runs them (pinned or chosen), whole lanes for pallas; gate
     # and up side by side as the full plan runs them (whole lanes per slice when it does)
+    # and each tensor shard holds its equal part of every FFN width (that part is what slices)
     ffn_chunks = full.ffn.chunks
+    tensor = spec.tensor_shards
     ffn_unit = ffn_chunks * (LANES if spec.target.kernel == "pallas" and ffn_chunks > 1 else 1)
     if full.ffn.fuses_gate_up:
         ffn_unit = math.lcm(ffn_unit, ffn_chunks * LANES)
+    ffn_unit *= tensor
     ffn = ffn_unit * -(-TWIN_FFN // ffn_unit)
     if ffn == embed:  # a transposed weight must not go unnoticed
         ffn += ffn_unit
+    shared = tensor * -(-TWIN_SHARED_FFN // tensor)
     overrides: dict[FieldPath, Any] = {
         ("layer", "embed_dim"): embed,
         ("layer", "ffn_dim"): ffn,
-        ("layer", "shared_ffn_dim"): TWIN_SHARED_FFN if spec.layer.shared_ffn_dim else None,
+        ("layer", "shared_ffn_dim"): shared if spec.layer.shared_ffn_dim else None,
         ("shapes", "batch"): shards * TWIN_SEQUENCES_PER_SHARD,
-        ("shapes", "seq_len"): TWIN_SEQ_LEN,
+        ("shapes", "seq_len"): TWIN_SEQ_LEN * spec.sequence_shards,
         ("memory", "ffn_chunks"): ffn_chunks,
     }
     if spec.target.kernel == "te":
