@@ -10,6 +10,7 @@ from test_validate_group_limit import CASES as GROUP_LIMIT_CASES
 from test_validate_mesh import CASES as MESH_CASES
 from test_validate_overlap import CASES as OVERLAP_CASES
 from test_validate_router import CASES as ROUTER_CASES
+from test_validate_shape_variants import CASES as SHAPE_VARIANT_CASES
 from test_validate_sizes import CASES as SIZES_CASES
 from test_validate_slices import CASES as SLICES_CASES
 from test_validate_te import CASES as TE_CASES
@@ -33,6 +34,7 @@ CASES = {
     **TOPOLOGY_CASES,
     **SLICES_CASES,
     **SIZES_CASES,
+    **SHAPE_VARIANT_CASES,
 }
 
 
