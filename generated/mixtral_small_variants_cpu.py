@@ -297,7 +297,7 @@ def _expert_ffn(rows: jax.Array, weights: Params, group_sizes: jax.Array) -> jax
 def _routed_experts(
     tokens: jax.Array, weights: Params, combine_weights: jax.Array, expert_ids: jax.Array
 ) -> jax.Array:
-    """Kept token copies sorted by expert, FFN per expert group, combined back: [LOCAL_TOKENS, D]."""
+    """Kept copies sorted by expert, FFN per expert group, combined back: [LOCAL_TOKENS, D]."""
     # 1. Sort the copies by expert; dropped ones (expert NUM_EXPERTS) sort last and are cut:
     #    no more than FFN_ROWS = min(ROUTED_ROWS, NUM_EXPERTS * CAPACITY) are kept.
     flat_ids = expert_ids.reshape(ROUTED_ROWS)
@@ -329,9 +329,13 @@ def _check_shapes(params: Params, x: jax.Array) -> None:
     if x.shape != INPUT_SHAPE or x.dtype != COMPUTE_DTYPE:
         raise ValueError(
             f"x: expected {jnp.dtype(COMPUTE_DTYPE).name}{list(INPUT_SHAPE)} "
-            f"[BATCH, SEQ_LEN, EMBED_DIM] or a shape variant's "
-            f"{' or '.join(str(list(shape)) for shape in VARIANT_LAYERS)}, got {x.dtype}{list(x.shape)}"
+            f"[BATCH, SEQ_LEN, EMBED_DIM] or a shape variant's ({_variant_shapes()}), "
+            f"got {x.dtype}{list(x.shape)}"
         )
+
+
+def _variant_shapes() -> str:
+    return " or ".join(str(list(shape)) for shape in VARIANT_LAYERS)
 
 
 def _resolve_mesh(x: jax.Array, mesh: Mesh | None) -> Mesh:
@@ -374,11 +378,12 @@ def _check_placement(params: Params, x: jax.Array, mesh: Mesh) -> None:
             )
 
 
-# Shape variant eval: x [32, 128, 512], through moe_layer_eval.
-# What differs from the main shape, and what uses it:
+# Shape variant eval: x [32, 128, 512], through moe_layer_eval. What differs from
+# the main shape, and what uses it, suffixed _eval or _EVAL
+# (docstrings and comments say the main names):
 BATCH_EVAL = 32
 SEQ_LEN_EVAL = 128
-LOCAL_BATCH_EVAL = 4  # BATCH_EVAL / 8 batch shards
+LOCAL_BATCH_EVAL = 4  # BATCH / 8 batch shards
 INPUT_SHAPE_EVAL = (BATCH_EVAL, SEQ_LEN_EVAL, EMBED_DIM)
 
 
@@ -404,7 +409,7 @@ def moe_layer_eval(
 
     Args:
       params: as from init_params (see PARAM_SHAPES, PARAM_SPECS), dtype PARAM_DTYPE.
-      x: [BATCH_EVAL, SEQ_LEN_EVAL, EMBED_DIM] of COMPUTE_DTYPE, laid out as input_sharding(mesh).
+      x: [BATCH, SEQ_LEN, EMBED_DIM] of COMPUTE_DTYPE, laid out as input_sharding(mesh).
       mesh: the mesh to run on; defaults to the mesh x is placed on, else the one set by
         jax.set_mesh.
 
@@ -424,7 +429,7 @@ def moe_layer_eval(
 
 
 def _moe_shard_eval(params: Params, x: jax.Array) -> tuple[jax.Array, Aux]:
-    """Per device: [LOCAL_BATCH_EVAL, SEQ_LEN_EVAL, EMBED_DIM] tokens through their experts."""
+    """Per device: [LOCAL_BATCH, SEQ_LEN, EMBED_DIM] tokens through their experts."""
     tokens = x.reshape(LOCAL_TOKENS, EMBED_DIM)
     weights = _gather_weights(params)
     combine_weights, expert_ids, logits = _route(tokens, weights)
@@ -453,20 +458,21 @@ def _check_shapes_eval(params: Params, x: jax.Array) -> None:
     if x.shape != INPUT_SHAPE_EVAL or x.dtype != COMPUTE_DTYPE:
         raise ValueError(
             f"x: expected {jnp.dtype(COMPUTE_DTYPE).name}{list(INPUT_SHAPE_EVAL)} "
-            f"[BATCH_EVAL, SEQ_LEN_EVAL, EMBED_DIM], got {x.dtype}{list(x.shape)}"
+            f"[BATCH, SEQ_LEN, EMBED_DIM], got {x.dtype}{list(x.shape)}"
         )
 
 
-# Shape variant prefill: x [8, 1024, 512], through moe_layer_prefill.
-# What differs from the main shape, and what uses it:
+# Shape variant prefill: x [8, 1024, 512], through moe_layer_prefill. What differs from
+# the main shape, and what uses it, suffixed _prefill or _PREFILL
+# (docstrings and comments say the main names):
 BATCH_PREFILL = 8
 SEQ_LEN_PREFILL = 1024
-GLOBAL_TOKENS_PREFILL = 8192  # BATCH_PREFILL * SEQ_LEN_PREFILL: the balance losses average over all
-LOCAL_BATCH_PREFILL = 1  # BATCH_PREFILL / 8 batch shards
-LOCAL_TOKENS_PREFILL = 1024  # LOCAL_BATCH_PREFILL * SEQ_LEN_PREFILL
-ROUTED_ROWS_PREFILL = 2048  # LOCAL_TOKENS_PREFILL * TOP_K: every token copy, before dropping
+GLOBAL_TOKENS_PREFILL = 8192  # BATCH * SEQ_LEN: the balance losses average over all
+LOCAL_BATCH_PREFILL = 1  # BATCH / 8 batch shards
+LOCAL_TOKENS_PREFILL = 1024  # LOCAL_BATCH * SEQ_LEN
+ROUTED_ROWS_PREFILL = 2048  # LOCAL_TOKENS * TOP_K: every token copy, before dropping
 CAPACITY_PREFILL = (
-    320  # copies each expert keeps per device: ceil(factor * ROUTED_ROWS_PREFILL / NUM_EXPERTS)
+    320  # copies each expert keeps per device: ceil(factor * ROUTED_ROWS / NUM_EXPERTS)
 )
 FFN_ROWS_PREFILL = 2048  # rows of one grouped-matmul call, worst case
 INPUT_SHAPE_PREFILL = (BATCH_PREFILL, SEQ_LEN_PREFILL, EMBED_DIM)
@@ -496,7 +502,7 @@ def moe_layer_prefill(
 
     Args:
       params: as from init_params (see PARAM_SHAPES, PARAM_SPECS), dtype PARAM_DTYPE.
-      x: [BATCH_PREFILL, SEQ_LEN_PREFILL, EMBED_DIM] of COMPUTE_DTYPE, laid out as input_sharding(mesh).
+      x: [BATCH, SEQ_LEN, EMBED_DIM] of COMPUTE_DTYPE, laid out as input_sharding(mesh).
       mesh: the mesh to run on; defaults to the mesh x is placed on, else the one set by
         jax.set_mesh.
 
@@ -516,7 +522,7 @@ def moe_layer_prefill(
 
 
 def _moe_shard_prefill(params: Params, x: jax.Array) -> tuple[jax.Array, Aux]:
-    """Per device: [LOCAL_BATCH_PREFILL, SEQ_LEN_PREFILL, EMBED_DIM] tokens through their experts."""
+    """Per device: [LOCAL_BATCH, SEQ_LEN, EMBED_DIM] tokens through their experts."""
     tokens = x.reshape(LOCAL_TOKENS_PREFILL, EMBED_DIM)
     weights = _gather_weights(params)
     combine_weights, expert_ids, logits = _route(tokens, weights)
@@ -535,7 +541,7 @@ def _moe_shard_prefill(params: Params, x: jax.Array) -> tuple[jax.Array, Aux]:
 def _drop_over_capacity_prefill(
     combine_weights: jax.Array, expert_ids: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Each expert keeps at most CAPACITY_PREFILL of this device's copies: the heaviest.
+    """Each expert keeps at most CAPACITY of this device's copies: the heaviest.
 
     A dropped copy gets weight 0 and expert NUM_EXPERTS (no expert: it is never sent or
     computed). Returns the new weights and ids and the copies dropped per expert.
@@ -566,9 +572,9 @@ def _load_balance_loss_prefill(logits: jax.Array, tokens_per_expert: jax.Array) 
 def _routed_experts_prefill(
     tokens: jax.Array, weights: Params, combine_weights: jax.Array, expert_ids: jax.Array
 ) -> jax.Array:
-    """Kept token copies sorted by expert, FFN per expert group, combined back: [LOCAL_TOKENS_PREFILL, D]."""
+    """Kept copies sorted by expert, FFN per expert group, combined back: [LOCAL_TOKENS, D]."""
     # 1. Sort the copies by expert; dropped ones (expert NUM_EXPERTS) sort last and are cut:
-    #    no more than FFN_ROWS_PREFILL = min(ROUTED_ROWS_PREFILL, NUM_EXPERTS * CAPACITY_PREFILL) are kept.
+    #    no more than FFN_ROWS = min(ROUTED_ROWS, NUM_EXPERTS * CAPACITY) are kept.
     flat_ids = expert_ids.reshape(ROUTED_ROWS_PREFILL)
     order = jnp.argsort(flat_ids, stable=True)[:FFN_ROWS_PREFILL]
     group_sizes = jnp.bincount(flat_ids, length=NUM_EXPERTS).astype(jnp.int32)
@@ -598,7 +604,7 @@ def _check_shapes_prefill(params: Params, x: jax.Array) -> None:
     if x.shape != INPUT_SHAPE_PREFILL or x.dtype != COMPUTE_DTYPE:
         raise ValueError(
             f"x: expected {jnp.dtype(COMPUTE_DTYPE).name}{list(INPUT_SHAPE_PREFILL)} "
-            f"[BATCH_PREFILL, SEQ_LEN_PREFILL, EMBED_DIM], got {x.dtype}{list(x.shape)}"
+            f"[BATCH, SEQ_LEN, EMBED_DIM], got {x.dtype}{list(x.shape)}"
         )
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import io
-import re
 import tokenize
 from collections.abc import Callable
 
@@ -28,7 +27,6 @@ SHARED = frozenset(
         "MESH_AXES", "MESH_SHAPE", "NUM_DEVICES",
     }
 )  # fmt: skip
-_TEXT_TOKENS = {tokenize.COMMENT, tokenize.STRING, tokenize.FSTRING_MIDDLE}
 
 
 class VariantConflict(Exception):
@@ -65,7 +63,9 @@ def _section(variant: VariantPlan, main: dict[str, str], source: str, taken: set
     taken |= set(new_names.values())
     header = (
         f"# Shape variant {variant.name}: x {list(variant.input_shape)}, through "
-        f"{variant.function}.\n# What differs from the main shape, and what uses it:"
+        f"{variant.function}. What differs from\n# the main shape, and what uses it, "
+        f"suffixed {variant.suffix} or {variant.constant_suffix}\n# (docstrings and comments "
+        "say the main names):"
     )
     body = [_renamed(text, new_names) for name, text in own.items() if name in renamed]
     return "\n".join([header, *body])  # ruff lays out the blank lines
@@ -103,17 +103,16 @@ def _names(text: str) -> set[str]:
 
 
 def _renamed(text: str, new_names: dict[str, str]) -> str:
-    """`text` with every name of `new_names` replaced: the code's names (not attributes),
-    and the constants' names in comments and strings, so that they still say the truth."""
-    upper = sorted((n for n in new_names if n.isupper()), key=len, reverse=True)
-    in_text = re.compile(r"\b(" + "|".join(map(re.escape, upper)) + r")\b") if upper else None
+    """`text` with every name of `new_names` replaced where the code names it (not as an
+    attribute); docstrings and comments keep the main shape's names (the section header
+    says so), so that their lines keep their widths."""
     starts = [0]
     for line in text.splitlines(keepends=True):
         starts.append(starts[-1] + len(line))
     edits: list[tuple[int, int, str]] = []
     previous = None
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
-        replacement = _replacement(token, previous, new_names, in_text)
+        replacement = _replacement(token, previous, new_names)
         if replacement is not None:
             (row, col), (end_row, end_col) = token.start, token.end
             edits.append((starts[row - 1] + col, starts[end_row - 1] + end_col, replacement))
@@ -125,18 +124,12 @@ def _renamed(text: str, new_names: dict[str, str]) -> str:
 
 
 def _replacement(
-    token: tokenize.TokenInfo,
-    previous: tokenize.TokenInfo | None,
-    new_names: dict[str, str],
-    in_text: re.Pattern[str] | None,
+    token: tokenize.TokenInfo, previous: tokenize.TokenInfo | None, new_names: dict[str, str]
 ) -> str | None:
-    if token.type == tokenize.NAME and token.string in new_names:
-        after_dot = previous is not None and previous.string == "."
-        return None if after_dot else new_names[token.string]
-    if token.type in _TEXT_TOKENS and in_text is not None:
-        changed = in_text.sub(lambda m: new_names[m.group(1)], token.string)
-        return changed if changed != token.string else None
-    return None
+    if token.type != tokenize.NAME or token.string not in new_names:
+        return None
+    after_dot = previous is not None and previous.string == "."
+    return None if after_dot else new_names[token.string]
 
 
 def render_with_variants(
