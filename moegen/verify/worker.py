@@ -229,7 +229,8 @@ def run_twin(
             raise CheckFailed(f"starved experts {starved} received tokens: {dict(result)}")
         results.append(dataclasses.replace(result, starved_experts=tuple(starved)))
     seconds = time.perf_counter() - start
-    emit(TwinParity(f"twin parity ({label}){shape.label}", seconds, tuple(results)))
+    name = f"twin parity ({label})" if variant is None else f"twin parity ({label}, {variant})"
+    emit(TwinParity(name, seconds, tuple(results)))
 
 
 def full_size_programs(
