@@ -58,8 +58,10 @@ def twins_of(loaded: LoadedSpec, plan: Plan) -> list[TwinSpec]:
 def plan_twin(twin: LoadedSpec, full: Plan) -> Plan:
     """The plan a twin runs (Pallas kernels interpreted), checked to keep the full layer's
     gate/up layout: a twin that took another path would prove nothing about this one."""
+    # each variant's twin slices its FFN as that variant's full-size plan does
     chunks = {variant.name: variant.plan.ffn.chunks for variant in full.variants}
-    plan = make_plan(twin, interpret=True, variant_ffn_chunks=chunks)
+    pinned = {"variant_ffn_chunks": chunks} if chunks else {}
+    plan = make_plan(twin, interpret=True, **pinned)
     if plan.ffn.fuses_gate_up != full.ffn.fuses_gate_up:
         raise AssertionError("the twin must run gate and up as the full-size layer does")
     return plan
