@@ -18,6 +18,7 @@ import jinja2
 from ruff.__main__ import find_ruff_bin
 
 from moegen.plan import Plan
+from moegen.render_variants import render_with_variants
 
 LINE_LENGTH = 100
 # Lint rules every generated module must pass: pyflakes, pycodestyle, imports, bugbear, pyupgrade.
@@ -141,9 +142,22 @@ def _environment() -> jinja2.Environment:
 
 
 def render(plan: Plan) -> str:
-    """The final, formatted source of the module for `plan`."""
-    raw = _environment().get_template("module.py.jinja").render(p=plan)
-    return _ruff_format_and_check(raw, f"{plan.module_name}.py")
+    """The final, formatted source of the module for `plan` (and its shape variants)."""
+    filename = f"{plan.module_name}.py"
+    if not plan.variants:
+        return _ruff_format_and_check(_template("module.py.jinja", plan), filename)
+    raw = render_with_variants(
+        plan,
+        # each part alone: formatted, linted once put together (the main part names the
+        # variants' functions)
+        lambda one: _ruff_format_and_check(_template("module.py.jinja", one), filename, lint=False),
+        lambda main: _template("shape_variants.py.jinja", main),
+    )
+    return _ruff_format_and_check(raw, filename)
+
+
+def _template(name: str, plan: Plan) -> str:
+    return _environment().get_template(name).render(p=plan)
 
 
 def _ruff(args: list[str], source: str, filename: str) -> subprocess.CompletedProcess[str]:
@@ -151,7 +165,7 @@ def _ruff(args: list[str], source: str, filename: str) -> subprocess.CompletedPr
     return subprocess.run(command, input=source, capture_output=True, text=True, check=False)
 
 
-def _ruff_format_and_check(source: str, filename: str) -> str:
+def _ruff_format_and_check(source: str, filename: str, *, lint: bool = True) -> str:
     settings = [f"--line-length={LINE_LENGTH}", "--target-version=py312"]
     # Imports are laid out by ruff (isort rules), so templates may add them anywhere.
     sorted_imports = _ruff(
@@ -162,6 +176,8 @@ def _ruff_format_and_check(source: str, filename: str) -> str:
     formatted = _ruff(["format", *settings], sorted_imports.stdout, filename)
     if formatted.returncode != 0:
         raise RenderError(f"ruff format failed on rendered {filename}:\n{formatted.stderr}")
+    if not lint:
+        return formatted.stdout
     lint = _ruff(
         [
             "check",

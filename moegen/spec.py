@@ -165,11 +165,39 @@ class Router(_Section):
     )
 
 
+class ShapeVariant(_Section):
+    """Another static input shape for the same parameters (evaluation, prefill...)."""
+
+    batch: Size = Field(description="Global batch size of this shape set.")
+    seq_len: Size = Field(description="Sequence length of this shape set.")
+
+
 class Shapes(_Section):
     """Static global input shape [batch, seq_len, embed_dim]."""
 
     batch: Size = Field(description="Global batch size.")
     seq_len: Size = Field(description="Sequence length.")
+    variants: dict[Annotated[str, Field(max_length=64)], ShapeVariant] | None = Field(
+        None,
+        description="Other static input shapes for the same parameters, by name (a lowercase "
+        "identifier), e.g. {eval: {batch: 32, seq_len: 512}}: each is planned, verified and "
+        "compiled; the module adds moe_layer_NAME for each and moe_layer dispatches on "
+        "x.shape. init_params and the parameter layout are shared. Omit: one shape.",
+    )
+
+    # Deeply immutable once validated: a plan must never see a spec change under it.
+    @field_validator("variants", mode="after")
+    @classmethod
+    def _freeze_variants(
+        cls, variants: dict[str, ShapeVariant] | None
+    ) -> Mapping[str, ShapeVariant] | None:
+        return None if variants is None else MappingProxyType(dict(variants))
+
+    @field_serializer("variants")
+    def _serialize_variants(
+        self, variants: Mapping[str, ShapeVariant] | None
+    ) -> dict[str, ShapeVariant] | None:
+        return None if variants is None else dict(variants)
 
 
 class Dtypes(_Section):

@@ -133,7 +133,7 @@ def assert_twin_parity(report: Any) -> list[dict]:
     for step in parity:
         for case in step["cases"]:
             assert case["max_relative_error"] < (
-                1e-5 if step["step"].endswith("(float32)") else 5e-2
+                1e-5 if step["step"].startswith("twin parity (float32") else 5e-2
             ), (step["step"], case)
     return parity
 

@@ -39,6 +39,7 @@ def spec_yaml(
     ffn_chunks: int | None = None,
     quantization: str | None = None,
     layer: tuple[str, ...] = (),
+    variants: str | None = None,
 ) -> str:
     """A schema-valid spec with every value on a fixed line (see the column comments).
 
@@ -60,7 +61,11 @@ def spec_yaml(
     line 21, column 11, in place of the tiles comment (so it cannot go with tiles).
     `ffn_chunks` writes memory.ffn_chunks at line 27, column 15. `quantization` writes
     target.quantization at line 21, column 17, in place of the tiles comment too. `layer` adds
-    lines to the layer section like `router` does, from line 6 on (every later line moves)."""
+    lines to the layer section like `router` does, from line 6 on (every later line moves).
+    `variants` (a YAML flow mapping such as "{eval: {batch: 32, seq_len: 8}}") writes
+    shapes.variants without moving a line: the shapes section becomes a flow mapping over
+    lines 9-11, `shapes: {variants: ...,` at line 9, so the first variant's key is at column
+    21; batch and seq_len keep their lines and columns."""
     tiles = gate_up is not None or down is not None
     assert not (tiles and slices is not None), "slices takes the line of target.tiles"
     mesh_fields = ([f"dcn_axes: {dcn_axes}"] if dcn_axes is not None else []) + (
@@ -81,9 +86,9 @@ def spec_yaml(
         f"  top_k: {top_k}",  # 7, column 10
         f"  renormalize: {'true' if renormalize else 'false'}",  # 8, column 16
         *(f"  {line}" for line in router),  # 9 on
-        "shapes:",  # 9
-        f"  batch: {batch}",  # 10, column 10
-        f"  seq_len: {seq}",  # 11, column 12
+        "shapes:" if variants is None else f"shapes: {{variants: {variants},",  # 9
+        f"  batch: {batch}" + ("" if variants is None else ","),  # 10, column 10
+        f"  seq_len: {seq}" + ("" if variants is None else "}"),  # 11, column 12
         "mesh:" if not mesh_flow else "mesh: {" + ", ".join(mesh_fields) + ",",  # 12
         f"  axes: {axes}" + mesh_end,  # 13, column 9
         f"  batch_axes: {batch_axes}" + ("}" if mesh_flow else "")

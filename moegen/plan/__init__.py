@@ -13,6 +13,9 @@ plan`. This module puts the Plan together.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
+
 from moegen import __version__
 from moegen.hardware import hardware
 from moegen.load import LoadedSpec
@@ -35,19 +38,37 @@ from moegen.plan.prose import summary
 from moegen.plan.report import format_plan
 from moegen.plan.roofline import PassRoofline, Roofline, roofline
 from moegen.plan.router import RouterPlan, router_plan
+from moegen.plan.variants import VariantPlan, variant_plans
 from moegen.sizes import axes_product
 from moegen.spec import GATED_ACTIVATIONS
 
 __all__ = [
     "CostPlan", "ExpertPlan", "FfnChunkOption", "FfnPlan", "GluPlan", "KernelPlan", "MemoryPlan",
     "MeshPlan", "NetworkPlan", "PallasConfig", "ParamPlan", "PartitionSpec", "PassRoofline",
-    "Plan", "Roofline", "RouterPlan", "TeConfig", "Transfer",
+    "Plan", "Roofline", "RouterPlan", "TeConfig", "Transfer", "VariantPlan",
     "format_plan", "make_plan",
 ]  # fmt: skip
 
 
-def make_plan(loaded: LoadedSpec, *, interpret: bool = False) -> Plan:
-    """Derive the plan of a validated spec (`interpret`: run Pallas kernels on CPU)."""
+def make_plan(
+    loaded: LoadedSpec,
+    *,
+    interpret: bool = False,
+    variant_ffn_chunks: Mapping[str, int] | None = None,
+) -> Plan:
+    """Derive the plan of a validated spec (`interpret`: run Pallas kernels on CPU), with
+    a plan for each of its shape variants (`variant_ffn_chunks` pins their FFN slices)."""
+    main = _shape_plan(loaded, interpret)
+    if not loaded.spec.shapes.variants:
+        return main
+    variants = variant_plans(
+        loaded, lambda variant: _shape_plan(variant, interpret), variant_ffn_chunks
+    )
+    return replace(main, variants=variants)
+
+
+def _shape_plan(loaded: LoadedSpec, interpret: bool) -> Plan:
+    """The plan of one static input shape (the spec's shapes.batch and shapes.seq_len)."""
     spec = loaded.spec
     layer = spec.layer
     axes = dict(spec.mesh.axes)

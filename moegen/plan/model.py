@@ -19,6 +19,7 @@ from moegen.plan.network import NetworkPlan
 from moegen.plan.params import ParamPlan, PartitionSpec
 from moegen.plan.roofline import Roofline
 from moegen.plan.router import RouterPlan
+from moegen.plan.variants import VariantPlan
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class Plan:
     network: NetworkPlan
     roofline: Roofline
     memory: MemoryPlan
+    # shapes.variants: the same parameters, other static input shapes (none: one shape)
+    variants: tuple[VariantPlan, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)

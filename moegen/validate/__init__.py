@@ -38,11 +38,12 @@ from moegen.validate.rules import (
     top_k_within_experts,
     topology_matches_hardware,
 )
+from moegen.validate.shape_variants import SHAPE_VARIANT_RULES, variant_shapes_obey_the_rules
 from moegen.validate.slices import SLICE_RULES
 
 __all__ = ["MAX_CPU_DEVICES", "RULES", "Rule", "check_rules", "validate"]
 
-RULES: tuple[Rule, ...] = (
+SHAPE_RULES: tuple[Rule, ...] = (
     top_k_within_experts,
     batch_axes_are_mesh_axes,
     data_parallel_axes_shard_batch,
@@ -67,6 +68,12 @@ RULES: tuple[Rule, ...] = (
     *SLICE_RULES,
     *MEMORY_RULES,
     *GPU_RULES,
+)
+# Every rule above runs on each shape variant too, reported at the variant's lines.
+RULES: tuple[Rule, ...] = (
+    *SHAPE_RULES,
+    *SHAPE_VARIANT_RULES,
+    variant_shapes_obey_the_rules(lambda loaded: [d for r in SHAPE_RULES for d in r(loaded)]),
 )
 
 

@@ -96,6 +96,9 @@ def verify(
             twin_plan = plan_twin(twin, plan)
             path.write_text(render(twin_plan), encoding="utf-8")
             twins.append(TwinJob(str(path), label, tolerance, reference_config(twin_plan)))
+            for variant in twin_plan.variants:  # the same twin module, each variant's function
+                cfg = reference_config(variant.plan)
+                twins.append(TwinJob(str(path), label, tolerance, cfg, variant.name))
         job = Job(
             module=str(module_path),
             twins=tuple(twins),
@@ -103,15 +106,28 @@ def verify(
             programs=PROGRAMS if compile_forward else ("forward+backward",),
             cuda=_cuda_target(plan),
             tpu=tpu_target(plan),
+            variants=tuple(variant.name for variant in plan.variants),
         )
         job_path = workdir / "job.json"
         job_path.write_text(json.dumps(job.to_json()), encoding="utf-8")
         report = _run_worker(job_path, plan.mesh.num_devices, on_step, timeout_s)
-    verdict = memory_verdict(plan, report) if run_compiles else None
-    if verdict:
-        report.steps.append(MemoryVerdict("memory verdict", 0.0, verdict))
-        on_step(report.steps[-1])
+    for label, shape_plan, steps in _steps_by_shape(plan, report) if run_compiles else ():
+        verdict = memory_verdict(shape_plan, VerifyReport(steps=steps))
+        if verdict:
+            report.steps.append(MemoryVerdict(f"memory verdict{label}", 0.0, verdict))
+            on_step(report.steps[-1])
     return report
+
+
+def _steps_by_shape(plan: Plan, report: VerifyReport) -> list[tuple[str, Plan, list[Step]]]:
+    """The compile steps of each shape, with its plan: the main shape's, then each variant's
+    (named "compile forward (NAME)"), so that each is judged against its own plan."""
+    labels = {f" ({variant.name})": variant.plan for variant in plan.variants}
+    steps: dict[str, list[Step]] = {"": [], **{label: [] for label in labels}}
+    for step in report.steps:
+        label = next((label for label in labels if step.step.endswith(label)), "")
+        steps[label].append(step)
+    return [(label, labels.get(label, plan), steps[label]) for label in steps]
 
 
 def _cuda_target(plan: Plan) -> CudaTarget | None:

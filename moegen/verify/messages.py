@@ -84,6 +84,7 @@ class TwinJob(Message):
     label: str
     tolerance: float
     reference: dict[str, Any]  # ReferenceConfig's fields (moegen.verify.reference_config)
+    variant: str | None = None  # a shape variant's name: its function and shape are checked
 
     @classmethod
     def _field(cls, name: str, value: Any) -> Any:
@@ -115,6 +116,7 @@ class Job(Message):
     programs: tuple[str, ...] = PROGRAMS
     cuda: CudaTarget | None = None  # lower for CUDA with TE instead of compiling
     tpu: TpuTarget | None = None  # compile for this slice on compile-only TPU devices
+    variants: tuple[str, ...] = ()  # shape variants compiled too, after the main shape
 
     @classmethod
     def _field(cls, name: str, value: Any) -> Any:

@@ -14,12 +14,14 @@ The twins are derived from the full-size plan, once: `twins_of` gives the specs 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from moegen.load import FieldPath, LoadedSpec
 from moegen.plan import Plan, make_plan
 from moegen.sizes import axes_product
-from moegen.spec import Tiles
+from moegen.spec import ShapeVariant, Tiles
 from moegen.tiling import LANES
 from moegen.variants import derive
 
@@ -57,7 +59,10 @@ def twins_of(loaded: LoadedSpec, plan: Plan) -> list[TwinSpec]:
 def plan_twin(twin: LoadedSpec, full: Plan) -> Plan:
     """The plan a twin runs (Pallas kernels interpreted), checked to keep the full layer's
     gate/up layout: a twin that took another path would prove nothing about this one."""
-    plan = make_plan(twin, interpret=True)
+    # each variant's twin slices its FFN as that variant's full-size plan does
+    chunks = {variant.name: variant.plan.ffn.chunks for variant in full.variants}
+    pinned = {"variant_ffn_chunks": chunks} if chunks else {}
+    plan = make_plan(twin, interpret=True, **pinned)
     if plan.ffn.fuses_gate_up != full.ffn.fuses_gate_up:
         raise AssertionError("the twin must run gate and up as the full-size layer does")
     return plan
@@ -69,6 +74,22 @@ def twin_of(
     """The twin of a validated spec whose full-size plan is `plan` (planned here when not
     given); `dtype` overrides both dtypes (None keeps the spec's)."""
     return derive(loaded, twin_overrides(loaded, plan or make_plan(loaded), dtype))
+
+
+def twin_variants(
+    variants: Mapping[str, ShapeVariant], shards: int, sequence_shards: int = 1
+) -> Mapping[str, ShapeVariant]:
+    """The twin's shape variants: as small as its main shape, each a distinct sequence length
+    (moe_layer dispatches on the shape), split evenly over the sequence axis."""
+    return MappingProxyType(
+        {
+            name: ShapeVariant(
+                batch=shards * TWIN_SEQUENCES_PER_SHARD,
+                seq_len=(TWIN_SEQ_LEN + i) * sequence_shards,
+            )
+            for i, name in enumerate(variants, start=1)
+        }
+    )
 
 
 def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[FieldPath, Any]:
@@ -102,6 +123,10 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
         ("shapes", "seq_len"): TWIN_SEQ_LEN * spec.sequence_shards,
         ("memory", "ffn_chunks"): ffn_chunks,
     }
+    if spec.shapes.variants:
+        overrides[("shapes", "variants")] = twin_variants(
+            spec.shapes.variants, shards, spec.sequence_shards
+        )
     if spec.target.kernel == "te":
         # TE's GEMMs run on a GPU only: the twin runs the same module with the portable
         # grouped matmul in their place (same call signature), in the compute dtype.

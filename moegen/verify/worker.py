@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -82,26 +82,51 @@ def _place(module: ModuleType, mesh: Any, params: dict, x: Any) -> tuple[dict, A
     return placed, jax.device_put(jnp.asarray(x, module.COMPUTE_DTYPE), module.input_sharding(mesh))
 
 
-def _random_case(module: ModuleType, seed: int) -> tuple[dict, np.ndarray, np.ndarray]:
+class Shape(NamedTuple):
+    """One static shape of a module: the main one, or a shape variant's (its name)."""
+
+    layer: Callable[..., Any]  # moe_layer, or moe_layer_NAME
+    input_shape: tuple[int, int, int]  # INPUT_SHAPE, or INPUT_SHAPE_NAME
+    abstract_input: Callable[[Any], Any]  # input_shape, or input_shape_NAME
+    label: str  # "" or " (NAME)", added to the steps' names
+
+
+def shape_of(module: ModuleType, variant: str | None = None) -> Shape:
+    if variant is None:
+        return Shape(module.moe_layer, module.INPUT_SHAPE, module.input_shape, "")
+    return Shape(
+        getattr(module, f"moe_layer_{variant}"),
+        getattr(module, f"INPUT_SHAPE_{variant.upper()}"),
+        getattr(module, f"input_shape_{variant}"),
+        f" ({variant})",
+    )
+
+
+def _random_case(
+    module: ModuleType, seed: int, input_shape: tuple[int, ...] | None = None
+) -> tuple[dict, np.ndarray, np.ndarray]:
+    input_shape = module.INPUT_SHAPE if input_shape is None else input_shape
     rng = np.random.default_rng(seed)
     # Parameters that start at zero (biases) get small random values: zeros would hide them.
     params = {
         name: rng.normal(0.0, module.INIT_SCALES[name] or 0.1, shape).astype(np.float32)
         for name, shape in module.PARAM_SHAPES.items()
     }
-    x = rng.normal(0.0, 1.0, module.INPUT_SHAPE).astype(np.float32)
-    cotangent = rng.normal(0.0, 1.0, module.INPUT_SHAPE).astype(np.float32)
+    x = rng.normal(0.0, 1.0, input_shape).astype(np.float32)
+    cotangent = rng.normal(0.0, 1.0, input_shape).astype(np.float32)
     return params, x, cotangent
 
 
-def _starved_case(module: ModuleType, seed: int) -> tuple[dict, np.ndarray, np.ndarray, list[int]]:
+def _starved_case(
+    module: ModuleType, seed: int, input_shape: tuple[int, ...] | None = None
+) -> tuple[dict, np.ndarray, np.ndarray, list[int]]:
     """Positive tokens and router columns of one sign: negative columns never win top-k.
 
     The odd experts of each group are starved, but never so many that a token's kept groups
     hold fewer than top_k fed experts: group-limited routing would then have to pick starved
     ones (4 experts in 2 groups, keep 1, top-2 can starve none).
     """
-    params, x, cotangent = _random_case(module, seed)
+    params, x, cotangent = _random_case(module, seed, input_shape)
     experts, top_k = module.NUM_EXPERTS, module.TOP_K
     groups, kept = getattr(module, "EXPERT_GROUPS", 1), getattr(module, "KEPT_GROUPS", 1)
     per_group = experts // groups
@@ -133,14 +158,17 @@ def check_parity(
     cotangent: np.ndarray,
     tolerance: float,
     case: str,
+    layer: Callable[..., Any] | None = None,
 ) -> ParityCase:
-    """Forward, aux and gradients of the module against the dense reference."""
+    """Forward, aux and gradients of the module (its `layer`: moe_layer unless given)
+    against the dense reference."""
+    layer = module.moe_layer if layer is None else layer
     mesh = module.make_mesh(jax.devices()[: module.NUM_DEVICES])
     placed_params, placed_x = _place(module, mesh, params, x)
 
     # The balance losses join the loss, so that their gradients are checked too.
     def module_loss(p: dict, xs: Any) -> Any:
-        y, aux = module.moe_layer(p, xs, mesh=mesh)
+        y, aux = layer(p, xs, mesh=mesh)
         losses = [getattr(aux, name) for name in AUX_LOSSES if name in aux._fields]
         return jnp.sum(y.astype(jnp.float32) * cotangent) + sum(losses)
 
@@ -149,7 +177,7 @@ def check_parity(
         return jnp.sum(y * cotangent) + aux.load_balance_loss + aux.router_z_loss
 
     with jax.set_mesh(mesh):
-        y, aux = jax.jit(functools.partial(module.moe_layer, mesh=mesh))(placed_params, placed_x)
+        y, aux = jax.jit(functools.partial(layer, mesh=mesh))(placed_params, placed_x)
         grads, grad_x = jax.jit(jax.grad(module_loss, argnums=(0, 1)))(placed_params, placed_x)
     # The reference sees exactly the values the module saw (after any dtype rounding).
     host_params = {k: np.asarray(v, np.float32) for k, v in placed_params.items()}
@@ -184,27 +212,37 @@ def check_parity(
     return ParityCase(case, errors[worst], tuple(counts.tolist()), dropped)
 
 
-def run_twin(path: str, cfg: ReferenceConfig, tolerance: float, label: str) -> None:
+def run_twin(
+    path: str, cfg: ReferenceConfig, tolerance: float, label: str, variant: str | None = None
+) -> None:
     start = time.perf_counter()
     module = import_module(path, f"moegen_twin_{label}")
-    results = [check_parity(module, cfg, *_random_case(module, 0), tolerance, "random routing")]
+    shape = shape_of(module, variant)
+    random = _random_case(module, 0, shape.input_shape)
+    results = [check_parity(module, cfg, *random, tolerance, "random routing", shape.layer)]
     if module.NUM_EXPERTS > module.TOP_K:
-        params, x, cotangent, starved = _starved_case(module, 1)
-        result = check_parity(module, cfg, params, x, cotangent, tolerance, "starved experts")
+        params, x, cotangent, starved = _starved_case(module, 1, shape.input_shape)
+        result = check_parity(
+            module, cfg, params, x, cotangent, tolerance, "starved experts", shape.layer
+        )
         if any(result.tokens_per_expert[e] for e in starved):
             raise CheckFailed(f"starved experts {starved} received tokens: {dict(result)}")
         results.append(dataclasses.replace(result, starved_experts=tuple(starved)))
-    emit(TwinParity(f"twin parity ({label})", time.perf_counter() - start, tuple(results)))
+    seconds = time.perf_counter() - start
+    name = f"twin parity ({label})" if variant is None else f"twin parity ({label}, {variant})"
+    emit(TwinParity(name, seconds, tuple(results)))
 
 
 def full_size_programs(
-    module: ModuleType, devices: list[Any]
+    module: ModuleType, devices: list[Any], shape: Shape | None = None
 ) -> tuple[dict, Any, dict[str, Callable[..., Any]]]:
     """Abstract full-size params and x on `devices`, and the programs verified: the forward,
-    and forward+backward (gradients of sum(y) with respect to every parameter and x)."""
+    and forward+backward (gradients of sum(y) with respect to every parameter and x), of
+    the main shape or of `shape`."""
+    shape = shape_of(module) if shape is None else shape
     mesh = module.make_mesh(devices)
-    params, x = module.param_shapes(mesh), module.input_shape(mesh)
-    forward = functools.partial(module.moe_layer, mesh=mesh)
+    params, x = module.param_shapes(mesh), shape.abstract_input(mesh)
+    forward = functools.partial(shape.layer, mesh=mesh)
 
     def loss(p: dict, xs: Any) -> Any:
         return jnp.sum(forward(p, xs)[0].astype(jnp.float32))
@@ -214,11 +252,15 @@ def full_size_programs(
 
 
 def compile_full(
-    module: ModuleType, tpu: TpuTarget | None, names: tuple[str, ...] = PROGRAMS
+    module: ModuleType,
+    tpu: TpuTarget | None,
+    names: tuple[str, ...] = PROGRAMS,
+    variant: str | None = None,
 ) -> None:
-    params, x, programs = full_size_programs(module, target_devices(module, tpu))
+    shape = shape_of(module, variant)
+    params, x, programs = full_size_programs(module, target_devices(module, tpu), shape)
     for name in names:
-        step = f"compile {name}"
+        step = f"compile {name}{shape.label}"
         start = time.perf_counter()
         compiled = compile_program(programs[name], params, x)
         if isinstance(compiled, OutOfMemory):
@@ -258,7 +300,9 @@ def prepare_cuda(sm: int) -> None:
         raise CheckFailed(f"kernel te: {err}") from None
 
 
-def lower_for_cuda(module: ModuleType, want: CudaTarget, names: tuple[str, ...]) -> None:
+def lower_for_cuda(
+    module: ModuleType, want: CudaTarget, names: tuple[str, ...], variant: str | None = None
+) -> None:
     """Lower the full-size programs for CUDA (no GPU) and check TE's grouped GEMMs are in them.
 
     Each grouped-matmul call site lowers to one te_grouped_gemm_ffi forward; its VJP adds the
@@ -267,7 +311,8 @@ def lower_for_cuda(module: ModuleType, want: CudaTarget, names: tuple[str, ...])
     """
     from moegen.verify import cuda
 
-    params, x, programs = full_size_programs(module, jax.devices()[: module.NUM_DEVICES])
+    shape = shape_of(module, variant)
+    params, x, programs = full_size_programs(module, jax.devices()[: module.NUM_DEVICES], shape)
     for name in names:
         start = time.perf_counter()
         calls = cuda.count_custom_calls(cuda.lower_for_cuda(programs[name], params, x))
@@ -285,7 +330,8 @@ def lower_for_cuda(module: ModuleType, want: CudaTarget, names: tuple[str, ...])
                 f"quantize calls in the lowered module: {dict(calls)}"
             )
         te_calls = {k: v for k, v in sorted(calls.items()) if k.startswith("te_")}
-        emit(Lowered(f"lower {name} for cuda", time.perf_counter() - start, want.sm, te_calls))
+        seconds = time.perf_counter() - start
+        emit(Lowered(f"lower {name} for cuda{shape.label}", seconds, want.sm, te_calls))
 
 
 def main(job_path: str) -> int:
@@ -300,11 +346,13 @@ def main(job_path: str) -> int:
             module = import_module(job.module, "moegen_full")
             emit(Imported("import", time.perf_counter() - start))
         for twin in job.twins:
-            run_twin(twin.path, ReferenceConfig(**twin.reference), twin.tolerance, twin.label)
-        if job.compile and job.cuda is not None:
-            lower_for_cuda(module, job.cuda, job.programs)
-        elif job.compile:
-            compile_full(module, job.tpu, job.programs)
+            cfg = ReferenceConfig(**twin.reference)
+            run_twin(twin.path, cfg, twin.tolerance, twin.label, twin.variant)
+        for variant in (None, *job.variants) if job.compile else ():
+            if job.cuda is not None:
+                lower_for_cuda(module, job.cuda, job.programs, variant)
+            else:
+                compile_full(module, job.tpu, job.programs, variant)
     except CheckFailed as err:
         emit(WorkerFailed(str(err)))
         return 1

@@ -1,0 +1,63 @@
+"""The plans of a spec's shape variants (`shapes.variants`): the same layer and parameters,
+other static input shapes. Each variant is planned whole, as the spec with its batch and
+seq_len (every shape-dependent decision: local tokens, routed rows, capacity, buffers,
+tiles, FFN slices, costs and memory); the module shares what does not depend on the shape
+(init_params, PARAM_SHAPES, PARAM_SPECS) and suffixes what does with the variant's name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from moegen.load import LoadedSpec
+from moegen.validate.shape_variants import shape_variants
+
+if TYPE_CHECKING:
+    from moegen.plan.model import Plan
+
+
+@dataclass(frozen=True)
+class VariantPlan:
+    """One shape variant: its names in the module and its whole plan."""
+
+    name: str
+    function: str  # moe_layer_NAME
+    suffix: str  # _NAME, added to the module's functions that depend on the shape
+    constant_suffix: str  # _NAME upper-cased, added to the shape-dependent constants
+    batch: int
+    seq_len: int
+    input_shape: tuple[int, int, int]
+    plan: Plan
+
+
+def variant_plans(
+    loaded: LoadedSpec,
+    plan_of: Callable[[LoadedSpec], Plan],
+    ffn_chunks: Mapping[str, int] | None = None,
+) -> tuple[VariantPlan, ...]:
+    """Each variant of `loaded` planned by `plan_of`; `ffn_chunks` pins a variant's FFN
+    slices (the twin runs each variant as its full-size plan does)."""
+    out = []
+    for name, variant in shape_variants(loaded):
+        if ffn_chunks and name in ffn_chunks:
+            memory = variant.spec.memory.model_copy(update={"ffn_chunks": ffn_chunks[name]})
+            variant = _with(variant, memory=memory)
+        plan = plan_of(variant)
+        out.append(
+            VariantPlan(
+                name=name,
+                function=f"moe_layer_{name}",
+                suffix=f"_{name}",
+                constant_suffix=f"_{name.upper()}",
+                batch=plan.batch,
+                seq_len=plan.seq_len,
+                input_shape=(plan.batch, plan.seq_len, plan.embed_dim),
+                plan=plan,
+            )
+        )
+    return tuple(out)
+
+
+def _with(loaded: LoadedSpec, **sections: object) -> LoadedSpec:
+    return replace(loaded, spec=loaded.spec.model_copy(update=sections))
