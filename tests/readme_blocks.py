@@ -95,6 +95,7 @@ def transcript_script(section: str) -> str:
             out.append(
                 f"cat > {shlex.quote(name)} <<'README_BLOCK_EOF'\n{block.text}README_BLOCK_EOF"
             )
+            out.append(f"cat {shlex.quote(name)}")  # the transcript shows what was run
             continue
         if block.kind != "sh":
             raise ValueError(f"{block.where}: a python block without a file claim")
