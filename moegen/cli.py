@@ -332,6 +332,31 @@ def schema_command(check_only: bool, write: bool, schema_path: Path) -> None:
         click.echo(text, nl=False)
 
 
+@cli.command(name="init")
+@click.argument("path", default="specs/moe.yaml", type=click.Path(path_type=Path))
+@click.option("--model", default="cpu", show_default=True, help="Starter (see --list).")
+@click.option("--no-schema", is_flag=True, help="Do not write moegen.schema.json beside PATH.")
+@click.option("--list", "list_starters", is_flag=True, help="List the starters and exit.")
+def init_command(path: Path, model: str, no_schema: bool, list_starters: bool) -> None:
+    """Start a spec at PATH (default specs/moe.yaml) from a commented, valid starter."""
+    from moegen.init import command
+
+    try:
+        sys.exit(command(path, model, schema=not no_schema, list_only=list_starters))
+    except SpecError as err:
+        _fail_invalid(err)
+
+
+@cli.command(name="install-te")
+@click.option("--cache-only", is_flag=True, help="Fill the cache only, install nothing.")
+@click.argument("venv", required=False, type=click.Path(file_okay=False, path_type=Path))
+def install_te_command(cache_only: bool, venv: Path | None) -> None:
+    """Build Transformer Engine (JAX) into VENV (default: this one) to lower `kernel: te`."""
+    from moegen.install_te import command
+
+    sys.exit(command(venv, cache_only=cache_only))
+
+
 def main() -> None:
     from moegen.interrupts import handling_signals, interrupt_of
 

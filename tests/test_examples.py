@@ -1,4 +1,5 @@
-"""examples/train_step.py: optax training of a CPU twin, run as a user would run it."""
+"""examples/train_step.py (optax training of a CPU twin) and examples/train_generated.py (of a
+module `moegen build` wrote), run as a user would run them."""
 
 from __future__ import annotations
 
@@ -81,3 +82,37 @@ def test_an_invalid_spec_exits_2_with_its_diagnostics(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stdout + result.stderr
     assert "is not a valid spec" in result.stderr
     assert "router.top_k" in result.stderr and "got 9" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# examples/train_generated.py: a generated module (not a twin), trained as the README says
+
+TRAIN_GENERATED = REPO_ROOT / "examples" / "train_generated.py"
+STEP = re.compile(r"^step +(\d+)  loss (\S+)$", re.MULTILINE)
+
+
+@pytest.mark.slow
+def test_train_generated_trains_the_module_a_build_wrote(tmp_path: Path) -> None:
+    from conftest import run_moegen
+
+    assert run_moegen("init", cwd=tmp_path).returncode == 0
+    built = run_moegen("build", "specs/moe.yaml", "--out", "layers", "--no-verify", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    (tmp_path / "train.py").write_text(TRAIN_GENERATED.read_text(encoding="utf-8"), "utf-8")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONIOENCODING="utf-8")
+    env.pop("XLA_FLAGS", None)  # the script sets the device count itself
+    result = subprocess.run(
+        [sys.executable, "train.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIME_LIMIT_S,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    losses = [float(m[2]) for m in STEP.finditer(result.stdout)]
+    assert len(losses) == 12, result.stdout
+    assert losses[-1] < 0.2 * losses[0], result.stdout
+    header = (tmp_path / "layers" / "moe.py").read_text(encoding="utf-8").splitlines()[2]
+    assert header == "# spec: specs/moe.yaml"  # the module trained is the one the build wrote

@@ -1,0 +1,189 @@
+"""`moegen init`: start a spec from a starter (moegen/starters/*.yaml, shipped in the wheel).
+
+A starter is a commented, valid spec whose first line is the editor modeline
+`# yaml-language-server: $schema=moegen.schema.json`; `init_spec` validates it under the
+file name it will have (the name becomes the module's), then writes it, and the JSON Schema
+beside it when none is there, so that the modeline resolves. Paths are the user's: a file that
+exists (a dangling symlink included) is never replaced, a missing folder is created, and on
+any failure nothing is left behind, folders made for it included. Each file is written to a
+temporary beside it, fsynced, then hard-linked to its name, which fails instead of replacing
+a file that appeared meanwhile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+from moegen.diagnostics import SpecError
+
+STARTERS_DIR = Path(__file__).resolve().parent / "starters"
+SCHEMA_NAME = "moegen.schema.json"  # what the starters' modeline names, beside the spec
+DEFAULT_STARTER = "cpu"
+
+
+class InitError(Exception):
+    """A path `moegen init` cannot write to; the message says why and what to do."""
+
+
+def starter_names() -> list[str]:
+    return sorted(path.stem for path in STARTERS_DIR.glob("*.yaml"))
+
+
+def starter_text(model: str) -> str:
+    if model not in starter_names():
+        raise InitError(f"no starter {model!r}; the starters are {', '.join(starter_names())}")
+    return (STARTERS_DIR / f"{model}.yaml").read_text(encoding="utf-8")
+
+
+def starter_summary(model: str) -> str:
+    """The starter's description line, for `moegen init --list`."""
+    import yaml
+
+    return " ".join(str(yaml.safe_load(starter_text(model))["description"]).split())
+
+
+def init_spec(path: Path, model: str = DEFAULT_STARTER, *, schema: bool = True) -> list[Path]:
+    """Write starter `model` to `path` (and the schema beside it); returns what was written.
+
+    Raises InitError for a path that cannot take it, SpecError when the spec would be invalid
+    there (its file name must be a Python identifier: it names the generated module)."""
+    text = starter_text(model)
+    _check_target(path)
+    _validate_as(path, text)
+    schema_path = path.parent / SCHEMA_NAME
+    made_dirs = _make_parents(path.parent)
+    written: list[Path] = []
+    try:
+        if schema and not os.path.lexists(schema_path):
+            from moegen.schema import schema_text
+
+            _write_new(schema_path, schema_text())
+            written.append(schema_path)
+        _write_new(path, text)
+        written.append(path)
+    except BaseException:
+        for done in reversed(written):
+            done.unlink(missing_ok=True)
+        for folder in reversed(made_dirs):
+            _remove_empty(folder)
+        raise
+    return list(reversed(written))
+
+
+def stale_schema(path: Path) -> Path | None:
+    """The schema beside `path` when it exists but is not this moegen's (after an upgrade)."""
+    from moegen.schema import schema_text
+
+    schema_path = path.parent / SCHEMA_NAME
+    try:
+        current = schema_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeError):
+        return None
+    return None if current == schema_text() else schema_path
+
+
+def _check_target(path: Path) -> None:
+    if path.suffix not in (".yaml", ".yml"):
+        raise InitError(
+            f"{path}: a spec file name ends in .yaml (moegen validate and check find "
+            "specs/*.yaml), e.g. specs/moe.yaml"
+        )
+    if os.path.lexists(path):
+        what = "a folder" if path.is_dir() else "a file"
+        raise InitError(f"{path} exists ({what}); not replacing it: choose another path")
+    for parent in path.parents:
+        if os.path.lexists(parent) and not parent.is_dir():
+            raise InitError(f"{parent} is not a folder; cannot create {path} under it")
+
+
+def _validate_as(path: Path, text: str) -> None:
+    """The spec as moegen will read it at `path` (its name is the module's); else SpecError."""
+    from moegen.load import display_path, load_spec_bytes
+    from moegen.validate import validate
+
+    display = display_path(path)
+    try:
+        validate(load_spec_bytes(text.encode("utf-8"), display, path.stem))
+    except SpecError as err:  # name the file to be written, not a temporary
+        raise SpecError([dataclasses.replace(d, file=display) for d in err.diagnostics]) from None
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """Create `folder` and its missing ancestors; returns the ones created, outermost first."""
+    missing = [p for p in [folder, *folder.parents] if not os.path.lexists(p)]
+    made: list[Path] = []
+    try:
+        for parent in reversed(missing):
+            parent.mkdir()
+            made.append(parent)
+    except OSError as err:
+        for parent in reversed(made):
+            _remove_empty(parent)
+        raise InitError(
+            f"cannot create the folder {err.filename or folder}: {err.strerror}"
+        ) from None
+    return made
+
+
+def _write_new(path: Path, text: str) -> None:
+    """Write a file that must not exist yet: temporary, fsync, hard link (never replaces)."""
+    try:
+        fd, temporary = tempfile.mkstemp(
+            prefix=f".{path.name}.", suffix=".moegen-init", dir=path.parent
+        )
+    except OSError as err:
+        raise InitError(f"cannot write {path}: {err.strerror}") from None
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it, not mkstemp's 0600
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.link(temporary, path)
+    except FileExistsError:
+        raise InitError(f"{path} appeared while writing it; not replacing it") from None
+    except OSError as err:
+        raise InitError(f"cannot write {path}: {err.strerror}") from None
+    finally:
+        os.unlink(temporary)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _remove_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # not empty any more: someone else's now
+
+
+def command(path: Path, model: str, *, schema: bool, list_only: bool) -> int:
+    """`moegen init`: its messages (stderr) and exit status; SpecError is the CLI's to show."""
+    import click
+
+    if list_only:
+        for name in starter_names():
+            click.echo(f"{name:<20} {starter_summary(name)}")
+        return 0
+    try:
+        written = init_spec(path, model, schema=schema)
+    except InitError as err:
+        click.echo(f"moegen init: {err}; nothing written", err=True)
+        return 2
+    for done in written:
+        click.echo(f"wrote {done}", err=True)
+    if schema and (stale := stale_schema(path)):
+        click.echo(
+            f"note: {stale} is not this moegen's schema: `moegen schema --write "
+            f"--path {stale}` updates it",
+            err=True,
+        )
+    click.echo(f"next: moegen validate {path}; moegen build {path} [--out DIR]", err=True)
+    return 0

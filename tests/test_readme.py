@@ -1,0 +1,172 @@
+"""Every ```python and ```sh (bash, shell) block of README.md runs as written.
+
+Blocks run per README section, in order, in a scratch folder: a copy of the repository (the
+pip users' section: an empty folder, a fresh project), with .venv/bin first on PATH and this
+checkout's moegen importable; python blocks as `python block.py` there, so that `generated/`
+imports as in the repository root. A comment just before a block's fence,
+`<!-- readme-test: CLAIM -->`, may replace running it with a checked claim:
+
+- `run by .ci/run`: CI runs each of its commands itself (each is a command line of .ci/run);
+- `run by scripts/pip-user-transcript, ...`: a wheel install into a clean venv, too slow and
+  networked for a test; its recorded transcript must hold the section's commands as written
+  now and end in success;
+- `file NAME`: the block is a file the section's later shell blocks use (saved as NAME);
+- `fixture path/to/Mixtral: ...`: run after a Mixtral-shaped checkpoint is written there.
+
+Any other claim, or a block of a runnable language in a way not covered here, fails."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT
+from readme_blocks import PIP_SECTION, Block, commands, readme_blocks, saved_file
+
+CI_RUN = REPO_ROOT / ".ci" / "run"
+TRANSCRIPT = REPO_ROOT / "bench" / "pip_user_transcript.txt"
+TRANSCRIPT_CLAIM = "run by scripts/pip-user-transcript, recorded in bench/pip_user_transcript.txt"
+CHECKPOINT_CLAIM = "fixture path/to/Mixtral: a Mixtral-shaped checkpoint for mixtral_small_cpu"
+NOT_RUN_HERE = {"run by .ci/run", TRANSCRIPT_CLAIM}  # claims checked instead of a run
+CLAIMS = NOT_RUN_HERE | {CHECKPOINT_CLAIM}
+TIME_LIMIT_S = 900
+BLOCKS = [b for b in readme_blocks() if b.kind]
+SECTIONS = list(dict.fromkeys(b.section for b in BLOCKS if b.claim not in NOT_RUN_HERE))
+COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".*_cache", "*.egg-info")
+
+
+def test_every_runnable_block_is_run_or_its_claim_known():
+    assert len(BLOCKS) >= 10  # the README's blocks were found at all
+    for block in BLOCKS:
+        if block.claim is not None:
+            assert block.claim in CLAIMS or saved_file(block), f"{block.where}: {block.claim!r}"
+        if block.kind == "python" and block.section == PIP_SECTION:
+            assert saved_file(block), f"{block.where}: the section's python is a file it runs"
+
+
+def test_blocks_claimed_for_ci_are_commands_of_ci_run():
+    ci = set(commands(CI_RUN.read_text(encoding="utf-8")))
+    claimed = [b for b in BLOCKS if b.claim == "run by .ci/run"]
+    assert claimed
+    for block in claimed:
+        for command in commands(block.text):
+            assert command in ci, f"{block.where}: `{command}` is not run by .ci/run"
+
+
+def test_the_pip_transcript_ran_the_section_as_written_and_passed():
+    section = [b for b in BLOCKS if b.section == PIP_SECTION]
+    recorded = [line[2:] for line in TRANSCRIPT.read_text().splitlines() if line.startswith("$ ")]
+    expected = []
+    for block in section:
+        name = saved_file(block)
+        if name:
+            expected.append(f"cat > {name}  # the README block that follows")
+        else:
+            expected += [line for line in block.text.splitlines() if line.strip()]
+    assert recorded == expected, "README changed: rerun scripts/pip-user-transcript"
+    text = TRANSCRIPT.read_text(encoding="utf-8")
+    train = next(b for b in section if saved_file(b) == "train.py")
+    assert train.text in text
+    assert text.rstrip().endswith("pip-user-transcript: OK, every command exited 0")
+
+
+def test_the_readme_train_py_is_examples_train_generated():
+    (train,) = [b for b in BLOCKS if saved_file(b) == "train.py"]
+    assert train.text == (REPO_ROOT / "examples" / "train_generated.py").read_text("utf-8")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("section", SECTIONS)
+def test_the_section_runs_as_written(section, tmp_path):
+    folder = tmp_path / "run"
+    if section == PIP_SECTION:
+        folder.mkdir()
+    else:
+        shutil.copytree(REPO_ROOT, folder, ignore=COPY_IGNORE, symlinks=True)
+        (folder / ".venv").symlink_to(REPO_ROOT / ".venv")
+    for block in (b for b in BLOCKS if b.section == section and b.claim not in NOT_RUN_HERE):
+        run_block(block, folder)
+    if section == "Development":  # it regenerated every golden: all were fresh
+        for goldens in ("tests/goldens", "tests/hostile", "tests/invalid_specs"):
+            assert_same_tree(REPO_ROOT / goldens, folder / goldens)
+
+
+def run_block(block: Block, folder: Path) -> None:
+    name = saved_file(block)
+    if name:
+        (folder / name).write_text(block.text, encoding="utf-8")
+        return
+    if block.claim == CHECKPOINT_CLAIM:
+        write_mixtral_checkpoint(folder / "path" / "to" / "Mixtral", layer=3)
+    if block.kind == "python":
+        (folder / "readme_block.py").write_text(block.text, encoding="utf-8")
+        args = ["python", "readme_block.py"]
+    else:
+        args = ["bash", "-euo", "pipefail", "-c", block.text]
+    result = subprocess.run(
+        args,
+        cwd=folder,
+        env=block_env(folder),
+        capture_output=True,
+        text=True,
+        timeout=TIME_LIMIT_S,
+        check=False,
+    )
+    assert result.returncode == 0, f"{block.where}:\n{block.text}\n{result.stdout}{result.stderr}"
+
+
+def block_env(folder: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "MOEGEN_DEBUG")}
+    env["PATH"] = f"{REPO_ROOT / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    # this checkout's moegen (the venv's editable install may be another worktree's)
+    root = folder if (folder / "moegen").is_dir() else REPO_ROOT
+    env["PYTHONPATH"] = str(root)
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def write_mixtral_checkpoint(path: Path, layer: int) -> None:
+    """One layer of a Mixtral-layout checkpoint sized as generated/mixtral_small_cpu."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    text = (REPO_ROOT / "generated" / "mixtral_small_cpu.py").read_text(encoding="utf-8")
+    size = {
+        k: int(re.search(rf"^{k} = (\d+)$", text, re.M)[1])
+        for k in ("EMBED_DIM", "FFN_DIM", "NUM_EXPERTS", "TOP_K")
+    }
+    d, f, e = size["EMBED_DIM"], size["FFN_DIM"], size["NUM_EXPERTS"]
+    rng = np.random.default_rng(0)
+    prefix = f"model.layers.{layer}.block_sparse_moe"
+    tensors = {f"{prefix}.gate.weight": rng.standard_normal((e, d), np.float32)}
+    for i in range(e):
+        for name, shape in (("w1", (f, d)), ("w3", (f, d)), ("w2", (d, f))):
+            tensors[f"{prefix}.experts.{i}.{name}.weight"] = (
+                rng.standard_normal(shape, np.float32) * 0.02
+            )
+    path.mkdir(parents=True)
+    save_file(tensors, str(path / "model.safetensors"))
+    config = {
+        "model_type": "mixtral",
+        "num_local_experts": e,
+        "hidden_size": d,
+        "intermediate_size": f,
+        "num_experts_per_tok": size["TOP_K"],
+    }
+    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+
+
+def assert_same_tree(expected: Path, actual: Path) -> None:
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    want, got = files(expected), files(actual)
+    assert sorted(want) == sorted(got)
+    changed = [name for name in want if want[name] != got[name]]
+    assert not changed, f"goldens the README's update command changed: {changed}"
