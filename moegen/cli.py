@@ -61,11 +61,22 @@ def cli() -> None:
 )
 @out_dir_option
 @click.option("--no-verify", is_flag=True, help="Skip the twin parity run and the compile.")
-def build(specs: tuple[Path, ...], out_dir: Path, no_verify: bool) -> None:
-    """Generate, verify and write the module of each SPEC (all or nothing)."""
+@click.option("--jobs", "-j", default=1, type=click.IntRange(1, 64), help="Specs verified at once.")
+@click.option("--reverify", is_flag=True, help="Verify again though a record of the module passed.")
+@click.option("--no-cache", is_flag=True, help="No verification records, no compilation cache.")
+def build(
+    specs: tuple[Path, ...],
+    out_dir: Path,
+    no_verify: bool,
+    jobs: int,
+    reverify: bool,
+    no_cache: bool,
+) -> None:
+    """Generate, verify and write the module of each SPEC (all or nothing). A module that
+    passed before (same bytes but for description and header) reuses its recorded verdict."""
     from moegen.pipeline import build as run_build
     from moegen.render import RenderError
-    from moegen.verify import VerifyError
+    from moegen.verify import MissingVerifier, VerifyCache, VerifyError
 
     current: list[str] = []
 
@@ -75,10 +86,17 @@ def build(specs: tuple[Path, ...], out_dir: Path, no_verify: bool) -> None:
             _err(spec)
         _err(f"  {step:<40} {seconds:7.2f} s  {_describe(details)}".rstrip())
 
+    cache = None if no_cache else VerifyCache(reuse=not reverify)
     try:
-        results = run_build(list(specs), out_dir, run_verify=not no_verify, progress=progress)
+        paths, verifying = list(specs), not no_verify
+        results = run_build(
+            paths, out_dir, run_verify=verifying, progress=progress, jobs=jobs, cache=cache
+        )
     except SpecError as err:
         _fail_invalid(err)
+    except MissingVerifier as err:
+        _err(f"cannot verify here; nothing written:\n{err}")
+        sys.exit(EXIT_FAILED)
     except (VerifyError, RenderError) as err:
         _err(f"verification failed; nothing written:\n{err}")
         sys.exit(EXIT_FAILED)
@@ -91,8 +109,11 @@ def build(specs: tuple[Path, ...], out_dir: Path, no_verify: bool) -> None:
 
 def _describe(step: Step | None) -> str:
     """One line for a verification step's figures."""
-    from moegen.verify.messages import Compiled, Lowered, MemoryVerdict, TwinParity
+    from moegen.verify.messages import Compiled, Lowered, MemoryVerdict, Reused, TwinParity
 
+    if isinstance(step, Reused):
+        when = step.verified_at.replace("T", " ")[:16]
+        return f"(verified {when}, reused: {step.reason}; --reverify to run it again)"
     if isinstance(step, TwinParity):
         return "; ".join(
             f"{c.case}: max rel err {c.max_relative_error:.1e}"

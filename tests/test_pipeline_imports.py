@@ -34,6 +34,7 @@ STAGE_OF = {
     "moegen.verify": "verify",
     "moegen.emit": "emit",
     "moegen.pipeline": "top",
+    "moegen.parallel": "top",
     "moegen.cli": "top",
     "moegen.__main__": "top",
     "moegen.check": "top",
