@@ -26,7 +26,7 @@ from moegen.verify import (
     stop_workers,
     verify,
 )
-from moegen.verify.preflight import preflight
+from moegen.verify.preflight import require_verifiers
 
 DEFAULT_SPEC_DIR = Path("specs")
 DEFAULT_OUT_DIR = Path("generated")
@@ -90,7 +90,7 @@ def build(
         results = [(i, generate(path, ordered.for_spec(i))) for i, path in enumerate(paths)]
         _refuse_collisions([(output_path(out_dir, g), g) for _, g in results])
         if run_verify:
-            preflight([(g.loaded, g.plan) for _, g in results])
+            require_verifiers([(g.loaded, g.plan) for _, g in results])
             tasks = [_verifying(i, g, ordered, cache) for i, g in results]
             verified = run_tasks(tasks, jobs, stop_workers)
         else:

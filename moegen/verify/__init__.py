@@ -47,7 +47,7 @@ from moegen.verify.messages import (
     WorkerFailed,
     decode,
 )
-from moegen.verify.preflight import MissingVerifier, preflight
+from moegen.verify.preflight import MissingVerifier, require_verifiers
 from moegen.verify.record import VerifyCache
 from moegen.verify.twin import TOLERANCES, TwinSpec, plan_twin, twin_of, twins_of
 from moegen.verify.verdict import PlanDefect, VerifyError, memory_verdict, peak_bytes
@@ -91,7 +91,7 @@ def verify(
     the worker JAX's persistent compilation cache; None: neither.
     """
     plan = make_plan(loaded) if plan is None else plan
-    preflight([(loaded, plan)], compiles=run_compiles)  # missing libtpu or TE: before twins
+    require_verifiers([(loaded, plan)], compiles=run_compiles)  # missing libtpu or TE: before twins
     # Scratch named after this process, so that a later run can remove it should this one be
     # SIGKILLed before its worker could (the worker removes it when it outlives moegen).
     interrupts.remove_leftovers(tempfile.gettempdir(), interrupts.SCRATCH_PREFIX)

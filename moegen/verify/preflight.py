@@ -67,7 +67,7 @@ def preflight_problems(
     return problems
 
 
-def preflight(checks: list[tuple[LoadedSpec, Plan]], *, compiles: bool = True) -> None:
+def require_verifiers(checks: list[tuple[LoadedSpec, Plan]], *, compiles: bool = True) -> None:
     """Raise MissingVerifier with every problem of every (spec, plan) before any work."""
     problems = [
         p for loaded, plan in checks for p in preflight_problems(loaded, plan, compiles=compiles)
