@@ -100,3 +100,10 @@ def test_build_without_verification_needs_no_libtpu(no_libtpu, no_worker, tmp_pr
     result = invoke_main("build", "--no-verify", "--out", out, TPU_SPEC, cwd=tmp_project)
     assert result.code == 0, result.output
     assert (tmp_project / out / "mixtral_8x7b_v5e.py").is_file()
+
+
+def test_the_libtpu_fix_names_the_pinned_version():
+    import tomllib
+
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert extras["optional-dependencies"]["tpu"] == [preflight.LIBTPU_PIN]

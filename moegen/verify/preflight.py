@@ -13,6 +13,7 @@ import importlib.util
 from moegen.diagnostics import Diagnostic
 from moegen.load import LoadedSpec
 from moegen.plan import Plan
+from moegen.verify import cuda
 from moegen.verify.verdict import VerifyError
 
 LIBTPU_PIN = "libtpu==0.0.51"
@@ -35,8 +36,6 @@ def module_installed(name: str) -> bool:
 
 def missing_te() -> list[str]:
     """What keeps Transformer Engine from loading (moegen.verify.cuda; a seam for tests)."""
-    from moegen.verify import cuda
-
     return cuda.missing_te()
 
 
@@ -60,8 +59,8 @@ def preflight_problems(
             problems.append(
                 loaded.diagnostic(
                     ("target", "kernel"),
-                    "kernel te is lowered through Transformer Engine, which is not usable "
-                    f"here (missing: {'; '.join(missing)}): {TE_FIX}",
+                    f"kernel te: missing: {'; '.join(missing)}. Run {TE_FIX}; "
+                    f"otherwise: {cuda.TE_INSTALL_HINT}",
                 )
             )
     return problems
