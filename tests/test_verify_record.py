@@ -4,6 +4,7 @@ a miss, a corrupt record, atomic writes, and verify() reusing a record without a
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -257,3 +258,36 @@ def test_a_failed_verification_is_not_recorded(monkeypatch):
     with pytest.raises(moegen.verify.VerifyError):
         verify(generated.loaded, generated.source, plan=generated.plan, cache=VerifyCache())
     assert not record.records_dir().exists() or not list(record.records_dir().iterdir())
+
+
+# ---------------------------------------------------------------------------------------
+# the command line
+
+
+def _build(invoke_main, project: Path, *options: str):
+    return invoke_main("build", *options, "specs/mixtral_small_cpu.yaml", cwd=project)
+
+
+def test_cli_marks_a_reused_verification(counted_worker, tmp_project, invoke_main):
+    first = _build(invoke_main, tmp_project)
+    second = _build(invoke_main, tmp_project)
+    assert first.code == second.code == 0, first.output + second.output
+    assert len(counted_worker) == 1
+    [line] = [line for line in second.stderr.splitlines() if "reused" in line]
+    assert re.fullmatch(
+        r"  verify: reused record +0\.00 s  \(verified \d{4}-\d\d-\d\d \d\d:\d\d, reused: "
+        r"module unchanged; --reverify to run it again\)",
+        line,
+    ), line
+    recorded = [line for line in first.stderr.splitlines() if line.startswith("  verify:")]
+    assert all(line in second.stderr.splitlines() for line in recorded)
+    assert "wrote generated/mixtral_small_cpu.py" in second.stderr
+
+
+def test_cli_reverify_and_no_cache(counted_worker, tmp_project, invoke_main):
+    assert _build(invoke_main, tmp_project, "--no-cache").code == 0
+    assert not record.records_dir().exists()
+    assert _build(invoke_main, tmp_project).code == 0
+    again = _build(invoke_main, tmp_project, "--reverify")
+    assert again.code == 0 and "reused" not in again.stderr, again.output
+    assert len(counted_worker) == 3
