@@ -77,6 +77,7 @@ def build(
     from moegen.pipeline import build as run_build
     from moegen.render import RenderError
     from moegen.verify import MissingVerifier, VerifyCache, VerifyError
+    from moegen.verify.describe import describe_step
 
     current: list[str] = []
 
@@ -84,7 +85,7 @@ def build(
         if current[-1:] != [spec]:
             current.append(spec)
             _err(spec)
-        _err(f"  {step:<40} {seconds:7.2f} s  {_describe(details)}".rstrip())
+        _err(f"  {step:<40} {seconds:7.2f} s  {describe_step(details)}".rstrip())
 
     cache = None if no_cache else VerifyCache(reuse=not reverify)
     try:
@@ -105,52 +106,6 @@ def build(
         sys.exit(EXIT_FAILED)
     for target, _ in results:
         _err(f"  wrote {target}" + ("" if not no_verify else " (not verified)"))
-
-
-def _describe(step: Step | None) -> str:
-    """One line for a verification step's figures."""
-    from moegen.verify.messages import Compiled, Lowered, MemoryVerdict, Reused, TwinParity
-
-    if isinstance(step, Reused):
-        when = step.verified_at.replace("T", " ")[:16]
-        return f"(verified {when}, reused: {step.reason}; --reverify to run it again)"
-    if isinstance(step, TwinParity):
-        return "; ".join(
-            f"{c.case}: max rel err {c.max_relative_error:.1e}"
-            + (
-                f", {len(c.starved_experts)} experts got 0 tokens"
-                if c.starved_experts is not None
-                else ""
-            )
-            + (f", {c.dropped} copies dropped" if c.dropped else "")
-            for c in step.cases
-        )
-    if isinstance(step, MemoryVerdict):
-        return step.verdict
-    if isinstance(step, Lowered):
-        calls = ", ".join(f"{name} x{n}" for name, n in step.te_calls.items())
-        return f"SM {step.sm / 10:.1f}: {calls}"
-    if isinstance(step, Compiled):
-        mib = {k: v / 2**20 for k, v in step.memory.to_json().items()}
-        text = (
-            f"per device: args {mib['argument']:.1f} MiB, out {mib['output']:.1f} MiB, "
-            f"temp {mib['temp']:.1f} MiB"
-        )
-        if step.transfers is not None:
-            text += (
-                f"; {step.hidden_transfers} of {step.transfers} ring transfers "
-                "overlap a grouped matmul"
-            )
-        if step.flops:
-            text += f"; {step.flops:.3e} FLOPs, {step.bytes_accessed:.3e} bytes"
-        coll = step.collectives
-        if coll and coll.total:
-            text += (
-                f"; collectives {coll.total}: {coll.hidden} with compute inside, "
-                f"{coll.exposed} exposed"
-            )
-        return text
-    return ""  # import, and a compiler's refusal (the verdict that follows says it all)
 
 
 @cli.command(name="validate")
@@ -233,6 +188,7 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool) -> None:
     from moegen.pipeline import generate
     from moegen.plan import format_plan
     from moegen.verify import VerifyError, verify
+    from moegen.verify.describe import describe_step
     from moegen.verify.messages import Imported
 
     try:
@@ -254,7 +210,7 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool) -> None:
         return
     click.echo(format_plan(plan))
     for step in compiled:
-        click.echo(f"  {step.step:<26} {_describe(step)}")
+        click.echo(f"  {step.step:<26} {describe_step(step)}")
 
 
 @cli.command(name="tune")
