@@ -61,11 +61,23 @@ def cli() -> None:
 )
 @out_dir_option
 @click.option("--no-verify", is_flag=True, help="Skip the twin parity run and the compile.")
-def build(specs: tuple[Path, ...], out_dir: Path, no_verify: bool) -> None:
-    """Generate, verify and write the module of each SPEC (all or nothing)."""
+@click.option("--jobs", "-j", default=1, type=click.IntRange(1, 64), help="Specs verified at once.")
+@click.option("--reverify", is_flag=True, help="Verify again though a record of the module passed.")
+@click.option("--no-cache", is_flag=True, help="No verification records, no compilation cache.")
+def build(
+    specs: tuple[Path, ...],
+    out_dir: Path,
+    no_verify: bool,
+    jobs: int,
+    reverify: bool,
+    no_cache: bool,
+) -> None:
+    """Generate, verify and write the module of each SPEC (all or nothing). A module that
+    passed before (same bytes but for description and header) reuses its recorded verdict."""
     from moegen.pipeline import build as run_build
     from moegen.render import RenderError
-    from moegen.verify import VerifyError
+    from moegen.verify import MissingVerifier, VerifyCache, VerifyError
+    from moegen.verify.describe import describe_step
 
     current: list[str] = []
 
@@ -73,12 +85,19 @@ def build(specs: tuple[Path, ...], out_dir: Path, no_verify: bool) -> None:
         if current[-1:] != [spec]:
             current.append(spec)
             _err(spec)
-        _err(f"  {step:<40} {seconds:7.2f} s  {_describe(details)}".rstrip())
+        _err(f"  {step:<40} {seconds:7.2f} s  {describe_step(details)}".rstrip())
 
+    cache = None if no_cache else VerifyCache(reuse=not reverify)
     try:
-        results = run_build(list(specs), out_dir, run_verify=not no_verify, progress=progress)
+        paths, verifying = list(specs), not no_verify
+        results = run_build(
+            paths, out_dir, run_verify=verifying, progress=progress, jobs=jobs, cache=cache
+        )
     except SpecError as err:
         _fail_invalid(err)
+    except MissingVerifier as err:
+        _err(f"cannot verify here; nothing written:\n{err}")
+        sys.exit(EXIT_FAILED)
     except (VerifyError, RenderError) as err:
         _err(f"verification failed; nothing written:\n{err}")
         sys.exit(EXIT_FAILED)
@@ -87,49 +106,6 @@ def build(specs: tuple[Path, ...], out_dir: Path, no_verify: bool) -> None:
         sys.exit(EXIT_FAILED)
     for target, _ in results:
         _err(f"  wrote {target}" + ("" if not no_verify else " (not verified)"))
-
-
-def _describe(step: Step | None) -> str:
-    """One line for a verification step's figures."""
-    from moegen.verify.messages import Compiled, Lowered, MemoryVerdict, TwinParity
-
-    if isinstance(step, TwinParity):
-        return "; ".join(
-            f"{c.case}: max rel err {c.max_relative_error:.1e}"
-            + (
-                f", {len(c.starved_experts)} experts got 0 tokens"
-                if c.starved_experts is not None
-                else ""
-            )
-            + (f", {c.dropped} copies dropped" if c.dropped else "")
-            for c in step.cases
-        )
-    if isinstance(step, MemoryVerdict):
-        return step.verdict
-    if isinstance(step, Lowered):
-        calls = ", ".join(f"{name} x{n}" for name, n in step.te_calls.items())
-        return f"SM {step.sm / 10:.1f}: {calls}"
-    if isinstance(step, Compiled):
-        mib = {k: v / 2**20 for k, v in step.memory.to_json().items()}
-        text = (
-            f"per device: args {mib['argument']:.1f} MiB, out {mib['output']:.1f} MiB, "
-            f"temp {mib['temp']:.1f} MiB"
-        )
-        if step.transfers is not None:
-            text += (
-                f"; {step.hidden_transfers} of {step.transfers} ring transfers "
-                "overlap a grouped matmul"
-            )
-        if step.flops:
-            text += f"; {step.flops:.3e} FLOPs, {step.bytes_accessed:.3e} bytes"
-        coll = step.collectives
-        if coll and coll.total:
-            text += (
-                f"; collectives {coll.total}: {coll.hidden} with compute inside, "
-                f"{coll.exposed} exposed"
-            )
-        return text
-    return ""  # import, and a compiler's refusal (the verdict that follows says it all)
 
 
 @cli.command(name="validate")
@@ -212,6 +188,7 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool) -> None:
     from moegen.pipeline import generate
     from moegen.plan import format_plan
     from moegen.verify import VerifyError, verify
+    from moegen.verify.describe import describe_step
     from moegen.verify.messages import Imported
 
     try:
@@ -233,7 +210,7 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool) -> None:
         return
     click.echo(format_plan(plan))
     for step in compiled:
-        click.echo(f"  {step.step:<26} {_describe(step)}")
+        click.echo(f"  {step.step:<26} {describe_step(step)}")
 
 
 @cli.command(name="tune")

@@ -14,10 +14,19 @@ from pathlib import Path
 
 from moegen.emit import recover, write_all
 from moegen.load import LoadedSpec, load_spec
+from moegen.parallel import OrderedProgress, TaskFailed, run_tasks
 from moegen.plan import Plan, make_plan
 from moegen.render import render
 from moegen.validate import validate
-from moegen.verify import Step, VerifyReport, verify
+from moegen.verify import (
+    Step,
+    VerifyCache,
+    VerifyReport,
+    allow_workers,
+    stop_workers,
+    verify,
+)
+from moegen.verify.preflight import require_verifiers
 
 DEFAULT_SPEC_DIR = Path("specs")
 DEFAULT_OUT_DIR = Path("generated")
@@ -59,32 +68,65 @@ def output_path(out_dir: Path, generated: Generated) -> Path:
 
 
 def build(
-    paths: list[Path], out_dir: Path, *, run_verify: bool = True, progress: Progress | None = None
+    paths: list[Path],
+    out_dir: Path,
+    *,
+    run_verify: bool = True,
+    progress: Progress | None = None,
+    jobs: int = 1,
+    cache: VerifyCache | None = None,
 ) -> list[tuple[Path, Generated]]:
     """Generate and verify every spec, then write all modules; nothing is written on failure.
 
+    Every spec is generated, and checked for what its verification needs installed, before
+    any is verified; `jobs` specs are verified at a time (moegen.parallel), the report kept in
+    spec order. `cache`: reuse records of passed verifications (moegen.verify.record).
     The write is one atomic exchange of `out_dir` (moegen.emit); what killed builds left
     beside it is cleared first, so that a failing build does not keep it either.
     """
-    note = progress or (lambda *args: None)
     recover(out_dir)
-    results = []
-    for path in paths:
-        generated = generate(path, progress)
+    ordered = OrderedProgress(progress or (lambda *args: None), len(paths))
+    try:
+        results = [(i, generate(path, ordered.for_spec(i))) for i, path in enumerate(paths)]
+        _refuse_collisions([(output_path(out_dir, g), g) for _, g in results])
         if run_verify:
-            display = generated.loaded.source.display
+            require_verifiers([(g.loaded, g.plan) for _, g in results])
+            tasks = [_verifying(i, g, ordered, cache) for i, g in results]
+            verified = run_tasks(tasks, jobs, stop_workers)
+        else:
+            verified = [g for _, g in results]
+    except TaskFailed as failed:
+        ordered.flush(last=failed.index)
+        raise failed.error from None
+    except BaseException:
+        ordered.flush()
+        raise
+    finally:
+        allow_workers()
+    ordered.flush()
+    written = [(output_path(out_dir, g), g) for g in verified]
+    write_all({target: g.source for target, g in written}, out_dir=out_dir)
+    return written
 
-            def on_step(step: Step, display: str = display) -> None:
-                note(display, f"verify: {step.step}", step.seconds, step)
 
-            report = verify(
-                generated.loaded, generated.source, plan=generated.plan, on_step=on_step
-            )
-            generated = Generated(generated.loaded, generated.plan, generated.source, report)
-        results.append((output_path(out_dir, generated), generated))
-    _refuse_collisions(results)
-    write_all({target: generated.source for target, generated in results}, out_dir=out_dir)
-    return results
+def _verifying(
+    index: int, generated: Generated, ordered: OrderedProgress, cache: VerifyCache | None
+) -> Callable[[], Generated]:
+    """The task that verifies one generated spec, its steps reported as spec `index`."""
+    display = generated.loaded.source.display
+    note = ordered.for_spec(index)
+
+    def on_step(step: Step) -> None:
+        note(display, f"verify: {step.step}", step.seconds, step)
+
+    def task() -> Generated:
+        report = verify(
+            generated.loaded, generated.source, plan=generated.plan, on_step=on_step, cache=cache
+        )
+        ordered.finish(index)
+        return Generated(generated.loaded, generated.plan, generated.source, report)
+
+    return task
 
 
 def _refuse_collisions(results: list[tuple[Path, Generated]]) -> None:

@@ -54,6 +54,14 @@ def run_moegen(
     )
 
 
+@pytest.fixture(autouse=True)
+def _own_build_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Each test its own moegen cache (verification records, JAX's compilation cache), for
+    itself and the moegen processes it starts: no test reuses another's verdict, none
+    touches the user's ~/.cache/moegen."""
+    monkeypatch.setenv("MOEGEN_CACHE_DIR", str(tmp_path_factory.mktemp("moegen-cache")))
+
+
 @pytest.fixture(name="run_moegen")
 def _run_moegen_fixture() -> Callable[..., subprocess.CompletedProcess[str]]:
     return run_moegen

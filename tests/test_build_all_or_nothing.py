@@ -25,7 +25,7 @@ def temp_files(directory: Path) -> list[str]:
 def _fake_verify(failing: str):
     seen = []
 
-    def verify(loaded, source, *, plan, on_step=lambda step: None, timeout_s=None):
+    def verify(loaded, source, *, plan, on_step=lambda step: None, timeout_s=None, cache=None):
         assert plan.module_name == loaded.source.name  # the plan the source came from
         seen.append(loaded.source.name)
         if loaded.source.name == failing:

@@ -31,14 +31,18 @@ STAGE_OF = {
     "moegen.variants": "validate",  # a spec with fields changed, validated again
     "moegen.plan": "plan",
     "moegen.render": "render",
+    "moegen.render_variants": "render",  # a shape variant's statements beside the main ones
     "moegen.verify": "verify",
     "moegen.emit": "emit",
     "moegen.pipeline": "top",
+    "moegen.parallel": "top",
     "moegen.cli": "top",
     "moegen.__main__": "top",
     "moegen.check": "top",
     "moegen.tune": "top",
     "moegen.schema": "top",
+    "moegen.init": "top",  # a starter spec, validated before it is written
+    "moegen.install_te": "top",  # runs the shipped TE installer
 }
 BASE = {"moegen", "moegen.interrupts", "moegen.hardware", "moegen.sizes", "moegen.tiling"}
 # packages used at run time beside generated modules, not by the pipeline: no stage, and they

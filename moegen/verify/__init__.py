@@ -17,11 +17,13 @@ benchmark uses only these; the rest of the package is its own business.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,12 +32,14 @@ from moegen import interrupts
 from moegen.load import LoadedSpec
 from moegen.plan import Plan, make_plan
 from moegen.render import render
+from moegen.verify import record
 from moegen.verify.messages import (
     PROGRAMS,
     CudaTarget,
     Job,
     MemoryVerdict,
     Message,
+    Reused,
     Step,
     TpuTarget,
     TwinJob,
@@ -43,13 +47,15 @@ from moegen.verify.messages import (
     WorkerFailed,
     decode,
 )
+from moegen.verify.preflight import MissingVerifier, require_verifiers
+from moegen.verify.record import VerifyCache
 from moegen.verify.twin import TOLERANCES, TwinSpec, plan_twin, twin_of, twins_of
 from moegen.verify.verdict import PlanDefect, VerifyError, memory_verdict, peak_bytes
 
 __all__ = [
-    "TOLERANCES", "PlanDefect", "Step", "TwinSpec", "VerifyError", "VerifyReport",
-    "memory_verdict", "peak_bytes", "plan_twin", "reference_config", "tpu_target", "twin_of",
-    "twins_of", "verify",
+    "TOLERANCES", "MissingVerifier", "PlanDefect", "Step", "TwinSpec", "VerifyCache",
+    "VerifyError", "VerifyReport", "allow_workers", "memory_verdict", "peak_bytes", "plan_twin",
+    "reference_config", "stop_workers", "tpu_target", "twin_of", "twins_of", "verify",
 ]  # fmt: skip
 
 DEFAULT_TIMEOUT_S = 1800
@@ -72,6 +78,7 @@ def verify(
     run_twins: bool = True,
     run_compiles: bool = True,
     compile_forward: bool = True,
+    cache: VerifyCache | None = None,
 ) -> VerifyReport:
     """Verify `source`, rendered from `plan` (the plan of `loaded`); raise VerifyError on the
     first failure. The pipeline passes the plan it rendered; other callers may leave it out,
@@ -80,39 +87,33 @@ def verify(
     `run_twins=False` only imports and compiles (what `moegen plan --compile` shows);
     `run_compiles=False` only imports and runs the twins (no memory verdict then);
     `compile_forward=False` compiles forward+backward alone (all `moegen tune` scores).
+    `cache` (moegen.verify.record): reuse and keep records of passed verifications, and give
+    the worker JAX's persistent compilation cache; None: neither.
     """
     plan = make_plan(loaded) if plan is None else plan
+    require_verifiers([(loaded, plan)], compiles=run_compiles)  # missing libtpu or TE: before twins
     # Scratch named after this process, so that a later run can remove it should this one be
     # SIGKILLed before its worker could (the worker removes it when it outlives moegen).
     interrupts.remove_leftovers(tempfile.gettempdir(), interrupts.SCRATCH_PREFIX)
     scratch_prefix = f"{interrupts.SCRATCH_PREFIX}{interrupts.owner_token()}-"
     with tempfile.TemporaryDirectory(prefix=scratch_prefix, ignore_cleanup_errors=True) as tmp:
-        workdir = Path(tmp)
-        module_path = workdir / f"{plan.module_name}.py"
-        module_path.write_text(source, encoding="utf-8")
-        twins = []
-        for i, (label, twin, tolerance) in enumerate(_twins((loaded, plan)) if run_twins else []):
-            path = workdir / f"twin_{i}.py"
-            twin_plan = plan_twin(twin, plan)
-            path.write_text(render(twin_plan), encoding="utf-8")
-            twins.append(TwinJob(str(path), label, tolerance, reference_config(twin_plan)))
-            for variant in twin_plan.variants:  # the same twin module, each variant's function
-                cfg = reference_config(variant.plan)
-                twins.append(TwinJob(str(path), label, tolerance, cfg, variant.name))
-        job = Job(
-            module=str(module_path),
-            twins=tuple(twins),
-            compile=run_compiles,
-            programs=PROGRAMS if compile_forward else ("forward+backward",),
-            cuda=_cuda_target(plan),
-            tpu=tpu_target(plan),
-            variants=tuple(variant.name for variant in plan.variants),
-        )
-        job_path = workdir / "job.json"
-        job_path.write_text(json.dumps(job.to_json()), encoding="utf-8")
-        report = _run_worker(job_path, plan.mesh.num_devices, on_step, timeout_s)
-    for label, shape_plan, steps in _steps_by_shape(plan, report) if run_compiles else ():
-        verdict = memory_verdict(shape_plan, VerifyReport(steps=steps))
+        job, sources = _write_job(Path(tmp), loaded, source, plan, run_twins, cache)
+        job = dataclasses.replace(job, compile=run_compiles, programs=_programs(compile_forward))
+        key = record.record_key(job, sources, plan.mesh.num_devices) if cache else ""
+        reused = record.load_record(key) if cache and cache.reuse else None
+        if reused is not None:
+            report = _replay(reused, source, on_step)
+        else:
+            job_path = Path(tmp) / "job.json"
+            job_path.write_text(json.dumps(job.to_json()), encoding="utf-8")
+            report = _run_worker(job_path, plan.mesh.num_devices, on_step, timeout_s)
+    verdicts = [
+        (label, memory_verdict(shape_plan, VerifyReport(steps=steps)))
+        for label, shape_plan, steps in (_steps_by_shape(plan, report) if run_compiles else ())
+    ]
+    if cache and reused is None:
+        record.store_record(record.new_record(key, source, report.steps))
+    for label, verdict in verdicts:
         if verdict:
             report.steps.append(MemoryVerdict(f"memory verdict{label}", 0.0, verdict))
             on_step(report.steps[-1])
@@ -128,6 +129,55 @@ def _steps_by_shape(plan: Plan, report: VerifyReport) -> list[tuple[str, Plan, l
         label = next((label for label in labels if step.step.endswith(label)), "")
         steps[label].append(step)
     return [(label, labels.get(label, plan), steps[label]) for label in steps]
+
+
+def _programs(compile_forward: bool) -> tuple[str, ...]:
+    return PROGRAMS if compile_forward else ("forward+backward",)
+
+
+def _write_job(
+    workdir: Path,
+    loaded: LoadedSpec,
+    source: str,
+    plan: Plan,
+    run_twins: bool,
+    cache: VerifyCache | None,
+) -> tuple[Job, dict[str, str]]:
+    """The module and its twins written into `workdir`, the job that checks them, and each
+    path's text (the record key reads it)."""
+    module_path = workdir / f"{plan.module_name}.py"
+    module_path.write_text(source, encoding="utf-8")
+    sources = {str(module_path): source}
+    twins = []
+    for i, (label, twin, tolerance) in enumerate(_twins((loaded, plan)) if run_twins else []):
+        path = workdir / f"twin_{i}.py"
+        twin_plan = plan_twin(twin, plan)
+        sources[str(path)] = render(twin_plan)
+        path.write_text(sources[str(path)], encoding="utf-8")
+        twins.append(TwinJob(str(path), label, tolerance, reference_config(twin_plan)))
+        for variant in twin_plan.variants:  # the same twin module, each variant's function
+            cfg = reference_config(variant.plan)
+            twins.append(TwinJob(str(path), label, tolerance, cfg, variant.name))
+    job = Job(
+        module=str(module_path),
+        twins=tuple(twins),
+        cuda=_cuda_target(plan),
+        tpu=tpu_target(plan),
+        variants=tuple(variant.name for variant in plan.variants),
+        compilation_cache=str(record.compilation_cache_dir()) if cache else None,
+    )
+    return job, sources
+
+
+def _replay(reused: record.Record, source: str, on_step: OnStep) -> VerifyReport:
+    """The recorded steps, after a step that says they were reused and from when."""
+    same = reused.module_sha256 == record.module_sha256(source)
+    reason = "module unchanged" if same else "module unchanged but for its description or header"
+    report = VerifyReport()
+    for step in (Reused("reused record", 0.0, reused.verified_at, reason), *reused.steps):
+        report.steps.append(step)
+        on_step(step)
+    return report
 
 
 def _cuda_target(plan: Plan) -> CudaTarget | None:
@@ -199,19 +249,61 @@ def _run_worker(
     env[interrupts.SCRATCH_ENV] = str(job_path.parent)
     command = [sys.executable, "-c", _WORKER_MAIN, str(job_path)]
     report = VerifyReport()
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    ) as proc:
+    with _WORKERS.start(command, env) as proc:
         try:
             messages, stderr = _collect(proc, report, on_step, timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise VerifyError(f"verification timed out after {timeout:.0f} s") from None
+        finally:
+            _WORKERS.forget(proc)
+    if _WORKERS.stopped:
+        raise VerifyError("verification stopped")
     if proc.returncode != 0:
         errors = [message for message in messages if isinstance(message, WorkerFailed)]
         detail = errors[-1].error if errors else stderr.strip()[-4000:]
         raise VerifyError(detail or f"verifier exited with code {proc.returncode}")
     return report
+
+
+class _Workers:
+    """The verify workers running now, so that a build verifying several specs at once (one
+    thread each) can stop them all when one fails or the user interrupts it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: set[subprocess.Popen[str]] = set()
+        self.stopped = False
+
+    def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+        with self._lock:
+            if self.stopped:
+                raise VerifyError("verification stopped")
+            proc = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            )
+            self._live.add(proc)
+            return proc
+
+    def forget(self, proc: subprocess.Popen[str]) -> None:
+        with self._lock:
+            self._live.discard(proc)
+
+    def stop(self) -> None:
+        """Kill every live worker; no new one starts until `allow`."""
+        with self._lock:
+            self.stopped = True
+            for proc in self._live:
+                if proc.poll() is None:
+                    proc.kill()
+
+    def allow(self) -> None:
+        with self._lock:
+            self.stopped = False
+
+
+_WORKERS = _Workers()
+stop_workers, allow_workers = _WORKERS.stop, _WORKERS.allow
 
 
 _WORKER_MAIN = (
@@ -235,8 +327,6 @@ def _collect(
     on_step: OnStep,
     timeout: float,
 ) -> tuple[list[Message], str]:
-    import threading
-
     messages: list[Message] = []
     stderr_chunks: list[str] = []
     drain = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read()), daemon=True)

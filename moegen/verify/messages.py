@@ -117,6 +117,7 @@ class Job(Message):
     cuda: CudaTarget | None = None  # lower for CUDA with TE instead of compiling
     tpu: TpuTarget | None = None  # compile for this slice on compile-only TPU devices
     variants: tuple[str, ...] = ()  # shape variants compiled too, after the main shape
+    compilation_cache: str | None = None  # JAX's persistent cache for the CPU compiles
 
     @classmethod
     def _field(cls, name: str, value: Any) -> Any:
@@ -253,6 +254,15 @@ class MemoryVerdict(Step):
 
 
 @dataclasses.dataclass(frozen=True, eq=True)
+class Reused(Step):
+    """No worker ran: a record of the same verification passed (moegen.verify.record); the
+    recorded steps follow, with their figures and times as they were measured then."""
+
+    verified_at: str = ""  # ISO 8601
+    reason: str = ""  # "module unchanged", or unchanged but for its header and description
+
+
+@dataclasses.dataclass(frozen=True, eq=True)
 class WorkerFailed(Message):
     """A check failed, or generated code raised: the worker's last line."""
 
@@ -298,6 +308,8 @@ def as_step(step: Mapping[str, Any]) -> Step:
         return TwinParity.from_json(step)
     if name == "memory verdict":
         return MemoryVerdict.from_json(step)
+    if name == "reused record":
+        return Reused.from_json(step)
     if name.startswith("lower "):
         return Lowered.from_json(step)
     if name.startswith("compile "):

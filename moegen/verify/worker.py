@@ -251,12 +251,31 @@ def full_size_programs(
     return params, x, programs
 
 
+CACHE_MAX_BYTES = 2 * 2**30
+
+
+def use_compilation_cache(directory: str | None) -> None:
+    """JAX's persistent compilation cache in `directory` for this worker's CPU compiles (the
+    twins' programs; the full-size ones of cpu targets), every program however quick."""
+    if directory is None:
+        return
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
+
+
 def compile_full(
     module: ModuleType,
     tpu: TpuTarget | None,
     names: tuple[str, ...] = PROGRAMS,
     variant: str | None = None,
 ) -> None:
+    if tpu is not None:
+        # A compile-only TPU executable cannot be read back ("PjRtCompiler must be constructed
+        # with a Client to call DeserializeLoadedExecutable"): its entries would only fill the
+        # cache. The verification record is what spares an unchanged TPU module its compile.
+        jax.config.update("jax_enable_compilation_cache", False)
     shape = shape_of(module, variant)
     params, x, programs = full_size_programs(module, target_devices(module, tpu), shape)
     for name in names:
@@ -336,6 +355,7 @@ def lower_for_cuda(
 
 def main(job_path: str) -> int:
     job = Job.from_json(json.loads(Path(job_path).read_text()))
+    use_compilation_cache(job.compilation_cache)
     try:
         start = time.perf_counter()
         # A te module imports Transformer Engine, which only the CUDA lowering needs: the

@@ -1,0 +1,218 @@
+"""Verification records: a passed verification kept, so that an unchanged module is not
+verified again.
+
+A record is keyed by a SHA-256 over everything that shapes the module's verdict: the bytes
+of the full-size module and of its twins, minus what no check reads (the header comments
+naming the spec file and its hash, and the `SPEC_DESCRIPTION` string: a description-only
+edit is a hit), the job the worker would run (twin labels, tolerances, reference settings,
+programs, TPU slice or CUDA target), the device count, the environment the worker reads
+(XLA_FLAGS, LIBTPU_INIT_ARGS), the pinned versions (Python, jax, jaxlib, libtpu for TPU
+targets, Transformer Engine for `te`, moegen) and the source of the verifier itself
+(moegen/verify/*.py). It holds the steps the worker reported, so that a reused build prints
+the same figures; the memory verdict is recomputed from them. Only passes are recorded.
+
+Records live in `$MOEGEN_CACHE_DIR/verify/records` (default `$XDG_CACHE_HOME/moegen`, else
+`~/.cache/moegen`), never beside the generated modules. Writes are atomic (a temporary in
+the same directory, fsynced, renamed over); a record that cannot be read, parsed or decoded
+is a miss, never an error.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import datetime
+import hashlib
+import importlib.metadata
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+from moegen import __version__, interrupts
+from moegen.verify.messages import Job, Step, as_step
+
+CACHE_ENV = "MOEGEN_CACHE_DIR"
+RECORD_FORMAT = 1
+WORKER_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
+_TEMP_MARK = ".tmp-"
+_HEADER_PREFIXES = ("# spec-sha256:", "# spec:")
+_DESCRIPTION_NAME = "SPEC_DESCRIPTION"
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyCache:
+    """What a verification may use: `reuse` a matching record (False: --reverify verifies
+    again, and records the new result); records are written and JAX's compilation cache used
+    either way. `moegen build --no-cache` passes no VerifyCache at all."""
+
+    reuse: bool = True
+
+
+def cache_root() -> Path:
+    """moegen's cache directory: $MOEGEN_CACHE_DIR, $XDG_CACHE_HOME/moegen or ~/.cache/moegen."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "moegen"
+
+
+def records_dir() -> Path:
+    return cache_root() / "verify" / "records"
+
+
+def compilation_cache_dir() -> Path:
+    """JAX's persistent compilation cache for the verify workers' CPU compiles."""
+    return cache_root() / "verify" / "jax"
+
+
+def verified_text(source: str) -> str:
+    """`source` without what no verification step reads: the spec's path and hash in the
+    header comments, and the value of SPEC_DESCRIPTION (kept as a placeholder line)."""
+    lines = source.splitlines(keepends=True)
+    for i, line in enumerate(lines[:3]):
+        if line.startswith(_HEADER_PREFIXES):
+            lines[i] = line.split(":", 1)[0] + ":\n"
+    start, end = _description_lines(source)
+    if start is not None:
+        lines[start:end] = [f"{_DESCRIPTION_NAME} = ...\n"]
+    return "".join(lines)
+
+
+def _description_lines(source: str) -> tuple[int | None, int]:
+    """The 0-based line range of the top-level `SPEC_DESCRIPTION = ...` (None: not there)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None, 0
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and [getattr(t, "id", None) for t in node.targets] == [_DESCRIPTION_NAME]
+            and isinstance(node.value, ast.Constant)
+        ):
+            return node.lineno - 1, node.end_lineno or node.lineno
+    return None, 0
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def pinned_versions(job: Job) -> dict[str, str | None]:
+    """The versions the verdict depends on for this job."""
+    dists = ["jax", "jaxlib"]
+    if job.tpu is not None:
+        dists.append("libtpu")
+    if job.cuda is not None:
+        dists += ["transformer_engine", "transformer_engine_cu12", "transformer_engine_jax"]
+    versions = {dist: _version(dist) for dist in dists}
+    versions["python"] = ".".join(map(str, sys.version_info[:2]))
+    versions["moegen"] = __version__
+    return versions
+
+
+def verifier_digest() -> str:
+    """SHA-256 of moegen/verify/*.py: a changed verifier must not trust old verdicts."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def record_key(job: Job, sources: Mapping[str, str], num_devices: int) -> str:
+    """The key of a verification: `sources` maps each module path in `job` to its text."""
+    content = {
+        "format": RECORD_FORMAT,
+        "job": _job_with_contents(job, sources),
+        "num_devices": num_devices,
+        "env": {name: os.environ.get(name, "") for name in WORKER_ENV},
+        "versions": pinned_versions(job),
+        "verifier": verifier_digest(),
+    }
+    return _sha256(json.dumps(content, sort_keys=True))
+
+
+def _job_with_contents(job: Job, sources: Mapping[str, str]) -> dict[str, Any]:
+    """The job's JSON with each module path replaced by the digest of its verified text."""
+    data = job.to_json()
+    data.pop("compilation_cache", None)  # where the cache is shapes no verdict
+    data["module"] = _sha256(verified_text(sources[job.module]))
+    data["twins"] = [
+        {**twin, "path": _sha256(verified_text(sources[twin["path"]]))} for twin in data["twins"]
+    ]
+    return data
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """A passed verification: the worker's steps, when, and the exact module it checked."""
+
+    key: str
+    verified_at: str  # ISO 8601, local time, to the second
+    module_sha256: str  # of the module exactly as rendered (header and description too)
+    steps: tuple[Step, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": RECORD_FORMAT,
+            "key": self.key,
+            "verified_at": self.verified_at,
+            "module_sha256": self.module_sha256,
+            "steps": [step.to_json() for step in self.steps],
+        }
+
+
+def new_record(key: str, source: str, steps: Iterable[Step]) -> Record:
+    now = datetime.datetime.now().astimezone().replace(microsecond=0)
+    return Record(key, now.isoformat(), _sha256(source), tuple(steps))
+
+
+def module_sha256(source: str) -> str:
+    return _sha256(source)
+
+
+def _path(key: str) -> Path:
+    return records_dir() / f"{key}.json"
+
+
+def load_record(key: str) -> Record | None:
+    """The record for `key`, or None when there is none or it cannot be trusted."""
+    try:
+        data = json.loads(_path(key).read_text(encoding="utf-8"))
+        if data.get("format") != RECORD_FORMAT or data.get("key") != key:
+            return None
+        steps = tuple(as_step(step) for step in data["steps"])
+        return Record(key, str(data["verified_at"]), str(data["module_sha256"]), steps)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def store_record(record: Record) -> None:
+    """Write `record` atomically; a cache that cannot be written is skipped, not fatal."""
+    directory = records_dir()
+    with suppress(OSError):
+        directory.mkdir(parents=True, exist_ok=True)
+        interrupts.remove_leftovers(directory, _TEMP_MARK)
+        prefix = f".{record.key[:16]}{_TEMP_MARK}{interrupts.owner_token()}-"
+        fd, temp = tempfile.mkstemp(dir=directory, prefix=prefix)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(record.to_json(), handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, _path(record.key))
+        finally:
+            with suppress(FileNotFoundError):
+                os.unlink(temp)
