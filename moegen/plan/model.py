@@ -19,7 +19,6 @@ from moegen.plan.network import NetworkPlan
 from moegen.plan.params import ParamPlan, PartitionSpec
 from moegen.plan.roofline import Roofline
 from moegen.plan.router import RouterPlan
-from moegen.plan.variants import VariantPlan
 
 
 @dataclass(frozen=True)
@@ -69,3 +68,17 @@ class Plan:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class VariantPlan:
+    """One shape variant: its names in the module and its whole plan."""
+
+    name: str
+    function: str  # moe_layer_NAME
+    suffix: str  # _NAME, added to the module's functions that depend on the shape
+    constant_suffix: str  # _NAME upper-cased, added to the shape-dependent constants
+    batch: int
+    seq_len: int
+    input_shape: tuple[int, int, int]
+    plan: Plan

@@ -7,28 +7,11 @@ tiles, FFN slices, costs and memory); the module shares what does not depend on 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
 from moegen.load import LoadedSpec
-from moegen.validate.shape_variants import shape_variants
-
-if TYPE_CHECKING:
-    from moegen.plan.model import Plan
-
-
-@dataclass(frozen=True)
-class VariantPlan:
-    """One shape variant: its names in the module and its whole plan."""
-
-    name: str
-    function: str  # moe_layer_NAME
-    suffix: str  # _NAME, added to the module's functions that depend on the shape
-    constant_suffix: str  # _NAME upper-cased, added to the shape-dependent constants
-    batch: int
-    seq_len: int
-    input_shape: tuple[int, int, int]
-    plan: Plan
+from moegen.load.shape_variants import shape_variants
+from moegen.plan.model import Plan, VariantPlan
 
 
 def variant_plans(

@@ -14,37 +14,13 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from moegen.diagnostics import Diagnostic
-from moegen.load import LoadedSpec, Locations
-from moegen.spec import Shapes, ShapeVariant
+from moegen.load import LoadedSpec
+from moegen.load.shape_variants import SHAPE_FIELDS, shape_variants
+from moegen.spec import ShapeVariant
 
 VARIANT_NAME = re.compile(r"[a-z][a-z0-9_]*")
 # Names the module's API already gives a meaning to, beside the variants' own functions.
 RESERVED_NAMES = frozenset({"main", "default", "shard", "for"})
-SHAPE_FIELDS = ("batch", "seq_len")
-
-
-def shape_variant(loaded: LoadedSpec, name: str) -> LoadedSpec:
-    """The spec as it runs shape variant `name`, not validated: its batch and seq_len in place
-    of the main ones, no variants of its own, and the locations of shapes.batch and
-    shapes.seq_len moved to the variant's fields, so that a rule the variant breaks points
-    at the line that sets it."""
-    variant = loaded.spec.shapes.variants[name]
-    shapes = Shapes(batch=variant.batch, seq_len=variant.seq_len)
-    values, keys = dict(loaded.locations.values), dict(loaded.locations.keys)
-    for field in SHAPE_FIELDS:
-        at = ("shapes", "variants", name, field)
-        values[("shapes", field)] = loaded.locations.of_value(at)
-        keys[("shapes", field)] = loaded.locations.of_key(at)
-    return replace(
-        loaded,
-        spec=loaded.spec.model_copy(update={"shapes": shapes}),
-        locations=Locations(values=values, keys=keys),
-    )
-
-
-def shape_variants(loaded: LoadedSpec) -> list[tuple[str, LoadedSpec]]:
-    """Every shape variant of the spec, in the order written (see `shape_variant`)."""
-    return [(name, shape_variant(loaded, name)) for name in loaded.spec.shapes.variants or {}]
 
 
 def variant_names_are_identifiers(loaded: LoadedSpec) -> list[Diagnostic]:
