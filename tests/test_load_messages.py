@@ -254,15 +254,11 @@ router:
 
 
 def test_mesh_axis_key_errors_point_at_the_key() -> None:
-    text = MINIMAL.replace("{fsdp: 2, data: 1}", "{fsdp: 2, tensor: 2, dta: 1}")
+    text = MINIMAL.replace("{fsdp: 2, data: 1}", "{fsdp: 2, pipe: 2, dta: 1}")
+    allowed = "must be 'data', 'fsdp', 'expert', 'tensor' or 'sequence'"
     assert errors(text) == [
-        (5, 24, "mesh.axes.tensor", "must be 'data', 'fsdp' or 'expert', got 'tensor'"),
-        (
-            5,
-            35,
-            "mesh.axes.dta",
-            "must be 'data', 'fsdp' or 'expert', got 'dta'; did you mean 'data'?",
-        ),
+        (5, 24, "mesh.axes.pipe", f"{allowed}, got 'pipe'"),
+        (5, 33, "mesh.axes.dta", f"{allowed}, got 'dta'; did you mean 'data'?"),
     ]
 
 

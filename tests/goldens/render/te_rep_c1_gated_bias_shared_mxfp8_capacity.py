@@ -385,7 +385,7 @@ def _shared_expert(tokens: jax.Array, weights: Params) -> jax.Array:
 def _routed_experts(
     tokens: jax.Array, weights: Params, combine_weights: jax.Array, expert_ids: jax.Array
 ) -> jax.Array:
-    """Kept token copies sorted by expert, FFN per expert group, combined back: [LOCAL_TOKENS, D]."""
+    """Kept copies sorted by expert, FFN per expert group, combined back: [LOCAL_TOKENS, D]."""
     # 1. Sort the copies by expert; dropped ones (expert NUM_EXPERTS) sort last and are cut:
     #    no more than FFN_ROWS = min(ROUTED_ROWS, NUM_EXPERTS * CAPACITY) are kept.
     flat_ids = expert_ids.reshape(ROUTED_ROWS)
