@@ -52,6 +52,7 @@ def assert_same(got, want, what: str) -> None:
         np.testing.assert_array_equal(np.asarray(left), np.asarray(right), err_msg=what)
 
 
+@pytest.mark.slow
 def test_the_layer_takes_every_shape(three_shapes: ModuleType) -> None:
     """Eager calls match eager calls, jitted ones jitted ones (XLA may fuse differently)."""
     module = three_shapes
@@ -113,6 +114,7 @@ def test_another_shape_is_refused_naming_the_accepted_ones(three_shapes: ModuleT
         assert str(list(shape)) in str(refused.value), refused.value
 
 
+@pytest.mark.slow
 def test_the_committed_example_layer_takes_every_shape() -> None:
     module = generated("mixtral_small_variants_cpu")
     mesh = mesh_of(module)
