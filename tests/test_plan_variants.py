@@ -78,3 +78,15 @@ def test_cli_plan_json_holds_each_variant_plan(monkeypatch: pytest.MonkeyPatch) 
     assert [v["plan"]["local_tokens"] for v in variants] == [512, 1024]
     assert [v["plan"]["routed_rows"] for v in variants] == [1024, 2048]
     assert all(v["plan"]["memory"]["train_peak"] > 0 for v in variants)
+
+
+def test_per_device_shapes_split_seq_len_over_the_sequence_axis() -> None:
+    choices = tiny(
+        axes={"data": 2, "tensor": 2, "sequence": 2},
+        variants={"prefill": {"batch": 4, "seq_len": 64}},
+    )
+    text = format_plan(
+        make_plan(validate(load_spec_bytes(spec_yaml(choices).encode(), "s.yaml", "s")))
+    )
+    assert "  input           [8, 16, 64] bfloat16 -> per device [4, 8, 64]" in text.splitlines()
+    assert "    prefill      x [4, 64, 64] -> per device [2, 32, 64], moe_layer_prefill" in text
