@@ -120,7 +120,8 @@ class MoELayer(nnx.Module):
 
     def __call__(self, x: jax.Array) -> tuple[jax.Array, Any]:
         """y, aux = module.moe_layer(params, x): x is [BATCH, SEQ_LEN, EMBED_DIM] of
-        COMPUTE_DTYPE (see the module's INPUT_SHAPE and input_sharding)."""
+        COMPUTE_DTYPE (see the module's INPUT_SHAPE and input_sharding), or of a shape
+        variant's shape (its VARIANT_LAYERS), which moe_layer dispatches on x.shape."""
         return self.module.moe_layer(self.param_dict(), x, mesh=self.mesh)
 
     def param_dict(self) -> Params:

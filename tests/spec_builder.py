@@ -10,7 +10,8 @@ line and column of every diagnostic about it, depend on the choices alone:
 
 Nested choices are dicts or tuples: `axes` / `dcn_axes` are {axis: size} in mesh order
 (major to minor), `group_limit` is (groups, keep), `capacity` is (factor, drop), `tiles` is
-"auto" or {"gate_up": [rows, contraction, output], "down": [...]}.
+"auto" or {"gate_up": [rows, contraction, output], "down": [...]}, `variants` is
+{name: {"batch": B, "seq_len": S}} (shapes.variants, written in block style).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "capacity": ("router", "capacity"),
     "batch": ("shapes", "batch"),
     "seq_len": ("shapes", "seq_len"),
+    "variants": ("shapes", "variants"),
     "params_dtype": ("dtypes", "params"),
     "compute_dtype": ("dtypes", "compute"),
     "axes": ("mesh", "axes"),

@@ -16,7 +16,7 @@ def format_plan(plan: Plan) -> str:
         f"  mesh            {axes} ({mesh.num_devices} devices); batch over {mesh.batch_axes}"
         + ("; physical axes split (no whole ones fit)" if mesh.splits_physical_axes else ""),
         f"  input           [{plan.batch}, {plan.seq_len}, {plan.embed_dim}] {plan.compute_dtype}"
-        f" -> per device [{plan.local_batch}, {plan.seq_len}, {plan.embed_dim}]",
+        f" -> per device [{plan.local_batch}, {plan.local_seq_len}, {plan.embed_dim}]",
         f"  tokens/device   {plan.local_tokens}; routed rows {plan.routed_rows} "
         f"(x top_{plan.router.top_k}, {_dropping_text(plan)})" + _padding_text(plan),
         f"  experts         {plan.num_experts} ({plan.local_experts} per device, "
@@ -56,7 +56,32 @@ def format_plan(plan: Plan) -> str:
     )
     lines += [f"    {_gib(size):>12}  {name}" for name, size in m.ledger]
     lines += _ffn_slice_lines(plan)
+    lines += _variant_lines(plan)
     return "\n".join(lines)
+
+
+def _variant_lines(plan: Plan) -> list[str]:
+    """shapes.variants: each variant's shape, what its own plan sizes, and its memory."""
+    if not plan.variants:
+        return []
+    lines = [f"  shape variants  {len(plan.variants)}, the same parameters, each planned whole:"]
+    for variant in plan.variants:
+        v = variant.plan
+        receive = (
+            f"receive buffer {v.experts.receive_rows} rows"
+            if v.experts.receive_rows
+            else "no receive buffer"
+        )
+        lines += [
+            f"    {variant.name:<12} x {list(variant.input_shape)} -> per device "
+            f"[{v.local_batch}, {v.local_seq_len}, {v.embed_dim}], {variant.function}",
+            f"    {'':<12} tokens/device {v.local_tokens}; routed rows {v.routed_rows} "
+            f"({_dropping_text(v)}); {receive}",
+            f"    {'':<12} memory estimate forward {_gib(v.memory.forward_peak)}, "
+            f"forward+backward {_gib(v.memory.train_peak)} per device"
+            + (f", FFN slices {v.ffn.chunks}" if v.ffn.chunks > 1 else ""),
+        ]
+    return lines
 
 
 def _ffn_slice_lines(plan: Plan) -> list[str]:
