@@ -15,7 +15,7 @@ from pathlib import Path
 from moegen.emit import recover, write_all
 from moegen.load import LoadedSpec, load_spec
 from moegen.parallel import OrderedProgress, TaskFailed, run_tasks
-from moegen.plan import Plan, make_plan
+from moegen.plan import Plan, make_plan, refuse_unfit
 from moegen.render import render
 from moegen.validate import validate
 from moegen.verify import (
@@ -48,6 +48,14 @@ def load_valid(path: Path) -> LoadedSpec:
     return validate(load_spec(path))
 
 
+def load_fitting(path: Path) -> LoadedSpec:
+    """`load_valid`, then planned: SpecError also when the plan says the layer cannot fit its
+    target's HBM (moegen.plan.fit), as `generate` refuses it before render and verify."""
+    loaded = load_valid(path)
+    refuse_unfit(loaded, make_plan(loaded))
+    return loaded
+
+
 def generate(path: Path, progress: Progress | None = None) -> Generated:
     """Load, validate, plan and render one spec (no verification)."""
     note = progress or (lambda *args: None)
@@ -55,7 +63,7 @@ def generate(path: Path, progress: Progress | None = None) -> Generated:
     loaded = load_valid(path)
     note(loaded.source.display, "load + validate", time.perf_counter() - start, None)
     start = time.perf_counter()
-    plan = make_plan(loaded)
+    plan = refuse_unfit(loaded, make_plan(loaded))  # before any twin or compile
     note(loaded.source.display, "plan", time.perf_counter() - start, None)
     start = time.perf_counter()
     source = render(plan)

@@ -17,11 +17,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from moegen import __version__
+from moegen.diagnostics import Diagnostic, SpecError
 from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES, CostPlan, MemoryPlan, cost_plan, forward_hbm_bytes
 from moegen.plan.experts import ExpertPlan, expert_plan
 from moegen.plan.ffn import FfnChunkOption, FfnPlan, GluPlan, chosen_layout, ffn_plan, layouts
+from moegen.plan.fit import LEDGER_OVERESTIMATE, cannot_fit, fit_problems
 from moegen.plan.kernel import KernelPlan, PallasConfig, TeConfig, kernel_plan
 from moegen.plan.mesh import MeshPlan, mesh_plan
 from moegen.plan.model import Plan
@@ -46,7 +48,7 @@ __all__ = [
     "CostPlan", "ExpertPlan", "FfnChunkOption", "FfnPlan", "GluPlan", "KernelPlan", "MemoryPlan",
     "MeshPlan", "NetworkPlan", "PallasConfig", "ParamPlan", "PartitionSpec", "PassRoofline",
     "Plan", "Roofline", "RouterPlan", "TeConfig", "Transfer", "VariantPlan",
-    "format_plan", "make_plan",
+    "LEDGER_OVERESTIMATE", "cannot_fit", "format_plan", "make_plan", "refuse_unfit",
 ]  # fmt: skip
 
 
@@ -65,6 +67,15 @@ def make_plan(
         loaded, lambda variant: _shape_plan(variant, interpret), variant_ffn_chunks
     )
     return replace(main, variants=variants)
+
+
+def refuse_unfit(loaded: LoadedSpec, plan: Plan) -> Plan:
+    """`plan` when the spec can fit its target's HBM by it; SpecError, located and naming
+    what would fit, when it cannot (moegen.plan.fit)."""
+    problems: list[Diagnostic] = fit_problems(loaded, plan, make_plan)
+    if problems:
+        raise SpecError(problems)
+    return plan
 
 
 def _shape_plan(loaded: LoadedSpec, interpret: bool) -> Plan:
