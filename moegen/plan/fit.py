@@ -10,6 +10,7 @@ misses, goes on to the compile, whose memory verdict decides (moegen.verify.verd
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -17,6 +18,7 @@ from moegen.diagnostics import Diagnostic, SpecError
 from moegen.hardware import hardware
 from moegen.load import FieldPath, LoadedSpec
 from moegen.plan.model import Plan
+from moegen.spec import Shapes
 from moegen.validate.shape_variants import shape_variants
 from moegen.variants import derive
 
@@ -42,12 +44,12 @@ def fit_problems(
     """One located diagnostic per shape (the main one, each variant) whose plan says it cannot
     fit the target's HBM; `plan_of` plans a derived spec (a smaller batch, a larger mesh) to
     name what would fit."""
-    shapes = [(loaded, plan, "")]
+    shapes = [(loaded, plan, None)]
     for (name, variant), planned in zip(shape_variants(loaded), plan.variants, strict=True):
-        shapes.append((variant, planned.plan, f"shape variant {name}: "))
+        shapes.append((variant, planned.plan, name))
     out = []
-    for shape, shape_plan, label in shapes:
-        problem = _shape_problem(shape, shape_plan, plan_of, label)
+    for shape, shape_plan, variant_name in shapes:
+        problem = _shape_problem(shape, shape_plan, plan_of, variant_name)
         if problem:
             out.append(problem)
     return out
@@ -69,8 +71,9 @@ def _fits(plan: Plan) -> bool:
 
 
 def _shape_problem(
-    loaded: LoadedSpec, plan: Plan, plan_of: Callable[[LoadedSpec], Plan], label: str
+    loaded: LoadedSpec, plan: Plan, plan_of: Callable[[LoadedSpec], Plan], variant: str | None
 ) -> Diagnostic | None:
+    """The diagnostic of one shape (`variant`: its name; None for the main one)."""
     if not cannot_fit(plan):
         return None
     spec = loaded.spec
@@ -78,19 +81,30 @@ def _shape_problem(
     batch = _largest_batch(loaded, plan, plan_of)
     meshes = _larger_meshes(loaded, plan_of)
     hbm = plan.memory.hbm_bytes_per_device
+    batch_field = f"shapes.variants.{variant}.batch" if variant else "shapes.batch"
     message = (
-        f"{label}the plan needs {_gib(peak(plan))} GiB per device for forward+backward "
+        f"the plan needs {_gib(peak(plan))} GiB per device for forward+backward "
         f"({_slices_text(plan.ffn.chunks)}), {peak(plan) / hbm - 1:.0%} over the "
         f"{_gib(hbm)} GiB HBM of {spec.target.hardware} (more than the "
         f"{LEDGER_OVERESTIMATE:.0%} the plan can over-estimate): it cannot fit. "
-        + _would_fit(slices, batch, meshes)
+        + _would_fit(slices, batch and (batch_field, *batch), meshes)
     )
     if spec.memory.ffn_chunks is not None and slices:
-        return loaded.diagnostic(("memory", "ffn_chunks"), message)
-    if batch:
-        return loaded.diagnostic(("shapes", "batch"), message)
-    # no smaller batch fits: what one device holds is the layer as the mesh shards it
-    return loaded.diagnostic(("mesh", "axes"), message, at_key=True)
+        found = loaded.diagnostic(("memory", "ffn_chunks"), message)
+    elif batch:
+        found = loaded.diagnostic(("shapes", "batch"), message)
+    else:  # no smaller batch fits: what one device holds is the layer as the mesh shards it
+        found = loaded.diagnostic(("mesh", "axes"), message, at_key=True)
+    return _of_variant(found, variant, spec.shapes) if variant else found
+
+
+def _of_variant(found: Diagnostic, name: str, shapes: Shapes) -> Diagnostic:
+    """A shape variant's diagnostic as validation words them: at its batch line (a variant
+    spec's shapes.batch is there) named by its field, else prefixed by the variant."""
+    if found.field == "shapes.batch":
+        return replace(found, field=f"shapes.variants.{name}.batch")
+    where = f"shape variant {name} (batch {shapes.batch}, seq_len {shapes.seq_len})"
+    return replace(found, message=f"{where}: {found.message}")
 
 
 def _gib(size: int) -> str:
@@ -102,8 +116,9 @@ def _slices_text(chunks: int) -> str:
 
 
 def _would_fit(
-    slices: list[tuple[int, int]], batch: tuple[int, int] | None, meshes: list[str]
+    slices: list[tuple[int, int]], batch: tuple[str, int, int] | None, meshes: list[str]
 ) -> str:
+    """What would fit: slice counts, (the batch field, the largest batch, its peak), meshes."""
     options = []
     if slices:
         options.append(
@@ -111,7 +126,7 @@ def _would_fit(
             + " or ".join(f"{c} ({_gib(size)} GiB planned)" for c, size in slices)
         )
     if batch:
-        options.append(f"shapes.batch {batch[0]} ({_gib(batch[1])} GiB planned)")
+        options.append(f"{batch[0]} {batch[1]} ({_gib(batch[2])} GiB planned)")
     options.extend(meshes)
     if not options:
         return (
