@@ -19,8 +19,8 @@ import pytest
 from conftest import EXAMPLE_SPECS, REPO_ROOT, assert_no_traceback, run_moegen
 
 from moegen.diagnostics import SpecError
-from moegen.pipeline import load_fitting, load_valid
-from moegen.plan import LEDGER_OVERESTIMATE, cannot_fit, make_plan, refuse_unfit
+from moegen.pipeline import load_fitting, load_valid, refuse_unfit
+from moegen.plan import LEDGER_OVERESTIMATE, cannot_fit, make_plan
 
 CORPUS_DIR = Path("tests/unfit_specs")  # relative to REPO_ROOT, as shown in messages
 CASES = sorted((REPO_ROOT / CORPUS_DIR).glob("*.yaml"))

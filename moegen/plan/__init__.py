@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from moegen import __version__
-from moegen.diagnostics import Diagnostic, SpecError
 from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES, CostPlan, MemoryPlan, cost_plan, forward_hbm_bytes
@@ -48,7 +47,7 @@ __all__ = [
     "CostPlan", "ExpertPlan", "FfnChunkOption", "FfnPlan", "GluPlan", "KernelPlan", "MemoryPlan",
     "MeshPlan", "NetworkPlan", "PallasConfig", "ParamPlan", "PartitionSpec", "PassRoofline",
     "Plan", "Roofline", "RouterPlan", "TeConfig", "Transfer", "VariantPlan",
-    "LEDGER_OVERESTIMATE", "cannot_fit", "format_plan", "make_plan", "refuse_unfit",
+    "LEDGER_OVERESTIMATE", "cannot_fit", "fit_problems", "format_plan", "make_plan",
 ]  # fmt: skip
 
 
@@ -67,15 +66,6 @@ def make_plan(
         loaded, lambda variant: _shape_plan(variant, interpret), variant_ffn_chunks
     )
     return replace(main, variants=variants)
-
-
-def refuse_unfit(loaded: LoadedSpec, plan: Plan) -> Plan:
-    """`plan` when the spec can fit its target's HBM by it; SpecError, located and naming
-    what would fit, when it cannot (moegen.plan.fit)."""
-    problems: list[Diagnostic] = fit_problems(loaded, plan, make_plan)
-    if problems:
-        raise SpecError(problems)
-    return plan
 
 
 def _shape_plan(loaded: LoadedSpec, interpret: bool) -> Plan:

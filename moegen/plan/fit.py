@@ -14,13 +14,17 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
-from moegen.diagnostics import Diagnostic, SpecError
+from moegen.diagnostics import Diagnostic
 from moegen.hardware import hardware
 from moegen.load import FieldPath, LoadedSpec
+from moegen.load.shape_variants import shape_variants
 from moegen.plan.model import Plan
 from moegen.spec import Shapes
-from moegen.validate.shape_variants import shape_variants
-from moegen.variants import derive
+
+# The plan of the spec with some fields changed (and no shape variants), validated: None
+# when the changed spec breaks a rule. The caller supplies it (moegen.pipeline): the plan
+# decides, validation refuses, and this stage does not import validation.
+PlanWith = Callable[[LoadedSpec, Mapping[FieldPath, Any]], Plan | None]
 
 # The largest measured over-estimate of the memory ledger: bench/RESULTS.md ("Memory per
 # device") has the ledger 10.1% above the compiled forward+backward peak on llama4_scout_v5e
@@ -38,18 +42,16 @@ MESH_FACTORS = (2, 4)  # an axis this many times larger, on the slice that has t
 MAX_SUGGESTED = 3  # of each kind of change
 
 
-def fit_problems(
-    loaded: LoadedSpec, plan: Plan, plan_of: Callable[[LoadedSpec], Plan]
-) -> list[Diagnostic]:
+def fit_problems(loaded: LoadedSpec, plan: Plan, plan_with: PlanWith) -> list[Diagnostic]:
     """One located diagnostic per shape (the main one, each variant) whose plan says it cannot
-    fit the target's HBM; `plan_of` plans a derived spec (a smaller batch, a larger mesh) to
+    fit the target's HBM; `plan_with` plans a derived spec (a smaller batch, a larger mesh) to
     name what would fit."""
     shapes = [(loaded, plan, None)]
     for (name, variant), planned in zip(shape_variants(loaded), plan.variants, strict=True):
         shapes.append((variant, planned.plan, name))
     out = []
     for shape, shape_plan, variant_name in shapes:
-        problem = _shape_problem(shape, shape_plan, plan_of, variant_name)
+        problem = _shape_problem(shape, shape_plan, plan_with, variant_name)
         if problem:
             out.append(problem)
     return out
@@ -71,15 +73,15 @@ def _fits(plan: Plan) -> bool:
 
 
 def _shape_problem(
-    loaded: LoadedSpec, plan: Plan, plan_of: Callable[[LoadedSpec], Plan], variant: str | None
+    loaded: LoadedSpec, plan: Plan, plan_with: PlanWith, variant: str | None
 ) -> Diagnostic | None:
     """The diagnostic of one shape (`variant`: its name; None for the main one)."""
     if not cannot_fit(plan):
         return None
     spec = loaded.spec
     slices = _fitting_slices(plan)
-    batch = _largest_batch(loaded, plan, plan_of)
-    meshes = _larger_meshes(loaded, plan_of)
+    batch = _largest_batch(loaded, plan, plan_with)
+    meshes = _larger_meshes(loaded, plan_with)
     hbm = plan.memory.hbm_bytes_per_device
     batch_field = f"shapes.variants.{variant}.batch" if variant else "shapes.batch"
     message = (
@@ -147,9 +149,7 @@ def _fitting_slices(plan: Plan) -> list[tuple[int, int]]:
     ][:MAX_SUGGESTED]
 
 
-def _largest_batch(
-    loaded: LoadedSpec, plan: Plan, plan_of: Callable[[LoadedSpec], Plan]
-) -> tuple[int, int] | None:
+def _largest_batch(loaded: LoadedSpec, plan: Plan, plan_with: PlanWith) -> tuple[int, int] | None:
     """The largest valid batch below the spec's, a multiple of its batch shards, whose plan
     fits (the FFN slices as the spec pins them, or as the plan chooses), and its peak."""
     shards = plan.batch_shards
@@ -159,7 +159,7 @@ def _largest_batch(
         if low >= high:
             break
         middle = (low + high + 1) // 2
-        planned = _plan_with(loaded, plan_of, {("shapes", "batch"): middle * shards})
+        planned = plan_with(loaded, {("shapes", "batch"): middle * shards})
         if planned is not None and _fits(planned):
             low, best = middle, (middle * shards, peak(planned))
         else:
@@ -167,7 +167,7 @@ def _largest_batch(
     return best
 
 
-def _larger_meshes(loaded: LoadedSpec, plan_of: Callable[[LoadedSpec], Plan]) -> list[str]:
+def _larger_meshes(loaded: LoadedSpec, plan_with: PlanWith) -> list[str]:
     """Each mesh axis made 2 or 4 times larger, on a slice of the target with that many
     devices, whose plan fits: the smallest factor per axis."""
     spec = loaded.spec
@@ -187,7 +187,7 @@ def _larger_meshes(loaded: LoadedSpec, plan_of: Callable[[LoadedSpec], Plan]) ->
                 continue
             larger = MappingProxyType(axes | {axis: axes[axis] * factor})
             change = {("mesh", "axes"): larger, ("target", "topology"): topology}
-            planned = _plan_with(loaded, plan_of, change)
+            planned = plan_with(loaded, change)
             if planned is not None and _fits(planned):
                 out.append(
                     f"mesh.axes {axis}: {axes[axis] * factor} on {spec.target.hardware} "
@@ -195,16 +195,3 @@ def _larger_meshes(loaded: LoadedSpec, plan_of: Callable[[LoadedSpec], Plan]) ->
                 )
                 break
     return out[:MAX_SUGGESTED]
-
-
-def _plan_with(
-    loaded: LoadedSpec,
-    plan_of: Callable[[LoadedSpec], Plan],
-    changes: Mapping[FieldPath, Any],
-) -> Plan | None:
-    """The plan of the spec with `changes` and no shape variants; None when that is invalid."""
-    try:
-        derived = derive(loaded, {("shapes", "variants"): None, **changes})
-    except SpecError:
-        return None
-    return plan_of(derived)
