@@ -112,14 +112,15 @@ def build(
 @spec_paths
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
 def validate_command(specs: tuple[Path, ...], fmt: str) -> None:
-    """Check SPECs (default: every spec in specs/) and report every problem, located."""
-    from moegen.pipeline import default_specs, load_valid
+    """Check SPECs (default: every spec in specs/) and report every problem, located; a
+    spec whose plan cannot fit its target's HBM is one."""
+    from moegen.pipeline import default_specs, load_fitting
 
     diagnostics = []
     paths = list(specs) or _default_specs_or_exit(default_specs)
     for path in paths:
         try:
-            load_valid(path)
+            load_fitting(path)
         except SpecError as err:
             diagnostics.extend(err.diagnostics)
     if diagnostics:

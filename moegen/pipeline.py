@@ -8,16 +8,19 @@ it (tests/test_pipeline_imports.py): what a stage needs from an earlier one it i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from moegen.diagnostics import SpecError
 from moegen.emit import recover, write_all
-from moegen.load import LoadedSpec, load_spec
+from moegen.load import FieldPath, LoadedSpec, load_spec
 from moegen.parallel import OrderedProgress, TaskFailed, run_tasks
-from moegen.plan import Plan, make_plan
+from moegen.plan import Plan, fit_problems, make_plan
 from moegen.render import render
 from moegen.validate import validate
+from moegen.variants import derive
 from moegen.verify import (
     Step,
     VerifyCache,
@@ -48,6 +51,31 @@ def load_valid(path: Path) -> LoadedSpec:
     return validate(load_spec(path))
 
 
+def load_fitting(path: Path) -> LoadedSpec:
+    """`load_valid`, then planned: SpecError also when the plan says the layer cannot fit its
+    target's HBM (moegen.plan.fit), as `generate` refuses it before render and verify."""
+    loaded = load_valid(path)
+    refuse_unfit(loaded, make_plan(loaded))
+    return loaded
+
+
+def refuse_unfit(loaded: LoadedSpec, plan: Plan) -> Plan:
+    """`plan` when by it the spec can fit its target's HBM; SpecError, located and naming
+    what would fit, when it cannot (moegen.plan.fit)."""
+    problems = fit_problems(loaded, plan, _plan_changed)
+    if problems:
+        raise SpecError(problems)
+    return plan
+
+
+def _plan_changed(loaded: LoadedSpec, changes: Mapping[FieldPath, Any]) -> Plan | None:
+    """The plan of the spec with `changes` and no shape variants; None when that is invalid."""
+    try:
+        return make_plan(derive(loaded, {("shapes", "variants"): None, **changes}))
+    except SpecError:
+        return None
+
+
 def generate(path: Path, progress: Progress | None = None) -> Generated:
     """Load, validate, plan and render one spec (no verification)."""
     note = progress or (lambda *args: None)
@@ -55,7 +83,7 @@ def generate(path: Path, progress: Progress | None = None) -> Generated:
     loaded = load_valid(path)
     note(loaded.source.display, "load + validate", time.perf_counter() - start, None)
     start = time.perf_counter()
-    plan = make_plan(loaded)
+    plan = refuse_unfit(loaded, make_plan(loaded))  # before any twin or compile
     note(loaded.source.display, "plan", time.perf_counter() - start, None)
     start = time.perf_counter()
     source = render(plan)

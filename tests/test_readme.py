@@ -91,7 +91,12 @@ def test_the_section_runs_as_written(section, tmp_path):
     for block in (b for b in BLOCKS if b.section == section and b.claim not in NOT_RUN_HERE):
         run_block(block, folder)
     if section == "Development":  # it regenerated every golden: all were fresh
-        for goldens in ("tests/goldens", "tests/hostile", "tests/invalid_specs"):
+        for goldens in (
+            "tests/goldens",
+            "tests/hostile",
+            "tests/invalid_specs",
+            "tests/unfit_specs",
+        ):
             assert_same_tree(REPO_ROOT / goldens, folder / goldens)
 
 

@@ -5,10 +5,9 @@ gradients included); the full-size module is compiled for the real slice on libt
 compile-only devices, and its per-device memory is judged against the slice's HBM.
 
 Full verifications are expensive (interpreted Pallas twins ~10-20 s, full-size TPU compiles
-10-40 s on a shared 2-core machine), so there are exactly four: the two small pallas specs
-here, one spec that does not fit its slice (test_tpu_memory.py), and the committed Mixtral
-v5e example (test_tpu_examples.py). Everything else is checked at unit level (plan, render,
-memory verdict) or in a short child process.
+10-40 s on a shared 2-core machine), so there are exactly three: the two small pallas specs
+here and the committed Mixtral v5e example (test_tpu_examples.py). Everything else is checked
+at unit level (plan, render, memory verdict) or in a short child process.
 """
 
 from __future__ import annotations

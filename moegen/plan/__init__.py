@@ -22,6 +22,7 @@ from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES, CostPlan, MemoryPlan, cost_plan, forward_hbm_bytes
 from moegen.plan.experts import ExpertPlan, expert_plan
 from moegen.plan.ffn import FfnChunkOption, FfnPlan, GluPlan, chosen_layout, ffn_plan, layouts
+from moegen.plan.fit import LEDGER_OVERESTIMATE, cannot_fit, fit_problems
 from moegen.plan.kernel import KernelPlan, PallasConfig, TeConfig, kernel_plan
 from moegen.plan.mesh import MeshPlan, mesh_plan
 from moegen.plan.model import Plan
@@ -46,7 +47,7 @@ __all__ = [
     "CostPlan", "ExpertPlan", "FfnChunkOption", "FfnPlan", "GluPlan", "KernelPlan", "MemoryPlan",
     "MeshPlan", "NetworkPlan", "PallasConfig", "ParamPlan", "PartitionSpec", "PassRoofline",
     "Plan", "Roofline", "RouterPlan", "TeConfig", "Transfer", "VariantPlan",
-    "format_plan", "make_plan",
+    "LEDGER_OVERESTIMATE", "cannot_fit", "fit_problems", "format_plan", "make_plan",
 ]  # fmt: skip
 
 

@@ -1,0 +1,197 @@
+"""Does the planned layer fit the target's HBM? A spec the plan proves cannot fit is refused
+here, located, before any twin runs or any compile starts, with what would fit instead: the
+FFN slice counts, the largest batch and the larger mesh axes whose plans fit.
+
+The refusal is the plan's, so it allows for the plan's own error in the direction that could
+make a refusal wrong (`LEDGER_OVERESTIMATE`); a spec the plan says only just fits, or just
+misses, goes on to the compile, whose memory verdict decides (moegen.verify.verdict).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Any
+
+from moegen.diagnostics import Diagnostic
+from moegen.hardware import hardware
+from moegen.load import FieldPath, LoadedSpec
+from moegen.load.shape_variants import shape_variants
+from moegen.plan.model import Plan
+from moegen.spec import Shapes
+
+# The plan of the spec with some fields changed (and no shape variants), validated: None
+# when the changed spec breaks a rule. The caller supplies it (moegen.pipeline): the plan
+# decides, validation refuses, and this stage does not import validation.
+PlanWith = Callable[[LoadedSpec, Mapping[FieldPath, Any]], Plan | None]
+
+# The largest measured over-estimate of the memory ledger: bench/RESULTS.md ("Memory per
+# device") has the ledger 10.1% above the compiled forward+backward peak on llama4_scout_v5e
+# (+7.3% on the README's reference, mixtral_8x7b_ep_a2a_v5e), rounded up. A plan above HBM by
+# more than this cannot be a spec that compiles to fit; nearer HBM the ledger cannot tell,
+# so the compile decides. Its under-estimates (down to -21%, gpt_oss_120b_v6e; the issue saw
+# ~40% on many-expert layers) only make a refused spec fit less, so they widen nothing here:
+# they are why the compile's verdict stays, for specs the plan lets through.
+LEDGER_OVERESTIMATE = 0.11
+# Plans made to find the largest batch that fits: a binary search over multiples of the batch
+# shards takes log2(batch / shards) of them (a few ms each), so 24 cover any batch moegen
+# accepts and keep a refusal well under a second.
+MAX_BATCH_PLANS = 24
+MESH_FACTORS = (2, 4)  # an axis this many times larger, on the slice that has the devices
+MAX_SUGGESTED = 3  # of each kind of change
+
+
+def fit_problems(loaded: LoadedSpec, plan: Plan, plan_with: PlanWith) -> list[Diagnostic]:
+    """One located diagnostic per shape (the main one, each variant) whose plan says it cannot
+    fit the target's HBM; `plan_with` plans a derived spec (a smaller batch, a larger mesh) to
+    name what would fit."""
+    shapes = [(loaded, plan, None)]
+    for (name, variant), planned in zip(shape_variants(loaded), plan.variants, strict=True):
+        shapes.append((variant, planned.plan, name))
+    out = []
+    for shape, shape_plan, variant_name in shapes:
+        problem = _shape_problem(shape, shape_plan, plan_with, variant_name)
+        if problem:
+            out.append(problem)
+    return out
+
+
+def peak(plan: Plan) -> int:
+    """The planned peak per device: forward+backward (the forward never holds more)."""
+    return max(plan.memory.train_peak, plan.memory.forward_peak)
+
+
+def cannot_fit(plan: Plan) -> bool:
+    """The plan is above HBM by more than the ledger's largest over-estimate."""
+    hbm = plan.memory.hbm_bytes_per_device
+    return bool(hbm) and peak(plan) > hbm * (1 + LEDGER_OVERESTIMATE)
+
+
+def _fits(plan: Plan) -> bool:
+    return peak(plan) <= plan.memory.hbm_bytes_per_device
+
+
+def _shape_problem(
+    loaded: LoadedSpec, plan: Plan, plan_with: PlanWith, variant: str | None
+) -> Diagnostic | None:
+    """The diagnostic of one shape (`variant`: its name; None for the main one)."""
+    if not cannot_fit(plan):
+        return None
+    spec = loaded.spec
+    slices = _fitting_slices(plan)
+    batch = _largest_batch(loaded, plan, plan_with)
+    meshes = _larger_meshes(loaded, plan_with)
+    hbm = plan.memory.hbm_bytes_per_device
+    batch_field = f"shapes.variants.{variant}.batch" if variant else "shapes.batch"
+    message = (
+        f"the plan needs {_gib(peak(plan))} GiB per device for forward+backward "
+        f"({_slices_text(plan.ffn.chunks)}), {peak(plan) / hbm - 1:.0%} over the "
+        f"{_gib(hbm)} GiB HBM of {spec.target.hardware} (more than the "
+        f"{LEDGER_OVERESTIMATE:.0%} the plan can over-estimate): it cannot fit. "
+        + _would_fit(slices, batch and (batch_field, *batch), meshes)
+    )
+    if spec.memory.ffn_chunks is not None and slices:
+        found = loaded.diagnostic(("memory", "ffn_chunks"), message)
+    elif batch:
+        found = loaded.diagnostic(("shapes", "batch"), message)
+    else:  # no smaller batch fits: what one device holds is the layer as the mesh shards it
+        found = loaded.diagnostic(("mesh", "axes"), message, at_key=True)
+    return _of_variant(found, variant, spec.shapes) if variant else found
+
+
+def _of_variant(found: Diagnostic, name: str, shapes: Shapes) -> Diagnostic:
+    """A shape variant's diagnostic as validation words them: at its batch line (a variant
+    spec's shapes.batch is there) named by its field, else prefixed by the variant."""
+    if found.field == "shapes.batch":
+        return replace(found, field=f"shapes.variants.{name}.batch")
+    where = f"shape variant {name} (batch {shapes.batch}, seq_len {shapes.seq_len})"
+    return replace(found, message=f"{where}: {found.message}")
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.2f}"
+
+
+def _slices_text(chunks: int) -> str:
+    return "the FFN whole" if chunks == 1 else f"the FFN in {chunks} slices"
+
+
+def _would_fit(
+    slices: list[tuple[int, int]], batch: tuple[str, int, int] | None, meshes: list[str]
+) -> str:
+    """What would fit: slice counts, (the batch field, the largest batch, its peak), meshes."""
+    options = []
+    if slices:
+        options.append(
+            "memory.ffn_chunks "
+            + " or ".join(f"{c} ({_gib(size)} GiB planned)" for c, size in slices)
+        )
+    if batch:
+        options.append(f"{batch[0]} {batch[1]} ({_gib(batch[2])} GiB planned)")
+    options.extend(meshes)
+    if not options:
+        return (
+            "By the plan, no smaller batch, FFN slice count or mesh axis up to 4 times larger "
+            "fits; shard the experts over more devices (an expert axis), store parameters in "
+            "bfloat16, or pick a target with more HBM."
+        )
+    return "Would fit: " + "; ".join(options) + "."
+
+
+def _fitting_slices(plan: Plan) -> list[tuple[int, int]]:
+    """(slice count, planned peak) of the listed FFN slice counts that fit, fewest first."""
+    hbm = plan.memory.hbm_bytes_per_device
+    return [
+        (o.chunks, o.train_peak)
+        for o in plan.ffn.chunk_options
+        if o.chunks != plan.ffn.chunks and o.train_peak <= hbm
+    ][:MAX_SUGGESTED]
+
+
+def _largest_batch(loaded: LoadedSpec, plan: Plan, plan_with: PlanWith) -> tuple[int, int] | None:
+    """The largest valid batch below the spec's, a multiple of its batch shards, whose plan
+    fits (the FFN slices as the spec pins them, or as the plan chooses), and its peak."""
+    shards = plan.batch_shards
+    low, high = 0, plan.batch // shards - 1  # multiples of the shards: low fits, high unknown
+    best = None
+    for _ in range(MAX_BATCH_PLANS):
+        if low >= high:
+            break
+        middle = (low + high + 1) // 2
+        planned = plan_with(loaded, {("shapes", "batch"): middle * shards})
+        if planned is not None and _fits(planned):
+            low, best = middle, (middle * shards, peak(planned))
+        else:
+            high = middle - 1
+    return best
+
+
+def _larger_meshes(loaded: LoadedSpec, plan_with: PlanWith) -> list[str]:
+    """Each mesh axis made 2 or 4 times larger, on a slice of the target with that many
+    devices, whose plan fits: the smallest factor per axis."""
+    spec = loaded.spec
+    chip = hardware(spec.target.hardware)
+    axes = dict(spec.mesh.axes)
+    devices = 1
+    for size in axes.values():
+        devices *= size
+    out = []
+    for axis in axes:
+        if axis in (spec.mesh.dcn_axes or {}):
+            continue
+        for factor in MESH_FACTORS:
+            wanted = devices * factor // spec.target.slices
+            topology = next((t for t in chip.topologies if chip.devices(t) == wanted), None)
+            if topology is None:
+                continue
+            larger = MappingProxyType(axes | {axis: axes[axis] * factor})
+            change = {("mesh", "axes"): larger, ("target", "topology"): topology}
+            planned = plan_with(loaded, change)
+            if planned is not None and _fits(planned):
+                out.append(
+                    f"mesh.axes {axis}: {axes[axis] * factor} on {spec.target.hardware} "
+                    f"{topology} ({_gib(peak(planned))} GiB planned)"
+                )
+                break
+    return out[:MAX_SUGGESTED]

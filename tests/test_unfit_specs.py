@@ -1,0 +1,110 @@
+"""Specs the plan proves cannot fit their target's HBM (tests/unfit_specs/): valid by every
+rule of validation, refused by the plan (moegen.plan.fit) with exactly the located diagnostic
+of their golden `.expected` file, by `validate`, `plan` and `build` alike, before any twin
+runs and with nothing written. The time a refusal takes is measured by `python -m
+bench.refuse_fast`, not here.
+
+To regenerate the goldens after an intended message change:
+
+    MOEGEN_UPDATE_GOLDENS=1 .venv/bin/pytest tests/test_unfit_specs.py
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLE_SPECS, REPO_ROOT, assert_no_traceback, run_moegen
+
+from moegen.diagnostics import SpecError
+from moegen.pipeline import load_fitting, load_valid, refuse_unfit
+from moegen.plan import LEDGER_OVERESTIMATE, cannot_fit, make_plan
+
+CORPUS_DIR = Path("tests/unfit_specs")  # relative to REPO_ROOT, as shown in messages
+CASES = sorted((REPO_ROOT / CORPUS_DIR).glob("*.yaml"))
+CASE_IDS = [case.stem for case in CASES]
+UPDATE = os.environ.get("MOEGEN_UPDATE_GOLDENS") == "1"
+EXIT_INVALID = 3
+
+
+def _golden(case: Path) -> str:
+    golden = case.with_suffix(".expected")
+    if not golden.is_file():
+        pytest.fail(f"{golden} is missing; run with MOEGEN_UPDATE_GOLDENS=1 to create it")
+    return golden.read_text(encoding="utf-8")
+
+
+def test_every_case_has_a_golden_and_every_golden_a_case() -> None:
+    goldens = sorted((REPO_ROOT / CORPUS_DIR).glob("*.expected"))
+    assert [g.stem for g in goldens] == CASE_IDS
+    assert len(CASES) >= 4
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_the_plan_refuses_a_valid_spec_with_the_golden(
+    case: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO_ROOT)
+    relative = CORPUS_DIR / case.name
+    load_valid(relative)  # every rule of validation holds: the refusal is the plan's
+    with pytest.raises(SpecError) as info:
+        load_fitting(relative)
+    actual = "\n".join(d.text() for d in info.value.diagnostics) + "\n"
+    if UPDATE:
+        case.with_suffix(".expected").write_text(actual, encoding="utf-8")
+    assert actual == _golden(case)
+    assert all(d.file == relative.as_posix() for d in info.value.diagnostics)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("command", ["validate", "plan"])
+def test_cli_refuses_with_the_golden(case: Path, command: str) -> None:
+    result = run_moegen(command, (CORPUS_DIR / case.name).as_posix())
+    assert result.returncode == EXIT_INVALID, result
+    assert result.stderr.rstrip("\n") == _golden(case).rstrip("\n")
+    assert result.stdout == ""
+    assert_no_traceback(result.stdout + result.stderr)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_build_refuses_before_any_twin_and_writes_nothing(case: Path, tmp_path: Path) -> None:
+    out = tmp_path / "generated"
+    result = run_moegen("build", (CORPUS_DIR / case.name).as_posix(), "--out", out)
+    assert result.returncode == EXIT_INVALID, result
+    assert _golden(case).rstrip("\n") in result.stderr
+    assert "verify:" not in result.stderr and "render" not in result.stderr
+    assert "wrote" not in result.stderr
+    assert not out.exists() or not any(out.iterdir())
+    assert_no_traceback(result.stdout + result.stderr)
+
+
+@pytest.mark.parametrize("spec", EXAMPLE_SPECS, ids=[p.stem for p in EXAMPLE_SPECS])
+def test_every_committed_spec_fits_by_its_plan(spec: Path) -> None:
+    loaded = load_valid(spec)
+    plan = make_plan(loaded)
+    assert refuse_unfit(loaded, plan) is plan
+
+
+def test_a_target_without_fixed_memory_is_never_refused() -> None:
+    loaded = load_valid(REPO_ROOT / "specs" / "mixtral_small_cpu.yaml")
+    plan = make_plan(loaded)
+    assert plan.memory.hbm_bytes_per_device == 0
+    huge = replace(plan, memory=replace(plan.memory, train_peak=2**60, forward_peak=2**60))
+    assert not cannot_fit(huge)
+    assert refuse_unfit(loaded, huge) is huge
+
+
+def test_within_the_ledgers_error_of_hbm_the_compile_decides() -> None:
+    loaded = load_valid(REPO_ROOT / "specs" / "mixtral_8x7b_v5e.yaml")
+    plan = make_plan(loaded)
+    hbm = plan.memory.hbm_bytes_per_device
+    assert hbm == 16 * 2**30
+
+    def with_peak(peak: int):
+        return replace(plan, memory=replace(plan.memory, train_peak=peak))
+
+    assert not cannot_fit(with_peak(hbm))
+    assert not cannot_fit(with_peak(int(hbm * (1 + LEDGER_OVERESTIMATE))))
+    assert cannot_fit(with_peak(int(hbm * (1 + LEDGER_OVERESTIMATE)) + 1))
