@@ -89,9 +89,7 @@ def transcript_script(section: str) -> str:
     for block in (b for b in readme_blocks() if b.section == section and b.kind):
         name = saved_file(block)
         if name is not None:
-            out.append(
-                f"echo {shlex.quote(f'$ cat > {name}  # the README block that follows')}"
-            )
+            out.append(f"echo {shlex.quote(f'$ cat > {name}  # the README block that follows')}")
             out.append(
                 f"cat > {shlex.quote(name)} <<'README_BLOCK_EOF'\n{block.text}README_BLOCK_EOF"
             )

@@ -26,6 +26,7 @@ STAGES = ("load", "validate", "plan", "render", "verify", "emit", "top")
 STAGE_OF = {
     "moegen.load": "load",
     "moegen.spec": "load",
+    "moegen.spec_placement": "load",  # basic types, shapes, dtypes and mesh sections
     "moegen.diagnostics": "load",
     "moegen.validate": "validate",
     "moegen.variants": "validate",  # a spec with fields changed, validated again
