@@ -262,6 +262,15 @@ class Memory(_Section):
         "activations and gathered weights shrink to one slice, for about a third more expert "
         "FLOPs. 1 = no slicing. Omit: 1, unless the layer would not fit the target's memory.",
     )
+    token_chunks: Size | None = Field(
+        None,
+        description="Run the routed experts on this many chunks of each device's tokens, one "
+        "after another: the exchange, the expert FFN and the combine of one chunk at a time, "
+        "each chunk's buffers certified for the chunk alone and recomputed in the backward "
+        "pass up to the experts' outputs, which are kept. Buffers shrink to one chunk's, for "
+        "the gate and up matmuls run twice. Dropless, like the whole layer. 1 = one chunk. "
+        "Omit: 1.",
+    )
 
 
 # Choices people reach for that moegen refuses on purpose: (field, value) -> why.

@@ -67,6 +67,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "quantization": ("target", "quantization"),
     "tiles": ("target", "tiles"),
     "ffn_chunks": ("memory", "ffn_chunks"),
+    "token_chunks": ("memory", "token_chunks"),
 }
 
 # Choices given as tuples, written as the mapping the schema expects.

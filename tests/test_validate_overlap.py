@@ -47,6 +47,48 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
             ],
         ),
     ],
+    "token_chunks_fit": [
+        ({}, []),
+        ({"token_chunks": 1}, []),
+        ({"token_chunks": 4}, []),  # 16 x 32 tokens over data 2 x fsdp 2: 128 per device
+        ({"token_chunks": 2, "strategy": "ring_of_experts", "axes": "{data: 2, expert: 2}"}, []),
+        (
+            {"token_chunks": 3},
+            [
+                (
+                    27,
+                    17,
+                    "memory.token_chunks",
+                    "128 tokens per device do not split into 3 equal chunks; valid counts: "
+                    "2, 4, 8, 16, 32, 64, or 1",
+                )
+            ],
+        ),
+        (
+            {"token_chunks": 2, "ffn_chunks": 2},
+            [
+                (
+                    28,
+                    17,
+                    "memory.token_chunks",
+                    "token_chunks 2 with ffn_chunks 2: choose one way to cut the layer; set the "
+                    "other to 1",
+                )
+            ],
+        ),
+        (
+            {"token_chunks": 2, "overlap": 2, **RING},
+            [
+                (
+                    27,
+                    17,
+                    "memory.token_chunks",
+                    "token_chunks 2 with overlap_chunks 2: the overlapped ring already runs its "
+                    "matmuls chunk by chunk; set one of them to 1",
+                )
+            ],
+        ),
+    ],
     "ffn_chunks_without_overlap": [
         ({"ffn_chunks": 2, **RING}, []),
         ({"overlap": 2, "ffn_chunks": 1, **RING}, []),

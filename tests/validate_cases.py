@@ -37,6 +37,7 @@ def spec_yaml(
     expert_over_dcn: bool | None = None,
     slices: int | None = None,
     ffn_chunks: int | None = None,
+    token_chunks: int | None = None,
     quantization: str | None = None,
     layer: tuple[str, ...] = (),
     variants: str | None = None,
@@ -112,8 +113,12 @@ def spec_yaml(
         "dtypes:",  # 24
         f"  compute: {compute}",  # 25, column 12
     ]
+    if ffn_chunks is not None or token_chunks is not None:
+        lines.append("memory:")  # 26
     if ffn_chunks is not None:
-        lines += ["memory:", f"  ffn_chunks: {ffn_chunks}"]  # 26; 27, column 15
+        lines.append(f"  ffn_chunks: {ffn_chunks}")  # 27, column 15
+    if token_chunks is not None:
+        lines.append(f"  token_chunks: {token_chunks}")  # 27 (28 after ffn_chunks), column 17
     return "\n".join(lines) + "\n"
 
 

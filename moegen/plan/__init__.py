@@ -39,6 +39,7 @@ from moegen.plan.prose import summary
 from moegen.plan.report import format_plan
 from moegen.plan.roofline import PassRoofline, Roofline, roofline
 from moegen.plan.router import RouterPlan, router_plan
+from moegen.plan.token_chunks import TokenChunkOption, token_chunk_options
 from moegen.plan.variants import VariantPlan, variant_plans
 from moegen.sizes import axes_product
 from moegen.spec import GATED_ACTIVATIONS
@@ -46,7 +47,7 @@ from moegen.spec import GATED_ACTIVATIONS
 __all__ = [
     "CostPlan", "ExpertPlan", "FfnChunkOption", "FfnPlan", "GluPlan", "KernelPlan", "MemoryPlan",
     "MeshPlan", "NetworkPlan", "PallasConfig", "ParamPlan", "PartitionSpec", "PassRoofline",
-    "Plan", "Roofline", "RouterPlan", "TeConfig", "Transfer", "VariantPlan",
+    "Plan", "Roofline", "RouterPlan", "TeConfig", "TokenChunkOption", "Transfer", "VariantPlan",
     "LEDGER_OVERESTIMATE", "cannot_fit", "fit_problems", "format_plan", "make_plan",
 ]  # fmt: skip
 
@@ -60,6 +61,10 @@ def make_plan(
     """Derive the plan of a validated spec (`interpret`: run Pallas kernels on CPU), with
     a plan for each of its shape variants (`variant_ffn_chunks` pins their FFN slices)."""
     main = _shape_plan(loaded, interpret)
+    options = token_chunk_options(
+        loaded, main.local_tokens, lambda candidate: _shape_plan(candidate, interpret)
+    )
+    main = replace(main, token_chunk_options=options)
     if not loaded.spec.shapes.variants:
         return main
     variants = variant_plans(
@@ -109,7 +114,7 @@ def _shape_plan(loaded: LoadedSpec, interpret: bool) -> Plan:
         regather_sliced=ffn.regathers_weights,
         tensor_sum_bytes=local_tokens * layer.embed_dim * DTYPE_BYTES[spec.dtypes.compute],
     )
-    kernel_rows = chosen.rows * experts.ffn_calls
+    kernel_rows = chosen.rows * experts.ffn_calls * experts.token_chunks
     return Plan(
         moegen_version=__version__,
         module_name=loaded.source.name,

@@ -113,6 +113,8 @@ class FfnBuffers:
     matmuls: int  # 3 gated (gate, up, down), 2 plain
     gate_up_calls: int  # grouped-matmul calls for gate and up: 1 side by side (or up alone), 2
     sliced_cast_bytes: int  # the sliced weights' local shards in the compute dtype
+    token_chunks: int = 1  # chunks of the device's tokens run one at a time (rows: one chunk's)
+    kept_output_bytes: int = 0  # every token chunk's expert outputs, kept for the backward
 
 
 def memory_plan(
@@ -160,6 +162,10 @@ def memory_plan(
         # One row gradient per grouped-matmul call that reads the rows.
         items["the slice's row gradients"] = ffn.gate_up_calls * row_block
         forward_weights = sliced + ffn.sliced_cast_bytes
+    if ffn.token_chunks > 1:
+        items[f"expert outputs of the {ffn.token_chunks} token chunks, kept"] = (
+            ffn.kept_output_bytes
+        )
     if shared:
         items["shared expert activations and their gradients"] = 2 * shared
     # Forward: received and sorted rows, two [rows, width] activations at once (the

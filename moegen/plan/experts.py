@@ -27,6 +27,14 @@ class ExpertPlan:
     emulate_ragged_all_to_all: bool  # XLA:CPU lacks the op: the twin uses an all_gather twin
     communication_bytes: tuple[tuple[str, int], ...]  # forward, per strategy (the chosen first)
     capacity: int | None  # copies each expert keeps per device; None: dropless
+    token_chunks: int = 1  # the device's tokens run through the experts in this many chunks
+    chunks_tokens: bool = False  # token_chunks > 1
+    call_tokens: int = 0  # tokens of one call of the routed experts: a chunk's, or all
+    call_rows: int = 0  # their copies: call_tokens * top_k
+    reports_received: bool = False  # the call also returns the rows this device received
+    tokens_name: str = "LOCAL_TOKENS"  # the module constant of call_tokens
+    rows_name: str = "ROUTED_ROWS"  # the module constant of call_tokens * top_k
+    keeps_outputs: str | None = None  # the value the chunk's recomputation stops at
 
 
 def expert_capacity(loaded: LoadedSpec, local_tokens: int) -> int | None:
@@ -50,7 +58,10 @@ def expert_plan(loaded: LoadedSpec, local_tokens: int, *, emulate: bool) -> Expe
     # A token sends at most min(top_k, local_experts) copies to any one device: the most
     # rows a device can be asked to process, when every token of the group picks its experts.
     per_token = min(top_k, local_experts)
-    group_tokens = local_tokens * shards
+    # With token chunks, every buffer below is one chunk's: the experts run on one at a time.
+    token_chunks = spec.memory.token_chunks or 1
+    call_tokens = local_tokens // token_chunks
+    group_tokens = call_tokens * shards
     chunks = spec.parallelism.overlap_chunks
     capacity = expert_capacity(loaded, local_tokens)
     # With a capacity, a device keeps at most `capacity` copies of its tokens per expert.
@@ -59,10 +70,10 @@ def expert_plan(loaded: LoadedSpec, local_tokens: int, *, emulate: bool) -> Expe
         return min(rows, experts * capacity) if capacity else rows
 
     if strategy == "replicated":
-        ffn_rows, calls = kept(local_tokens * top_k, spec.layer.num_experts), 1
+        ffn_rows, calls = kept(call_tokens * top_k, spec.layer.num_experts), 1
     elif strategy == "ring_of_experts" and chunks > 1:
         # one call per ring step, on the copies one device's tokens send to my experts
-        ffn_rows, calls = kept(local_tokens * per_token, local_experts), shards
+        ffn_rows, calls = kept(call_tokens * per_token, local_experts), shards
     else:
         ffn_rows, calls = kept(group_tokens * per_token, shards * local_experts), 1
     compute_bytes = DTYPE_BYTES[spec.dtypes.compute]
@@ -95,4 +106,21 @@ def expert_plan(loaded: LoadedSpec, local_tokens: int, *, emulate: bool) -> Expe
         and (emulate or spec.target.hardware == "cpu"),
         communication_bytes=tuple(ordered) if strategy != "replicated" else (),
         capacity=capacity,
+        token_chunks=token_chunks,
+        chunks_tokens=token_chunks > 1,
+        call_tokens=call_tokens,
+        call_rows=call_tokens * top_k,
+        reports_received=strategy == "ragged_all_to_all",
+        tokens_name="CHUNK_TOKENS" if token_chunks > 1 else "LOCAL_TOKENS",
+        rows_name="CHUNK_ROWS" if token_chunks > 1 else "ROUTED_ROWS",
+        keeps_outputs=KEPT_OUTPUTS[strategy] if token_chunks > 1 else None,
     )
+
+
+# What a token chunk keeps for the backward pass, by strategy: each copy's expert output as it
+# is combined (the combine's gradient reads it), so that the down projection is not run again.
+KEPT_OUTPUTS = {
+    "replicated": "out",
+    "ragged_all_to_all": "returned",
+    "ring_of_experts": "out",
+}

@@ -127,10 +127,14 @@ def layouts(
         gate_up_width = ffn_dim // chunks * (2 if fused else 1)
         tiles = kernel_tiles(loaded, experts, gate_up_width, chunks)
         rows = padded_rows(experts.ffn_rows, list(tiles)) if tiles else experts.ffn_rows
-        kernel_rows = rows * experts.ffn_calls
+        kernel_rows = rows * experts.ffn_calls  # of one token chunk (all tokens: one chunk)
         matmuls = 3 if gated else 2
-        recompute = 2 * (matmuls - 1) * kernel_rows * layer.embed_dim * ffn_dim
-        cost = replace(base_cost, recompute_flops=recompute if chunks > 1 else 0)
+        # FFN slices and token chunks both run (gate and) up again in the backward pass
+        recompute = (
+            2 * (matmuls - 1) * kernel_rows * experts.token_chunks * layer.embed_dim * ffn_dim
+        )
+        recomputes = chunks > 1 or experts.token_chunks > 1
+        cost = replace(base_cost, recompute_flops=recompute if recomputes else 0)
         buffers = FfnBuffers(
             rows=kernel_rows,
             embed_dim=layer.embed_dim,
@@ -141,6 +145,8 @@ def layouts(
             sliced_cast_bytes=sum(
                 math.prod(p.local_shape) * compute_bytes for p in params if p.ffn_axis is not None
             ),
+            token_chunks=experts.token_chunks,
+            kept_output_bytes=_kept_output_bytes(experts, kernel_rows, spec, compute_bytes),
         )
         memory = memory_plan(
             cost,
@@ -153,6 +159,18 @@ def layouts(
         return FfnLayout(chunks, outputs, tiles, rows, cost, memory)
 
     return layout
+
+
+def _kept_output_bytes(experts: ExpertPlan, rows: int, spec: Spec, compute_bytes: int) -> int:
+    """What the token chunks keep for the backward pass: each chunk's expert outputs as they
+    are combined (ragged all-to-all: returned to this device's copies; replicated: the sorted
+    copies; ring: the grouped-matmul rows of the group's tokens). 0 without token chunks."""
+    if experts.token_chunks == 1:
+        return 0
+    kept_rows = (
+        rows if experts.strategy == "ring_of_experts" else experts.call_tokens * spec.router.top_k
+    )
+    return experts.token_chunks * kept_rows * spec.layer.embed_dim * compute_bytes
 
 
 def ffn_plan(
@@ -224,7 +242,8 @@ def default_ffn_chunks(loaded: LoadedSpec, layout: Callable[[int], FfnLayout]) -
     whose pinned tiles would not fit VMEM is skipped: sliced, the down projection writes
     float32, and its weight gradient holds blocks of that gradient."""
     hbm = hardware(loaded.spec.target.hardware).hbm_bytes_per_device
-    if not hbm or loaded.spec.parallelism.overlap_chunks != 1:
+    token_chunked = (loaded.spec.memory.token_chunks or 1) > 1  # one way to cut the layer
+    if not hbm or loaded.spec.parallelism.overlap_chunks != 1 or token_chunked:
         return 1
     counts = [1] + [c for c in range(2, MAX_CHOSEN_CHUNKS + 1) if not _slice_problem(loaded, c)]
     for count in counts:
@@ -238,8 +257,9 @@ def default_ffn_chunks(loaded: LoadedSpec, layout: Callable[[int], FfnLayout]) -
 def ffn_chunk_options(
     loaded: LoadedSpec, chosen: int, layout: Callable[[int], FfnLayout]
 ) -> tuple[FfnChunkOption, ...]:
-    """The valid power-of-two slice counts up to 16 (and the chosen one), costed."""
-    if loaded.spec.parallelism.overlap_chunks != 1:
+    """The valid power-of-two slice counts up to 16 (and the chosen one), costed; none with
+    the overlapped ring or token chunks (they cut the layer another way)."""
+    if loaded.spec.parallelism.overlap_chunks != 1 or (loaded.spec.memory.token_chunks or 1) > 1:
         return ()
     counts = {c for c in LISTED_CHUNKS if c == 1 or not _slice_problem(loaded, c)}
     options = []

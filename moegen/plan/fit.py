@@ -89,7 +89,7 @@ def _shape_problem(
         f"({_slices_text(plan.ffn.chunks)}), {peak(plan) / hbm - 1:.0%} over the "
         f"{_gib(hbm)} GiB HBM of {spec.target.hardware} (more than the "
         f"{LEDGER_OVERESTIMATE:.0%} the plan can over-estimate): it cannot fit. "
-        + _would_fit(slices, batch and (batch_field, *batch), meshes)
+        + _would_fit(slices, batch and (batch_field, *batch), meshes, _fitting_token_chunks(plan))
     )
     if spec.memory.ffn_chunks is not None and slices:
         found = loaded.diagnostic(("memory", "ffn_chunks"), message)
@@ -118,23 +118,32 @@ def _slices_text(chunks: int) -> str:
 
 
 def _would_fit(
-    slices: list[tuple[int, int]], batch: tuple[str, int, int] | None, meshes: list[str]
+    slices: list[tuple[int, int]],
+    batch: tuple[str, int, int] | None,
+    meshes: list[str],
+    token_chunks: list[tuple[int, int]] = (),
 ) -> str:
-    """What would fit: slice counts, (the batch field, the largest batch, its peak), meshes."""
+    """What would fit: slice counts, (the batch field, the largest batch, its peak), meshes,
+    token chunk counts."""
     options = []
     if slices:
         options.append(
             "memory.ffn_chunks "
             + " or ".join(f"{c} ({_gib(size)} GiB planned)" for c, size in slices)
         )
+    if token_chunks:
+        options.append(
+            "memory.token_chunks "
+            + " or ".join(f"{c} ({_gib(size)} GiB planned)" for c, size in token_chunks)
+        )
     if batch:
         options.append(f"{batch[0]} {batch[1]} ({_gib(batch[2])} GiB planned)")
     options.extend(meshes)
     if not options:
         return (
-            "By the plan, no smaller batch, FFN slice count or mesh axis up to 4 times larger "
-            "fits; shard the experts over more devices (an expert axis), store parameters in "
-            "bfloat16, or pick a target with more HBM."
+            "By the plan, no smaller batch, FFN slice or token chunk count or mesh axis up to 4 "
+            "times larger fits; shard the experts over more devices (an expert axis), store "
+            "parameters in bfloat16, or pick a target with more HBM."
         )
     return "Would fit: " + "; ".join(options) + "."
 
@@ -146,6 +155,16 @@ def _fitting_slices(plan: Plan) -> list[tuple[int, int]]:
         (o.chunks, o.train_peak)
         for o in plan.ffn.chunk_options
         if o.chunks != plan.ffn.chunks and o.train_peak <= hbm
+    ][:MAX_SUGGESTED]
+
+
+def _fitting_token_chunks(plan: Plan) -> list[tuple[int, int]]:
+    """(chunk count, planned peak) of the listed token chunk counts that fit, fewest first."""
+    hbm = plan.memory.hbm_bytes_per_device
+    return [
+        (o.chunks, max(o.train_peak, o.forward_peak))
+        for o in plan.token_chunk_options
+        if o.chunks != plan.experts.token_chunks and max(o.train_peak, o.forward_peak) <= hbm
     ][:MAX_SUGGESTED]
 
 

@@ -19,6 +19,7 @@ from moegen.plan.network import NetworkPlan
 from moegen.plan.params import ParamPlan, PartitionSpec
 from moegen.plan.roofline import Roofline
 from moegen.plan.router import RouterPlan
+from moegen.plan.token_chunks import TokenChunkOption
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class Plan:
     memory: MemoryPlan
     # shapes.variants: the same parameters, other static input shapes (none: one shape)
     variants: tuple[VariantPlan, ...] = ()
+    # memory.token_chunks candidates, each planned (none where token chunks cannot run)
+    token_chunk_options: tuple[TokenChunkOption, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)

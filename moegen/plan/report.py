@@ -56,6 +56,7 @@ def format_plan(plan: Plan) -> str:
     )
     lines += [f"    {_gib(size):>12}  {name}" for name, size in m.ledger]
     lines += _ffn_slice_lines(plan)
+    lines += _token_chunk_lines(plan)
     lines += _variant_lines(plan)
     return "\n".join(lines)
 
@@ -96,6 +97,25 @@ def _ffn_slice_lines(plan: Plan) -> list[str]:
         lines.append(
             f"    {option.chunks:>3} slices  peak {_gib(option.train_peak):>10}  "
             f"recomputed FLOPs {option.recompute_flops:.3e}{mark}"
+        )
+    return lines
+
+
+def _token_chunk_lines(plan: Plan) -> list[str]:
+    """memory.token_chunks: each chunk count's planned peaks and training FLOPs."""
+    options = plan.token_chunk_options
+    if len(options) < 2:
+        return []
+    chosen = plan.experts.token_chunks
+    lines = [
+        f"  token chunks    {chosen} ({plan.experts.call_tokens} tokens each); "
+        "memory.token_chunks options, forward / forward+backward peak, training FLOPs:"
+    ]
+    for option in options:
+        mark = "  <- this spec" if option.chunks == chosen else ""
+        lines.append(
+            f"    {option.chunks:>3} chunks  peak {_gib(option.forward_peak):>10} / "
+            f"{_gib(option.train_peak):>10}  FLOPs {option.train_flops:.3e}{mark}"
         )
     return lines
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from moegen.diagnostics import Diagnostic
 from moegen.load import LoadedSpec
-from moegen.sizes import ffn_slice_problem
-from moegen.validate.bounds import MAX_CHUNKS
+from moegen.sizes import axes_product, ffn_slice_problem
+from moegen.validate.bounds import MAX_CHUNKS, known_batch_axes
 
 
 def ffn_chunk_width(loaded: LoadedSpec, chunks: int) -> str:
@@ -43,4 +43,50 @@ def ffn_chunks_without_overlap(loaded: LoadedSpec) -> list[Diagnostic]:
     ]
 
 
-MEMORY_RULES = (ffn_chunks_fit, ffn_chunks_without_overlap)
+def token_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
+    """Token chunks split each device's tokens evenly, and run alone: the overlapped ring and
+    FFN slices already cut the layer another way."""
+    spec = loaded.spec
+    chunks = spec.memory.token_chunks
+    if chunks is None or chunks == 1:
+        return []
+    path = ("memory", "token_chunks")
+    overlap = spec.parallelism.overlap_chunks
+    if isinstance(overlap, int) and overlap > 1:
+        return [
+            loaded.diagnostic(
+                path,
+                f"token_chunks {chunks} with overlap_chunks {overlap}: "
+                "the overlapped ring already runs its matmuls chunk by chunk; set one of them "
+                "to 1",
+            )
+        ]
+    if (spec.memory.ffn_chunks or 1) > 1:
+        return [
+            loaded.diagnostic(
+                path,
+                f"token_chunks {chunks} with ffn_chunks {spec.memory.ffn_chunks}: choose one way "
+                "to cut the layer; set the other to 1",
+            )
+        ]
+    tokens = local_tokens(loaded)
+    if tokens % chunks == 0:
+        return []
+    valid = [str(c) for c in range(2, min(MAX_CHUNKS, tokens) + 1) if tokens % c == 0][:8]
+    options = f"valid counts: {', '.join(valid)}, or 1" if valid else "set 1"
+    return [
+        loaded.diagnostic(
+            path,
+            f"{tokens} tokens per device do not split into {chunks} equal chunks; {options}",
+        )
+    ]
+
+
+def local_tokens(loaded: LoadedSpec) -> int:
+    """Tokens per device: the batch over its shards, each sequence over the sequence axis."""
+    spec = loaded.spec
+    shards = axes_product(spec.mesh.axes, known_batch_axes(loaded))
+    return spec.shapes.batch // max(shards, 1) * (spec.shapes.seq_len // spec.sequence_shards)
+
+
+MEMORY_RULES = (ffn_chunks_fit, ffn_chunks_without_overlap, token_chunks_fit)

@@ -92,6 +92,13 @@ def twin_variants(
     )
 
 
+def twin_seq_len(token_chunks: int) -> int:
+    """A device's sequence length in the twin: TWIN_SEQ_LEN, stretched so that its tokens split
+    into the spec's token chunks."""
+    tokens = TWIN_SEQUENCES_PER_SHARD * TWIN_SEQ_LEN
+    return TWIN_SEQ_LEN * (token_chunks // math.gcd(tokens, token_chunks))
+
+
 def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[FieldPath, Any]:
     """The fields a twin changes, and their values."""
     spec = loaded.spec
@@ -120,7 +127,7 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
         ("layer", "ffn_dim"): ffn,
         ("layer", "shared_ffn_dim"): shared if spec.layer.shared_ffn_dim else None,
         ("shapes", "batch"): shards * TWIN_SEQUENCES_PER_SHARD,
-        ("shapes", "seq_len"): TWIN_SEQ_LEN * spec.sequence_shards,
+        ("shapes", "seq_len"): twin_seq_len(spec.memory.token_chunks or 1) * spec.sequence_shards,
         ("memory", "ffn_chunks"): ffn_chunks,
     }
     if spec.shapes.variants:
