@@ -262,14 +262,14 @@ class Memory(_Section):
         "activations and gathered weights shrink to one slice, for about a third more expert "
         "FLOPs. 1 = no slicing. Omit: 1, unless the layer would not fit the target's memory.",
     )
-    token_chunks: Size | None = Field(
+    token_chunks: Size | Literal["auto"] | None = Field(
         None,
         description="Run the routed experts on this many chunks of each device's tokens, one "
         "after another: the exchange, the expert FFN and the combine of one chunk at a time, "
         "each chunk's buffers certified for the chunk alone and recomputed in the backward "
         "pass up to the experts' outputs, which are kept. Buffers shrink to one chunk's, for "
         "the gate and up matmuls run twice. Dropless, like the whole layer. 1 = one chunk. "
-        "Omit: 1.",
+        "auto: chosen by `moegen tune`. Omit: 1.",
     )
 
 
@@ -287,6 +287,7 @@ AUTO_FIELDS = (
     ("parallelism", "experts"),
     ("parallelism", "overlap_chunks"),
     ("target", "tiles"),
+    ("memory", "token_chunks"),
 )
 
 

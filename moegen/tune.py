@@ -30,6 +30,7 @@ from moegen.verify import VerifyError, verify
 from moegen.verify.messages import Compiled
 
 OVERLAP_CANDIDATES = (1, 2, 4, 8)
+TOKEN_CHUNK_CANDIDATES = (1, 2, 4, 8, 16)  # those that do not split the tokens are refused
 # (rows, contraction, output) variants tried beside the plan's own choice
 TILE_CANDIDATES = ((256, 512, 512), (512, 512, 1024), (512, 1024, 1024), (1024, 1024, 1024))
 
@@ -67,6 +68,8 @@ def choice_values(loaded: LoadedSpec) -> dict[FieldPath, list[Any]]:
             out[path] = list(OVERLAP_CANDIDATES)
         elif path == ("target", "tiles"):
             out[path] = [None, *(Tiles(gate_up=list(t), down=list(t)) for t in TILE_CANDIDATES)]
+        elif path == ("memory", "token_chunks"):
+            out[path] = list(TOKEN_CHUNK_CANDIDATES)
     return out
 
 
@@ -101,7 +104,8 @@ def tune(
     if not loaded.spec.auto_fields():
         raise SpecError(
             [loaded.diagnostic((), "nothing to tune: write auto for parallelism.experts, "
-                               "parallelism.overlap_chunks or target.tiles")]
+                               "parallelism.overlap_chunks, target.tiles or "
+                               "memory.token_chunks")]
         )  # fmt: skip
     chip = hardware(loaded.spec.target.hardware)
     unit = "s" if chip.platform == "tpu" else "bytes"

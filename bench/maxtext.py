@@ -1,0 +1,203 @@
+"""moegen beside MaxText 0.2.5's RoutedMoE on the six shapes of issue 20, compiled per device.
+
+    python -m bench.maxtext [--rows LABEL ...] [--out bench/MAXTEXT.md]
+
+MaxText's figures are ../shared/reference/maxtext-anchor.md's (maxtext 0.2.5, jax/jaxlib
+0.12.0.1, libtpu 0.0.51: moegen's pins; dropless, megablox, float32 parameters, bfloat16
+compute, softmax top-k renormalised, SwiGLU, no bias, tokens over every mesh axis), copied
+into ANCHOR below. For each row this builds the same layer as a moegen spec and compiles its
+forward and forward+backward programs for the row's slice (moegen's own verify path, compile
+only: `moegen plan --compile`), twice:
+
+- whole: memory.token_chunks 1 (moegen's default for a layer that fits);
+- chunked: the fewest token chunks whose *planned* forward+backward peak is at most
+  PLANNED_SHARE of MaxText's compiled one (the plan's ledger can be low, hence the margin).
+
+It prints, and writes as markdown, the compiled peaks and FLOPs and their ratios to MaxText's,
+and checks issue 20's bar on the chunked rows: forward+backward peak <= 0.6x, FLOPs <= 1.25x,
+forward peak <= 1x; the exit status is 1 if a row misses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from moegen.pipeline import generate
+from moegen.verify import verify
+from moegen.verify.messages import Compiled
+
+GB = 1e9
+PLANNED_SHARE = 0.4
+BAR = {"train_peak": 0.6, "flops": 1.25, "forward_peak": 1.0}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One MaxText anchor row: its shapes and its compiled figures per device."""
+
+    label: str
+    embed: int
+    ffn: int
+    experts: int
+    top_k: int
+    seq_len: int
+    axes: dict[str, int]
+    hardware: str
+    topology: str
+    strategy: str
+    forward_peak_gb: float
+    train_peak_gb: float
+    train_flops_g: float
+
+
+# ../shared/reference/maxtext-anchor.md: global batch 8 on every row.
+ANCHOR = (
+    Row("a_mixtral_s4096", 4096, 14336, 8, 2, 4096, {"fsdp": 2, "expert": 4}, "tpu-v5e", "2x4",
+        "ragged_all_to_all", 3.339, 6.613, 34646.0),
+    Row("a_mixtral_s2048", 4096, 14336, 8, 2, 2048, {"fsdp": 2, "expert": 4}, "tpu-v5e", "2x4",
+        "ragged_all_to_all", 2.198, 5.035, 17323.5),
+    Row("x_mixtral_s4096_ring", 4096, 14336, 8, 2, 4096, {"fsdp": 2, "expert": 4}, "tpu-v5e",
+        "2x4", "ring_of_experts", 3.280, 6.687, 34648.6),
+    Row("b_qwen3_ep4fsdp2", 2048, 768, 128, 8, 4096, {"fsdp": 2, "expert": 4}, "tpu-v5e", "2x4",
+        "ragged_all_to_all", 1.698, 4.499, 3720.4),
+    Row("b_qwen3_ep8", 2048, 768, 128, 8, 4096, {"expert": 8}, "tpu-v5e", "2x4",
+        "ragged_all_to_all", 2.773, 7.484, 7433.3),
+    Row("b_qwen3_v5p_ep8", 2048, 768, 128, 8, 4096, {"expert": 8}, "tpu-v5p", "2x2x2",
+        "ragged_all_to_all", 2.621, 7.402, 7433.3),
+)  # fmt: skip
+
+
+def spec_text(row: Row, token_chunks: int) -> str:
+    axes = ", ".join(f"{name}: {size}" for name, size in row.axes.items())
+    return (
+        "version: 1\n"
+        f"description: MaxText anchor {row.label}, token chunks {token_chunks}.\n"
+        f"layer: {{num_experts: {row.experts}, embed_dim: {row.embed}, ffn_dim: {row.ffn}}}\n"
+        f"router: {{top_k: {row.top_k}, score: softmax, renormalize: true}}\n"
+        f"shapes: {{batch: 8, seq_len: {row.seq_len}}}\n"
+        "dtypes: {params: float32, compute: bfloat16}\n"
+        f"mesh: {{axes: {{{axes}}}}}\n"
+        f"parallelism: {{experts: {row.strategy}}}\n"
+        f"memory: {{token_chunks: {token_chunks}, ffn_chunks: 1}}\n"
+        f"target: {{hardware: {row.hardware}, topology: {row.topology}, kernel: pallas}}\n"
+    )
+
+
+def chosen_chunks(row: Row, folder: Path) -> int:
+    """The fewest listed token chunks whose planned forward+backward peak is at most
+    PLANNED_SHARE of MaxText's (the most listed when none is)."""
+    plan = generate(write_spec(row, 1, folder)).plan
+    budget = PLANNED_SHARE * row.train_peak_gb * GB
+    options = [o for o in plan.token_chunk_options if o.chunks > 1]
+    fitting = [o.chunks for o in options if o.train_peak <= budget]
+    return fitting[0] if fitting else options[-1].chunks
+
+
+def write_spec(row: Row, token_chunks: int, folder: Path) -> Path:
+    path = folder / f"{row.label}_c{token_chunks}.yaml"
+    path.write_text(spec_text(row, token_chunks))
+    return path
+
+
+def compiled(path: Path) -> dict[str, Compiled]:
+    """The spec's forward and forward+backward compiles, by step name."""
+    generated = generate(path)
+    report = verify(generated.loaded, generated.source, plan=generated.plan, run_twins=False)
+    return {s.step: s for s in report.steps if isinstance(s, Compiled)}
+
+
+def measure(row: Row, folder: Path) -> list[dict]:
+    out = []
+    for label, chunks in (("whole", 1), ("chunked", chosen_chunks(row, folder))):
+        start = time.perf_counter()
+        steps = compiled(write_spec(row, chunks, folder))
+        forward, train = steps["compile forward"], steps["compile forward+backward"]
+        out.append(
+            {
+                "row": row.label,
+                "layer": f"moegen {label} (token_chunks {chunks})",
+                "chunks": chunks,
+                "forward_peak": forward.memory.peak / GB,
+                "train_peak": train.memory.peak / GB,
+                "flops": train.flops / GB,
+                "ratios": {
+                    "forward_peak": forward.memory.peak / GB / row.forward_peak_gb,
+                    "train_peak": train.memory.peak / GB / row.train_peak_gb,
+                    "flops": train.flops / GB / row.train_flops_g,
+                },
+                "seconds": time.perf_counter() - start,
+            }
+        )
+    return out
+
+
+def table(rows: list[Row], results: list[dict]) -> list[str]:
+    by_label = {row.label: row for row in rows}
+    lines = [
+        "| shapes (MaxText label) | layer | fwd peak GB | fwd+bwd peak GB | fwd+bwd GFLOP "
+        "| fwd ratio | fwd+bwd ratio | FLOPs ratio | meets the bar |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for label in dict.fromkeys(r["row"] for r in results):
+        row = by_label[label]
+        lines.append(
+            f"| {label} | MaxText 0.2.5 | {row.forward_peak_gb:.3f} | {row.train_peak_gb:.3f} "
+            f"| {row.train_flops_g:.1f} | 1 | 1 | 1 | |"
+        )
+        for r in (r for r in results if r["row"] == label):
+            ratios = r["ratios"]
+            meets = all(ratios[k] <= BAR[k] for k in BAR)
+            lines.append(
+                f"| {label} | {r['layer']} | {r['forward_peak']:.3f} | {r['train_peak']:.3f} "
+                f"| {r['flops']:.1f} | {ratios['forward_peak']:.2f} | {ratios['train_peak']:.2f} "
+                f"| {ratios['flops']:.2f} | {'yes' if meets else 'no'} |"
+            )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", nargs="*", help="MaxText labels (default: all six)")
+    parser.add_argument("--out", type=Path, default=Path("bench/MAXTEXT.md"))
+    args = parser.parse_args(argv)
+    rows = [r for r in ANCHOR if not args.rows or r.label in args.rows]
+    start = time.perf_counter()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="moegen-maxtext-") as folder:
+        for row in rows:
+            results += measure(row, Path(folder))
+            print("\n".join(table(rows, results)[-2:]), flush=True)
+    lines = table(rows, results)
+    chunked = [r for r in results if r["chunks"] > 1]
+    missed = [r["row"] for r in chunked if any(r["ratios"][k] > BAR[k] for k in BAR)]
+    summary = (
+        f"Bar (chunked rows): forward+backward peak <= {BAR['train_peak']}x, FLOPs <= "
+        f"{BAR['flops']}x, forward peak <= {BAR['forward_peak']}x MaxText's; "
+        + (f"missed by {', '.join(missed)}." if missed else "met on every row.")
+    )
+    text = "\n".join(
+        [
+            "# moegen beside MaxText 0.2.5 (compiled, per device)",
+            "",
+            "Produced by `.venv/bin/python -m bench.maxtext` "
+            f"({time.perf_counter() - start:.0f} s); see the module docstring.",
+            "",
+            *lines,
+            "",
+            summary,
+            "",
+        ]
+    )
+    print("\n" + "\n".join(lines) + "\n\n" + summary)
+    if not args.rows:
+        args.out.write_text(text)
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
