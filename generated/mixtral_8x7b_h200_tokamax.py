@@ -70,7 +70,7 @@ LOCAL_TOKENS = 4096  # LOCAL_BATCH * SEQ_LEN
 ROUTED_ROWS = 8192  # LOCAL_TOKENS * TOP_K: a row for every token copy, none dropped
 FFN_ROWS = 8192  # rows of one grouped-matmul call, worst case
 
-# tokamax's ragged_dot, named kernel family: Pallas Mosaic GPU, traced for SM 9.0.
+# tokamax's ragged_dot, named kernel family: Pallas Mosaic GPU, traced for sm_90.
 TOKAMAX_IMPLEMENTATION = "mosaic_gpu"
 
 PARAM_DTYPE = jnp.float32

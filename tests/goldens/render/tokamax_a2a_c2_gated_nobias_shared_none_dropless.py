@@ -87,7 +87,7 @@ RECEIVE_ROWS = 1024  # certified ragged all-to-all receive buffer
 FFN_CHUNKS = 2  # slices of the expert FFN width, run one at a time
 FFN_CHUNK = 256  # FFN_DIM / FFN_CHUNKS
 
-# tokamax's ragged_dot, named kernel family: Pallas Mosaic GPU, traced for SM 9.0.
+# tokamax's ragged_dot, named kernel family: Pallas Mosaic GPU, traced for sm_90.
 TOKAMAX_IMPLEMENTATION = "mosaic_gpu"
 
 PARAM_DTYPE = jnp.float32

@@ -74,7 +74,7 @@ ROUTED_ROWS = 512  # LOCAL_TOKENS * TOP_K: every token copy, before dropping
 CAPACITY = 80  # copies each expert keeps per device: ceil(factor * ROUTED_ROWS / NUM_EXPERTS)
 FFN_ROWS = 512  # rows of one grouped-matmul call, worst case
 
-# tokamax's ragged_dot, named kernel family: Pallas Mosaic GPU, traced for SM 9.0.
+# tokamax's ragged_dot, named kernel family: Pallas Mosaic GPU, traced for sm_90.
 TOKAMAX_IMPLEMENTATION = "mosaic_gpu"
 
 PARAM_DTYPE = jnp.float32

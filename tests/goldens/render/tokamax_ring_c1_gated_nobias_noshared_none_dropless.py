@@ -73,7 +73,7 @@ LOCAL_EXPERTS = 4  # NUM_EXPERTS / EXPERT_SHARDS on each device
 GROUP_TOKENS = 512  # tokens of the devices along the expert axis
 FFN_ROWS = 1024  # rows of one grouped-matmul call, worst case
 
-# tokamax's ragged_dot, named kernel family: Pallas Mosaic GPU, traced for SM 9.0.
+# tokamax's ragged_dot, named kernel family: Pallas Mosaic GPU, traced for sm_90.
 TOKAMAX_IMPLEMENTATION = "mosaic_gpu"
 
 PARAM_DTYPE = jnp.float32
