@@ -5,14 +5,17 @@
 # GPU targets (kernel te) are lowered for CUDA with Transformer Engine, which needs a build:
 #   make te        install it into .venv (scripts/install-te; ~11 min once, then cached)
 #   make test-te   install it, then run the tests that lower for CUDA, requiring TE
+# Kernel tokamax (Pallas Mosaic GPU, pure Python) lowers with tokamax alone:
+#   make gpu-kernels  install the gpu-kernels extra (tokamax 0.0.17) with jax held at its pin
 VENV := .venv
 STAMP := $(VENV)/.moegen-installed
 EXAMPLE ?= specs/mixtral_small_cpu.yaml
 
 TE_STAMP := $(VENV)/.moegen-te-installed
-TE_TESTS := tests/test_te_lowering.py tests/test_gpu_targets.py tests/test_te_slices.py tests/test_te_features.py
+TE_TESTS := tests/test_te_lowering.py tests/test_gpu_targets.py tests/test_te_slices.py tests/test_te_features.py tests/test_tokamax.py
+GPU_KERNELS_STAMP := $(VENV)/.moegen-gpu-kernels-installed
 
-.PHONY: setup example test test-fast check te test-te
+.PHONY: setup example test test-fast check te test-te gpu-kernels
 
 setup: $(STAMP)
 
@@ -41,5 +44,13 @@ $(TE_STAMP): $(STAMP) scripts/install-te moegen/verify/libcuda_stub.c
 	./scripts/install-te $(VENV)
 	touch $(TE_STAMP)
 
-test-te: $(TE_STAMP)
-	MOEGEN_REQUIRE_TE=1 $(VENV)/bin/pytest -q $(TE_TESTS)
+# pip is held to the pinned jax (read from pyproject.toml) so that tokamax cannot move it.
+gpu-kernels: $(GPU_KERNELS_STAMP)
+
+$(GPU_KERNELS_STAMP): $(STAMP) pyproject.toml
+	grep -oE '"jax(lib)?==[^"]+"' pyproject.toml | head -2 | tr -d '"' >$(VENV)/moegen-jax-pin.txt
+	$(VENV)/bin/python -m pip install -q -c $(VENV)/moegen-jax-pin.txt -e ".[gpu-kernels]"
+	touch $(GPU_KERNELS_STAMP)
+
+test-te: $(TE_STAMP) $(GPU_KERNELS_STAMP)
+	MOEGEN_REQUIRE_TE=1 MOEGEN_REQUIRE_TOKAMAX=1 $(VENV)/bin/pytest -q $(TE_TESTS)

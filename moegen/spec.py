@@ -235,10 +235,11 @@ class Target(_Section):
         description="TPU slices of this topology joined by the data-center network "
         "(multi-slice); mesh.dcn_axes says which axes cross them.",
     )
-    kernel: Literal["xla", "pallas", "te"] = Field(
+    kernel: Literal["xla", "pallas", "te", "tokamax"] = Field(
         "xla",
         description="Grouped matmul: xla = jax.lax.ragged_dot (anywhere); "
-        "pallas = megablox gmm/tgmm (TPU); te = Transformer Engine grouped GEMM (NVIDIA GPU).",
+        "pallas = megablox gmm/tgmm (TPU); te = Transformer Engine grouped GEMM (NVIDIA GPU); "
+        "tokamax = tokamax's Pallas Mosaic GPU ragged_dot (Hopper: H100, H200; bfloat16).",
     )
     quantization: Literal["none", "fp8", "mxfp8"] = Field(
         "none",

@@ -1,4 +1,4 @@
-"""GPU check of moegen's `xla` kernel: twin parity on the GPU, and forward+backward timing.
+"""GPU check of moegen's `xla` and `tokamax` kernels: twin parity on the GPU, and timing.
 
 Two phases, both driven by scripts/gpu_check.sh:
 
@@ -91,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         )
         report.finish()
         return 3
+    if platform != "gpu" and _drop_tokamax(manifest):
+        report.line("  kernel tokamax skipped: its Mosaic GPU kernels need an NVIDIA GPU")
     ok = True
     if not args.skip_parity:
         parity_ok, ref = run_parity(report, work, manifest)
@@ -108,11 +110,25 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _drop_tokamax(manifest: dict) -> bool:
+    """Leave the kernel tokamax twin and timing modules out (off GPU); whether there were any."""
+    parity = [e for e in manifest["parity"] if not e["name"].endswith("_tokamax")]
+    dropped = len(parity) < len(manifest["parity"])
+    manifest["parity"] = parity
+    for entry in manifest["timing"].values():
+        dropped |= entry.pop("tokamax_module", None) is not None
+    return dropped
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="mode", required=True)
     p = sub.add_parser("prepare", help="render the modules into .gpu_check/ (needs moegen)")
     p.add_argument("--work", default=str(WORK))
+    p.add_argument(
+        "--no-tokamax", dest="tokamax", action="store_false",
+        help="no kernel tokamax modules and no wheels (xla only)",
+    )  # fmt: skip
     r = sub.add_parser("run", help="parity and timing on the GPU (needs jax only)")
     r.add_argument("--work", default=str(WORK))
     r.add_argument("--quick", action="store_true", help="small timing shapes; allows CPU")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU check of the `xla` kernel (issue 6 item 5): twin parity on the GPU, and forward+backward
-# timing of a Mixtral 8x7B layer and two plain-JAX baselines against the measured matmul peak.
+# GPU check of the `xla` kernel (issue 6 item 5) and of kernel `tokamax` (issue 20 item 3):
+# twin parity on the GPU, and forward+backward timing of a Mixtral 8x7B layer (both kernels)
+# and two plain-JAX baselines against the measured matmul peak.
 #
 #   scripts/gpu_check.sh prepare        here: render 1-device modules into .gpu_check/ (.venv)
 #   scripts/gpu_check.sh run [--quick]  on the GPU machine: plain python3 with jax (0.11.2)
@@ -27,6 +28,14 @@ case "$mode" in
     export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}
     if command -v nvidia-smi >/dev/null 2>&1; then
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    fi
+    # tokamax and what it imports that the machine lacks travel as wheels (prepare): offline.
+    wheels=${GPU_CHECK_WORK:-.gpu_check}/wheels
+    if compgen -G "$wheels/*.whl" >/dev/null; then
+      site=$(mktemp -d)
+      "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --target "$site" "$wheels"/*.whl
+      export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
     fi
     # Hard stop under 8 minutes; the script itself skips timings past --budget-s (400 s).
     stop=()

@@ -4,6 +4,12 @@ Writes small spec YAMLs, renders their 1-device modules with `moegen build --no-
 .gpu_check/ (git-ignored), copies the dense reference there and writes the manifest that the
 run phase (gpu_check_parity, gpu_check_timing) reads on the GPU machine. moegen runs in a
 child process: this module imports nothing of it, so the run phase may import its names.
+
+Kernel tokamax: a bf16 parity twin and the timing layer are rendered with kernel tokamax
+(target gpu-h200) too, and the wheels of tokamax and of what it imports that the GPU machine
+lacks (TOKAMAX_WHEELS: pure Python but xprof and pydantic-core) are downloaded into
+.gpu_check/wheels/ (~40 MiB, inside the device tool's 64 MiB); `gpu_check.sh run` installs
+them offline into a scratch folder. `prepare --no-tokamax` leaves all of it out.
 """
 
 from __future__ import annotations
@@ -66,6 +72,28 @@ PARITY_SPECS: dict[str, tuple[int, dict[str, Any], str, str, float]] = {
     ),
 }
 
+# The bf16 twin again with kernel tokamax on gpu-h200: widths of whole 128s (its rule).
+TOKAMAX_TWIN = ("twin_softmax_top2_renorm_bf16_tokamax", "twin_softmax_top2_renorm_bf16")
+TOKAMAX_TWIN_SHAPES = {"embed_dim": 128, "ffn_dim": 256, "batch": 4, "seq_len": 16}
+TOKAMAX_TARGET = "  hardware: gpu-h200\n  topology: 1\n  kernel: tokamax\n"
+# tokamax 0.0.17 and what `import tokamax` needs that the H200 image lacks (its package list:
+# device README, KINDS.md); jaxtyping, wadler-lindig, absl-py, flax, six are there. Python 3.12.
+TOKAMAX_WHEELS = (
+    "tokamax==0.0.17",
+    "qwix==0.1.8",
+    "einshape==1.0",
+    "immutabledict==4.3.1",
+    "tensorboardX==2.6.5",
+    "xprof==2.24.2",
+    "fire==0.7.1",
+    "termcolor==3.3.0",
+    "pydantic==2.14.4",
+    "pydantic-core==2.50.5",
+    "annotated-types==0.8.0",
+    "typing-inspection==0.4.5",
+)
+WHEEL_PLATFORMS = ("manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+
 MIXTRAL_ROUTER = {"top_k": 2, "score": "softmax", "renormalize": True}
 # Mixtral 8x7B layer on one device; `quick` is the same layer shrunk for a CPU try of `run`.
 TIMING_SPECS = {
@@ -87,6 +115,7 @@ def spec_yaml(
     shapes: dict[str, int],
     params_dtype: str,
     compute_dtype: str,
+    target: str = "  hardware: cpu\n  kernel: xla\n",
 ) -> str:
     router_lines = "".join(
         f"  {key}: {str(value).lower() if isinstance(value, bool) else value}\n"
@@ -111,8 +140,7 @@ def spec_yaml(
         "  axes:\n"
         "    data: 1\n"
         "target:\n"
-        "  hardware: cpu\n"
-        "  kernel: xla\n"
+        f"{target}"
     )
 
 
@@ -172,6 +200,8 @@ def prepare(args: argparse.Namespace) -> int:
             "router": MIXTRAL_ROUTER,
         }
 
+    if args.tokamax:
+        spec_paths += _tokamax_specs(specs_dir, manifest)
     command = [
         sys.executable,
         "-m",
@@ -191,6 +221,8 @@ def prepare(args: argparse.Namespace) -> int:
     if result.returncode != 0:
         print(f"prepare: moegen build failed (exit {result.returncode})", file=sys.stderr)
         return result.returncode
+    if args.tokamax and not _download_wheels(work / "wheels"):
+        return 1
     reference = ROOT / "moegen" / "verify" / "reference.py"
     shutil.copy(reference, work / "reference.py")
     (work / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
@@ -202,3 +234,50 @@ def prepare(args: argparse.Namespace) -> int:
         + (f", {len(manifest['dirty_paths'])} paths modified" if manifest["dirty_paths"] else "")
     )
     return 0
+
+
+def _tokamax_specs(specs_dir: Path, manifest: dict[str, Any]) -> list[Path]:
+    """The kernel tokamax twin and timing specs, entered in the manifest beside the xla ones."""
+    name, like = TOKAMAX_TWIN
+    experts, router, params_dtype, compute_dtype, tol = PARITY_SPECS[like]
+    twin = specs_dir / f"{name}.yaml"
+    twin.write_text(
+        spec_yaml(
+            f"gpu_check twin: {name}", experts, router, TOKAMAX_TWIN_SHAPES, params_dtype,
+            compute_dtype, TOKAMAX_TARGET,
+        ),
+        encoding="utf-8",
+    )  # fmt: skip
+    manifest["parity"].append(
+        {"name": name, "module": f"modules/{name}.py", "router": router, "tolerance": tol}
+    )
+    paths = [twin]
+    for key, (timing_name, shapes) in TIMING_SPECS.items():
+        path = specs_dir / f"{timing_name}_tokamax.yaml"
+        path.write_text(
+            spec_yaml(
+                f"gpu_check timing ({key}): Mixtral 8x7B-style layer, kernel tokamax", 8,
+                MIXTRAL_ROUTER, shapes, "float32", "bfloat16", TOKAMAX_TARGET,
+            ),
+            encoding="utf-8",
+        )  # fmt: skip
+        manifest["timing"][key]["tokamax_module"] = f"modules/{timing_name}_tokamax.py"
+        paths.append(path)
+    return paths
+
+
+def _download_wheels(folder: Path) -> bool:
+    """TOKAMAX_WHEELS for CPython 3.12 on x86-64 Linux into `folder` (pip's cache helps)."""
+    platforms = [arg for p in WHEEL_PLATFORMS for arg in ("--platform", p)]
+    command = [
+        sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+        "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(folder),
+        *TOKAMAX_WHEELS,
+    ]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT)
+    if result.returncode != 0:
+        print(f"prepare: pip download of the tokamax wheels failed (exit {result.returncode})")
+        return False
+    size = sum(p.stat().st_size for p in folder.glob("*.whl"))
+    print(f"prepare: {len(list(folder.glob('*.whl')))} wheels, {size / 2**20:.1f} MiB")
+    return True

@@ -1,8 +1,10 @@
 """GPU check, run phase (on the GPU machine, jax only): two plain-JAX baselines and the timing.
 
 The bf16 matmul peak (a big jnp.dot, median of several), then forward and forward+backward
-time of the realistic module and of a dense one-hot layer (every token through every expert)
-and a plain jax.lax.ragged_dot layer (sort, grouped matmuls, unsort; no shard_map, no plan),
+time of the realistic module (kernel xla), of the same layer with kernel tokamax (tokamax's
+Pallas Mosaic GPU ragged_dot; when prepared and tokamax imports), and of a dense one-hot
+layer (every token through every expert) and a plain jax.lax.ragged_dot layer (sort, grouped
+matmuls, unsort; no shard_map, no plan),
 with useful TFLOP/s against the measured peak. The baselines are first checked against the
 dense reference on the float32 parity twins (check_baselines).
 """
@@ -124,6 +126,21 @@ def ragged_dot_layer(params: dict, x: Any, router_cfg: dict) -> Any:
     return y.astype(cdt).reshape(batch, seq, embed)
 
 
+def _tokamax_layer(report: Report, work: Path, entry: dict, mesh: Any, args: tuple) -> dict:
+    """{label: (layer, args)} of the kernel tokamax module on the xla module's mesh and values
+    (same parameters and layout: one device each); the layer is None when it fails to import."""
+    if "tokamax_module" not in entry:
+        return {}
+    path = work / entry["tokamax_module"]
+    label = f"moegen {path.stem}"
+    try:
+        module = import_path(path, f"gpu_check_{path.stem}")
+    except Exception as err:
+        report.error(f"{label}: import (tokamax, from .gpu_check/wheels)", err)
+        return {label: (None, args)}
+    return {label: (lambda p, xs: module.moe_layer(p, xs, mesh=mesh)[0], args)}
+
+
 def useful_flops(module: ModuleType) -> float:
     """Forward FLOPs that a dropless layer must do: router + top_k experts' three matmuls."""
     tokens = module.BATCH * module.SEQ_LEN
@@ -220,6 +237,7 @@ def run_timing(
     plain = [jax.device_put(a, single) for a in (params, x, ct)]
     layers = {
         f"moegen {name}": (lambda p, xs: module.moe_layer(p, xs, mesh=mesh)[0], (params, x, ct)),
+        **_tokamax_layer(report, work, entry, mesh, (params, x, ct)),
         "baseline dense one-hot": (
             functools.partial(dense_onehot_layer, router_cfg=router_cfg),
             plain,
@@ -238,6 +256,9 @@ def run_timing(
     module_y = None
     for label, (layer, (p_in, x_in, ct_in)) in layers.items():
         on_mesh = label.startswith("moegen")
+        if layer is None:  # the tokamax module did not import: reported, counted as failed
+            ok = False
+            continue
 
         def loss(p: dict, xs: Any, c: Any, layer: Any = layer) -> Any:
             return jnp.sum(layer(p, xs).astype(jnp.float32) * c.astype(jnp.float32))
@@ -260,7 +281,7 @@ def run_timing(
                 continue
             diff = ""
             if pass_name == "fwd":
-                if on_mesh:
+                if on_mesh and module_y is None:
                     module_y = out
                 elif module_y is not None:
                     diff = f"{relative_error(out, module_y):.1e}"

@@ -1,6 +1,6 @@
 """The option matrix, pairwise: render goldens that cover every pair of options.
 
-The options that pick a different path through the templates (FACTORS) make 864 combinations;
+The options that pick a different path through the templates (FACTORS) make 1,152 combinations;
 a greedy covering set of a few dozen holds every pair of values of every two options (kernel
 pallas with quantization fp8, ring of experts with FFN slices and a capacity, ...). Each case
 is a spec (spec_builder) loaded, validated, planned and rendered, as `moegen build
@@ -31,7 +31,7 @@ UPDATE = os.environ.get("MOEGEN_UPDATE_GOLDENS") == "1"
 
 # option -> its values, in a fixed order (the covering set depends on it)
 FACTORS: dict[str, list[Any]] = {
-    "kernel": ["xla", "pallas", "te"],
+    "kernel": ["xla", "pallas", "te", "tokamax"],
     "strategy": ["replicated", "ragged_all_to_all", "ring_of_experts"],
     "ffn_chunks": [1, 2],
     "ffn": ["gated", "plain"],
@@ -41,11 +41,12 @@ FACTORS: dict[str, list[Any]] = {
     "capacity": [False, True],
 }
 # each kernel on a target where it runs: xla on cpu, pallas on a v5e slice, te on Blackwell
-# (fp8 and mxfp8); 4 devices each
+# (fp8 and mxfp8), tokamax on Hopper (its only SM); 4 devices each
 TARGETS = {
     "xla": {"hardware": "cpu"},
     "pallas": {"hardware": "tpu-v5e", "topology": "2x2"},
     "te": {"hardware": "gpu-b200", "topology": 4},
+    "tokamax": {"hardware": "gpu-h200", "topology": 4},
 }
 SHORT = {"replicated": "rep", "ragged_all_to_all": "a2a", "ring_of_experts": "ring"}
 
@@ -148,7 +149,7 @@ def test_every_pair_of_options_is_covered() -> None:
     every = set().union(*(pairs(c) for c in itertools.product(*FACTORS.values())))
     covered = set().union(*(pairs(c) for c in CASES.values()))
     assert covered == every
-    assert len(CASES) < 30  # a covering set, not the product (864)
+    assert len(CASES) < 30  # a covering set, not the product (1,152)
     for a, b in itertools.combinations(CASES.values(), 2):
         assert a != b
 

@@ -65,7 +65,7 @@ def test_other_templates_call_only_the_contract(alias: str) -> None:
 
 
 def test_every_kind_has_its_templates() -> None:
-    assert len([c for c in CASES if c.values[0] == "kernel"]) == 3
+    assert len([c for c in CASES if c.values[0] == "kernel"]) == 4
     assert len([c for c in CASES if c.values[0] == "strategy"]) == 3
 
 

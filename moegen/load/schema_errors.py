@@ -24,6 +24,7 @@ _COMMON_SPELLINGS = {
     "tpu-v7": "tpu7x", "ironwood": "tpu7x", "megablox": "pallas", "ragged_dot": "xla",
     "a100": "gpu-a100", "h100": "gpu-h100", "h200": "gpu-h200", "b200": "gpu-b200",
     "transformer_engine": "te", "transformer-engine": "te", "float8": "fp8", "mx_fp8": "mxfp8",
+    "mosaic_gpu": "tokamax", "mosaic-gpu": "tokamax",
 }  # fmt: skip
 
 

@@ -1,6 +1,7 @@
 """The kernel's plan: which grouped matmul runs the experts, with a typed config per backend
 (megablox tiles and row padding for pallas; quantization and group alignment for Transformer
-Engine; the portable xla kernel has none), and whether shard_map checks varying axes around it."""
+Engine; the Mosaic GPU implementation and SM of tokamax; the portable xla kernel has none), and
+whether shard_map checks varying axes around it."""
 
 from __future__ import annotations
 
@@ -43,14 +44,24 @@ class TeConfig:
 
 
 @dataclass(frozen=True)
+class TokamaxConfig:
+    """tokamax's ragged_dot (kernel tokamax, CUDA GPUs): its Pallas Mosaic GPU kernels, forward
+    and both backward products (tokamax's own VJP), in the compute dtype."""
+
+    implementation: str  # tokamax's name of the kernel family: "mosaic_gpu"
+    cuda_sm: int  # compute capability x 10 the kernels are traced for (validated: 90)
+
+
+@dataclass(frozen=True)
 class KernelPlan:
     """The grouped-matmul kernel; exactly the config of its backend is set."""
 
-    name: str  # "xla" | "pallas" | "te"
+    name: str  # "xla" | "pallas" | "te" | "tokamax"
     check_vma: bool  # shard_map's varying-axes check; off around Pallas calls and erf
     vma_unchecked_reason: str  # why it is off ('' when on)
     pallas: PallasConfig | None
     te: TeConfig | None
+    tokamax: TokamaxConfig | None = None
 
 
 def kernel_plan(
@@ -66,6 +77,7 @@ def kernel_plan(
         vma_unchecked_reason=reason,
         pallas=_pallas_config(layout, experts, interpret) if name == "pallas" else None,
         te=_te_config(loaded, layout, experts) if name == "te" else None,
+        tokamax=_tokamax_config(loaded) if name == "tokamax" else None,
     )
 
 
@@ -91,4 +103,12 @@ def _te_config(loaded: LoadedSpec, layout: FfnLayout, experts: ExpertPlan) -> Te
         group_align=align,
         aligned_rows=round_up(layout.rows + experts.local_experts * (align - 1), align),
         cuda_sm=chip.sm if chip.platform == "gpu" else None,
+    )
+
+
+def _tokamax_config(loaded: LoadedSpec) -> TokamaxConfig:
+    # Named explicitly: tokamax's "mosaic" picks the TPU kernels unless the default device is
+    # an NVIDIA GPU, and its default list falls back to XLA where the GPU kernel refuses.
+    return TokamaxConfig(
+        implementation="mosaic_gpu", cuda_sm=hardware(loaded.spec.target.hardware).sm
     )

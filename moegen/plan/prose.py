@@ -14,6 +14,8 @@ def vma_unchecked_reason(loaded: LoadedSpec) -> str:
         return "Pallas kernels carry no varying-axes types"
     if spec.target.kernel == "te":
         return "Transformer Engine's custom VJPs carry no varying-axes types"
+    if spec.target.kernel == "tokamax":
+        return "tokamax's Pallas Mosaic GPU kernels carry no varying-axes types"
     if spec.layer.activation in ("geglu", "gelu"):
         return "XLA's erf polynomial carries no varying-axes types"
     return ""

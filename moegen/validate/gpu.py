@@ -1,5 +1,6 @@
 """Rules of NVIDIA GPU targets: where Transformer Engine's grouped GEMM runs, and in what
-precision (the landscape's rule 13: FP8 grouped GEMMs need Hopper or newer, MXFP8 Blackwell)."""
+precision (the landscape's rule 13: FP8 grouped GEMMs need Hopper or newer, MXFP8 Blackwell);
+where tokamax's Pallas Mosaic GPU ragged_dot runs, on which operands and widths."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ from moegen.load import LoadedSpec
 
 # compute capability (x10) each quantization needs, and its name
 QUANTIZATION_SM = {"fp8": (90, "Hopper"), "mxfp8": (100, "Blackwell")}
+# kernel tokamax: the compute capability (x10) of the one kernel family that has a forward and
+# both backward kernels in tokamax 0.0.17 (its SM 10.0 and SM 8.0 families have no ragged-
+# contracting kernel, the weight gradient), the operands it multiplies, and the multiple of its
+# SM 9.0 tiles (block_k 128, block_n 64) every contraction and output width is held to
+TOKAMAX_SM = 90
+TOKAMAX_DTYPES = ("bfloat16",)
+TOKAMAX_WIDTH_MULTIPLE = 128
 # the contraction and output widths a quantized GEMM takes: whole 16-byte rows for fp8, whole
 # 32-element scaling blocks for mxfp8
 QUANTIZED_MULTIPLE = {"fp8": 16, "mxfp8": 32}
@@ -72,7 +80,69 @@ def quantized_widths_fit(loaded: LoadedSpec) -> list[Diagnostic]:
     quantization = spec.target.quantization
     if spec.target.kernel != "te" or quantization == "none":
         return []
-    multiple = QUANTIZED_MULTIPLE[quantization]
+    need = f"{quantization} GEMMs need"
+    return _widths_multiple_of(loaded, QUANTIZED_MULTIPLE[quantization], need)
+
+
+def _local_width_note(tensor: int, chunks: int) -> str:
+    """How the FFN width a GEMM sees is cut: " / 2 tensor shards / 4 slices"."""
+    note = f" / {tensor} tensor shards" if tensor > 1 else ""
+    return note + (f" / {chunks} slices" if chunks > 1 else "")
+
+
+def tokamax_runs_on_hopper(loaded: LoadedSpec) -> list[Diagnostic]:
+    """kernel tokamax trains on SM 9.0 (H100, H200) only: tokamax 0.0.17 has a Mosaic GPU
+    weight-gradient kernel for Hopper alone."""
+    target = loaded.spec.target
+    chip = hardware(target.hardware)
+    if target.kernel != "tokamax" or chip.sm == TOKAMAX_SM:
+        return []
+    able = " or ".join(n for n, hw in CATALOGUE.items() if hw.sm == TOKAMAX_SM)
+    if chip.platform != "gpu":
+        other = "pallas or xla" if chip.platform == "tpu" else "xla"
+        why = f"runs on NVIDIA Hopper targets only ({able}), not {target.hardware}"
+        fix = f"use kernel: {other}"
+    else:
+        why = (
+            f"trains on Hopper (SM 9.0: {able}) only: tokamax 0.0.17's Mosaic GPU ragged_dot "
+            f"has no weight-gradient (ragged-contracting) kernel for SM {chip.sm // 10}."
+            f"{chip.sm % 10}, so the backward pass of {target.hardware} cannot be built"
+        )
+        fix = f"use kernel: te or xla, or target {able}"
+    return [
+        loaded.diagnostic(
+            ("target", "kernel"),
+            f"kernel tokamax (tokamax's Pallas Mosaic GPU ragged_dot) {why}; {fix}",
+        )
+    ]
+
+
+def tokamax_multiplies_bfloat16(loaded: LoadedSpec) -> list[Diagnostic]:
+    """tokamax's SM 9.0 kernels take bfloat16 (or float16) operands, both of one dtype."""
+    spec = loaded.spec
+    if spec.target.kernel != "tokamax" or spec.dtypes.compute in TOKAMAX_DTYPES:
+        return []
+    return [
+        loaded.diagnostic(
+            ("dtypes", "compute"),
+            f"kernel tokamax multiplies bfloat16 operands only (its Mosaic GPU kernels are "
+            f"bf16 x bf16 with float32 accumulation), not {spec.dtypes.compute}; set "
+            "compute: bfloat16, or use kernel: xla or te",
+        )
+    ]
+
+
+def tokamax_widths_fit(loaded: LoadedSpec) -> list[Diagnostic]:
+    """Contraction and output widths in whole SM 9.0 tiles (multiples of 128)."""
+    spec = loaded.spec
+    if spec.target.kernel != "tokamax":
+        return []
+    return _widths_multiple_of(loaded, TOKAMAX_WIDTH_MULTIPLE, "kernel tokamax's tiles need")
+
+
+def _widths_multiple_of(loaded: LoadedSpec, multiple: int, need: str) -> list[Diagnostic]:
+    """embed_dim and the FFN width one grouped matmul sees, each a multiple of `multiple`."""
+    spec = loaded.spec
     chunks = spec.memory.ffn_chunks or 1
     out = []
     for path, name, width in (
@@ -85,21 +155,18 @@ def quantized_widths_fit(loaded: LoadedSpec) -> list[Diagnostic]:
             out.append(
                 loaded.diagnostic(
                     path,
-                    f"{name} = {width} is not a multiple of {multiple}, as {quantization} "
-                    f"GEMMs need; nearest: {below or multiple} or {below + multiple}",
+                    f"{name} = {width} is not a multiple of {multiple}, as {need}; "
+                    f"nearest: {below or multiple} or {below + multiple}",
                 )
             )
     return out
 
 
-def _local_width_note(tensor: int, chunks: int) -> str:
-    """How the FFN width a GEMM sees is cut: " / 2 tensor shards / 4 slices"."""
-    note = f" / {tensor} tensor shards" if tensor > 1 else ""
-    return note + (f" / {chunks} slices" if chunks > 1 else "")
-
-
 GPU_RULES = (
     te_runs_on_nvidia_gpus,
+    tokamax_runs_on_hopper,
+    tokamax_multiplies_bfloat16,
+    tokamax_widths_fit,
     quantization_needs_te,
     quantization_fits_the_gpu,
     quantized_widths_fit,

@@ -181,10 +181,13 @@ def _replay(reused: record.Record, source: str, on_step: OnStep) -> VerifyReport
 
 
 def _cuda_target(plan: Plan) -> CudaTarget | None:
+    sites = plan.ffn.grouped_matmul_sites
+    if plan.kernel.tokamax is not None:
+        return CudaTarget(plan.kernel.tokamax.cuda_sm, "none", sites, "tokamax")
     te = plan.kernel.te
     if te is None or te.cuda_sm is None:
         return None
-    return CudaTarget(te.cuda_sm, te.quantization, plan.ffn.grouped_matmul_sites)
+    return CudaTarget(te.cuda_sm, te.quantization, sites)
 
 
 def tpu_target(plan: Plan) -> TpuTarget | None:

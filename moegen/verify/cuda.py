@@ -9,6 +9,12 @@ initialised); `prepare_te` changes process-wide state, so call it in a process o
 (the verify worker, a test) rather than in moegen's main process.
 
 Install TE first with `scripts/install-te` (see TE_INSTALL_HINT).
+
+Kernel tokamax (tokamax's Pallas Mosaic GPU ragged_dot) lowers the same way with less: tokamax
+0.0.17 (pure Python) and jaxlib's own Mosaic GPU lowering, no TE, no CUDA plugin, no stub. Its
+kernel choice asks the default device for its compute capability, and its op checks the device
+(CPU here): `prepare_tokamax` answers the target's SM and turns on tokamax's cross-compile
+option, and each kernel lowers to a `mosaic_gpu_v2` custom call holding its Mosaic GPU module.
 """
 
 from __future__ import annotations
@@ -44,6 +50,14 @@ _PRELOAD = (
     "cublas/lib/libcublasLt.so.12",
     "cublas/lib/libcublas.so.12",
     "nccl/lib/libnccl.so.2",
+)
+TOKAMAX_VERSION = "0.0.17"
+TOKAMAX_CUSTOM_CALL = "mosaic_gpu_v2"  # one Pallas Mosaic GPU kernel launch
+XLA_RAGGED_DOT = re.compile(r"\bchlo\.ragged_dot\b")  # jax.lax.ragged_dot lowered: not tokamax's
+TOKAMAX_INSTALL_HINT = (
+    f"tokamax {TOKAMAX_VERSION} is needed to lower kernel tokamax without a GPU: `make "
+    "gpu-kernels` in a moegen checkout, or `pip install 'moegen[gpu-kernels]'` with jax held "
+    "at its pin (pip's -c constraints file: jax==0.12.0.1, jaxlib==0.12.0.1)."
 )
 _CUSTOM_CALL = re.compile(r'custom_call\s*@([\w.$-]+)|call_target_name\s*=\s*"([^"]+)"')
 
@@ -205,3 +219,49 @@ def count_custom_calls(text: str) -> dict[str, int]:
     """Custom call target name -> number of calls in a StableHLO (or HLO) text."""
     names = (pretty or generic for pretty, generic in _CUSTOM_CALL.findall(text))
     return dict(Counter(names))
+
+
+class TokamaxNotInstalled(RuntimeError):
+    """tokamax is missing or of another version; the message says how to install it."""
+
+
+def missing_tokamax() -> list[str]:
+    """What keeps kernel tokamax from lowering here, without importing it (empty: nothing)."""
+    try:
+        found = importlib.metadata.version("tokamax")
+    except importlib.metadata.PackageNotFoundError:
+        found = None
+    return (
+        []
+        if found == TOKAMAX_VERSION
+        else [f"tokamax=={TOKAMAX_VERSION} (found {found or 'none'})"]
+    )
+
+
+def tokamax_available() -> bool:
+    """Whether `prepare_tokamax` can work here; cheap: reads package metadata."""
+    return not missing_tokamax()
+
+
+def prepare_tokamax(sm: int) -> ModuleType:
+    """Import tokamax to trace its GPU kernels here, as if every device had compute capability
+    `sm` (90: Hopper). Process-wide, like `prepare_te`: call it in a process of its own.
+
+    tokamax picks the kernel family by the default device's compute capability (private
+    `gpu_utils._compute_capability`, None on CPU) and refuses devices without Mosaic GPU unless
+    its `cross_compile` option is on (the backward kernels are built without a device bypass).
+    """
+    missing = missing_tokamax()
+    if missing:
+        raise TokamaxNotInstalled(f"missing: {'; '.join(missing)}.\n{TOKAMAX_INSTALL_HINT}")
+    try:
+        import tokamax
+        from tokamax._src import gpu_utils
+    except ImportError as error:
+        raise TokamaxNotInstalled(
+            f"tokamax is installed but does not load: {error}\n{TOKAMAX_INSTALL_HINT}"
+        ) from error
+    capability = sm / 10
+    gpu_utils._compute_capability = lambda device=None: capability
+    tokamax.config.cross_compile.config.set_global(True)
+    return tokamax

@@ -1,7 +1,8 @@
 """Before any twin runs: is what the target's verification needs installed here?
 
 A TPU target compiles on libtpu's compile-only devices, a `te` kernel lowers through
-Transformer Engine; without them verification would fail only after the twins, minutes in.
+Transformer Engine, a `tokamax` kernel through tokamax; without them verification would fail
+only after the twins, minutes in.
 This looks them up (package metadata and the import system; nothing is imported) and
 reports each one missing at the spec's line that asks for it, with the command that fixes it.
 """
@@ -39,6 +40,11 @@ def missing_te() -> list[str]:
     return cuda.missing_te()
 
 
+def missing_tokamax() -> list[str]:
+    """What keeps kernel tokamax from lowering (moegen.verify.cuda; a seam for tests)."""
+    return cuda.missing_tokamax()
+
+
 def preflight_problems(
     loaded: LoadedSpec, plan: Plan, *, compiles: bool = True
 ) -> list[Diagnostic]:
@@ -61,6 +67,15 @@ def preflight_problems(
                     ("target", "kernel"),
                     f"kernel te: missing: {'; '.join(missing)}. Run {TE_FIX}; "
                     f"otherwise: {cuda.TE_INSTALL_HINT}",
+                )
+            )
+    if compiles and plan.kernel.tokamax is not None:
+        missing = missing_tokamax()
+        if missing:
+            problems.append(
+                loaded.diagnostic(
+                    ("target", "kernel"),
+                    f"kernel tokamax: missing: {'; '.join(missing)}. {cuda.TOKAMAX_INSTALL_HINT}",
                 )
             )
     return problems

@@ -115,7 +115,9 @@ def pinned_versions(job: Job) -> dict[str, str | None]:
     dists = ["jax", "jaxlib"]
     if job.tpu is not None:
         dists.append("libtpu")
-    if job.cuda is not None:
+    if job.cuda is not None and job.cuda.kernel == "tokamax":
+        dists.append("tokamax")
+    elif job.cuda is not None:
         dists += ["transformer_engine", "transformer_engine_cu12", "transformer_engine_jax"]
     versions = {dist: _version(dist) for dist in dists}
     versions["python"] = ".".join(map(str, sys.version_info[:2]))

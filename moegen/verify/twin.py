@@ -134,9 +134,11 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
         overrides[("shapes", "variants")] = twin_variants(
             spec.shapes.variants, shards, spec.sequence_shards
         )
-    if spec.target.kernel == "te":
-        # TE's GEMMs run on a GPU only: the twin runs the same module with the portable
-        # grouped matmul in their place (same call signature), in the compute dtype.
+    if spec.target.kernel in ("te", "tokamax"):
+        # TE's GEMMs and tokamax's Mosaic GPU kernels run on a GPU only (Mosaic GPU's interpret
+        # mode runs tokamax's forward kernel on CPU but not its weight-gradient kernel): the
+        # twin runs the same module with the portable grouped matmul in their place (same call
+        # signature), in the compute dtype.
         overrides[("target", "kernel")] = "xla"
         overrides[("target", "quantization")] = "none"
     if spec.target.kernel == "pallas":

@@ -310,47 +310,58 @@ def compile_full(
         )
 
 
-def prepare_cuda(sm: int) -> None:
+def prepare_cuda(want: CudaTarget) -> None:
     from moegen.verify import cuda
 
     try:
-        cuda.prepare_te(sm)
-    except cuda.TENotInstalled as err:
-        raise CheckFailed(f"kernel te: {err}") from None
+        if want.kernel == "tokamax":
+            cuda.prepare_tokamax(want.sm)
+        else:
+            cuda.prepare_te(want.sm)
+    except (cuda.TENotInstalled, cuda.TokamaxNotInstalled) as err:
+        raise CheckFailed(f"kernel {want.kernel}: {err}") from None
 
 
 def lower_for_cuda(
     module: ModuleType, want: CudaTarget, names: tuple[str, ...], variant: str | None = None
 ) -> None:
-    """Lower the full-size programs for CUDA (no GPU) and check TE's grouped GEMMs are in them.
+    """Lower the full-size programs for CUDA (no GPU) and check the kernel's calls are in them.
 
-    Each grouped-matmul call site lowers to one te_grouped_gemm_ffi forward; its VJP adds the
-    input-gradient and weight-gradient GEMMs; a quantized spec quantizes its operands with TE's
-    grouped quantize. XLA's own dot for an expert matmul would mean TE was bypassed.
+    te: each grouped-matmul call site lowers to one te_grouped_gemm_ffi forward; its VJP adds
+    the input-gradient and weight-gradient GEMMs; a quantized spec quantizes its operands with
+    TE's grouped quantize. tokamax: one Mosaic GPU kernel (mosaic_gpu_v2) per site forward,
+    three with the backward (forward, input gradient, weight gradient). XLA's own ragged dot
+    for an expert matmul would mean the kernel was bypassed.
     """
     from moegen.verify import cuda
 
     shape = shape_of(module, variant)
     params, x, programs = full_size_programs(module, jax.devices()[: module.NUM_DEVICES], shape)
+    tokamax = want.kernel == "tokamax"
+    kernel_call = cuda.TOKAMAX_CUSTOM_CALL if tokamax else "te_grouped_gemm_ffi"
     for name in names:
         start = time.perf_counter()
-        calls = cuda.count_custom_calls(cuda.lower_for_cuda(programs[name], params, x))
-        gemms = calls.get("te_grouped_gemm_ffi", 0)
+        text = cuda.lower_for_cuda(programs[name], params, x)
+        calls = cuda.count_custom_calls(text)
+        gemms = calls.get(kernel_call, 0)
         quantizes = sum(n for target, n in calls.items() if "grouped_quantize" in target)
-        least = want.call_sites * (1 if name == "forward" else 2)
+        least = want.call_sites * (1 if name == "forward" else 3 if tokamax else 2)
         if gemms < least:
             raise CheckFailed(
-                f"{name} lowered for CUDA has {gemms} TE grouped GEMMs, expected at least "
+                f"{name} lowered for CUDA has {gemms} {kernel_call} calls, expected at least "
                 f"{least} ({want.call_sites} grouped-matmul call sites): {dict(calls)}"
             )
+        if tokamax and cuda.XLA_RAGGED_DOT.search(text):
+            raise CheckFailed(f"{name} lowered for CUDA holds XLA's ragged dot beside tokamax's")
         if (want.quantization != "none") != (quantizes > 0):
             raise CheckFailed(
                 f"{name}: quantization {want.quantization} but {quantizes} TE grouped "
                 f"quantize calls in the lowered module: {dict(calls)}"
             )
-        te_calls = {k: v for k, v in sorted(calls.items()) if k.startswith("te_")}
+        prefix = kernel_call if tokamax else "te_"
+        kernel_calls = {k: v for k, v in sorted(calls.items()) if k.startswith(prefix)}
         seconds = time.perf_counter() - start
-        emit(Lowered(f"lower {name} for cuda{shape.label}", seconds, want.sm, te_calls))
+        emit(Lowered(f"lower {name} for cuda{shape.label}", seconds, want.sm, kernel_calls))
 
 
 def main(job_path: str) -> int:
@@ -358,11 +369,11 @@ def main(job_path: str) -> int:
     use_compilation_cache(job.compilation_cache)
     try:
         start = time.perf_counter()
-        # A te module imports Transformer Engine, which only the CUDA lowering needs: the
-        # twins (kernel xla) run without it.
+        # A te (tokamax) module imports Transformer Engine (tokamax), which only the CUDA
+        # lowering needs: the twins (kernel xla) run without it.
         if job.compile or job.cuda is None:
             if job.cuda is not None:
-                prepare_cuda(job.cuda.sm)  # before the module imports transformer_engine
+                prepare_cuda(job.cuda)  # before the module imports transformer_engine
             module = import_module(job.module, "moegen_full")
             emit(Imported("import", time.perf_counter() - start))
         for twin in job.twins:
