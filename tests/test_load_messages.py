@@ -94,7 +94,7 @@ def test_version_must_be_the_integer_1(version: str) -> None:
         # the same letters swapped, though less than 0.8 similar
         ("kernel: xla", "kernel: xal", "target.kernel", "got 'xal'; did you mean 'xla'?"),
         # too far from every choice: no hint
-        ("kernel: xla", "kernel: triton", "target.kernel", "must be 'xla', 'pallas' or 'te', got 'triton'"),
+        ("kernel: xla", "kernel: triton", "target.kernel", "must be 'xla', 'pallas', 'te' or 'tokamax', got 'triton'"),
     ],
 )  # fmt: skip
 def test_choice_hints(old: str, new: str, field: str, message: str) -> None:

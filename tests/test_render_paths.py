@@ -67,7 +67,12 @@ def test_example_modules_hold_only_their_path(rendered, name):
     if plan.experts.strategy == "replicated":  # else the expert exchange gathers too
         assert ("all_gather" in code) is (plan.mesh.fsdp_axis is not None)
     assert ("jnp.sum(combine_weights" in code) is plan.router.renormalize
-    calls = {"xla": "jax.lax.ragged_dot(", "pallas": "megablox.gmm(", "te": "_te_grouped_matmul("}
+    calls = {
+        "xla": "jax.lax.ragged_dot(",
+        "pallas": "megablox.gmm(",
+        "te": "_te_grouped_matmul(",
+        "tokamax": "_tokamax_grouped_matmul(",
+    }
     # (gate,) up, down; gate and up side by side in one call where the plan fuses them
     assert code.count(calls[plan.kernel.name]) >= plan.ffn.grouped_matmul_sites
     assert ('weights["w_gate_up"]' in rendered[name]) is plan.ffn.fuses_gate_up

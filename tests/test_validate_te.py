@@ -9,6 +9,11 @@ from validate_cases import (
 )
 
 # rule name -> [(spec overrides, expected diagnostics: (line, column, field, message))].
+TOKAMAX = {
+    "hardware": "gpu-h100", "topology": "8", "kernel": "tokamax", "axes": "{fsdp: 8}",
+    "embed": 128, "ffn": 256,
+}  # fmt: skip
+
 CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
     "te_runs_on_nvidia_gpus": [
         ({"kernel": "te", **H100_8}, []),
@@ -106,6 +111,70 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
                     "layer.ffn_dim",
                     "ffn_dim = 136 is not a multiple of 16, as fp8 GEMMs need; nearest: 128 or 144",
                 ),
+            ],
+        ),
+    ],
+    # kernel tokamax: Hopper only (no SM 10.0 weight-gradient kernel), bfloat16, 128-wide
+    "tokamax_runs_on_hopper": [
+        ({**TOKAMAX}, []),
+        ({**TOKAMAX, "hardware": "gpu-h200"}, []),
+        (
+            {**TOKAMAX, "hardware": "gpu-b200"},
+            [
+                (
+                    20,
+                    11,
+                    "target.kernel",
+                    "kernel tokamax (tokamax's Pallas Mosaic GPU ragged_dot) trains on Hopper "
+                    "(SM 9.0: gpu-h100 or gpu-h200) only: tokamax 0.0.17's Mosaic GPU "
+                    "ragged_dot has no weight-gradient (ragged-contracting) kernel for SM 10.0, "
+                    "so the backward pass of gpu-b200 cannot be built; use kernel: te or xla, "
+                    "or target gpu-h100 or gpu-h200",
+                )
+            ],
+        ),
+        (
+            {**TOKAMAX, "hardware": "tpu-v5e", "topology": "2x4"},
+            [
+                (
+                    20,
+                    11,
+                    "target.kernel",
+                    "kernel tokamax (tokamax's Pallas Mosaic GPU ragged_dot) runs on NVIDIA "
+                    "Hopper targets only (gpu-h100 or gpu-h200), not tpu-v5e; use kernel: "
+                    "pallas or xla",
+                )
+            ],
+        ),
+    ],
+    "tokamax_multiplies_bfloat16": [
+        ({**TOKAMAX}, []),
+        (
+            {**TOKAMAX, "compute": "float32"},
+            [
+                (
+                    25,
+                    12,
+                    "dtypes.compute",
+                    "kernel tokamax multiplies bfloat16 operands only (its Mosaic GPU kernels "
+                    "are bf16 x bf16 with float32 accumulation), not float32; set compute: "
+                    "bfloat16, or use kernel: xla or te",
+                )
+            ],
+        ),
+    ],
+    "tokamax_widths_fit": [
+        ({**TOKAMAX}, []),
+        (
+            {**TOKAMAX, "ffn": 200},
+            [
+                (
+                    5,
+                    12,
+                    "layer.ffn_dim",
+                    "ffn_dim = 200 is not a multiple of 128, as kernel tokamax's tiles need; "
+                    "nearest: 128 or 256",
+                )
             ],
         ),
     ],

@@ -19,7 +19,7 @@ from moegen.pipeline import generate
 from moegen.plan import make_plan
 from moegen.sizes import axes_product
 from moegen.verify import TOLERANCES, VerifyError, verify
-from moegen.verify.twin import TWIN_SEQ_LEN, TWIN_SEQUENCES_PER_SHARD, twin_of
+from moegen.verify.twin import TWIN_SEQ_LEN, TWIN_SEQUENCES_PER_SHARD, twin_of, twin_seq_len
 
 FLOAT32_STEP = "twin parity (float32)"
 REQUIRED_STEPS = ["import", FLOAT32_STEP, "compile forward", "compile forward+backward"]
@@ -174,11 +174,15 @@ def test_twin_keeps_the_code_path_and_shrinks_the_sizes(name, in_repo):
         "ffn.chunks",
     ):
         assert attrgetter(field)(twin) == attrgetter(field)(plan), field
-    # TE runs on a GPU only: a te twin runs the portable kernel with the same signature
-    assert twin.kernel.name == ("xla" if plan.kernel.name == "te" else plan.kernel.name)
+    # TE and tokamax run on a GPU only: their twins run the portable kernel, same signature
+    gpu_only = plan.kernel.name in ("te", "tokamax")
+    assert twin.kernel.name == ("xla" if gpu_only else plan.kernel.name)
     assert twin.param_dtype == twin.compute_dtype == "float32"
     assert twin.embed_dim <= plan.embed_dim and twin.embed_dim != twin.ffn_dim
-    assert twin.local_batch == TWIN_SEQUENCES_PER_SHARD and twin.seq_len == TWIN_SEQ_LEN
+    # a device's tokens, stretched to split into the spec's token chunks
+    assert twin.local_batch == TWIN_SEQUENCES_PER_SHARD
+    assert twin.seq_len == twin_seq_len(plan.experts.token_chunks) * plan.mesh.sequence_shards
+    assert twin.experts.token_chunks == plan.experts.token_chunks
     keep = make_plan(twin_of(generated.loaded, dtype=None))
     assert (keep.param_dtype, keep.compute_dtype) == (plan.param_dtype, plan.compute_dtype)
 

@@ -25,7 +25,7 @@ from moegen.plan.ffn import FfnChunkOption, FfnPlan, GluPlan, chosen_layout, ffn
 from moegen.plan.fit import LEDGER_OVERESTIMATE, cannot_fit, fit_problems
 from moegen.plan.kernel import KernelPlan, PallasConfig, TeConfig, kernel_plan
 from moegen.plan.mesh import MeshPlan, mesh_plan
-from moegen.plan.model import Plan
+from moegen.plan.model import Plan, TokenChunkOption
 from moegen.plan.network import NetworkPlan, Transfer, network_plan
 from moegen.plan.params import (
     ROUTER_DTYPE,
@@ -39,7 +39,7 @@ from moegen.plan.prose import summary
 from moegen.plan.report import format_plan
 from moegen.plan.roofline import PassRoofline, Roofline, roofline
 from moegen.plan.router import RouterPlan, router_plan
-from moegen.plan.token_chunks import TokenChunkOption, token_chunk_options
+from moegen.plan.token_chunks import token_chunk_options
 from moegen.plan.variants import VariantPlan, variant_plans
 from moegen.sizes import axes_product
 from moegen.spec import GATED_ACTIVATIONS

@@ -19,7 +19,6 @@ from moegen.plan.network import NetworkPlan
 from moegen.plan.params import ParamPlan, PartitionSpec
 from moegen.plan.roofline import Roofline
 from moegen.plan.router import RouterPlan
-from moegen.plan.token_chunks import TokenChunkOption
 
 
 @dataclass(frozen=True)
@@ -85,3 +84,13 @@ class VariantPlan:
     seq_len: int
     input_shape: tuple[int, int, int]
     plan: Plan
+
+
+@dataclass(frozen=True)
+class TokenChunkOption:
+    """One value of memory.token_chunks and what it costs, per device."""
+
+    chunks: int
+    forward_peak: int  # planned, bytes
+    train_peak: int  # planned forward+backward, bytes
+    train_flops: int  # a training step's FLOPs as run (worst-case buffers, recomputation)

@@ -5,26 +5,13 @@ and `moegen tune`."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
 from moegen.load import LoadedSpec
-
-if TYPE_CHECKING:
-    from moegen.plan.model import Plan
+from moegen.plan.model import Plan, TokenChunkOption
 
 # Chunk counts `moegen plan` lists (those that split the device's tokens evenly).
 LISTED_TOKEN_CHUNKS = (1, 2, 4, 8, 16, 32)
-
-
-@dataclass(frozen=True)
-class TokenChunkOption:
-    """One value of memory.token_chunks and what it costs, per device."""
-
-    chunks: int
-    forward_peak: int  # planned, bytes
-    train_peak: int  # planned forward+backward, bytes
-    train_flops: int  # a training step's FLOPs as run (worst-case buffers, recomputation)
 
 
 def token_chunk_options(
