@@ -9,13 +9,17 @@ into ANCHOR below. For each row this builds the same layer as a moegen spec and 
 forward and forward+backward programs for the row's slice (moegen's own verify path, compile
 only: `moegen plan --compile`), twice:
 
-- whole: memory.token_chunks 1 (moegen's default for a layer that fits);
-- chunked: the fewest token chunks whose *planned* forward+backward peak is at most
-  PLANNED_SHARE of MaxText's compiled one (the plan's ledger can be low, hence the margin).
+- whole: the FFN whole, one token chunk (moegen's default for a layer that fits);
+- sliced: the fewest FFN slices (memory.ffn_chunks), and
+- chunked: the fewest token chunks (memory.token_chunks), each whose *planned*
+  forward+backward peak is at most PLANNED_SHARE of MaxText's compiled one (the plan's ledger
+  can be low, hence the margin).
 
 It prints, and writes as markdown, the compiled peaks and FLOPs and their ratios to MaxText's,
-and checks issue 20's bar on the chunked rows: forward+backward peak <= 0.6x, FLOPs <= 1.25x,
-forward peak <= 1x; the exit status is 1 if a row misses it.
+and checks issue 20's bar on each row's best trade (sliced or chunked): forward+backward peak
+<= 0.6x, FLOPs <= 1.25x, forward peak <= 1x; the exit status is 1 if a row misses it. Wide
+FFNs (Mixtral) save most by slices (the gathered weights shrink), narrow many-expert top-8
+layers (Qwen3) by token chunks (the certified buffers shrink).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from moegen.verify import verify
 from moegen.verify.messages import Compiled
 
 GB = 1e9
-PLANNED_SHARE = 0.4
+PLANNED_SHARE = 0.3
 BAR = {"train_peak": 0.6, "flops": 1.25, "forward_peak": 1.0}
 
 
@@ -72,7 +76,7 @@ ANCHOR = (
 )  # fmt: skip
 
 
-def spec_text(row: Row, token_chunks: int) -> str:
+def spec_text(row: Row, token_chunks: int, ffn_chunks: int = 1) -> str:
     axes = ", ".join(f"{name}: {size}" for name, size in row.axes.items())
     return (
         "version: 1\n"
@@ -83,24 +87,30 @@ def spec_text(row: Row, token_chunks: int) -> str:
         "dtypes: {params: float32, compute: bfloat16}\n"
         f"mesh: {{axes: {{{axes}}}}}\n"
         f"parallelism: {{experts: {row.strategy}}}\n"
-        f"memory: {{token_chunks: {token_chunks}, ffn_chunks: 1}}\n"
+        f"memory: {{token_chunks: {token_chunks}, ffn_chunks: {ffn_chunks}}}\n"
         f"target: {{hardware: {row.hardware}, topology: {row.topology}, kernel: pallas}}\n"
     )
 
 
-def chosen_chunks(row: Row, folder: Path) -> int:
-    """The fewest listed token chunks whose planned forward+backward peak is at most
-    PLANNED_SHARE of MaxText's (the most listed when none is)."""
-    plan = generate(write_spec(row, 1, folder)).plan
+def candidates(row: Row, folder: Path) -> list[tuple[str, int, int]]:
+    """(label, token chunks, FFN slices): whole, and the fewest slices and the fewest token
+    chunks whose planned forward+backward peak is at most PLANNED_SHARE of MaxText's (the
+    most listed when none is)."""
+    plan = generate(write_spec(row, 1, 1, folder)).plan
     budget = PLANNED_SHARE * row.train_peak_gb * GB
-    options = [o for o in plan.token_chunk_options if o.chunks > 1]
-    fitting = [o.chunks for o in options if o.train_peak <= budget]
-    return fitting[0] if fitting else options[-1].chunks
+
+    def fewest(options: list) -> int:
+        fitting = [o.chunks for o in options if o.train_peak <= budget]
+        return fitting[0] if fitting else options[-1].chunks
+
+    slices = fewest([o for o in plan.ffn.chunk_options if o.chunks > 1])
+    chunks = fewest([o for o in plan.token_chunk_options if o.chunks > 1])
+    return [("whole", 1, 1), ("sliced", 1, slices), ("chunked", chunks, 1)]
 
 
-def write_spec(row: Row, token_chunks: int, folder: Path) -> Path:
-    path = folder / f"{row.label}_c{token_chunks}.yaml"
-    path.write_text(spec_text(row, token_chunks))
+def write_spec(row: Row, token_chunks: int, ffn_chunks: int, folder: Path) -> Path:
+    path = folder / f"{row.label}_c{token_chunks}_s{ffn_chunks}.yaml"
+    path.write_text(spec_text(row, token_chunks, ffn_chunks))
     return path
 
 
@@ -113,15 +123,15 @@ def compiled(path: Path) -> dict[str, Compiled]:
 
 def measure(row: Row, folder: Path) -> list[dict]:
     out = []
-    for label, chunks in (("whole", 1), ("chunked", chosen_chunks(row, folder))):
+    for label, chunks, slices in candidates(row, folder):
         start = time.perf_counter()
-        steps = compiled(write_spec(row, chunks, folder))
+        steps = compiled(write_spec(row, chunks, slices, folder))
         forward, train = steps["compile forward"], steps["compile forward+backward"]
         out.append(
             {
                 "row": row.label,
-                "layer": f"moegen {label} (token_chunks {chunks})",
-                "chunks": chunks,
+                "layer": f"moegen {label} (ffn_chunks {slices}, token_chunks {chunks})",
+                "trade": label,
                 "forward_peak": forward.memory.peak / GB,
                 "train_peak": train.memory.peak / GB,
                 "flops": train.flops / GB,
@@ -160,6 +170,12 @@ def table(rows: list[Row], results: list[dict]) -> list[str]:
     return lines
 
 
+def met(label: str, results: list[dict]) -> bool:
+    """Whether a trade of the row (FFN slices or token chunks) meets the bar."""
+    trades = [r for r in results if r["row"] == label and r["trade"] != "whole"]
+    return any(all(r["ratios"][k] <= BAR[k] for k in BAR) for r in trades)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="*", help="MaxText labels (default: all six)")
@@ -173,11 +189,13 @@ def main(argv: list[str] | None = None) -> int:
             results += measure(row, Path(folder))
             print("\n".join(table(rows, results)[-2:]), flush=True)
     lines = table(rows, results)
-    chunked = [r for r in results if r["chunks"] > 1]
-    missed = [r["row"] for r in chunked if any(r["ratios"][k] > BAR[k] for k in BAR)]
+    missed = [
+        label for label in dict.fromkeys(r["row"] for r in results) if not met(label, results)
+    ]
     summary = (
-        f"Bar (chunked rows): forward+backward peak <= {BAR['train_peak']}x, FLOPs <= "
-        f"{BAR['flops']}x, forward peak <= {BAR['forward_peak']}x MaxText's; "
+        "Bar (each row's best trade, sliced or chunked): forward+backward peak <= "
+        f"{BAR['train_peak']}x, FLOPs <= {BAR['flops']}x, forward peak <= "
+        f"{BAR['forward_peak']}x MaxText's; "
         + (f"missed by {', '.join(missed)}." if missed else "met on every row.")
     )
     text = "\n".join(
