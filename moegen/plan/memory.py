@@ -139,15 +139,16 @@ def _weight_gradient_moment(cost: CostPlan, ffn: FfnBuffers) -> dict[str, int]:
 
 
 def _whole_forward_temporaries(cost: CostPlan, ffn: FfnBuffers, compute_bytes: int) -> int:
-    """The forward pass's temporaries at its peak, the FFN whole: the FFN activations (gate,
-    up and hidden, and with biases the gate and up biases gathered per row), or two [rows, D]
+    """The forward pass's temporaries at its peak, the FFN whole: the FFN activations ((gate,)
+    up and hidden, and with biases the (gate and) up biases gathered per row), or two [rows, D]
     buffers (the received rows and their sort by expert; gathered locally, the sorted rows
     and the expert output), whichever is larger; with fsdp, one gathered weight beside them
     (XLA gathers each just before its matmul); and the packing overhead."""
     rows = ffn.rows // ffn.calls  # one grouped-matmul call's (one ring step's)
     activation = rows * ffn.width * compute_bytes
     row_block = rows * ffn.embed_dim * compute_bytes
-    activations = (3 + (2 if ffn.biased else 0)) * activation
+    biases = ffn.matmuls - 1 if ffn.biased else 0  # (gate and) up
+    activations = (ffn.matmuls + biases) * activation
     weights = cost.gathered_weight_bytes
     if ffn.gathers_whole and not ffn.ring:
         weights //= ffn.matmuls
