@@ -49,9 +49,10 @@ def tpu_specs(spec_dir: Path = SPEC_DIR) -> list[str]:
 
 
 def versions() -> dict[str, str]:
-    """What the compiled figures depend on: jax, libtpu, and the moegen commit measured."""
+    """What the compiled figures depend on: jax, libtpu, and the moegen commit measured
+    ("-dirty": with uncommitted changes)."""
     commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
+        ["git", "describe", "--always", "--dirty", "--abbrev=7"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
