@@ -352,7 +352,9 @@ def memory_section(results: dict[str, Any]) -> list[str]:
         "`memory_analysis()` of the compiled forward and forward+backward programs: peak = "
         "arguments + outputs + temporaries - aliased, in GB (1e9 bytes) and GiB; *plan*: the "
         "peak `moegen plan` estimates from its ledger (the backward pass of the expert FFN), "
-        "and how far it is from the compiled one. FFN slices: `memory.ffn_chunks` as planned.",
+        "and how far it is from the compiled one. FFN slices: `memory.ffn_chunks` as planned. "
+        "The plan column is the ledger of the run; bench/LEDGER.md has today's ledger against "
+        "every TPU example, compiled (`python -m bench.ledger`).",
         "",
         "| spec | layer | FFN slices | forward peak GB (GiB) | forward temporaries GB | "
         "fwd+bwd peak GB (GiB) | fwd+bwd temporaries GB | plan fwd+bwd GiB | plan error |",

@@ -81,7 +81,7 @@ def test_cli_plan_tpu_example(monkeypatch: pytest.MonkeyPatch) -> None:
     ) in lines
     hbm = hardware("tpu-v5e").hbm_bytes_per_device / 2**30
     assert (
-        f"  memory estimate forward 3.907 GiB, forward+backward 5.001 GiB of {hbm:.3f} GiB HBM "
+        f"  memory estimate forward 2.710 GiB, forward+backward 5.401 GiB of {hbm:.3f} GiB HBM "
         "per device"
     ) in lines
     # the ledger follows, largest first, then what FFN slices would cost
@@ -89,16 +89,17 @@ def test_cli_plan_tpu_example(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (
         lines[start + 1 :]
         == [
-            "       2.625 GiB  gathered expert weights, kept for the backward pass",
-            "       0.875 GiB  FFN activations and gradients at the backward peak (4 x [rows, 14336])",
+            "       2.625 GiB  gathered expert weights and one weight's gradient, at the weight "
+            "gradients",
             "       0.656 GiB  parameters (stored shards)",
             "       0.656 GiB  parameter gradients (stored shards)",
+            "       0.656 GiB  FFN activations and gradients at the backward peak (3 x [rows, 14336])",
+            "       0.525 GiB  XLA's packing of the temporaries (+15%)",
+            "       0.219 GiB  one weight's float32 gradient shard, before it is copied out",
             "       0.062 GiB  layer input and its gradient",
-            "       0.062 GiB  routed rows, kept for the backward pass",
-            "       0.062 GiB  gradient of the routed experts' output",
             "       384.0 KiB  router logits, scores and their gradients",
             "  FFN slices      1 (14336 columns each); memory.ffn_chunks options, forward+backward:",
-            "      1 slices  peak  5.001 GiB  recomputed FLOPs 0.000e+00  <- this spec",
+            "      1 slices  peak  5.401 GiB  recomputed FLOPs 0.000e+00  <- this spec",
             "      2 slices  peak  3.766 GiB  recomputed FLOPs 1.924e+12",
         ]
         + lines[start + 12 :]

@@ -214,7 +214,7 @@ def test_costs_without_shared_expert_have_none() -> None:
     assert c.expert_flops == 4 * 1024 * 64 * 32  # up and down only
     assert c.forward_flops == c.router_flops + c.expert_flops
     assert "shared expert" not in format_plan(plan)
-    assert len(plan.memory.ledger) == 8
+    assert len(plan.memory.ledger) == 7  # the fixed 4, the peak's buffers, activations, packing
 
 
 def test_memory_ledger_with_shared_expert_by_hand() -> None:
@@ -231,21 +231,24 @@ def test_memory_ledger_with_shared_expert_by_hand() -> None:
     activation = 1024 * 32 * 2  # [rows, F] bfloat16
     x = 256 * 64 * 2
     router = 256 * 8 * 4 * 3
+    params, gathered = 59_424, 60_192
+    # the shared expert is inside the packing (bench/LEDGER.md); exchanged, one up call:
+    # 4 + 1 [rows, D] at the row gradient, more than the weights at the weight gradients
+    assert 5 * row_block > gathered + params // 2
+    temporaries = 5 * row_block + 2 * activation  # gelu: up kept, the hidden gradient
     assert dict(plan.memory.ledger) == {
-        "parameters (stored shards)": 59_424,
-        "parameter gradients (stored shards)": 59_424,
-        "gathered expert weights, kept for the backward pass": 60_192,
-        "routed rows, kept for the backward pass": row_block,
-        "gradient of the routed experts' output": row_block,
-        # gelu: up, the hidden gradient and the up gradient
-        "FFN activations and gradients at the backward peak (3 x [rows, 32])": 3 * activation,
+        "parameters (stored shards)": params,
+        "parameter gradients (stored shards)": params,
+        "[rows, D] buffers at the row gradient (5 x [rows, 64])": 5 * row_block,
+        "FFN activations and gradients at the backward peak (2 x [rows, 32])": 2 * activation,
+        "XLA's packing of the temporaries (+15%)": int(0.15 * temporaries),
         "layer input and its gradient": 2 * x,
         "router logits, scores and their gradients": router,
-        "shared expert activations and their gradients": 2 * 98_304,
     }
-    assert plan.memory.forward_peak == (
-        59_424 + 2 * x + 60_192 + 2 * row_block + 2 * activation + 98_304 + router // 3
-    )
+    # forward: two [rows, D] outweigh up, hidden and the up bias per row; one gathered weight
+    assert 2 * row_block > 3 * activation
+    forward = int(1.3 * (2 * row_block + gathered // 2))
+    assert plan.memory.forward_peak == params + 2 * x + router // 3 + forward
     assert plan.memory.train_peak == sum(dict(plan.memory.ledger).values())
 
 

@@ -15,7 +15,7 @@ from moegen.verify import VerifyError, VerifyReport, memory_verdict, peak_bytes
 
 
 def test_spec_the_plan_says_cannot_fit_is_refused_before_any_compile(tmp_path):
-    """64 experts of 4096 x 8192 on a v5e 2x2 with the FFN whole: the plan needs 24.3 GiB of
+    """64 experts of 4096 x 8192 on a v5e 2x2 with the FFN whole: the plan needs 28.4 GiB of
     16, more than the ledger's error over HBM, so `moegen build` refuses it, located at
     memory.ffn_chunks, before any twin or compile (moegen.plan.fit; it used to spend the twin
     and a forward compile before the compiler said so). Left to the plan, the FFN runs in
@@ -34,7 +34,7 @@ def test_spec_the_plan_says_cannot_fit_is_refused_before_any_compile(tmp_path):
     (tmp_path / "generated").mkdir()
     before = snapshot(tmp_path)
     plan = make_plan(load_valid(tmp_path / "specs" / f"{name}.yaml"))
-    assert plan.memory.train_peak > 1.11 * plan.memory.hbm_bytes_per_device
+    assert plan.memory.train_peak > 1.10 * plan.memory.hbm_bytes_per_device
 
     result = run_moegen("build", f"specs/{name}.yaml", cwd=tmp_path)
     err = result.stderr
@@ -43,7 +43,7 @@ def test_spec_the_plan_says_cannot_fit_is_refused_before_any_compile(tmp_path):
     assert_no_traceback(result.stdout + err)
     assert snapshot(tmp_path) == before  # nothing written, generated/ still empty
     assert "verify:" not in err and "wrote" not in err
-    assert f"specs/{name}.yaml:" in err and ": memory.ffn_chunks: the plan needs 24.35 GiB" in err
+    assert f"specs/{name}.yaml:" in err and ": memory.ffn_chunks: the plan needs 28.35 GiB" in err
     assert "16.00 GiB HBM of tpu-v5e" in err
     assert "Would fit: memory.ffn_chunks 16 (" in err  # 2, 4 and 8 slices plan over HBM
 

@@ -19,11 +19,12 @@ from dataclasses import replace
 from moegen import __version__
 from moegen.hardware import hardware
 from moegen.load import LoadedSpec
-from moegen.plan.costs import DTYPE_BYTES, CostPlan, MemoryPlan, cost_plan, forward_hbm_bytes
+from moegen.plan.costs import DTYPE_BYTES, CostPlan, cost_plan, forward_hbm_bytes
 from moegen.plan.experts import ExpertPlan, expert_plan
 from moegen.plan.ffn import FfnChunkOption, FfnPlan, GluPlan, chosen_layout, ffn_plan, layouts
 from moegen.plan.fit import LEDGER_OVERESTIMATE, cannot_fit, fit_problems
 from moegen.plan.kernel import KernelPlan, PallasConfig, TeConfig, kernel_plan
+from moegen.plan.memory import MemoryPlan
 from moegen.plan.mesh import MeshPlan, mesh_plan
 from moegen.plan.model import Plan, TokenChunkOption
 from moegen.plan.network import NetworkPlan, Transfer, network_plan

@@ -16,8 +16,9 @@ from dataclasses import dataclass, replace
 
 from moegen.hardware import hardware
 from moegen.load import LoadedSpec
-from moegen.plan.costs import DTYPE_BYTES, CostPlan, FfnBuffers, MemoryPlan, memory_plan
+from moegen.plan.costs import DTYPE_BYTES, CostPlan
 from moegen.plan.experts import ExpertPlan
+from moegen.plan.memory import FfnBuffers, MemoryPlan, memory_plan
 from moegen.plan.params import ParamPlan
 from moegen.sizes import ffn_slice_problem
 from moegen.spec import GATED_ACTIVATIONS, Layer, Spec
@@ -147,6 +148,11 @@ def layouts(
             ),
             token_chunks=experts.token_chunks,
             kept_output_bytes=_kept_output_bytes(experts, kernel_rows, spec, compute_bytes),
+            exchanged=experts.strategy == "ragged_all_to_all" and experts.shards > 1,
+            gathers_whole=spec.mesh.axes.get("fsdp", 1) > 1 and chunks == 1,
+            biased=layer.ffn_bias,
+            ring=experts.strategy == "ring_of_experts",
+            calls=experts.ffn_calls,
         )
         memory = memory_plan(
             cost,

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from moegen.plan.costs import CostPlan, MemoryPlan
+from moegen.plan.costs import CostPlan
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.ffn import FfnPlan
 from moegen.plan.kernel import KernelPlan
+from moegen.plan.memory import MemoryPlan
 from moegen.plan.mesh import MeshPlan
 from moegen.plan.network import NetworkPlan
 from moegen.plan.params import ParamPlan, PartitionSpec

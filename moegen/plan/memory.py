@@ -1,0 +1,212 @@
+"""The memory ledger: what one device holds at the peak of the forward pass and of
+forward+backward, buffer by buffer, as measured in XLA's buffer assignment.
+
+The model was read off the compiled programs of the committed TPU examples (libtpu 0.0.51:
+`python -m bench.ledger --dump DIR` writes XLA's buffer assignment, its live ranges and the
+buffers live at the heap peak; bench/LEDGER.md has the figures). A compiled peak is
+arguments + outputs + temporaries: the stored parameters and the layer input (arguments),
+their gradients or the layer output (outputs), and one preallocated block of temporaries,
+sized by where the buffers live at one moment of the program are placed. The ledger names
+the buffers of that moment, then adds XLA's packing overhead (`*_PACKING`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moegen.plan.costs import CostPlan
+
+# XLA places every temporary at an offset in one block, and the block is larger than the
+# most bytes ever live at once: buffers of different sizes and lifetimes leave gaps. Measured
+# (block / the heap simulator's live peak, temporaries only, libtpu 0.0.51): forward+backward
+# 1.02 (deepseek_v3), 1.07 (qwen2_57b), 1.14 (ernie45), 1.18 (mixtral_8x7b_v5e), 1.22
+# (qwen3_30b_a3b), 1.45 (mixtral tensor); forward 1.31 (ernie45), 1.32 (qwen2_57b), 1.48
+# (mixtral_8x7b_v5e), but 1.0 (mixtral 2 slices: three equal activations pack exactly). One
+# fraction per program, each the one that minimises the worst error over the whole-FFN TPU
+# examples (bench/LEDGER.md): no per-spec correction.
+TRAIN_PACKING = 0.15
+FORWARD_PACKING = 0.30
+
+
+@dataclass(frozen=True)
+class FfnBuffers:
+    """What sizes the routed FFN's buffers on one device."""
+
+    rows: int  # rows of the grouped-matmul calls, padding and ring steps included
+    embed_dim: int
+    width: int  # FFN columns computed at once: FFN_DIM, or one slice of it
+    chunks: int  # FFN slices run one at a time (1: whole)
+    matmuls: int  # 3 gated (gate, up, down), 2 plain
+    gate_up_calls: int  # grouped-matmul calls for gate and up: 1 side by side (or up alone), 2
+    sliced_cast_bytes: int  # the sliced weights' local shards in the compute dtype
+    exchanged: bool = False  # the rows arrive by ragged all-to-all (and go back so)
+    ring: bool = False  # ring_of_experts: gathered tokens, outputs reduce-scattered in float32
+    gathers_whole: bool = False  # fsdp gathers the whole expert weights (FFN not sliced)
+    biased: bool = False  # a bias after each projection, gathered per row
+    calls: int = 1  # grouped-matmul calls per projection (ring steps, overlapped)
+    token_chunks: int = 1  # chunks of the device's tokens run one at a time (rows: one chunk's)
+    kept_output_bytes: int = 0  # every token chunk's expert outputs, kept for the backward
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Per-device memory estimate of forward+backward, item by item, in bytes."""
+
+    ledger: tuple[tuple[str, int], ...]  # largest first
+    forward_peak: int
+    train_peak: int
+    hbm_bytes_per_device: int  # 0 when the target has no fixed memory (cpu)
+
+
+def memory_plan(
+    cost: CostPlan,
+    ffn: FfnBuffers,
+    *,
+    local_tokens: int,
+    num_experts: int,
+    compute_bytes: int,
+    hbm: int,
+) -> MemoryPlan:
+    """What one device holds at the peak of the forward pass and of forward+backward."""
+    x = local_tokens * ffn.embed_dim * compute_bytes
+    router = local_tokens * num_experts * 4 * 3  # logits, scores, their gradient (float32)
+    fixed = {
+        "parameters (stored shards)": cost.param_bytes,
+        "parameter gradients (stored shards)": cost.param_bytes,
+        "layer input and its gradient": 2 * x,
+        "router logits, scores and their gradients": router,
+    }
+    if ffn.chunks == 1:
+        items = fixed | _whole_backward_peak(cost, ffn, compute_bytes)
+        forward = (
+            cost.param_bytes
+            + 2 * x
+            + router // 3
+            + _whole_forward_temporaries(cost, ffn, compute_bytes)
+        )
+    else:
+        items, forward = _sliced(cost, ffn, fixed, x=x, router=router, compute_bytes=compute_bytes)
+    if ffn.token_chunks > 1:
+        # Beside one chunk's buffers (rows above are one chunk's): what every chunk keeps.
+        items[f"expert outputs of the {ffn.token_chunks} token chunks, kept"] = (
+            ffn.kept_output_bytes
+        )
+    ledger = tuple(sorted(items.items(), key=lambda item: -item[1]))
+    return MemoryPlan(ledger, forward, sum(items.values()), hbm)
+
+
+def _whole_backward_peak(cost: CostPlan, ffn: FfnBuffers, compute_bytes: int) -> dict[str, int]:
+    """The temporaries of forward+backward at its peak, the FFN whole: the larger of two
+    moments of the expert FFN's backward pass (with fsdp gathering whole weights; else the
+    row gradient), beside the FFN activations (gate and up kept, the hidden gradient:
+    `matmuls` x [rows, width]), and XLA's packing overhead.
+
+    The row gradient, as measured at the heap peak: the routed rows kept for the weight
+    gradients, the gradient of the experts' output, each gate/up call's row gradient, and two
+    more [rows, D] buffers: exchanged (ernie45, qwen2_57b, deepseek_v3) the received rows
+    kept and the row gradients' sum (two calls) or their unsorted copy (one call); in a ring
+    (qwen3 ring) the expert output in float32 for its reduce-scatter, two [rows, D] of the
+    compute dtype; gathered locally (qwen3_30b_a3b) one more: the rows' gather beside the
+    expert output, which the scheduler computes late.
+    """
+    row_block = ffn.rows * ffn.embed_dim * compute_bytes  # one [rows, D] buffer
+    blocks = 4 + ffn.gate_up_calls + (0 if ffn.exchanged or ffn.ring else 1)
+    label = f"[rows, D] buffers at the row gradient ({blocks} x [rows, {ffn.embed_dim}])"
+    moment = {label: blocks * row_block}
+    weights = _weight_gradient_moment(cost, ffn)
+    if ffn.gathers_whole and sum(weights.values()) > blocks * row_block:
+        moment = weights
+    activations = (
+        f"FFN activations and gradients at the backward peak ({ffn.matmuls} x [rows, {ffn.width}])"
+    )
+    items = moment | {activations: ffn.matmuls * ffn.rows * ffn.width * compute_bytes}
+    packing = f"XLA's packing of the temporaries (+{TRAIN_PACKING:.0%})"
+    items[packing] = int(TRAIN_PACKING * sum(items.values()))
+    return items
+
+
+def _weight_gradient_moment(cost: CostPlan, ffn: FfnBuffers) -> dict[str, int]:
+    """The weight gradients, fsdp gathering whole weights, as measured at the heap peak
+    (mixtral_8x7b_v5e, llama4, the mixtral tensor example): the gathered weights still needed
+    and the gradient of one in the compute dtype before its reduce-scatter, together the
+    gathered size, and one weight's float32 gradient shard, computed in temporaries before it
+    is copied to the outputs. In an overlapped ring (qwen3 ring overlap) each weight's
+    gradient is summed over the ring steps: all of them are live with the gathered weights."""
+    gathered = cost.gathered_weight_bytes
+    if ffn.ring:
+        return {"gathered expert weights and their gradients, summed over the ring steps": (
+            2 * gathered
+        )}  # fmt: skip
+    return {
+        "gathered expert weights and one weight's gradient, at the weight gradients": gathered,
+        "one weight's float32 gradient shard, before it is copied out": (
+            cost.param_bytes // ffn.matmuls
+        ),
+    }
+
+
+def _whole_forward_temporaries(cost: CostPlan, ffn: FfnBuffers, compute_bytes: int) -> int:
+    """The forward pass's temporaries at its peak, the FFN whole: the FFN activations ((gate,)
+    up and hidden, and with biases the (gate and) up biases gathered per row), or two [rows, D]
+    buffers (the received rows and their sort by expert; gathered locally, the sorted rows
+    and the expert output), whichever is larger; with fsdp, one gathered weight beside them
+    (XLA gathers each just before its matmul); and the packing overhead."""
+    rows = ffn.rows // ffn.calls  # one grouped-matmul call's (one ring step's)
+    activation = rows * ffn.width * compute_bytes
+    row_block = rows * ffn.embed_dim * compute_bytes
+    biases = ffn.matmuls - 1 if ffn.biased else 0  # (gate and) up
+    activations = (ffn.matmuls + biases) * activation
+    weights = cost.gathered_weight_bytes
+    if ffn.gathers_whole and not ffn.ring:
+        weights //= ffn.matmuls
+    peak = max(activations, 2 * row_block) + weights
+    return int((1 + FORWARD_PACKING) * peak)
+
+
+def _sliced(
+    cost: CostPlan,
+    ffn: FfnBuffers,
+    fixed: dict[str, int],
+    *,
+    x: int,
+    router: int,
+    compute_bytes: int,
+) -> tuple[dict[str, int], int]:
+    """The FFN in slices: the backward peak is in the last slice's backward pass. Beside the
+    parameters, their gradients and the layer input: the routed rows kept for it, the
+    gradient of the expert output, the slice's activations being differentiated ((gate,) up,
+    the hidden gradient and one projection's gradient), one slice's gathered weights, the
+    stored shards cast once to the compute dtype (the compiler hoists the cast out of the
+    loop), and the row gradient summed over slices in float32. Measured on the memory
+    reference (mixtral_8x7b_ep_a2a_v5e, 8 slices)."""
+    row_block = ffn.rows * ffn.embed_dim * compute_bytes
+    activation = ffn.rows * ffn.width * compute_bytes
+    sliced = cost.gathered_weight_bytes // ffn.chunks
+    shared = cost.shared_activation_bytes
+    items = fixed | {
+        "routed rows, kept for the backward pass": row_block,
+        "gradient of the routed experts' output": row_block,
+        f"FFN activations and gradients at the backward peak ({ffn.matmuls + 1} x [rows, "
+        f"{ffn.width}])": (ffn.matmuls + 1) * activation,
+        "one FFN slice's weights, gathered": sliced,
+        "stored expert weights cast to the compute dtype once": ffn.sliced_cast_bytes,
+        "row gradient, summed over the slices in float32": ffn.rows * ffn.embed_dim * 4,
+        # One row gradient per grouped-matmul call that reads the rows.
+        "the slice's row gradients": ffn.gate_up_calls * row_block,
+    }
+    if shared:
+        items["shared expert activations and their gradients"] = 2 * shared
+    # Forward: received and sorted rows, two [rows, width] activations at once (the
+    # projection being computed and the one before it), the output summed in float32.
+    forward = (
+        cost.param_bytes
+        + 2 * x
+        + sliced
+        + ffn.sliced_cast_bytes
+        + 2 * row_block
+        + 2 * activation
+        + ffn.rows * ffn.embed_dim * 4
+        + shared
+        + router // 3
+    )
+    return items, forward
