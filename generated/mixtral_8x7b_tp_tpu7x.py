@@ -69,6 +69,9 @@ BATCH_AXES = ("data", "fsdp", "expert")
 FSDP_AXIS = "fsdp"
 EXPERT_AXIS = "expert"
 TENSOR_AXIS = "tensor"  # splits the experts' FFN width
+ROUTING_AXES = tuple(
+    axis for axis in MESH_AXES if axis != TENSOR_AXIS
+)  # every tensor shard routes alike
 
 BATCH = 16
 SEQ_LEN = 4096
@@ -221,7 +224,7 @@ def _moe_shard(params: Params, x: jax.Array) -> tuple[jax.Array, Aux]:
     y = jax.lax.psum(y, TENSOR_AXIS)
     aux = Aux(
         tokens_per_expert=tokens_per_expert,
-        received_rows=jax.lax.pmax(received, MESH_AXES),
+        received_rows=jax.lax.pmax(received, ROUTING_AXES),
     )
     return y.reshape(LOCAL_BATCH, SEQ_LEN, EMBED_DIM), aux
 

@@ -19,7 +19,7 @@ from moegen.pipeline import generate
 from moegen.plan import make_plan
 from moegen.sizes import axes_product
 from moegen.verify import TOLERANCES, VerifyError, verify
-from moegen.verify.twin import TWIN_SEQ_LEN, TWIN_SEQUENCES_PER_SHARD, twin_of, twin_seq_len
+from moegen.verify.twin import TWIN_SEQUENCES_PER_SHARD, twin_of, twin_seq_len
 
 FLOAT32_STEP = "twin parity (float32)"
 REQUIRED_STEPS = ["import", FLOAT32_STEP, "compile forward", "compile forward+backward"]
@@ -38,6 +38,22 @@ def in_repo(monkeypatch):
 TPU_COMPILED_IN_CI = {"mixtral_8x7b_v5e"}
 
 
+def _with_variants(steps: list[str], variants: list[str]) -> list[str]:
+    """The verify steps with shape variants, as verify orders them: each twin for the main
+    shape then each variant ("twin parity (float32, eval)"), then each shape's compiles
+    ("compile forward (eval)"), then each shape's memory verdict."""
+    suffixes = ["", *(f" ({name})" for name in variants)]
+    twins = [s for s in steps if s.startswith("twin parity (")]
+    compiles = [s for s in steps if s.startswith("compile")]
+    verdicts = [s for s in steps if s == "memory verdict"]
+    out = [s for s in steps if s == "import"]
+    for twin in twins:
+        out += [twin] + [f"{twin[:-1]}, {name})" for name in variants]
+    out += [f"{step}{suffix}" for suffix in suffixes for step in compiles]
+    out += [f"{step}{suffix}" for step in verdicts for suffix in suffixes]
+    return out
+
+
 @pytest.mark.parametrize("name", EXAMPLE_NAMES)
 @pytest.mark.slow
 def test_example_spec_verifies(name, in_repo):
@@ -54,15 +70,17 @@ def test_example_spec_verifies(name, in_repo):
     spec = generated.loaded.spec
     low_precision = (spec.dtypes.params, spec.dtypes.compute) != ("float32", "float32")
     expected = list(REQUIRED_STEPS if compiles else REQUIRED_STEPS[:2])
-    if generated.plan.kernel.name == "te":
-        # the full module imports Transformer Engine, needed only to lower it for CUDA
-        # (tests/test_gpu_targets.py); its twins run kernel xla without it
+    if generated.plan.kernel.name in ("te", "tokamax"):
+        # the full module imports its GPU library, needed only to lower it for CUDA
+        # (tests/test_gpu_targets.py, tests/test_tokamax.py); its twins run kernel xla
         expected.remove("import")
     if low_precision:
         label = f"{spec.dtypes.compute} compute, {spec.dtypes.params} params"
         expected.insert(2, f"twin parity ({label})")
     if compiles and generated.plan.memory.hbm_bytes_per_device:  # TPU: the HBM verdict
         expected.append("memory verdict")
+    # each shape variant repeats the twins and compiles after the main shape's, named by it
+    expected = _with_variants(expected, [v.name for v in generated.plan.variants])
     assert names == expected
     assert all(step["seconds"] >= 0 for step in report.steps)
 
@@ -70,7 +88,9 @@ def test_example_spec_verifies(name, in_repo):
     twin = twin_of(generated.loaded)
     twin_plan = make_plan(twin)
     shards = axes_product(spec.mesh.axes, spec.batch_axes)
-    twin_tokens = shards * TWIN_SEQUENCES_PER_SHARD * TWIN_SEQ_LEN
+    twin_tokens = (
+        shards * TWIN_SEQUENCES_PER_SHARD * twin_seq_len(generated.plan.experts.token_chunks)
+    )
     assert twin_plan.batch * twin_plan.seq_len == twin_tokens
     parity = report.step(FLOAT32_STEP)
     cases = {case["case"]: case for case in parity["cases"]}

@@ -43,6 +43,8 @@ class MeshPlan:
     sequence_shards: int
     token_axes_name: str  # the module constant naming token_axes: BATCH_AXES or TOKEN_AXES
     local_seq_len_name: str  # the constant of a device's sequence length: SEQ_LEN or LOCAL_SEQ_LEN
+    routing_axes_name: str  # the constant of the axes routing varies over: MESH_AXES, or
+    # ROUTING_AXES (all but tensor: every tensor shard routes the same tokens)
     expert_axis: str | None  # seam for expert parallelism; None: experts replicated
     topology: str | None
     tpu_topology_name: str | None  # libtpu's name, e.g. "v5e:2x4"
@@ -74,6 +76,7 @@ def mesh_plan(loaded: LoadedSpec, expert_axis: str | None, network: NetworkPlan)
         sequence_shards=spec.sequence_shards,
         token_axes_name="TOKEN_AXES" if "sequence" in axes else "BATCH_AXES",
         local_seq_len_name="LOCAL_SEQ_LEN" if "sequence" in axes else "SEQ_LEN",
+        routing_axes_name="ROUTING_AXES" if "tensor" in axes else "MESH_AXES",
         expert_axis=expert_axis,
         topology=topology,
         tpu_topology_name=f"{chip.topology_prefix}:{topology}" if tpu else None,
