@@ -45,6 +45,11 @@ TWIN_CASES = {
         capacity=(1.0, "probability"), batch=4, axes={"tensor": 2, "fsdp": 2}, ffn_chunks=2,
         hardware="tpu-v5e", topology="2x2", kernel="pallas",
     ),
+    # xla checks varying axes: the received-rows count must not be reduced over tensor
+    "a2a_tensor_xla": tiny(
+        ffn=96, ffn_bias=True, axes={"data": 2, "tensor": 2, "expert": 2},
+        strategy="ragged_all_to_all",
+    ),
     "ring_tensor_xla_shared": tiny(
         ffn=96, shared_ffn=48, axes={"expert": 4, "tensor": 2}, strategy="ring_of_experts"
     ),
