@@ -146,6 +146,18 @@ def assert_twin_parity(report: Any) -> list[dict]:
     return parity
 
 
+def generated_from(choices: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The spec `choices` describe (tests/spec_builder.py), written as tmp_path/layer.yaml and
+    generated there (loaded, validated, planned, rendered): a `moegen.pipeline.Generated`."""
+    from spec_builder import spec_yaml
+
+    from moegen.pipeline import generate
+
+    (tmp_path / "layer.yaml").write_text(spec_yaml(choices))
+    monkeypatch.chdir(tmp_path)
+    return generate(Path("layer.yaml"))
+
+
 def assert_no_traceback(text: str) -> None:
     assert "Traceback (most recent call last)" not in text, text
     assert "internal error" not in text, text

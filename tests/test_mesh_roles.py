@@ -17,11 +17,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import assert_twin_parity
+from conftest import assert_twin_parity, generated_from
 from spec_builder import spec_yaml, tiny, validated
 
 from moegen.load import LoadedSpec
-from moegen.pipeline import generate
 from moegen.plan import make_plan
 from moegen.verify import verify
 
@@ -119,7 +118,7 @@ def test_rendered_layer_sums_over_tensor_and_counts_over_every_token_axis(
 ) -> None:
     choices = tiny(ffn=96, ffn_bias=True, load_balance_loss=0.01,
                    axes={"data": 2, "tensor": 2, "sequence": 2})  # fmt: skip
-    source = _generated(choices, tmp_path, monkeypatch).source
+    source = generated_from(choices, tmp_path, monkeypatch).source
     assert "y = jax.lax.psum(y, TENSOR_AXIS)" in source
     assert 'weights["b_down"] = jnp.where(first_shard' in source
     assert "TOKEN_AXES = BATCH_AXES + (SEQUENCE_AXIS,)" in source
@@ -131,15 +130,9 @@ def test_rendered_layer_sums_over_tensor_and_counts_over_every_token_axis(
 def test_a_layer_without_the_roles_emits_none_of_their_code(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source = _generated(tiny(ffn_bias=True), tmp_path, monkeypatch).source
+    source = generated_from(tiny(ffn_bias=True), tmp_path, monkeypatch).source
     for code in ("TENSOR_AXIS", "SEQUENCE_AXIS", "TOKEN_AXES", "LOCAL_SEQ_LEN", "first_shard"):
         assert code not in source
-
-
-def _generated(choices: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    (tmp_path / "layer.yaml").write_text(spec_yaml(choices))
-    monkeypatch.chdir(tmp_path)
-    return generate(Path("layer.yaml"))
 
 
 @pytest.mark.parametrize("case", sorted(TWIN_CASES))
@@ -147,7 +140,7 @@ def _generated(choices: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def test_twin_matches_the_dense_reference(
     case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    generated = _generated(TWIN_CASES[case], tmp_path, monkeypatch)
+    generated = generated_from(TWIN_CASES[case], tmp_path, monkeypatch)
     report = verify(generated.loaded, generated.source, run_compiles=False)
     assert_twin_parity(report)
 
@@ -203,7 +196,7 @@ def test_layer_runs_on_a_model_mesh_with_an_unused_axis(
     choices = tiny(ffn=96, ffn_bias=True, shared_ffn=48, axes={"data": 2, "tensor": 2},
                    compute_dtype="float32", params_dtype="float32")  # fmt: skip
     module = tmp_path / "layer.py"
-    module.write_text(_generated(choices, tmp_path, monkeypatch).source)
+    module.write_text(generated_from(choices, tmp_path, monkeypatch).source)
     script = tmp_path / "run.py"
     script.write_text(MODEL_MESH_SCRIPT)
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")

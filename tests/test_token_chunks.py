@@ -12,11 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import assert_twin_parity
+from conftest import assert_twin_parity, generated_from
 from spec_builder import spec_yaml, tiny, validated
 
 from moegen.load import LoadedSpec
-from moegen.pipeline import generate
 from moegen.plan import make_plan
 from moegen.verify import verify
 
@@ -84,7 +83,7 @@ def test_the_ledger_holds_one_chunk_and_every_chunks_outputs() -> None:
 
 
 def test_rendered_layer_scans_the_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    source = _generated(tiny(ffn=96, token_chunks=4, **A2A), tmp_path, monkeypatch).source
+    source = generated_from(tiny(ffn=96, token_chunks=4, **A2A), tmp_path, monkeypatch).source
     assert "def _routed_experts_in_chunks(" in source
     assert 'returned = checkpoint_name(returned, "expert_outputs")' in source
     assert "CHUNK_TOKENS = 4  # LOCAL_TOKENS / TOKEN_CHUNKS" in source
@@ -95,15 +94,9 @@ def test_rendered_layer_scans_the_chunks(tmp_path: Path, monkeypatch: pytest.Mon
 def test_without_chunks_none_of_it_is_emitted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source = _generated(tiny(ffn=96, **A2A), tmp_path, monkeypatch).source
+    source = generated_from(tiny(ffn=96, **A2A), tmp_path, monkeypatch).source
     for code in ("TOKEN_CHUNKS", "CHUNK_TOKENS", "checkpoint_name", "functools"):
         assert code not in source
-
-
-def _generated(choices: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    (tmp_path / "layer.yaml").write_text(spec_yaml(choices))
-    monkeypatch.chdir(tmp_path)
-    return generate(Path("layer.yaml"))
 
 
 @pytest.mark.parametrize("case", sorted(TWIN_CASES))
@@ -111,6 +104,6 @@ def _generated(choices: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def test_twin_matches_the_dense_reference(
     case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    generated = _generated(TWIN_CASES[case], tmp_path, monkeypatch)
+    generated = generated_from(TWIN_CASES[case], tmp_path, monkeypatch)
     report = verify(generated.loaded, generated.source, run_compiles=False)
     assert_twin_parity(report)

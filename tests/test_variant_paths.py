@@ -9,10 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import assert_twin_parity
-from spec_builder import spec_yaml, tiny
+from conftest import assert_twin_parity, generated_from
+from spec_builder import tiny
 
-from moegen.pipeline import generate
 from moegen.verify import verify
 
 PALLAS = {"hardware": "tpu-v5e", "topology": "2x4", "kernel": "pallas"}
@@ -40,15 +39,9 @@ CASES = {
 }  # fmt: skip
 
 
-def _generated(choices: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    (tmp_path / "layer.yaml").write_text(spec_yaml(choices))
-    monkeypatch.chdir(tmp_path)
-    return generate(Path("layer.yaml"))
-
-
 def test_every_case_plans_its_variants_with_other_local_tokens(tmp_path, monkeypatch) -> None:
     for name, choices in CASES.items():
-        plan = _generated(choices, tmp_path, monkeypatch).plan
+        plan = generated_from(choices, tmp_path, monkeypatch).plan
         assert [v.name for v in plan.variants] == list(choices["variants"]), name
         for variant in plan.variants:
             assert variant.plan.local_tokens != plan.local_tokens, (name, variant.name)
@@ -59,7 +52,7 @@ def test_every_case_plans_its_variants_with_other_local_tokens(tmp_path, monkeyp
 def test_each_shape_matches_the_dense_reference(
     case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    generated = _generated(CASES[case], tmp_path, monkeypatch)
+    generated = generated_from(CASES[case], tmp_path, monkeypatch)
     report = verify(generated.loaded, generated.source, run_compiles=False)
     names = [step["step"] for step in assert_twin_parity(report)]
     variants = list(CASES[case]["variants"])
