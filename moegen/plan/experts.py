@@ -34,7 +34,6 @@ class ExpertPlan:
     reports_received: bool = False  # the call also returns the rows this device received
     tokens_name: str = "LOCAL_TOKENS"  # the module constant of call_tokens
     rows_name: str = "ROUTED_ROWS"  # the module constant of call_tokens * top_k
-    keeps_outputs: str | None = None  # the value the chunk's recomputation stops at
 
 
 def expert_capacity(loaded: LoadedSpec, local_tokens: int) -> int | None:
@@ -113,14 +112,4 @@ def expert_plan(loaded: LoadedSpec, local_tokens: int, *, emulate: bool) -> Expe
         reports_received=strategy == "ragged_all_to_all",
         tokens_name="CHUNK_TOKENS" if token_chunks > 1 else "LOCAL_TOKENS",
         rows_name="CHUNK_ROWS" if token_chunks > 1 else "ROUTED_ROWS",
-        keeps_outputs=KEPT_OUTPUTS[strategy] if token_chunks > 1 else None,
     )
-
-
-# What a token chunk keeps for the backward pass, by strategy: each copy's expert output as it
-# is combined (the combine's gradient reads it), so that the down projection is not run again.
-KEPT_OUTPUTS = {
-    "replicated": "out",
-    "ragged_all_to_all": "returned",
-    "ring_of_experts": "out",
-}
