@@ -33,6 +33,10 @@ TWIN_CASES = {
         ffn=96, weighting="input", capacity=(1.25, "probability"), load_balance_loss=0.01,
         token_chunks=2,
     ),
+    # each shape variant's twin splits into the chunks too
+    "a2a_with_variants": tiny(
+        ffn=96, token_chunks=8, variants={"prefill": {"batch": 8, "seq_len": 64}}, **A2A
+    ),
     "ring_xla": tiny(
         ffn=96, axes={"data": 2, "expert": 2}, strategy="ring_of_experts", token_chunks=4
     ),

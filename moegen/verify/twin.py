@@ -77,15 +77,21 @@ def twin_of(
 
 
 def twin_variants(
-    variants: Mapping[str, ShapeVariant], shards: int, sequence_shards: int = 1
+    variants: Mapping[str, ShapeVariant],
+    shards: int,
+    sequence_shards: int = 1,
+    token_chunks: int = 1,
 ) -> Mapping[str, ShapeVariant]:
     """The twin's shape variants: as small as its main shape, each a distinct sequence length
-    (moe_layer dispatches on the shape), split evenly over the sequence axis."""
+    (moe_layer dispatches on the shape), split evenly over the sequence axis, a device's tokens
+    into the spec's token chunks."""
+    # the smallest step of a device's sequence length that keeps its tokens splitting
+    step = token_chunks // math.gcd(TWIN_SEQUENCES_PER_SHARD, token_chunks)
     return MappingProxyType(
         {
             name: ShapeVariant(
                 batch=shards * TWIN_SEQUENCES_PER_SHARD,
-                seq_len=(TWIN_SEQ_LEN + i) * sequence_shards,
+                seq_len=(twin_seq_len(token_chunks) + i * step) * sequence_shards,
             )
             for i, name in enumerate(variants, start=1)
         }
@@ -132,7 +138,7 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
     }
     if spec.shapes.variants:
         overrides[("shapes", "variants")] = twin_variants(
-            spec.shapes.variants, shards, spec.sequence_shards
+            spec.shapes.variants, shards, spec.sequence_shards, spec.memory.token_chunks or 1
         )
     if spec.target.kernel in ("te", "tokamax"):
         # TE's GEMMs and tokamax's Mosaic GPU kernels run on a GPU only (Mosaic GPU's interpret
