@@ -302,3 +302,34 @@ def _half(value: int, multiple: int) -> int:
 def padded_rows(rows: int, tiles: list[Tile]) -> int:
     """Rows rounded up so that every row tile used, forward and backward, divides them."""
     return round_up(rows, math.lcm(*(t.rows for t in tiles)))
+
+
+def accumulate_tile(
+    gate_up: Tile, contraction: int, output: int, dtype: str, vmem_budget: int
+) -> Tile:
+    """Tiles of the kernel that adds a chunk's gate/up product into the running float32 sum
+    (the overlapped ring): the gate/up call's, with lane tiles that divide the chunk's widths
+    exactly (that kernel masks no ragged last tile; a width under one lane tile is one whole
+    block), narrowed while its blocks do not fit VMEM. It holds the sum twice (read and
+    written, both float32 and double-buffered) beside the rows, the weights and its
+    accumulator."""
+
+    def divisors(width: int, widest: int) -> list[int]:
+        return lane_tiles(width, widest) if width % LANES == 0 else [width]
+
+    def need(m: int, k: int, n: int) -> int:
+        c = DTYPE_BYTES[dtype]
+        return (
+            2 * (m * k * c + k * n * c + 2 * m * n * 4) + m * n * 4 + scratch_bytes(Tile(m, k, n))
+        )
+
+    ks = divisors(contraction, gate_up.contraction)
+    ns = divisors(output, gate_up.output)
+    m, k, n = gate_up.rows, ks[-1], ns[-1]
+    while need(m, k, n) > usable_vmem(vmem_budget) and (len(ks) > 1 or len(ns) > 1):
+        if len(ns) > 1 and (n >= k or len(ks) == 1):
+            ns.pop()
+        else:
+            ks.pop()
+        k, n = ks[-1], ns[-1]
+    return Tile(m, k, n)

@@ -11,6 +11,7 @@ import math
 from operator import attrgetter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import EXAMPLE_NAMES, REPO_ROOT
 
@@ -20,6 +21,7 @@ from moegen.plan import make_plan
 from moegen.sizes import axes_product
 from moegen.verify import TOLERANCES, VerifyError, verify
 from moegen.verify.twin import TWIN_SEQUENCES_PER_SHARD, twin_of, twin_seq_len
+from moegen.verify.worker import relative_error
 
 FLOAT32_STEP = "twin parity (float32)"
 REQUIRED_STEPS = ["import", FLOAT32_STEP, "compile forward", "compile forward+backward"]
@@ -158,6 +160,28 @@ def test_mutated_module_fails_verification(in_repo, monkeypatch):
     assert "random routing" in message
     # It failed at the parity step: imported fine, never reached a compile.
     assert [step["step"] for step in steps] == ["import"]
+
+
+@pytest.mark.slow
+def test_a_nan_gradient_fails_verification(in_repo, monkeypatch):
+    """The same forward, but NaN in the input's and weights' gradients (where's untaken
+    branch: 0 x sqrt'(0)). A NaN error compares False both ways: it must still fail."""
+    original = "jax.nn.silu(gate) * up"
+    mutant = "jax.nn.silu(gate) * jnp.where(True, up, jnp.sqrt(up * 0.0))"
+    generated = generate(Path("specs") / "mixtral_small_cpu.yaml")
+    assert generated.source.count(original) == 1
+    real_render = moegen.verify.render
+    monkeypatch.setattr(
+        moegen.verify, "render", lambda plan: real_render(plan).replace(original, mutant)
+    )
+    with pytest.raises(VerifyError, match="relative error inf"):
+        verify(generated.loaded, generated.source.replace(original, mutant))
+
+
+def test_relative_error_of_a_non_finite_result_is_infinite() -> None:
+    assert relative_error(np.array([1.0, math.nan]), np.array([1.0, 2.0])) == math.inf
+    assert relative_error(np.array([math.inf]), np.array([1.0])) == math.inf
+    assert relative_error(np.array([3.0, 4.0]), np.array([3.0, 4.0])) == 0.0
 
 
 def test_module_that_fails_to_import(in_repo):

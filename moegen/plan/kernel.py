@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.plan.experts import ExpertPlan
-from moegen.plan.ffn import FfnLayout
+from moegen.plan.ffn import FfnLayout, local_ffn_dim
 from moegen.plan.prose import vma_unchecked_reason
-from moegen.tiling import round_up
+from moegen.tiling import Tile, accumulate_tile, round_up
 
 # Transformer Engine's grouped GEMM: every expert's rows fill a multiple of this many rows
 # when quantized (cuBLAS FP8 contracts over rows in the weight gradient in 16s; TE's SM 100
@@ -31,6 +31,9 @@ class PallasConfig:
     row_alignment: int  # a call's row count is a multiple of this (every row tile)
     padded_rows: int  # rows of one grouped-matmul call including the padding
     pads_rows: bool  # padded_rows > FFN_ROWS: the kernel gets rows of no expert group
+    # the overlapped ring's kernel that adds a chunk's gate/up product into the float32 sum in
+    # place (input_output_aliases); None where nothing is summed over chunks
+    accumulate_tile: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,15 @@ class KernelPlan:
     pallas: PallasConfig | None
     te: TeConfig | None
     tokamax: TokamaxConfig | None = None
+    # megablox leaves the rows past its groups unwritten, in the input gradient too (stale
+    # memory on a TPU, NaN interpreted): rows gathered from the tokens must be zeroed by a
+    # select there, or the gather's transpose adds that memory into the tokens' gradient.
+    masks_gathered_rows: bool = False
+
+    @property
+    def accumulates_in_kernel(self) -> bool:
+        """The overlapped ring's partial sums are added inside the kernel, in place."""
+        return self.pallas is not None and self.pallas.accumulate_tile is not None
 
 
 def kernel_plan(
@@ -75,13 +87,16 @@ def kernel_plan(
         name=name,
         check_vma=not reason,
         vma_unchecked_reason=reason,
-        pallas=_pallas_config(layout, experts, interpret) if name == "pallas" else None,
+        pallas=_pallas_config(loaded, layout, experts, interpret) if name == "pallas" else None,
         te=_te_config(loaded, layout, experts) if name == "te" else None,
         tokamax=_tokamax_config(loaded) if name == "tokamax" else None,
+        masks_gathered_rows=name == "pallas",
     )
 
 
-def _pallas_config(layout: FfnLayout, experts: ExpertPlan, interpret: bool) -> PallasConfig:
+def _pallas_config(
+    loaded: LoadedSpec, layout: FfnLayout, experts: ExpertPlan, interpret: bool
+) -> PallasConfig:
     assert layout.tiles is not None  # the layout tiles every pallas call
     gate_up, down = layout.tiles
     return PallasConfig(
@@ -91,7 +106,23 @@ def _pallas_config(layout: FfnLayout, experts: ExpertPlan, interpret: bool) -> P
         row_alignment=math.lcm(gate_up.rows, down.rows),
         padded_rows=layout.rows,
         pads_rows=layout.rows > experts.ffn_rows,
+        accumulate_tile=_accumulate_tile(loaded, layout, experts, gate_up),
     )
+
+
+def _accumulate_tile(
+    loaded: LoadedSpec, layout: FfnLayout, experts: ExpertPlan, gate_up: Tile
+) -> tuple[int, int, int] | None:
+    """Tiles of the in-place partial sums, where the ring sums gate/up over embedding chunks."""
+    spec = loaded.spec
+    if experts.overlap_chunks == 1:  # the "ring_overlapped" layout only
+        return None
+    width = local_ffn_dim(spec) // layout.chunks * (2 if layout.fused else 1)
+    chip = hardware(spec.target.hardware)
+    tile = accumulate_tile(
+        gate_up, experts.chunk_width, width, spec.dtypes.compute, chip.vmem_bytes_for_tiles
+    )
+    return tile.as_tuple()
 
 
 def _te_config(loaded: LoadedSpec, layout: FfnLayout, experts: ExpertPlan) -> TeConfig:

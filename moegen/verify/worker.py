@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import importlib.util
 import json
+import math
 import sys
 import time
 import traceback
@@ -65,7 +66,11 @@ def import_module(path: str, name: str) -> ModuleType:
 
 
 def relative_error(got: Any, want: Any) -> float:
+    """|got - want| / |want|; infinite where `got` holds a NaN or an infinity, so that no
+    comparison (NaN < tolerance is False, but so is NaN > anything) can pass it over."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if not np.isfinite(got).all():
+        return math.inf
     scale = max(float(np.linalg.norm(want)), 1e-30)
     return float(np.linalg.norm(got - want)) / scale
 

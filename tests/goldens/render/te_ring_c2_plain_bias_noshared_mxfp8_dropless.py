@@ -372,8 +372,9 @@ def _weighted_sum(
 ) -> jax.Array:
     """Sum of each token's local expert outputs, weighted, in float32: [tokens, EMBED_DIM]."""
     weights = combine_weights.reshape(-1)[order]
-    # Rows past the expert groups hold no result: select, do not multiply (they may be NaN).
-    out = jnp.where(is_local[:, None], out.astype(jnp.float32) * weights[:, None], 0.0)
+    # Rows past the expert groups hold no result (they may be NaN): select them away before
+    # weighing, or the weights' gradient (0 x NaN) would be NaN too.
+    out = jnp.where(is_local[:, None], out.astype(jnp.float32), 0.0) * weights[:, None]
     return jnp.zeros((tokens, EMBED_DIM), jnp.float32).at[order // TOP_K].add(out)
 
 
@@ -388,7 +389,8 @@ def _routed_experts(
 
     # 2. The copies routed to this device's experts, grouped by expert, through the FFN.
     order, is_local, group_sizes = _local_copies(group_ids)
-    out = _expert_ffn(group_tokens[order // TOP_K], weights, group_sizes)
+    rows = group_tokens[order // TOP_K]
+    out = _expert_ffn(rows, weights, group_sizes)
 
     # 3. Weighted per-token sums of this device's experts; every device adds its share.
     partial = _weighted_sum(out, order, is_local, group_weights, GROUP_TOKENS)
