@@ -48,17 +48,7 @@ def test_the_figures_were_compiled_with_the_pinned_versions() -> None:
 
 # Known misses, each with what the ledger does not model; strict: fixing one fails the test
 # until the entry goes.
-KNOWN_MISSES = {
-    ("mixtral_8x7b_2slices_v5e", "forward"): (
-        "planned 4.42 GiB, compiled 3.33 (+33%): XLA writes the hidden activation over the"
-        " gate's buffer and stacks two [rows, 14336] on the rows and weights with no gap;"
-        " the ledger counts three activations and adds 30%"
-    ),
-    ("qwen3_30b_a3b_chunked_v5e", "forward"): (
-        "planned 0.82 GiB, compiled 0.73 (+13.5%): one token chunk's buffers are small beside"
-        " the parameters, and XLA packs them tighter than the 30% the forward model adds"
-    ),
-}
+KNOWN_MISSES: dict[tuple[str, str], str] = {}
 
 
 def _cases() -> list:

@@ -81,7 +81,7 @@ def test_cli_plan_tpu_example(monkeypatch: pytest.MonkeyPatch) -> None:
     ) in lines
     hbm = hardware("tpu-v5e").hbm_bytes_per_device / 2**30
     assert (
-        f"  memory estimate forward 2.710 GiB, forward+backward 5.401 GiB of {hbm:.3f} GiB HBM "
+        f"  memory estimate forward 3.031 GiB, forward+backward 5.401 GiB of {hbm:.3f} GiB HBM "
         "per device"
     ) in lines
     # the ledger follows, largest first, then what FFN slices would cost

@@ -245,9 +245,11 @@ def test_memory_ledger_with_shared_expert_by_hand() -> None:
         "layer input and its gradient": 2 * x,
         "router logits, scores and their gradients": router,
     }
-    # forward: two [rows, D] outweigh up, hidden and the up bias per row; one gathered weight
-    assert 2 * row_block > 3 * activation
-    forward = int(1.3 * (2 * row_block + gathered // 2))
+    # forward: the FFN is narrower than D, so its activations fit where rows were; two
+    # [rows, D] are as large as the rows beside up and the up bias per row (the hidden is
+    # written over up); one gathered weight beside them, +14%
+    assert 2 * row_block == row_block + 2 * activation
+    forward = int(1.14 * (2 * row_block + gathered // 2))
     assert plan.memory.forward_peak == params + 2 * x + router // 3 + forward
     assert plan.memory.train_peak == sum(dict(plan.memory.ledger).values())
 

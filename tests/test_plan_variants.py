@@ -41,7 +41,7 @@ def test_cli_plan_text_has_a_block_per_variant(monkeypatch: pytest.MonkeyPatch) 
         "    eval         x [32, 128, 512] -> per device [4, 128, 512], moe_layer_eval",
         "                 tokens/device 512; routed rows 1024 (at most 160 per expert kept, "
         "drop by probability); no receive buffer",
-        "                 memory estimate forward 0.053 GiB, forward+backward 0.109 GiB per device",
+        "                 memory estimate forward 0.058 GiB, forward+backward 0.109 GiB per device",
         "    prefill      x [8, 1024, 512] -> per device [1, 1024, 512], moe_layer_prefill",
         "                 tokens/device 1024; routed rows 2048 (at most 320 per expert kept, "
         "drop by probability); no receive buffer",
