@@ -23,11 +23,16 @@ tokens' devices. Dropless: a grouped-matmul call has FFN_ROWS = 4096 rows, every
 tokens it sees can send this device.
 Communication overlaps compute: the tokens travel around the ring with jax.lax.ppermute in
 4 chunks of 512 embedding columns, so that while the gate and up grouped matmuls run on
-the block of one device (partial sums over chunks added in float32) the next block can be
-in flight. The compiler's scheduler decides; `moegen build` reports how many ring
-transfers of the compiled TPU module overlap a grouped matmul.
+the block of one device (partial sums over chunks added in float32, inside the kernel) the
+next block can be in flight. A block is sent on only once the previous block's product is
+done (an optimization barrier), so that no transfer can be scheduled ahead of the matmuls
+it should hide under; `moegen build` reports how many ring transfers of the compiled TPU
+module overlap a grouped matmul.
 Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 768, 768] (gate, up)
 and [512, 1024, 1024] (down), as (rows, contraction, output).
+From the second embedding chunk on, gate and up add their product into the block's float32
+sums inside the kernel (_gmm_add, tiles [512, 512, 768], the sums' buffer aliased to its
+output), with megablox's gmm and tgmm as its gradient.
 The 4096 rows of a grouped-matmul call are a whole number of row tiles.
 Routing: softmax scores, the top-8 experts, weighted by their scores, renormalised to sum
 to 1.
@@ -51,7 +56,12 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import megablox
+from jax.experimental.pallas.ops.tpu.megablox.gmm import gmm as megablox_gmm
+from jax.experimental.pallas.ops.tpu.megablox.gmm import make_group_metadata
+from jax.experimental.pallas.ops.tpu.megablox.gmm import tgmm as megablox_tgmm
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -87,6 +97,8 @@ CHUNK_WIDTH = 512  # EMBED_DIM / OVERLAP_CHUNKS
 # megablox tiles (rows, contraction, output); the custom VJP reuses them for gmm and tgmm.
 GATE_UP_TILING = (512, 768, 768)
 DOWN_TILING = (512, 1024, 1024)
+# Tiles of _gmm_add, the in-place partial sums: lane tiles that divide the chunk's widths.
+ACCUMULATE_TILING = (512, 512, 768)
 PADDED_ROWS = 4096  # FFN_ROWS rounded up to a multiple of every row tile
 
 PARAM_DTYPE = jnp.float32
@@ -250,6 +262,113 @@ def _route(tokens: jax.Array, weights: Params) -> tuple[jax.Array, jax.Array]:
     return combine_weights, expert_ids
 
 
+def _gmm_add_forward(
+    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, total: jax.Array
+) -> jax.Array:
+    """total + lhs @ rhs[g] on the rows of each group g, float32, added into total's buffer.
+
+    megablox's group metadata walks (group, row tile) pairs; a row tile shared by two groups
+    is visited once per group while its output block stays in VMEM. The first visit of a
+    tile copies total's block in, so rows of no group keep total's values.
+    """
+    rows, depth = lhs.shape
+    tm, tk, tn = ACCUMULATE_TILING
+    metadata, visits = make_group_metadata(
+        group_sizes=group_sizes,
+        m=rows,
+        tm=tm,
+        start_group=0,
+        num_nonzero_groups=rhs.shape[0],
+        visit_empty_groups=False,
+    )
+    last_k = depth // tk - 1
+
+    def kernel(metadata, lhs_block, rhs_block, total_block, out_block, product):
+        offsets, group_ids, row_tiles = metadata
+        visit, k = pl.program_id(1), pl.program_id(2)
+
+        @pl.when(k == 0)
+        def _start() -> None:
+            product[...] = jnp.zeros_like(product)
+            previous = row_tiles[jnp.maximum(visit - 1, 0)]
+
+            @pl.when((visit == 0) | (row_tiles[visit] != previous))
+            def _first_visit_of_the_tile() -> None:
+                out_block[...] = total_block[...]
+
+        product[...] += jnp.dot(
+            lhs_block[...],
+            rhs_block[...].astype(lhs_block.dtype),
+            preferred_element_type=jnp.float32,
+        )
+
+        @pl.when(k == last_k)
+        def _add() -> None:
+            group = group_ids[visit]
+            row = row_tiles[visit] * tm + jax.lax.broadcasted_iota(jnp.int32, (tm, tn), 0)
+            in_group = (row >= offsets[group]) & (row < offsets[group + 1])
+            out_block[...] = jnp.where(in_group, total_block[...] + product[...], out_block[...])
+
+    def rows_block(n, visit, k, metadata):
+        return metadata[2][visit], k
+
+    def weights_block(n, visit, k, metadata):
+        return metadata[1][visit], k, n
+
+    def sums_block(n, visit, k, metadata):
+        return metadata[2][visit], n
+
+    call = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(total.shape, jnp.float32),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            in_specs=[
+                pl.BlockSpec((tm, tk), rows_block),
+                pl.BlockSpec((None, tk, tn), weights_block),
+                pl.BlockSpec((tm, tn), sums_block),
+            ],
+            out_specs=pl.BlockSpec((tm, tn), sums_block),
+            grid=(total.shape[1] // tn, visits, depth // tk),
+            scratch_shapes=[pltpu.VMEM((tm, tn), jnp.float32)],
+        ),
+        # operands: the metadata's 3 arrays, lhs, rhs, total; total's buffer is the result
+        input_output_aliases={5: 0},
+        name="gmm_add",
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary", "arbitrary")
+        ),
+    )
+    return call(metadata, lhs, rhs, total)
+
+
+def _gmm_add_fwd(
+    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, total: jax.Array
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
+    return _gmm_add_forward(lhs, rhs, group_sizes, total), (lhs, rhs, group_sizes)
+
+
+def _gmm_add_bwd(
+    residuals: tuple[jax.Array, jax.Array, jax.Array], grad: jax.Array
+) -> tuple[jax.Array, jax.Array, None, jax.Array]:
+    # The sum passes its gradient through; the product's are megablox's own VJP's.
+    lhs, rhs, group_sizes = residuals
+    grad_lhs = megablox_gmm(grad, rhs, group_sizes, lhs.dtype, GATE_UP_TILING, transpose_rhs=True)
+    grad_rhs = megablox_tgmm(
+        lhs.swapaxes(0, 1),
+        grad,
+        group_sizes,
+        rhs.dtype,
+        GATE_UP_TILING,
+        num_actual_groups=rhs.shape[0],
+    )
+    return grad_lhs, grad_rhs, None, grad
+
+
+_gmm_add = jax.custom_vjp(_gmm_add_forward)
+_gmm_add.defvjp(_gmm_add_fwd, _gmm_add_bwd)
+
+
 def _local_copies(expert_ids: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The copies of `expert_ids` ([tokens, TOP_K]) routed to this device's experts.
 
@@ -269,15 +388,10 @@ def _weighted_sum(
 ) -> jax.Array:
     """Sum of each token's local expert outputs, weighted, in float32: [tokens, EMBED_DIM]."""
     weights = combine_weights.reshape(-1)[order]
-    # Rows past the expert groups hold no result: select, do not multiply (they may be NaN).
-    out = jnp.where(is_local[:, None], out.astype(jnp.float32) * weights[:, None], 0.0)
+    # Rows past the expert groups hold no result (they may be NaN): select them away before
+    # weighing, or the weights' gradient (0 x NaN) would be NaN too.
+    out = jnp.where(is_local[:, None], out.astype(jnp.float32), 0.0) * weights[:, None]
     return jnp.zeros((tokens, EMBED_DIM), jnp.float32).at[order // TOP_K].add(out)
-
-
-def _accumulate(total: jax.Array | None, part: jax.Array) -> jax.Array:
-    # Partial sums over chunks are added here, in float32: the pinned megablox's existing_out
-    # keeps the rows a call does not write but does not add to the rows it writes.
-    return part if total is None else total + part
 
 
 def _routed_experts(
@@ -298,30 +412,46 @@ def _routed_experts(
 
     # 2. Gate and up projections, chunk by chunk of the embedding, around the ring.
     ring = [(i, (i + 1) % EXPERT_SHARDS) for i in range(EXPERT_SHARDS)]
-    gate: list[jax.Array | None] = [None] * EXPERT_SHARDS
-    up: list[jax.Array | None] = [None] * EXPERT_SHARDS
+    gate: list[jax.Array] = []  # per ring step: the float32 sums over chunks
+    up: list[jax.Array] = []  # per ring step: the float32 sums over chunks
     for chunk in range(OVERLAP_CHUNKS):
         columns = slice(chunk * CHUNK_WIDTH, (chunk + 1) * CHUNK_WIDTH)
         held = tokens[:, columns]
         for step in range(EXPERT_SHARDS):
+            if chunk or step:
+                # Send the held block on only once the previous block's products are done: the
+                # transfer then runs under this block's grouped matmuls. Left free, XLA's
+                # scheduler may run every transfer up front (it does on v5e) and hide none.
+                previous = (step - 1) % EXPERT_SHARDS
+                held, gate[previous], up[previous] = jax.lax.optimization_barrier(
+                    (held, gate[previous], up[previous])
+                )
             # Start the next block's transfer before computing on the one held.
             arriving = (
                 jax.lax.ppermute(held, EXPERT_AXIS, ring) if step + 1 < EXPERT_SHARDS else held
             )
-            order, _, group_sizes = copies[step]
+            order, is_local, group_sizes = copies[step]
             rows = held[order // TOP_K]
-            gate[step] = _accumulate(
-                gate[step],
-                megablox.gmm(
-                    rows, weights["w_gate"][:, columns], group_sizes, jnp.float32, GATE_UP_TILING
-                ),
-            )
-            up[step] = _accumulate(
-                up[step],
-                megablox.gmm(
-                    rows, weights["w_up"][:, columns], group_sizes, jnp.float32, GATE_UP_TILING
-                ),
-            )
+            # megablox's input gradient leaves the rows past the groups unwritten: select them away.
+            rows = jnp.where(is_local[:, None], rows, jnp.zeros((), rows.dtype))
+            if chunk == 0:  # the first chunk starts each block's sums
+                gate.append(
+                    megablox.gmm(
+                        rows,
+                        weights["w_gate"][:, columns],
+                        group_sizes,
+                        jnp.float32,
+                        GATE_UP_TILING,
+                    )
+                )
+                up.append(
+                    megablox.gmm(
+                        rows, weights["w_up"][:, columns], group_sizes, jnp.float32, GATE_UP_TILING
+                    )
+                )
+            else:
+                gate[step] = _gmm_add(rows, weights["w_gate"][:, columns], group_sizes, gate[step])
+                up[step] = _gmm_add(rows, weights["w_up"][:, columns], group_sizes, up[step])
             held = arriving
 
     # 3. Per block: down projection, weighted sums; blocks back in device order, reduce-scattered.
