@@ -71,7 +71,8 @@ def refuse_unfit(loaded: LoadedSpec, plan: Plan) -> Plan:
 def _plan_changed(loaded: LoadedSpec, changes: Mapping[FieldPath, Any]) -> Plan | None:
     """The plan of the spec with `changes` and no shape variants; None when that is invalid."""
     try:
-        return make_plan(derive(loaded, {("shapes", "variants"): None, **changes}))
+        # Only the peak is asked of it: no token chunk candidates.
+        return make_plan(derive(loaded, {("shapes", "variants"): None, **changes}), options=False)
     except SpecError:
         return None
 

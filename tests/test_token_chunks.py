@@ -4,7 +4,8 @@ backward pass up to its kept expert outputs.
 
 The plan's figures are checked by hand; the twin cases run the verify step's parity
 (forward, aux, every gradient) against the dense reference for every strategy and both
-kernels, with the router and mesh features that touch the chunked path.
+kernels, with the router and mesh features that touch the chunked path, and with FFN slices
+in each chunk (memory.ffn_chunks), which a broken slice's gradient fails.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import pytest
 from conftest import assert_twin_parity, generated_from
 from spec_builder import spec_yaml, tiny, validated
 
+import moegen.verify
 from moegen.load import LoadedSpec
 from moegen.plan import make_plan
-from moegen.verify import verify
+from moegen.verify import VerifyError, verify
 
 A2A = {"axes": {"fsdp": 2, "expert": 4}, "strategy": "ragged_all_to_all"}
 
@@ -43,6 +45,18 @@ TWIN_CASES = {
     "a2a_tensor_sequence": tiny(
         ffn=96, ffn_bias=True, axes={"tensor": 2, "expert": 2, "sequence": 2},
         strategy="ragged_all_to_all", token_chunks=2,
+    ),
+    # with FFN slices: each chunk runs the FFN slice by slice (fsdp: each slice gathered)
+    "ring_fsdp_ffn_slices": tiny(
+        ffn=96, axes={"fsdp": 2, "expert": 2}, strategy="ring_of_experts", token_chunks=4,
+        ffn_chunks=2,
+    ),
+    "a2a_pallas_ffn_slices": tiny(
+        embed=256, ffn=256, token_chunks=2, ffn_chunks=2, hardware="tpu-v5e", topology="2x4",
+        kernel="pallas", **A2A,
+    ),
+    "replicated_gelu_bias_shared_ffn_slices": tiny(
+        ffn=96, activation="gelu", ffn_bias=True, shared_ffn=48, token_chunks=2, ffn_chunks=3,
     ),
 }  # fmt: skip
 
@@ -111,3 +125,62 @@ def test_twin_matches_the_dense_reference(
     generated = generated_from(TWIN_CASES[case], tmp_path, monkeypatch)
     report = verify(generated.loaded, generated.source, run_compiles=False)
     assert_twin_parity(report)
+
+
+def test_token_chunks_with_ffn_slices_are_listed_and_costed() -> None:
+    plan = plan_of(tiny(ffn=256, **A2A))
+    options = {(o.chunks, o.ffn_chunks): o for o in plan.sliced_token_chunk_options}
+    slices = [o.chunks for o in plan.ffn.chunk_options if o.chunks > 1]
+    chunks = [o.chunks for o in plan.token_chunk_options if o.chunks > 1]
+    assert slices and chunks
+    assert sorted(options) == sorted((c, s) for c in chunks for s in slices)
+    both = plan_of(tiny(ffn=256, token_chunks=4, ffn_chunks=2, **A2A))
+    assert options[4, 2].train_peak == both.memory.train_peak
+    assert options[4, 2].forward_peak == both.memory.forward_peak
+    # the same recomputation as either alone: gate and up once more
+    alone = {o.chunks: o for o in plan.token_chunk_options}
+    assert options[4, 2].train_flops == alone[4].train_flops
+    # under fsdp each chunk gathers every slice's weights: traffic grows with the chunks
+    assert options[2, 2].ici_bytes < options[4, 2].ici_bytes < options[8, 2].ici_bytes
+
+
+def test_the_ledger_of_sliced_chunks_holds_one_chunks_weight_gradients() -> None:
+    both = plan_of(tiny(ffn=256, batch=64, token_chunks=4, ffn_chunks=2, **A2A))
+    ledger = dict(both.memory.ledger)
+    # the sliced weights' stored shards in float32: [8, 64, 256] x 3 over fsdp 2 x expert 4
+    sliced = 3 * 8 * 64 * 256 * 4 // 8
+    key = "one token chunk's gradients of the sliced weights, before the sum over chunks"
+    assert ledger[key] == sliced
+    assert "expert outputs of the 4 token chunks, kept" in ledger
+    assert both.memory.train_peak < plan_of(tiny(ffn=256, batch=64, **A2A)).memory.train_peak
+
+
+def test_rendered_chunks_run_the_ffn_in_slices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    choices = tiny(ffn=96, token_chunks=4, ffn_chunks=2, **A2A)
+    source = generated_from(choices, tmp_path, monkeypatch).source
+    assert "def _routed_experts_in_chunks(" in source
+    assert "def _ffn_slice(" in source
+    assert "jax.lax.all_gather(" in source.split("def _weight_slice(")[1]
+
+
+@pytest.mark.slow
+def test_a_broken_slice_gradient_fails_the_twin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each slice's weights cut off from the gradient: the forward is unchanged, the weight
+    gradients are zero, and the twin's gradient parity says so."""
+    generated = generated_from(TWIN_CASES["ring_fsdp_ffn_slices"], tmp_path, monkeypatch)
+    original = "jax.lax.dynamic_slice_in_dim(stored[name], start, FFN_CHUNK, axis=axis)"
+    mutant = f"jax.lax.stop_gradient({original})"
+    real_render = moegen.verify.render
+
+    def mutated_render(plan):
+        source = real_render(plan)
+        assert source.count(original) == 1
+        return source.replace(original, mutant)
+
+    monkeypatch.setattr(moegen.verify, "render", mutated_render)
+    with pytest.raises(VerifyError, match=r"grad_w_\w+ differs from the dense reference"):
+        verify(generated.loaded, mutated_render(generated.plan), run_compiles=False)

@@ -64,18 +64,7 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
                 )
             ],
         ),
-        (
-            {"token_chunks": 2, "ffn_chunks": 2},
-            [
-                (
-                    28,
-                    17,
-                    "memory.token_chunks",
-                    "token_chunks 2 with ffn_chunks 2: choose one way to cut the layer; set the "
-                    "other to 1",
-                )
-            ],
-        ),
+        ({"token_chunks": 2, "ffn_chunks": 2}, []),  # each chunk runs the FFN in slices
         (
             {"token_chunks": 2, "overlap": 2, **RING},
             [

@@ -40,7 +40,7 @@ from moegen.plan.prose import summary
 from moegen.plan.report import format_plan
 from moegen.plan.roofline import PassRoofline, Roofline, roofline
 from moegen.plan.router import RouterPlan, router_plan
-from moegen.plan.token_chunks import token_chunk_options
+from moegen.plan.token_chunks import sliced_token_chunk_options, token_chunk_options
 from moegen.plan.variants import VariantPlan, variant_plans
 from moegen.sizes import axes_product
 from moegen.spec import GATED_ACTIVATIONS
@@ -58,20 +58,36 @@ def make_plan(
     *,
     interpret: bool = False,
     variant_ffn_chunks: Mapping[str, int] | None = None,
+    options: bool = True,
 ) -> Plan:
     """Derive the plan of a validated spec (`interpret`: run Pallas kernels on CPU), with
-    a plan for each of its shape variants (`variant_ffn_chunks` pins their FFN slices)."""
+    a plan for each of its shape variants (`variant_ffn_chunks` pins their FFN slices) and,
+    with `options`, the token chunk candidates planned."""
     main = _shape_plan(loaded, interpret)
-    options = token_chunk_options(
-        loaded, main.local_tokens, lambda candidate: _shape_plan(candidate, interpret)
-    )
-    main = replace(main, token_chunk_options=options)
+    if options:
+        main = _with_token_chunk_options(loaded, main, interpret)
     if not loaded.spec.shapes.variants:
         return main
     variants = variant_plans(
         loaded, lambda variant: _shape_plan(variant, interpret), variant_ffn_chunks
     )
     return replace(main, variants=variants)
+
+
+def _with_token_chunk_options(loaded: LoadedSpec, main: Plan, interpret: bool) -> Plan:
+    """`main` with its token chunk candidates: alone, and with each FFN slice count listed."""
+
+    def plan_of(candidate: LoadedSpec) -> Plan:
+        return _shape_plan(candidate, interpret)
+
+    slices = [option.chunks for option in main.ffn.chunk_options]
+    return replace(
+        main,
+        token_chunk_options=token_chunk_options(loaded, main.local_tokens, plan_of),
+        sliced_token_chunk_options=sliced_token_chunk_options(
+            loaded, main.local_tokens, plan_of, slices
+        ),
+    )
 
 
 def _shape_plan(loaded: LoadedSpec, interpret: bool) -> Plan:
@@ -113,6 +129,7 @@ def _shape_plan(loaded: LoadedSpec, interpret: bool) -> Plan:
         spec.target.slices,
         spec.dtypes.params,
         regather_sliced=ffn.regathers_weights,
+        token_chunks=experts.token_chunks,
         tensor_sum_bytes=local_tokens * layer.embed_dim * DTYPE_BYTES[spec.dtypes.compute],
     )
     kernel_rows = chosen.rows * experts.ffn_calls * experts.token_chunks

@@ -118,6 +118,7 @@ def layouts(
     layer = spec.layer
     gated = layer.activation in GATED_ACTIVATIONS
     compute_bytes = DTYPE_BYTES[spec.dtypes.compute]
+    param_bytes = DTYPE_BYTES[spec.dtypes.params]
     whole_gather = "fsdp" in spec.mesh.axes
     ffn_dim = local_ffn_dim(spec)
 
@@ -130,7 +131,8 @@ def layouts(
         rows = padded_rows(experts.ffn_rows, list(tiles)) if tiles else experts.ffn_rows
         kernel_rows = rows * experts.ffn_calls  # of one token chunk (all tokens: one chunk)
         matmuls = 3 if gated else 2
-        # FFN slices and token chunks both run (gate and) up again in the backward pass
+        # FFN slices and token chunks, alone or together, run (gate and) up once more in the
+        # backward pass
         recompute = (
             2 * (matmuls - 1) * kernel_rows * experts.token_chunks * layer.embed_dim * ffn_dim
         )
@@ -145,6 +147,9 @@ def layouts(
             gate_up_calls=len(outputs),
             sliced_cast_bytes=sum(
                 math.prod(p.local_shape) * compute_bytes for p in params if p.ffn_axis is not None
+            ),
+            sliced_param_bytes=sum(
+                math.prod(p.local_shape) * param_bytes for p in params if p.ffn_axis is not None
             ),
             token_chunks=experts.token_chunks,
             kept_output_bytes=_kept_output_bytes(experts, kernel_rows, spec, compute_bytes),
@@ -246,9 +251,10 @@ def default_ffn_chunks(loaded: LoadedSpec, layout: Callable[[int], FfnLayout]) -
     """Whole (no recomputation) when the layer fits the target's memory; else the fewest FFN
     slices that make it fit (whole when none does: slicing would not save it). A slice count
     whose pinned tiles would not fit VMEM is skipped: sliced, the down projection writes
-    float32, and its weight gradient holds blocks of that gradient."""
+    float32, and its weight gradient holds blocks of that gradient. With token chunks, 1:
+    slices in each chunk are a choice the spec makes (the refusal names the counts that fit)."""
     hbm = hardware(loaded.spec.target.hardware).hbm_bytes_per_device
-    token_chunked = (loaded.spec.memory.token_chunks or 1) > 1  # one way to cut the layer
+    token_chunked = (loaded.spec.memory.token_chunks or 1) > 1
     if not hbm or loaded.spec.parallelism.overlap_chunks != 1 or token_chunked:
         return 1
     counts = [1] + [c for c in range(2, MAX_CHOSEN_CHUNKS + 1) if not _slice_problem(loaded, c)]
@@ -263,9 +269,9 @@ def default_ffn_chunks(loaded: LoadedSpec, layout: Callable[[int], FfnLayout]) -
 def ffn_chunk_options(
     loaded: LoadedSpec, chosen: int, layout: Callable[[int], FfnLayout]
 ) -> tuple[FfnChunkOption, ...]:
-    """The valid power-of-two slice counts up to 16 (and the chosen one), costed; none with
-    the overlapped ring or token chunks (they cut the layer another way)."""
-    if loaded.spec.parallelism.overlap_chunks != 1 or (loaded.spec.memory.token_chunks or 1) > 1:
+    """The valid power-of-two slice counts up to 16 (and the chosen one), costed with the
+    spec's token chunks; none with the overlapped ring (it cuts the layer another way)."""
+    if loaded.spec.parallelism.overlap_chunks != 1:
         return ()
     counts = {c for c in LISTED_CHUNKS if c == 1 or not _slice_problem(loaded, c)}
     options = []

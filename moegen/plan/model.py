@@ -68,6 +68,8 @@ class Plan:
     variants: tuple[VariantPlan, ...] = ()
     # memory.token_chunks candidates, each planned (none where token chunks cannot run)
     token_chunk_options: tuple[TokenChunkOption, ...] = ()
+    # token chunks with FFN slices (both > 1), each pair planned (none where either cannot run)
+    sliced_token_chunk_options: tuple[TokenChunkOption, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,9 +91,12 @@ class VariantPlan:
 
 @dataclass(frozen=True)
 class TokenChunkOption:
-    """One value of memory.token_chunks and what it costs, per device."""
+    """One value of memory.token_chunks (with the FFN slices each chunk runs) and what it
+    costs, per device."""
 
     chunks: int
+    ffn_chunks: int  # FFN slices in each chunk: the spec's, or those the plan chooses
     forward_peak: int  # planned, bytes
     train_peak: int  # planned forward+backward, bytes
     train_flops: int  # a training step's FLOPs as run (worst-case buffers, recomputation)
+    ici_bytes: int  # forward+backward: sliced weights under fsdp are gathered once per chunk

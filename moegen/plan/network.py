@@ -59,32 +59,17 @@ def network_plan(
     param_dtype: str,
     *,
     regather_sliced: bool = False,
+    token_chunks: int = 1,
     tensor_sum_bytes: int = 0,
 ) -> NetworkPlan:
     """`tensor_sum_bytes`: one device's layer output [local tokens, D] in the compute dtype,
-    which the tensor shards sum (forward) as they sum the input's gradient (backward)."""
+    which the tensor shards sum (forward) as they sum the input's gradient (backward);
+    `token_chunks`: how many times sliced weights are gathered (`regather_sliced`)."""
     ici_shape = {a: n // dcn_axes.get(a, 1) for a, n in mesh_axes.items()}
     flows: list[tuple[str, str, str, int]] = []  # name, axis, kind, bytes received
     fsdp = mesh_axes.get("fsdp", 1)
     if fsdp > 1:
-        gathered = sum(
-            math.prod(p.local_shape) * DTYPE_BYTES[p.use_dtype]
-            for p in params
-            if p.gather_axis is not None
-        )
-        # forward: all-gather of the weights; backward: reduce-scatter of their gradients
-        flows.append(("fsdp weight all-gather", "fsdp", "gather", gathered * (fsdp - 1)))
-        flows.append(("fsdp gradient reduce-scatter", "fsdp", "gather", gathered * (fsdp - 1)))
-        if regather_sliced:
-            # FFN slices are recomputed in the backward pass, gathering their weights again
-            again = sum(
-                math.prod(p.local_shape) * DTYPE_BYTES[p.use_dtype]
-                for p in params
-                if p.gather_axis is not None and p.ffn_axis is not None
-            )
-            flows.append(
-                ("fsdp weight all-gather again, backward", "fsdp", "gather", again * (fsdp - 1))
-            )
+        flows.extend(_fsdp_flows(params, fsdp, token_chunks if regather_sliced else 0))
     for axis, size in mesh_axes.items():
         if size == 1:
             continue
@@ -120,6 +105,32 @@ def network_plan(
         ici_bytes=sum(t.ici_bytes for t in transfers),
         dcn_bytes=sum(t.dcn_bytes for t in transfers),
     )
+
+
+def _fsdp_flows(
+    params: tuple[ParamPlan, ...], fsdp: int, regathers: int
+) -> list[tuple[str, str, str, int]]:
+    """The fsdp gathers of the weights (forward) and reduce-scatters of their gradients
+    (backward); `regathers`: how many times each sliced weight is gathered in the forward
+    pass, and again in the backward pass, which recomputes its slice (the token chunks when
+    the FFN is sliced under fsdp: each chunk gathers every slice; 0: gathered once, whole)."""
+
+    def gathered(sliced: bool) -> int:
+        return sum(
+            math.prod(p.local_shape) * DTYPE_BYTES[p.use_dtype]
+            for p in params
+            if p.gather_axis is not None and (p.ffn_axis is not None) == sliced
+        )
+
+    once = (gathered(False) + gathered(True) * max(regathers, 1)) * (fsdp - 1)
+    flows = [
+        ("fsdp weight all-gather", "fsdp", "gather", once),
+        ("fsdp gradient reduce-scatter", "fsdp", "gather", once),
+    ]
+    if regathers:
+        again = gathered(True) * regathers * (fsdp - 1)
+        flows.append(("fsdp weight all-gather again, backward", "fsdp", "gather", again))
+    return flows
 
 
 def _axes_of(param: ParamPlan) -> set[str]:

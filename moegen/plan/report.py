@@ -57,6 +57,7 @@ def format_plan(plan: Plan) -> str:
     lines += [f"    {_gib(size):>12}  {name}" for name, size in m.ledger]
     lines += _ffn_slice_lines(plan)
     lines += _token_chunk_lines(plan)
+    lines += _sliced_token_chunk_lines(plan)
     lines += _variant_lines(plan)
     return "\n".join(lines)
 
@@ -113,10 +114,40 @@ def _token_chunk_lines(plan: Plan) -> list[str]:
     ]
     for option in options:
         mark = "  <- this spec" if option.chunks == chosen else ""
+        slices = f", {option.ffn_chunks} FFN slices" if option.ffn_chunks > 1 else ""
         lines.append(
             f"    {option.chunks:>3} chunks  peak {_gib(option.forward_peak):>10} / "
-            f"{_gib(option.train_peak):>10}  FLOPs {option.train_flops:.3e}{mark}"
+            f"{_gib(option.train_peak):>10}  FLOPs {option.train_flops:.3e}{slices}{mark}"
         )
+    return lines
+
+
+def _sliced_token_chunk_lines(plan: Plan) -> list[str]:
+    """memory.token_chunks with memory.ffn_chunks: a grid of planned forward+backward peaks
+    (chunk counts down, slice counts across), then the FLOPs and what the chunks cost in
+    communication (each chunk gathers every slice's weights under fsdp)."""
+    options = plan.sliced_token_chunk_options
+    if not options:
+        return []
+    slices = sorted({o.ffn_chunks for o in options})
+    chunks = sorted({o.chunks for o in options})
+    peaks = {(o.chunks, o.ffn_chunks): o.train_peak for o in options}
+    lines = [
+        "  token chunks with FFN slices (both set: each chunk runs the FFN slice by slice), "
+        "forward+backward peak:",
+        "    " + " " * 10 + "".join(f"{f'{s} slices':>12}" for s in slices),
+    ]
+    for count in chunks:
+        cells = "".join(f"{_gib(peaks[count, s]):>12}" for s in slices)
+        lines.append(f"    {f'{count} chunks':>10}{cells}")
+    flops = sorted({o.train_flops for o in options})
+    ici = {o.chunks: o.ici_bytes for o in options}
+    lines.append(
+        f"    training FLOPs {flops[0]:.3e}"
+        + (f" to {flops[-1]:.3e}" if len(flops) > 1 else "")
+        + "; ICI forward+backward: "
+        + ", ".join(f"{count} chunks {_gib(ici[count])}" for count in chunks)
+    )
     return lines
 
 

@@ -1,10 +1,10 @@
 """memory.token_chunks candidates: the layer planned with each chunk count that splits a
-device's tokens, and what each costs (planned peaks and training FLOPs), for `moegen plan`
-and `moegen tune`."""
+device's tokens, alone and with FFN slices, and what each costs (planned peaks, training
+FLOPs, communication), for `moegen plan`, `moegen tune` and bench/maxtext.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from moegen.load import LoadedSpec
@@ -13,32 +13,55 @@ from moegen.plan.model import Plan, TokenChunkOption
 # Chunk counts `moegen plan` lists (those that split the device's tokens evenly).
 LISTED_TOKEN_CHUNKS = (1, 2, 4, 8, 16, 32)
 
+PlanOf = Callable[[LoadedSpec], Plan]
+
 
 def token_chunk_options(
-    loaded: LoadedSpec, local_tokens: int, plan_of: Callable[[LoadedSpec], Plan]
+    loaded: LoadedSpec, local_tokens: int, plan_of: PlanOf
 ) -> tuple[TokenChunkOption, ...]:
-    """Each listed chunk count the spec can take, planned by `plan_of`; none where token
-    chunks cannot run (the overlapped ring, FFN slices pinned above 1)."""
-    spec = loaded.spec
-    if spec.parallelism.overlap_chunks != 1 or (spec.memory.ffn_chunks or 1) > 1:
+    """Each listed chunk count the spec can take, with the spec's FFN slices (pinned, or the
+    plan's), planned by `plan_of`; none where token chunks cannot run (the overlapped ring)."""
+    if loaded.spec.parallelism.overlap_chunks != 1:
         return ()
-    options = []
-    for chunks in LISTED_TOKEN_CHUNKS:
-        if local_tokens % chunks:
-            continue
-        plan = plan_of(with_token_chunks(loaded, chunks))
-        options.append(
-            TokenChunkOption(
-                chunks=chunks,
-                forward_peak=plan.memory.forward_peak,
-                train_peak=plan.memory.train_peak,
-                train_flops=plan.roofline.passes[-1].kernel_flops,
-            )
-        )
-    return tuple(options)
+    return tuple(
+        _option(plan_of(with_memory(loaded, token_chunks=chunks)))
+        for chunks in _chunk_counts(local_tokens)
+    )
 
 
-def with_token_chunks(loaded: LoadedSpec, chunks: int) -> LoadedSpec:
-    """The spec with memory.token_chunks set to `chunks` (valid where the options list it)."""
-    memory = loaded.spec.memory.model_copy(update={"token_chunks": chunks})
+def sliced_token_chunk_options(
+    loaded: LoadedSpec, local_tokens: int, plan_of: PlanOf, slice_counts: Iterable[int]
+) -> tuple[TokenChunkOption, ...]:
+    """Every listed chunk count above 1 with every slice count above 1 of `slice_counts`
+    (those memory.ffn_chunks lists), both pinned, planned by `plan_of`, chunks first."""
+    if loaded.spec.parallelism.overlap_chunks != 1:
+        return ()
+    slices = sorted(s for s in set(slice_counts) if s > 1)
+    return tuple(
+        _option(plan_of(with_memory(loaded, token_chunks=chunks, ffn_chunks=count)))
+        for chunks in _chunk_counts(local_tokens)
+        if chunks > 1
+        for count in slices
+    )
+
+
+def _chunk_counts(local_tokens: int) -> list[int]:
+    return [c for c in LISTED_TOKEN_CHUNKS if local_tokens % c == 0]
+
+
+def _option(plan: Plan) -> TokenChunkOption:
+    return TokenChunkOption(
+        chunks=plan.experts.token_chunks,
+        ffn_chunks=plan.ffn.chunks,
+        forward_peak=plan.memory.forward_peak,
+        train_peak=plan.memory.train_peak,
+        train_flops=plan.roofline.passes[-1].kernel_flops,
+        ici_bytes=plan.network.ici_bytes,
+    )
+
+
+def with_memory(loaded: LoadedSpec, **fields: int) -> LoadedSpec:
+    """The spec with memory fields set (token_chunks=, ffn_chunks=: valid where the options
+    list them)."""
+    memory = loaded.spec.memory.model_copy(update=fields)
     return replace(loaded, spec=loaded.spec.model_copy(update={"memory": memory}))

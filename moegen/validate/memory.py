@@ -44,8 +44,9 @@ def ffn_chunks_without_overlap(loaded: LoadedSpec) -> list[Diagnostic]:
 
 
 def token_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Token chunks split each device's tokens evenly, and run alone: the overlapped ring and
-    FFN slices already cut the layer another way."""
+    """Token chunks split each device's tokens evenly, and do not run with the overlapped
+    ring, which already cuts its matmuls another way. They do run with FFN slices: each
+    chunk runs the FFN slice by slice."""
     spec = loaded.spec
     chunks = spec.memory.token_chunks
     if chunks is None or chunks == 1:
@@ -59,14 +60,6 @@ def token_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
                 f"token_chunks {chunks} with overlap_chunks {overlap}: "
                 "the overlapped ring already runs its matmuls chunk by chunk; set one of them "
                 "to 1",
-            )
-        ]
-    if (spec.memory.ffn_chunks or 1) > 1:
-        return [
-            loaded.diagnostic(
-                path,
-                f"token_chunks {chunks} with ffn_chunks {spec.memory.ffn_chunks}: choose one way "
-                "to cut the layer; set the other to 1",
             )
         ]
     tokens = local_tokens(loaded)
