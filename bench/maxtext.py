@@ -113,8 +113,8 @@ def candidates(row: Row, folder: Path) -> list[tuple[str, int, int]]:
         return fitting[0] if fitting else options[-1].chunks
 
     slices = fewest([o for o in plan.ffn.chunk_options if o.chunks > 1], PLANNED_SHARE)
-    chunks = fewest([o for o in plan.token_chunk_options if o.chunks > 1], PLANNED_SHARE)
-    sliced_chunks = [o for o in plan.sliced_token_chunk_options if o.ffn_chunks == slices]
+    chunks = fewest([o for o in plan.chunk_candidates.token_chunks if o.chunks > 1], PLANNED_SHARE)
+    sliced_chunks = [o for o in plan.chunk_candidates.sliced_token_chunks if o.ffn_chunks == slices]
     both = fewest(sliced_chunks, BAR["train_peak"] / (1 + LEDGER_LOW))
     return [
         ("whole", 1, 1),

@@ -261,7 +261,8 @@ class Memory(_Section):
         description="Run the expert FFN in this many slices of its width, one at a time, each "
         "recomputed in the backward pass with its weights gathered again: the FFN's "
         "activations and gathered weights shrink to one slice, for about a third more expert "
-        "FLOPs. 1 = no slicing. Omit: 1, unless the layer would not fit the target's memory.",
+        "FLOPs. With token_chunks, each chunk runs the FFN slice by slice. 1 = no slicing. "
+        "Omit: 1, unless the layer would not fit the target's memory (with token chunks: 1).",
     )
     token_chunks: Size | Literal["auto"] | None = Field(
         None,
@@ -270,7 +271,8 @@ class Memory(_Section):
         "each chunk's buffers certified for the chunk alone and recomputed in the backward "
         "pass up to the experts' outputs, which are kept. Buffers shrink to one chunk's, for "
         "the gate and up matmuls run twice. Dropless, like the whole layer. 1 = one chunk. "
-        "auto: chosen by `moegen tune`. Omit: 1.",
+        "auto: chosen by `moegen tune`. Omit: the plan chooses, per shape: 1 when the layer "
+        "fits the target's memory (FFN slices included), else the fewest chunks that fit.",
     )
 
 

@@ -129,16 +129,16 @@ def test_twin_matches_the_dense_reference(
 
 def test_token_chunks_with_ffn_slices_are_listed_and_costed() -> None:
     plan = plan_of(tiny(ffn=256, **A2A))
-    options = {(o.chunks, o.ffn_chunks): o for o in plan.sliced_token_chunk_options}
+    options = {(o.chunks, o.ffn_chunks): o for o in plan.chunk_candidates.sliced_token_chunks}
     slices = [o.chunks for o in plan.ffn.chunk_options if o.chunks > 1]
-    chunks = [o.chunks for o in plan.token_chunk_options if o.chunks > 1]
+    chunks = [o.chunks for o in plan.chunk_candidates.token_chunks if o.chunks > 1]
     assert slices and chunks
     assert sorted(options) == sorted((c, s) for c in chunks for s in slices)
     both = plan_of(tiny(ffn=256, token_chunks=4, ffn_chunks=2, **A2A))
     assert options[4, 2].train_peak == both.memory.train_peak
     assert options[4, 2].forward_peak == both.memory.forward_peak
     # the same recomputation as either alone: gate and up once more
-    alone = {o.chunks: o for o in plan.token_chunk_options}
+    alone = {o.chunks: o for o in plan.chunk_candidates.token_chunks}
     assert options[4, 2].train_flops == alone[4].train_flops
     # under fsdp each chunk gathers every slice's weights: traffic grows with the chunks
     assert options[2, 2].ici_bytes < options[4, 2].ici_bytes < options[8, 2].ici_bytes

@@ -26,7 +26,7 @@ from moegen.plan.fit import LEDGER_OVERESTIMATE, cannot_fit, fit_problems
 from moegen.plan.kernel import KernelPlan, PallasConfig, TeConfig, kernel_plan
 from moegen.plan.memory import MemoryPlan
 from moegen.plan.mesh import MeshPlan, mesh_plan
-from moegen.plan.model import Plan, TokenChunkOption
+from moegen.plan.model import ChunkCandidates, Plan, TokenChunkOption
 from moegen.plan.network import NetworkPlan, Transfer, network_plan
 from moegen.plan.params import (
     ROUTER_DTYPE,
@@ -40,15 +40,20 @@ from moegen.plan.prose import summary
 from moegen.plan.report import format_plan
 from moegen.plan.roofline import PassRoofline, Roofline, roofline
 from moegen.plan.router import RouterPlan, router_plan
-from moegen.plan.token_chunks import sliced_token_chunk_options, token_chunk_options
+from moegen.plan.token_chunks import (
+    default_token_chunks,
+    sliced_token_chunk_options,
+    token_chunk_options,
+)
 from moegen.plan.variants import VariantPlan, variant_plans
 from moegen.sizes import axes_product
-from moegen.spec import GATED_ACTIVATIONS
+from moegen.spec import GATED_ACTIVATIONS, Spec
 
 __all__ = [
-    "CostPlan", "ExpertPlan", "FfnChunkOption", "FfnPlan", "GluPlan", "KernelPlan", "MemoryPlan",
-    "MeshPlan", "NetworkPlan", "PallasConfig", "ParamPlan", "PartitionSpec", "PassRoofline",
-    "Plan", "Roofline", "RouterPlan", "TeConfig", "TokenChunkOption", "Transfer", "VariantPlan",
+    "ChunkCandidates", "CostPlan", "ExpertPlan", "FfnChunkOption", "FfnPlan", "GluPlan",
+    "KernelPlan", "MemoryPlan", "MeshPlan", "NetworkPlan", "PallasConfig", "ParamPlan",
+    "PartitionSpec", "PassRoofline", "Plan", "Roofline", "RouterPlan", "TeConfig",
+    "TokenChunkOption", "Transfer", "VariantPlan",
     "LEDGER_OVERESTIMATE", "cannot_fit", "fit_problems", "format_plan", "make_plan",
 ]  # fmt: skip
 
@@ -57,21 +62,23 @@ def make_plan(
     loaded: LoadedSpec,
     *,
     interpret: bool = False,
-    variant_ffn_chunks: Mapping[str, int] | None = None,
+    variant_memory: Mapping[str, Mapping[str, int]] | None = None,
     options: bool = True,
 ) -> Plan:
     """Derive the plan of a validated spec (`interpret`: run Pallas kernels on CPU), with
-    a plan for each of its shape variants (`variant_ffn_chunks` pins their FFN slices) and,
-    with `options`, the token chunk candidates planned."""
+    a plan for each of its shape variants (`variant_memory` pins their FFN slices and token
+    chunks, by name) and, with `options`, the token chunk candidates planned."""
     main = _shape_plan(loaded, interpret)
     if options:
         main = _with_token_chunk_options(loaded, main, interpret)
     if not loaded.spec.shapes.variants:
-        return main
+        return replace(main, some_shape_chunks_tokens=main.experts.chunks_tokens)
     variants = variant_plans(
-        loaded, lambda variant: _shape_plan(variant, interpret), variant_ffn_chunks
+        loaded, lambda variant: _shape_plan(variant, interpret), variant_memory
     )
-    return replace(main, variants=variants)
+    # Each shape chooses its own token chunks: the module imports what any of them uses.
+    chunked = any(plan.experts.chunks_tokens for plan in (main, *(v.plan for v in variants)))
+    return replace(main, variants=variants, some_shape_chunks_tokens=chunked)
 
 
 def _with_token_chunk_options(loaded: LoadedSpec, main: Plan, interpret: bool) -> Plan:
@@ -81,17 +88,32 @@ def _with_token_chunk_options(loaded: LoadedSpec, main: Plan, interpret: bool) -
         return _shape_plan(candidate, interpret)
 
     slices = [option.chunks for option in main.ffn.chunk_options]
-    return replace(
-        main,
-        token_chunk_options=token_chunk_options(loaded, main.local_tokens, plan_of),
-        sliced_token_chunk_options=sliced_token_chunk_options(
-            loaded, main.local_tokens, plan_of, slices
-        ),
+    candidates = ChunkCandidates(
+        token_chunks=token_chunk_options(loaded, main.local_tokens, plan_of),
+        sliced_token_chunks=sliced_token_chunk_options(loaded, main.local_tokens, plan_of, slices),
     )
+    return replace(main, chunk_candidates=candidates)
 
 
 def _shape_plan(loaded: LoadedSpec, interpret: bool) -> Plan:
-    """The plan of one static input shape (the spec's shapes.batch and shapes.seq_len)."""
+    """The plan of one static input shape (the spec's shapes.batch and shapes.seq_len), with
+    the token chunks the spec pins or, when it omits them, the plan's (default_token_chunks)."""
+    if loaded.spec.memory.token_chunks is not None:
+        return _chunked_shape_plan(loaded, interpret)
+    local_tokens = _local_tokens(loaded.spec)
+    return default_token_chunks(
+        loaded, local_tokens, lambda candidate: _chunked_shape_plan(candidate, interpret)
+    )
+
+
+def _local_tokens(spec: Spec) -> int:
+    """Tokens per device: its batch shard times its share of each sequence."""
+    local_batch = spec.shapes.batch // axes_product(dict(spec.mesh.axes), spec.batch_axes)
+    return local_batch * (spec.shapes.seq_len // spec.sequence_shards)
+
+
+def _chunked_shape_plan(loaded: LoadedSpec, interpret: bool) -> Plan:
+    """The plan of one static input shape with the spec's token chunks (omitted: one)."""
     spec = loaded.spec
     layer = spec.layer
     axes = dict(spec.mesh.axes)
@@ -99,7 +121,7 @@ def _shape_plan(loaded: LoadedSpec, interpret: bool) -> Plan:
     batch_shards = axes_product(axes, spec.batch_axes)
     local_batch = spec.shapes.batch // batch_shards
     local_seq_len = spec.shapes.seq_len // spec.sequence_shards
-    local_tokens = local_batch * local_seq_len
+    local_tokens = _local_tokens(spec)
     local_ffn = layer.ffn_dim // spec.tensor_shards  # the FFN columns of one device
     local_shared_ffn = (layer.shared_ffn_dim or 0) // spec.tensor_shards
     routed_rows = local_tokens * spec.router.top_k

@@ -163,7 +163,7 @@ def _fitting_token_chunks(plan: Plan) -> list[tuple[int, int]]:
     hbm = plan.memory.hbm_bytes_per_device
     return [
         (o.chunks, max(o.train_peak, o.forward_peak))
-        for o in plan.token_chunk_options
+        for o in plan.chunk_candidates.token_chunks
         if o.chunks != plan.experts.token_chunks and max(o.train_peak, o.forward_peak) <= hbm
     ][:MAX_SUGGESTED]
 

@@ -23,6 +23,29 @@ from moegen.plan.router import RouterPlan
 
 
 @dataclass(frozen=True)
+class ChunkCandidates:
+    """memory.token_chunks candidates, each planned: alone (each listed count with the spec's
+    FFN slices) and with FFN slices (each listed count above 1 with each listed slice count
+    above 1, both pinned); none where token chunks cannot run."""
+
+    token_chunks: tuple[TokenChunkOption, ...] = ()
+    sliced_token_chunks: tuple[TokenChunkOption, ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenChunkOption:
+    """One value of memory.token_chunks (with the FFN slices each chunk runs) and what it
+    costs, per device."""
+
+    chunks: int
+    ffn_chunks: int  # FFN slices in each chunk: the spec's, or those the plan chooses
+    forward_peak: int  # planned, bytes
+    train_peak: int  # planned forward+backward, bytes
+    train_flops: int  # a training step's FLOPs as run (worst-case buffers, recomputation)
+    ici_bytes: int  # forward+backward: sliced weights under fsdp are gathered once per chunk
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything static about one generated module."""
 
@@ -67,9 +90,9 @@ class Plan:
     # shapes.variants: the same parameters, other static input shapes (none: one shape)
     variants: tuple[VariantPlan, ...] = ()
     # memory.token_chunks candidates, each planned (none where token chunks cannot run)
-    token_chunk_options: tuple[TokenChunkOption, ...] = ()
-    # token chunks with FFN slices (both > 1), each pair planned (none where either cannot run)
-    sliced_token_chunk_options: tuple[TokenChunkOption, ...] = ()
+    chunk_candidates: ChunkCandidates = ChunkCandidates()
+    # the main shape or a variant runs token chunks: the module imports what they use
+    some_shape_chunks_tokens: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,16 +110,3 @@ class VariantPlan:
     seq_len: int
     input_shape: tuple[int, int, int]
     plan: Plan
-
-
-@dataclass(frozen=True)
-class TokenChunkOption:
-    """One value of memory.token_chunks (with the FFN slices each chunk runs) and what it
-    costs, per device."""
-
-    chunks: int
-    ffn_chunks: int  # FFN slices in each chunk: the spec's, or those the plan chooses
-    forward_peak: int  # planned, bytes
-    train_peak: int  # planned forward+backward, bytes
-    train_flops: int  # a training step's FLOPs as run (worst-case buffers, recomputation)
-    ici_bytes: int  # forward+backward: sliced weights under fsdp are gathered once per chunk

@@ -81,7 +81,8 @@ def _variant_lines(plan: Plan) -> list[str]:
             f"({_dropping_text(v)}); {receive}",
             f"    {'':<12} memory estimate forward {_gib(v.memory.forward_peak)}, "
             f"forward+backward {_gib(v.memory.train_peak)} per device"
-            + (f", FFN slices {v.ffn.chunks}" if v.ffn.chunks > 1 else ""),
+            + (f", FFN slices {v.ffn.chunks}" if v.ffn.chunks > 1 else "")
+            + (f", token chunks {v.experts.token_chunks}" if v.experts.chunks_tokens else ""),
         ]
     return lines
 
@@ -104,7 +105,7 @@ def _ffn_slice_lines(plan: Plan) -> list[str]:
 
 def _token_chunk_lines(plan: Plan) -> list[str]:
     """memory.token_chunks: each chunk count's planned peaks and training FLOPs."""
-    options = plan.token_chunk_options
+    options = plan.chunk_candidates.token_chunks
     if len(options) < 2:
         return []
     chosen = plan.experts.token_chunks
@@ -126,7 +127,7 @@ def _sliced_token_chunk_lines(plan: Plan) -> list[str]:
     """memory.token_chunks with memory.ffn_chunks: a grid of planned forward+backward peaks
     (chunk counts down, slice counts across), then the FLOPs and what the chunks cost in
     communication (each chunk gathers every slice's weights under fsdp)."""
-    options = plan.sliced_token_chunk_options
+    options = plan.chunk_candidates.sliced_token_chunks
     if not options:
         return []
     slices = sorted({o.ffn_chunks for o in options})

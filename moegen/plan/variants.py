@@ -17,15 +17,15 @@ from moegen.plan.model import Plan, VariantPlan
 def variant_plans(
     loaded: LoadedSpec,
     plan_of: Callable[[LoadedSpec], Plan],
-    ffn_chunks: Mapping[str, int] | None = None,
+    memory: Mapping[str, Mapping[str, int]] | None = None,
 ) -> tuple[VariantPlan, ...]:
-    """Each variant of `loaded` planned by `plan_of`; `ffn_chunks` pins a variant's FFN
-    slices (the twin runs each variant as its full-size plan does)."""
+    """Each variant of `loaded` planned by `plan_of`; `memory` pins a variant's memory
+    fields (ffn_chunks, token_chunks: the twin runs each variant as its full-size plan does)."""
     out = []
     for name, variant in shape_variants(loaded):
-        if ffn_chunks and name in ffn_chunks:
-            memory = variant.spec.memory.model_copy(update={"ffn_chunks": ffn_chunks[name]})
-            variant = _with(variant, memory=memory)
+        if memory and name in memory:
+            pinned = variant.spec.memory.model_copy(update=dict(memory[name]))
+            variant = _with(variant, memory=pinned)
         plan = plan_of(variant)
         out.append(
             VariantPlan(

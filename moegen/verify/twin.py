@@ -59,9 +59,13 @@ def twins_of(loaded: LoadedSpec, plan: Plan) -> list[TwinSpec]:
 def plan_twin(twin: LoadedSpec, full: Plan) -> Plan:
     """The plan a twin runs (Pallas kernels interpreted), checked to keep the full layer's
     gate/up layout: a twin that took another path would prove nothing about this one."""
-    # each variant's twin slices its FFN as that variant's full-size plan does
-    chunks = {variant.name: variant.plan.ffn.chunks for variant in full.variants}
-    pinned = {"variant_ffn_chunks": chunks} if chunks else {}
+    # each variant's twin slices its FFN and chunks its tokens as that variant's full-size
+    # plan does (pinned or chosen: the small twin would fit whole)
+    memory = {
+        v.name: {"ffn_chunks": v.plan.ffn.chunks, "token_chunks": v.plan.experts.token_chunks}
+        for v in full.variants
+    }
+    pinned = {"variant_memory": memory} if memory else {}
     plan = make_plan(twin, interpret=True, **pinned)
     if plan.ffn.fuses_gate_up != full.ffn.fuses_gate_up:
         raise AssertionError("the twin must run gate and up as the full-size layer does")
@@ -119,6 +123,10 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
     # and up side by side as the full plan runs them (whole lanes per slice when it does)
     # and each tensor shard holds its equal part of every FFN width (that part is what slices)
     ffn_chunks = full.ffn.chunks
+    # token chunks as the full plans run them (pinned or chosen: the small twin would fit
+    # whole); every twin shape's tokens split into each shape's count (their multiple)
+    token_chunks = full.experts.token_chunks
+    twin_chunks = math.lcm(token_chunks, *(v.plan.experts.token_chunks for v in full.variants))
     tensor = spec.tensor_shards
     ffn_unit = ffn_chunks * (LANES if spec.target.kernel == "pallas" and ffn_chunks > 1 else 1)
     if full.ffn.fuses_gate_up:
@@ -133,12 +141,13 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
         ("layer", "ffn_dim"): ffn,
         ("layer", "shared_ffn_dim"): shared if spec.layer.shared_ffn_dim else None,
         ("shapes", "batch"): shards * TWIN_SEQUENCES_PER_SHARD,
-        ("shapes", "seq_len"): twin_seq_len(spec.memory.token_chunks or 1) * spec.sequence_shards,
+        ("shapes", "seq_len"): twin_seq_len(twin_chunks) * spec.sequence_shards,
         ("memory", "ffn_chunks"): ffn_chunks,
+        ("memory", "token_chunks"): token_chunks,
     }
     if spec.shapes.variants:
         overrides[("shapes", "variants")] = twin_variants(
-            spec.shapes.variants, shards, spec.sequence_shards, spec.memory.token_chunks or 1
+            spec.shapes.variants, shards, spec.sequence_shards, twin_chunks
         )
     if spec.target.kernel in ("te", "tokamax"):
         # TE's GEMMs and tokamax's Mosaic GPU kernels run on a GPU only (Mosaic GPU's interpret
