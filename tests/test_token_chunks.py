@@ -51,6 +51,11 @@ TWIN_CASES = {
         ffn=96, axes={"fsdp": 2, "expert": 2}, strategy="ring_of_experts", token_chunks=4,
         ffn_chunks=2,
     ),
+    # bench/MAXTEXT.md's ring row: megablox, fsdp gathering each slice, 2 chunks x 2 slices
+    "ring_pallas_fsdp_ffn_slices": tiny(
+        embed=256, ffn=256, axes={"fsdp": 2, "expert": 4}, strategy="ring_of_experts",
+        token_chunks=2, ffn_chunks=2, hardware="tpu-v5e", topology="2x4", kernel="pallas",
+    ),
     "a2a_pallas_ffn_slices": tiny(
         embed=256, ffn=256, token_chunks=2, ffn_chunks=2, hardware="tpu-v5e", topology="2x4",
         kernel="pallas", **A2A,
