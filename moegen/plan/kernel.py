@@ -66,9 +66,11 @@ class KernelPlan:
     te: TeConfig | None
     tokamax: TokamaxConfig | None = None
     # megablox leaves the rows past its groups unwritten, in the input gradient too (stale
-    # memory on a TPU, NaN interpreted): rows gathered from the tokens must be zeroed by a
-    # select there, or the gather's transpose adds that memory into the tokens' gradient.
-    masks_gathered_rows: bool = False
+    # memory on a TPU, NaN interpreted): nothing of those rows may reach a gradient. Rows
+    # gathered from the tokens are selected away, and the rows' biases are gathered with an
+    # index past the experts (filled with 0, its gradient dropped), or the gathers'
+    # transposes add that memory into the tokens' and the biases' gradients.
+    leaves_rows_unwritten: bool = False
 
     @property
     def accumulates_in_kernel(self) -> bool:
@@ -90,7 +92,7 @@ def kernel_plan(
         pallas=_pallas_config(loaded, layout, experts, interpret) if name == "pallas" else None,
         te=_te_config(loaded, layout, experts) if name == "te" else None,
         tokamax=_tokamax_config(loaded) if name == "tokamax" else None,
-        masks_gathered_rows=name == "pallas",
+        leaves_rows_unwritten=name == "pallas",
     )
 
 

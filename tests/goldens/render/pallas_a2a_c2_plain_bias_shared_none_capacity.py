@@ -319,9 +319,11 @@ def _gelu(x: jax.Array) -> jax.Array:
 
 
 def _row_experts(group_sizes: jax.Array, rows: int) -> jax.Array:
-    """The expert of each row of a grouped-matmul call (rows past the groups get the last)."""
+    """The expert of each row of a grouped-matmul call; rows past the groups get one past
+    the last, so that their bias is 0 and their (unwritten) gradient reaches no bias."""
     experts = jnp.arange(group_sizes.shape[0], dtype=jnp.int32)
-    return jnp.repeat(experts, group_sizes, total_repeat_length=rows)
+    row_experts = jnp.repeat(experts, group_sizes, total_repeat_length=rows)
+    return jnp.where(jnp.arange(rows) < group_sizes.sum(), row_experts, group_sizes.shape[0])
 
 
 def _expert_ffn(rows: jax.Array, weights: Params, group_sizes: jax.Array) -> jax.Array:
@@ -342,7 +344,9 @@ def _expert_ffn(rows: jax.Array, weights: Params, group_sizes: jax.Array) -> jax
     # The sum starts as zeros_like(rows): it varies over the mesh as the rows do.
     out = jnp.zeros_like(rows, dtype=jnp.float32)
     out, _ = jax.lax.scan(add_slice, out, jnp.arange(FFN_CHUNKS) * FFN_CHUNK)
-    out = out.astype(COMPUTE_DTYPE) + weights["b_down"][row_experts]
+    out = out.astype(COMPUTE_DTYPE) + weights["b_down"].at[row_experts].get(
+        mode="fill", fill_value=0
+    )
     out = out[:FFN_ROWS]
     return out
 
@@ -360,10 +364,9 @@ def _ffn_slice(
     """FFN columns [start, start + FFN_CHUNK) of every expert: its share of the down
     projection, [rows, D] float32."""
     weights = _weight_slice(stored, start)
-    up = (
-        megablox.gmm(rows, weights["w_up"], group_sizes, COMPUTE_DTYPE, GATE_UP_TILING)
-        + weights["b_up"][row_experts]
-    )
+    up = megablox.gmm(rows, weights["w_up"], group_sizes, COMPUTE_DTYPE, GATE_UP_TILING) + weights[
+        "b_up"
+    ].at[row_experts].get(mode="fill", fill_value=0)
     hidden = _gelu(up)
     return megablox.gmm(hidden, weights["w_down"], group_sizes, jnp.float32, DOWN_TILING)
 
