@@ -112,9 +112,16 @@ def test_sliced_ffn_matches_dense_reference(name, tmp_path, monkeypatch):
     # sliced weights are gathered per slice (again in the backward pass), never whole
     assert ("FSDP_AXIS,\n            axis=" in source.split("def _weight_slice", 1)[1]) == fsdp
     assert "by _weight_slice" in source.split("def _gather_weights", 1)[1]
+    # the forward pass whole where the ledger says so (tests/test_sliced_forward.py)
+    assert ("def _whole_forward(" in source) == generated.plan.ffn.whole_forward
 
     report = verify(generated.loaded, generated.source, run_compiles=False)
     assert_twin_parity(report)
+
+
+def test_cases_run_the_forward_pass_both_whole_and_in_slices() -> None:
+    whole = {name: _plan(_spec(case)).ffn.whole_forward for name, case in CASES.items()}
+    assert set(whole.values()) == {True, False}, whole
 
 
 def test_whole_ffn_renders_no_slices(tmp_path, monkeypatch):

@@ -54,8 +54,11 @@ __all__ = [
     "KernelPlan", "MemoryPlan", "MeshPlan", "NetworkPlan", "PallasConfig", "ParamPlan",
     "PartitionSpec", "PassRoofline", "Plan", "Roofline", "RouterPlan", "TeConfig",
     "TokenChunkOption", "Transfer", "VariantPlan",
-    "LEDGER_OVERESTIMATE", "cannot_fit", "fit_problems", "format_plan", "make_plan",
+    "LEDGER_OVERESTIMATE", "MAIN_SHAPE", "cannot_fit", "fit_problems", "format_plan",
+    "make_plan",
 ]  # fmt: skip
+
+MAIN_SHAPE = ""  # make_plan's key of the spec's own shape, beside its variants' names
 
 
 def make_plan(
@@ -63,18 +66,24 @@ def make_plan(
     *,
     interpret: bool = False,
     variant_memory: Mapping[str, Mapping[str, int]] | None = None,
+    whole_forward: Mapping[str, bool] | None = None,
     options: bool = True,
 ) -> Plan:
     """Derive the plan of a validated spec (`interpret`: run Pallas kernels on CPU), with
     a plan for each of its shape variants (`variant_memory` pins their FFN slices and token
-    chunks, by name) and, with `options`, the token chunk candidates planned."""
-    main = _shape_plan(loaded, interpret)
+    chunks, by name; `whole_forward`, by variant name or MAIN_SHAPE, whether a sliced FFN's
+    forward pass runs whole: the twin runs each shape as its full-size plan does) and, with
+    `options`, the token chunk candidates planned."""
+    pins = whole_forward or {}
+    main = _shape_plan(loaded, interpret, pins.get(MAIN_SHAPE))
     if options:
         main = _with_token_chunk_options(loaded, main, interpret)
     if not loaded.spec.shapes.variants:
         return replace(main, some_shape_chunks_tokens=main.experts.chunks_tokens)
     variants = variant_plans(
-        loaded, lambda variant: _shape_plan(variant, interpret), variant_memory
+        loaded,
+        lambda variant, name: _shape_plan(variant, interpret, pins.get(name)),
+        variant_memory,
     )
     # Each shape chooses its own token chunks: the module imports what any of them uses.
     chunked = any(plan.experts.chunks_tokens for plan in (main, *(v.plan for v in variants)))
@@ -95,14 +104,17 @@ def _with_token_chunk_options(loaded: LoadedSpec, main: Plan, interpret: bool) -
     return replace(main, chunk_candidates=candidates)
 
 
-def _shape_plan(loaded: LoadedSpec, interpret: bool) -> Plan:
+def _shape_plan(loaded: LoadedSpec, interpret: bool, whole_forward: bool | None = None) -> Plan:
     """The plan of one static input shape (the spec's shapes.batch and shapes.seq_len), with
-    the token chunks the spec pins or, when it omits them, the plan's (default_token_chunks)."""
+    the token chunks the spec pins or, when it omits them, the plan's (default_token_chunks);
+    `whole_forward` pins whether a sliced FFN's forward pass runs whole (None: the ledger's)."""
     if loaded.spec.memory.token_chunks is not None:
-        return _chunked_shape_plan(loaded, interpret)
+        return _chunked_shape_plan(loaded, interpret, whole_forward)
     local_tokens = _local_tokens(loaded.spec)
     return default_token_chunks(
-        loaded, local_tokens, lambda candidate: _chunked_shape_plan(candidate, interpret)
+        loaded,
+        local_tokens,
+        lambda candidate: _chunked_shape_plan(candidate, interpret, whole_forward),
     )
 
 
@@ -112,7 +124,9 @@ def _local_tokens(spec: Spec) -> int:
     return local_batch * (spec.shapes.seq_len // spec.sequence_shards)
 
 
-def _chunked_shape_plan(loaded: LoadedSpec, interpret: bool) -> Plan:
+def _chunked_shape_plan(
+    loaded: LoadedSpec, interpret: bool, whole_forward: bool | None = None
+) -> Plan:
     """The plan of one static input shape with the spec's token chunks (omitted: one)."""
     spec = loaded.spec
     layer = spec.layer
@@ -140,7 +154,7 @@ def _chunked_shape_plan(loaded: LoadedSpec, interpret: bool) -> Plan:
         gated=layer.activation in GATED_ACTIVATIONS,
         shared_ffn_dim=local_shared_ffn,
     )
-    layout = layouts(loaded, experts, params, base_cost, local_tokens)
+    layout = layouts(loaded, experts, params, base_cost, local_tokens, whole_forward)
     chosen = chosen_layout(loaded, layout)
     ffn = ffn_plan(loaded, chosen, layout, experts, params)
     network = network_plan(

@@ -19,7 +19,7 @@ from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES, CostPlan
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.memory import FfnBuffers, MemoryPlan, memory_plan
-from moegen.plan.params import ParamPlan
+from moegen.plan.params import ParamPlan, side_by_side
 from moegen.sizes import ffn_slice_problem
 from moegen.spec import GATED_ACTIVATIONS, Layer, Spec
 from moegen.tiling import (
@@ -73,6 +73,9 @@ class FfnPlan:
     chunk_options: tuple[FfnChunkOption, ...]  # valid slice counts (powers of 2) and costs
     recompute_flops_text: str  # cost.recompute_flops to 3 significant digits, for the docstring
     regathers_weights: bool  # sliced weights are fsdp-gathered per slice, again in the backward
+    whole_forward: bool  # sliced: the forward pass runs the FFN whole, the backward in slices
+    forward_fuses_gate_up: bool  # that whole forward pass: gate and up side by side
+    forward_params: tuple[ParamPlan, ...]  # the parameters as it uses them (empty: no such pass)
     sliced_params: tuple[str, ...]  # parameters cut into FFN slices (none when whole)
     fuses_gate_up: bool  # gate and up as one grouped matmul over w_gate_up, [E, D, 2 x width]
     gate_up_outputs: tuple[str, ...]  # per gate/up grouped-matmul call: "gate_up" | "gate", "up"
@@ -89,6 +92,9 @@ class FfnLayout:
     rows: int  # rows of one grouped-matmul call, padded to whole row tiles
     cost: CostPlan
     memory: MemoryPlan
+    # sliced: the whole layout, when the forward pass runs as it does (`layouts`); None: the
+    # forward pass runs in slices too
+    forward_layout: FfnLayout | None = None
 
     @property
     def fused(self) -> bool:
@@ -112,8 +118,21 @@ def layouts(
     params: tuple[ParamPlan, ...],
     base_cost: CostPlan,
     local_tokens: int,
+    whole_forward: bool | None = None,
 ) -> Callable[[int], FfnLayout]:
-    """The layout of each slice count (cached: the options and the default ask again)."""
+    """The layout of each slice count (cached: the options and the default ask again).
+
+    In slices, the forward pass runs the FFN as the whole layout does (its tiles, gate and up
+    side by side or not) when the ledger says it holds less so (`whole_forward` pins that
+    choice: the twin runs the full-size plan's path). Nothing of the forward pass is kept for
+    the backward pass, which recomputes the FFN slice by slice either way; but the slices'
+    down projections add up in a float32 [rows, D] sum, beside each slice's own, which
+    outweighs a narrow FFN's whole-width activations (Qwen3: D 2048, FFN 768, a 262144-row
+    receive buffer: 6.6 GB forward in 2 slices, 2.9 GB whole, v5e). In token chunks the
+    slices keep their forward pass: a chunk's rows are few, its sliced forward is already
+    below the whole layer's, and run whole it cost forward+backward more (b_qwen3_ep8 in 4
+    chunks: 2.947 GB against 2.921, for a forward of 1.066 instead of 1.871).
+    """
     spec = loaded.spec
     layer = spec.layer
     gated = layer.activation in GATED_ACTIVATIONS
@@ -128,7 +147,10 @@ def layouts(
         outputs = ("gate_up",) if fused else ("gate", "up") if gated else ("up",)
         gate_up_width = ffn_dim // chunks * (2 if fused else 1)
         tiles = kernel_tiles(loaded, experts, gate_up_width, chunks)
-        rows = padded_rows(experts.ffn_rows, list(tiles)) if tiles else experts.ffn_rows
+        # Every row tile the rows may meet, the whole layout's too (a forward pass it may run;
+        # both depend on the rows alone and agree, so this changes no padding).
+        row_tiles = [*tiles, *(layout(1).tiles if chunks > 1 else ())] if tiles else []
+        rows = padded_rows(experts.ffn_rows, row_tiles) if tiles else experts.ffn_rows
         kernel_rows = rows * experts.ffn_calls  # of one token chunk (all tokens: one chunk)
         matmuls = 3 if gated else 2
         # FFN slices and token chunks, alone or together, run (gate and) up once more in the
@@ -167,9 +189,19 @@ def layouts(
             compute_bytes=compute_bytes,
             hbm=hardware(spec.target.hardware).hbm_bytes_per_device,
         )
-        return FfnLayout(chunks, outputs, tiles, rows, cost, memory)
+        whole = layout(1) if chunks > 1 and experts.token_chunks == 1 else None
+        if whole is None or not _forward_whole(memory, whole.memory, whole_forward):
+            return FfnLayout(chunks, outputs, tiles, rows, cost, memory)
+        memory = replace(memory, forward_peak=whole.memory.forward_peak)
+        return FfnLayout(chunks, outputs, tiles, rows, cost, memory, whole)
 
     return layout
+
+
+def _forward_whole(sliced: MemoryPlan, whole: MemoryPlan, pinned: bool | None) -> bool:
+    """Whether the sliced FFN's forward pass runs whole: `pinned`, else when the whole layout's
+    planned forward peak is the lower."""
+    return whole.forward_peak < sliced.forward_peak if pinned is None else pinned
 
 
 def _kept_output_bytes(experts: ExpertPlan, rows: int, spec: Spec, compute_bytes: int) -> int:
@@ -195,6 +227,7 @@ def ffn_plan(
     spec = loaded.spec
     layer = spec.layer
     chunks = chosen.chunks
+    forward = chosen.forward_layout
     return FfnPlan(
         activation=layer.activation,
         gated=layer.activation in GATED_ACTIVATIONS,
@@ -208,6 +241,9 @@ def ffn_plan(
         chunk_options=ffn_chunk_options(loaded, chunks, layout),
         recompute_flops_text=f"{chosen.cost.recompute_flops:.3g}",
         regathers_weights=_regathers_weights(loaded, chunks),
+        whole_forward=forward is not None,
+        forward_fuses_gate_up=forward is not None and forward.fused,
+        forward_params=() if forward is None else side_by_side(params, forward.fused),
         sliced_params=tuple(p.name for p in params if chunks > 1 and p.ffn_axis is not None),
         fuses_gate_up=chosen.fused,
         gate_up_outputs=chosen.gate_up_outputs,

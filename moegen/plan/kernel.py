@@ -27,6 +27,9 @@ class PallasConfig:
 
     gate_up_tile: tuple[int, int, int]  # (rows, contraction, output)
     down_tile: tuple[int, int, int]
+    # FFN slices whose forward pass runs whole: that pass's tiles (None otherwise)
+    forward_gate_up_tile: tuple[int, int, int] | None
+    forward_down_tile: tuple[int, int, int] | None
     interpret: bool  # kernels interpreted on CPU (the shrunken twin only)
     row_alignment: int  # a call's row count is a multiple of this (every row tile)
     padded_rows: int  # rows of one grouped-matmul call including the padding
@@ -101,11 +104,14 @@ def _pallas_config(
 ) -> PallasConfig:
     assert layout.tiles is not None  # the layout tiles every pallas call
     gate_up, down = layout.tiles
+    forward = layout.forward_layout.tiles if layout.forward_layout else None
     return PallasConfig(
         gate_up_tile=gate_up.as_tuple(),
         down_tile=down.as_tuple(),
+        forward_gate_up_tile=forward[0].as_tuple() if forward else None,
+        forward_down_tile=forward[1].as_tuple() if forward else None,
         interpret=interpret,
-        row_alignment=math.lcm(gate_up.rows, down.rows),
+        row_alignment=math.lcm(*(tile.rows for tile in (*layout.tiles, *(forward or ())))),
         padded_rows=layout.rows,
         pads_rows=layout.rows > experts.ffn_rows,
         accumulate_tile=_accumulate_tile(loaded, layout, experts, gate_up),

@@ -45,6 +45,12 @@ def format_plan(plan: Plan) -> str:
         lines.append(
             f"  megablox tiles  gate/up {list(pallas.gate_up_tile)}, down {list(pallas.down_tile)} "
             "(rows, contraction, output)"
+            + (
+                f"; the whole forward pass gate/up {list(pallas.forward_gate_up_tile)}, "
+                f"down {list(pallas.forward_down_tile or ())}"
+                if pallas.forward_gate_up_tile
+                else ""
+            )
         )
     lines += _network_lines(plan)
     lines += _roofline_lines(plan)
@@ -99,6 +105,11 @@ def _ffn_slice_lines(plan: Plan) -> list[str]:
         lines.append(
             f"    {option.chunks:>3} slices  peak {_gib(option.train_peak):>10}  "
             f"recomputed FLOPs {option.recompute_flops:.3e}{mark}"
+        )
+    if ffn.whole_forward:
+        lines.append(
+            "    forward pass   whole, as with 1 slice (in slices, their float32 sum would hold "
+            "more); the backward pass slice by slice"
         )
     return lines
 

@@ -16,17 +16,18 @@ from moegen.plan.model import Plan, VariantPlan
 
 def variant_plans(
     loaded: LoadedSpec,
-    plan_of: Callable[[LoadedSpec], Plan],
+    plan_of: Callable[[LoadedSpec, str], Plan],
     memory: Mapping[str, Mapping[str, int]] | None = None,
 ) -> tuple[VariantPlan, ...]:
-    """Each variant of `loaded` planned by `plan_of`; `memory` pins a variant's memory
-    fields (ffn_chunks, token_chunks: the twin runs each variant as its full-size plan does)."""
+    """Each variant of `loaded` planned by `plan_of` (the variant, its name); `memory` pins a
+    variant's memory fields (ffn_chunks, token_chunks: the twin runs each variant as its
+    full-size plan does)."""
     out = []
     for name, variant in shape_variants(loaded):
         if memory and name in memory:
             pinned = variant.spec.memory.model_copy(update=dict(memory[name]))
             variant = _with(variant, memory=pinned)
-        plan = plan_of(variant)
+        plan = plan_of(variant, name)
         out.append(
             VariantPlan(
                 name=name,

@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from moegen.load import FieldPath, LoadedSpec
-from moegen.plan import Plan, make_plan
+from moegen.plan import MAIN_SHAPE, Plan, make_plan
 from moegen.sizes import axes_product
 from moegen.spec import ShapeVariant, Tiles
 from moegen.tiling import LANES
@@ -60,12 +60,17 @@ def plan_twin(twin: LoadedSpec, full: Plan) -> Plan:
     """The plan a twin runs (Pallas kernels interpreted), checked to keep the full layer's
     gate/up layout: a twin that took another path would prove nothing about this one."""
     # each variant's twin slices its FFN and chunks its tokens as that variant's full-size
-    # plan does (pinned or chosen: the small twin would fit whole)
+    # plan does (pinned or chosen: the small twin would fit whole), and each shape runs its
+    # forward pass whole or in slices as its full-size plan does (the twin's ledger may differ)
     memory = {
         v.name: {"ffn_chunks": v.plan.ffn.chunks, "token_chunks": v.plan.experts.token_chunks}
         for v in full.variants
     }
-    pinned = {"variant_memory": memory} if memory else {}
+    pinned: dict[str, Any] = {"variant_memory": memory} if memory else {}
+    shapes = [(MAIN_SHAPE, full), *((v.name, v.plan) for v in full.variants)]
+    whole = {name: shape.ffn.whole_forward for name, shape in shapes if shape.ffn.chunks > 1}
+    if whole:  # only FFN slices choose how their forward pass runs
+        pinned["whole_forward"] = whole
     plan = make_plan(twin, interpret=True, **pinned)
     if plan.ffn.fuses_gate_up != full.ffn.fuses_gate_up:
         raise AssertionError("the twin must run gate and up as the full-size layer does")

@@ -27,13 +27,15 @@ every token of its expert group (512) sends it min(top_k, local experts) = 2 cop
 per-expert padding is added (the grouped matmul takes groups of any size).
 aux.received_rows reports the most rows any device actually received.
 Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 256, 256] (gate, up)
-and [512, 256, 256] (down), as (rows, contraction, output).
+and [512, 256, 256] (down), as (rows, contraction, output); the forward pass's whole-width
+calls with [512, 256, 512] and [512, 512, 256].
 The 640 rows of a grouped-matmul call are padded to 1024, a whole number of row tiles; the
 padding rows belong to no expert group.
-Memory: the expert FFN runs in 2 slices of 256 columns, one after another (jax.lax.scan),
-each recomputed in the backward pass (jax.checkpoint) with its weights gathered again:
-only one slice's activations and gathered weights are live at a time, for 2.68e+08 more
-FLOPs per device per training step.
+Memory: the forward pass runs the expert FFN whole (in slices, their float32 sum would
+hold more), keeping nothing for the backward pass, which recomputes the FFN in 2 slices of
+256 columns, one after another (jax.lax.scan, jax.checkpoint), each with its weights
+gathered again: only one slice's activations and gathered weights are live at a time
+there, for 2.68e+08 more FLOPs per device per training step.
 Routing: softmax scores, the top-2 experts, weighted by their scores.
 Capacity: each expert keeps at most 80 copies of a device's tokens, by probability; the
 rest are dropped (aux.dropped_per_expert).
@@ -97,6 +99,8 @@ FFN_CHUNK = 256  # FFN_DIM / FFN_CHUNKS
 # megablox tiles (rows, contraction, output); the custom VJP reuses them for gmm and tgmm.
 GATE_UP_TILING = (512, 256, 256)
 DOWN_TILING = (512, 256, 256)
+FORWARD_GATE_UP_TILING = (512, 256, 512)  # the whole-width forward pass
+FORWARD_DOWN_TILING = (512, 512, 256)
 PADDED_ROWS = 1024  # FFN_ROWS rounded up to a multiple of every row tile
 
 PARAM_DTYPE = jnp.float32
@@ -330,12 +334,67 @@ def _expert_ffn(rows: jax.Array, weights: Params, group_sizes: jax.Array) -> jax
     """Each expert's FFN on its contiguous group of rows: [FFN_ROWS, D].
 
     down(gelu(x @ up)), with a bias after each projection.
-    The FFN runs in FFN_CHUNKS slices of FFN_CHUNK columns, one after another; the slices'
-    down projections add up in float32.
+    The forward pass runs every FFN column at once; the backward pass recomputes the FFN in
+    FFN_CHUNKS slices of FFN_CHUNK columns, one after another (_whole_forward says why).
     """
     # Whole row tiles for the kernel: the extra rows belong to no group and are never read back.
     rows = jnp.pad(rows, ((0, PADDED_ROWS - FFN_ROWS), (0, 0)))
     row_experts = _row_experts(group_sizes, rows.shape[0])
+    out = _whole_forward(rows, weights, group_sizes, row_experts) + weights["b_down"].at[
+        row_experts
+    ].get(mode="fill", fill_value=0)
+    out = out[:FFN_ROWS]
+    return out
+
+
+# In slices, this forward pass would hold more than whole: the slices' down projections add up
+# in a float32 [rows, D] sum beside each slice's own, more than the whole width's activations
+# (the plan's memory ledger weighs both; a narrow FFN's are small). Whole, it keeps nothing:
+# the backward pass recomputes the FFN slice by slice.
+@jax.custom_gradient
+def _whole_forward(
+    rows: jax.Array,
+    stored: Params,
+    group_sizes: jax.Array,
+    row_experts: jax.Array,
+) -> tuple[jax.Array, jax.tree_util.Partial]:
+    """Every expert's FFN over all its columns at once, [rows, D], and its backward pass: that
+    of the slices' sum (_sliced_backward)."""
+    weights = _whole_weights(stored)
+    up = megablox.gmm(
+        rows, weights["w_up"], group_sizes, COMPUTE_DTYPE, FORWARD_GATE_UP_TILING
+    ) + weights["b_up"].at[row_experts].get(mode="fill", fill_value=0)
+    hidden = _gelu(up)
+    out = megablox.gmm(hidden, weights["w_down"], group_sizes, COMPUTE_DTYPE, FORWARD_DOWN_TILING)
+    return out, jax.tree_util.Partial(_sliced_backward, rows, stored, group_sizes, row_experts)
+
+
+def _sliced_backward(
+    rows: jax.Array,
+    stored: Params,
+    group_sizes: jax.Array,
+    row_experts: jax.Array,
+    out_grad: jax.Array,
+) -> tuple[jax.Array, Params, None, None]:
+    """The gradients of _sum_of_slices, one slice after another (none for the integer group
+    sizes and row experts)."""
+
+    def sum_of_slices(rows: jax.Array, stored: Params) -> jax.Array:
+        return _sum_of_slices(rows, stored, group_sizes, row_experts)
+
+    # jax.vjp traces the slices' forward pass too; nothing reads its result, and XLA drops it.
+    _, pullback = jax.vjp(sum_of_slices, rows, stored)
+    return *pullback(out_grad), None, None
+
+
+def _sum_of_slices(
+    rows: jax.Array,
+    weights: Params,
+    group_sizes: jax.Array,
+    row_experts: jax.Array,
+) -> jax.Array:
+    """The FFN in FFN_CHUNKS slices of FFN_CHUNK columns, one after another, their down
+    projections added up in float32: [rows, D]."""
 
     def add_slice(out: jax.Array, start: jax.Array) -> tuple[jax.Array, None]:
         return out + _ffn_slice(rows, weights, group_sizes, row_experts, start), None
@@ -344,11 +403,7 @@ def _expert_ffn(rows: jax.Array, weights: Params, group_sizes: jax.Array) -> jax
     # The sum starts as zeros_like(rows): it varies over the mesh as the rows do.
     out = jnp.zeros_like(rows, dtype=jnp.float32)
     out, _ = jax.lax.scan(add_slice, out, jnp.arange(FFN_CHUNKS) * FFN_CHUNK)
-    out = out.astype(COMPUTE_DTYPE) + weights["b_down"].at[row_experts].get(
-        mode="fill", fill_value=0
-    )
-    out = out[:FFN_ROWS]
-    return out
+    return out.astype(COMPUTE_DTYPE)
 
 
 # Recomputed in the backward pass, so that only one slice's activations and gathered
@@ -392,6 +447,26 @@ def _weight_slice(stored: Params, start: jax.Array) -> Params:
             tiled=True,
         ),
         "b_up": columns("b_up", 1).astype(jnp.bfloat16),
+    }
+
+
+def _whole_weights(stored: Params) -> Params:
+    """The experts' weights and biases, all their FFN columns, cast to the dtype they are used
+    in and gathered from their fsdp shards."""
+    return {
+        "w_up": jax.lax.all_gather(
+            stored["w_up"].astype(jnp.bfloat16),
+            FSDP_AXIS,
+            axis=1,
+            tiled=True,
+        ),
+        "w_down": jax.lax.all_gather(
+            stored["w_down"].astype(jnp.bfloat16),
+            FSDP_AXIS,
+            axis=2,
+            tiled=True,
+        ),
+        "b_up": stored["b_up"].astype(jnp.bfloat16),
     }
 
 

@@ -30,10 +30,11 @@ Expert matmuls use tokamax's ragged_dot (kernel tokamax, CUDA only) with its Pal
 GPU kernels in the compute dtype, forward and backward (tokamax's VJP: input-gradient and
 weight-gradient kernels); every row is covered by a group (rows past the groups are zeroed
 first).
-Memory: the expert FFN runs in 2 slices of 256 columns, one after another (jax.lax.scan),
-each recomputed in the backward pass (jax.checkpoint) with its weights gathered again:
-only one slice's activations and gathered weights are live at a time, for 5.37e+08 more
-FLOPs per device per training step.
+Memory: the forward pass runs the expert FFN whole (in slices, their float32 sum would
+hold more), keeping nothing for the backward pass, which recomputes the FFN in 2 slices of
+256 columns, one after another (jax.lax.scan, jax.checkpoint), each with its weights
+gathered again: only one slice's activations and gathered weights are live at a time
+there, for 5.37e+08 more FLOPs per device per training step.
 Routing: softmax scores, the top-2 experts, weighted by their scores.
 Experts compute down(silu(x @ gate) * (x @ up)). A shared expert of width 256 runs on
 every token beside them.
@@ -291,9 +292,57 @@ def _expert_ffn(rows: jax.Array, weights: Params, group_sizes: jax.Array) -> jax
     """Each expert's FFN on its contiguous group of rows: [FFN_ROWS, D].
 
     down(silu(x @ gate) * (x @ up)).
-    The FFN runs in FFN_CHUNKS slices of FFN_CHUNK columns, one after another; the slices'
-    down projections add up in float32.
+    The forward pass runs every FFN column at once; the backward pass recomputes the FFN in
+    FFN_CHUNKS slices of FFN_CHUNK columns, one after another (_whole_forward says why).
     """
+    out = _whole_forward(rows, weights, group_sizes)
+    return out
+
+
+# In slices, this forward pass would hold more than whole: the slices' down projections add up
+# in a float32 [rows, D] sum beside each slice's own, more than the whole width's activations
+# (the plan's memory ledger weighs both; a narrow FFN's are small). Whole, it keeps nothing:
+# the backward pass recomputes the FFN slice by slice.
+@jax.custom_gradient
+def _whole_forward(
+    rows: jax.Array,
+    stored: Params,
+    group_sizes: jax.Array,
+) -> tuple[jax.Array, jax.tree_util.Partial]:
+    """Every expert's FFN over all its columns at once, [rows, D], and its backward pass: that
+    of the slices' sum (_sliced_backward)."""
+    weights = _whole_weights(stored)
+    gate = _tokamax_grouped_matmul(rows, weights["w_gate"], group_sizes)
+    up = _tokamax_grouped_matmul(rows, weights["w_up"], group_sizes)
+    hidden = jax.nn.silu(gate) * up
+    out = _tokamax_grouped_matmul(hidden, weights["w_down"], group_sizes)
+    return out, jax.tree_util.Partial(_sliced_backward, rows, stored, group_sizes)
+
+
+def _sliced_backward(
+    rows: jax.Array,
+    stored: Params,
+    group_sizes: jax.Array,
+    out_grad: jax.Array,
+) -> tuple[jax.Array, Params, None]:
+    """The gradients of _sum_of_slices, one slice after another (none for the integer group
+    sizes)."""
+
+    def sum_of_slices(rows: jax.Array, stored: Params) -> jax.Array:
+        return _sum_of_slices(rows, stored, group_sizes)
+
+    # jax.vjp traces the slices' forward pass too; nothing reads its result, and XLA drops it.
+    _, pullback = jax.vjp(sum_of_slices, rows, stored)
+    return *pullback(out_grad), None
+
+
+def _sum_of_slices(
+    rows: jax.Array,
+    weights: Params,
+    group_sizes: jax.Array,
+) -> jax.Array:
+    """The FFN in FFN_CHUNKS slices of FFN_CHUNK columns, one after another, their down
+    projections added up in float32: [rows, D]."""
 
     def add_slice(out: jax.Array, start: jax.Array) -> tuple[jax.Array, None]:
         return out + _ffn_slice(rows, weights, group_sizes, start), None
@@ -302,8 +351,7 @@ def _expert_ffn(rows: jax.Array, weights: Params, group_sizes: jax.Array) -> jax
     # The sum starts as zeros_like(rows): it varies over the mesh as the rows do.
     out = jnp.zeros_like(rows, dtype=jnp.float32)
     out, _ = jax.lax.scan(add_slice, out, jnp.arange(FFN_CHUNKS) * FFN_CHUNK)
-    out = out.astype(COMPUTE_DTYPE)
-    return out
+    return out.astype(COMPUTE_DTYPE)
 
 
 # Recomputed in the backward pass, so that only one slice's activations and gathered
@@ -343,6 +391,31 @@ def _weight_slice(stored: Params, start: jax.Array) -> Params:
         ),
         "w_down": jax.lax.all_gather(
             columns("w_down", 1).astype(jnp.bfloat16),
+            FSDP_AXIS,
+            axis=2,
+            tiled=True,
+        ),
+    }
+
+
+def _whole_weights(stored: Params) -> Params:
+    """The experts' weights, all their FFN columns, cast to the dtype they are used
+    in and gathered from their fsdp shards."""
+    return {
+        "w_gate": jax.lax.all_gather(
+            stored["w_gate"].astype(jnp.bfloat16),
+            FSDP_AXIS,
+            axis=1,
+            tiled=True,
+        ),
+        "w_up": jax.lax.all_gather(
+            stored["w_up"].astype(jnp.bfloat16),
+            FSDP_AXIS,
+            axis=1,
+            tiled=True,
+        ),
+        "w_down": jax.lax.all_gather(
+            stored["w_down"].astype(jnp.bfloat16),
             FSDP_AXIS,
             axis=2,
             tiled=True,
