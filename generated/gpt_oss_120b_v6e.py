@@ -286,9 +286,11 @@ def _glu(gate: jax.Array, up: jax.Array) -> jax.Array:
 
 
 def _row_experts(group_sizes: jax.Array, rows: int) -> jax.Array:
-    """The expert of each row of a grouped-matmul call (rows past the groups get the last)."""
+    """The expert of each row of a grouped-matmul call; rows past the groups get one past
+    the last, so that their bias is 0 and their (unwritten) gradient reaches no bias."""
     experts = jnp.arange(group_sizes.shape[0], dtype=jnp.int32)
-    return jnp.repeat(experts, group_sizes, total_repeat_length=rows)
+    row_experts = jnp.repeat(experts, group_sizes, total_repeat_length=rows)
+    return jnp.where(jnp.arange(rows) < group_sizes.sum(), row_experts, group_sizes.shape[0])
 
 
 def _expert_ffn(rows: jax.Array, weights: Params, group_sizes: jax.Array) -> jax.Array:
@@ -297,19 +299,16 @@ def _expert_ffn(rows: jax.Array, weights: Params, group_sizes: jax.Array) -> jax
     down(_glu(x @ gate, x @ up)), with a bias after each projection.
     """
     row_experts = _row_experts(group_sizes, rows.shape[0])
-    gate = (
-        megablox.gmm(rows, weights["w_gate"], group_sizes, COMPUTE_DTYPE, GATE_UP_TILING)
-        + weights["b_gate"][row_experts]
-    )
-    up = (
-        megablox.gmm(rows, weights["w_up"], group_sizes, COMPUTE_DTYPE, GATE_UP_TILING)
-        + weights["b_up"][row_experts]
-    )
+    gate = megablox.gmm(
+        rows, weights["w_gate"], group_sizes, COMPUTE_DTYPE, GATE_UP_TILING
+    ) + weights["b_gate"].at[row_experts].get(mode="fill", fill_value=0)
+    up = megablox.gmm(rows, weights["w_up"], group_sizes, COMPUTE_DTYPE, GATE_UP_TILING) + weights[
+        "b_up"
+    ].at[row_experts].get(mode="fill", fill_value=0)
     hidden = _glu(gate, up)
-    out = (
-        megablox.gmm(hidden, weights["w_down"], group_sizes, COMPUTE_DTYPE, DOWN_TILING)
-        + weights["b_down"][row_experts]
-    )
+    out = megablox.gmm(
+        hidden, weights["w_down"], group_sizes, COMPUTE_DTYPE, DOWN_TILING
+    ) + weights["b_down"].at[row_experts].get(mode="fill", fill_value=0)
     return out
 
 

@@ -305,15 +305,17 @@ def _routed_experts(
     flat_ids = expert_ids.reshape(ROUTED_ROWS)
     order = jnp.argsort(flat_ids, stable=True)[:FFN_ROWS]
     group_sizes = jnp.bincount(flat_ids, length=NUM_EXPERTS).astype(jnp.int32)
+    kept = jnp.arange(FFN_ROWS) < jnp.sum(group_sizes)
 
     # 2. Expert FFN on each contiguous group.
-    out = _expert_ffn(tokens[order // TOP_K], weights, group_sizes)
+    rows = tokens[order // TOP_K]
+    out = _expert_ffn(rows, weights, group_sizes)
 
     # 3. Sum each token's kept copies, weighted, in float32. Rows past the groups hold no
-    #    result: select, do not multiply (they may be NaN).
-    kept = jnp.arange(FFN_ROWS) < jnp.sum(group_sizes)
+    #    result (they may be NaN): select them away before weighing, or the weights' gradient
+    #    (0 x NaN) would be NaN too.
     copy_weights = combine_weights.reshape(ROUTED_ROWS)[order]
-    out = jnp.where(kept[:, None], out.astype(jnp.float32) * copy_weights[:, None], 0.0)
+    out = jnp.where(kept[:, None], out.astype(jnp.float32), 0.0) * copy_weights[:, None]
     y = jnp.zeros((LOCAL_TOKENS, EMBED_DIM), jnp.float32).at[order // TOP_K].add(out)
     return y.astype(COMPUTE_DTYPE)
 
@@ -582,15 +584,17 @@ def _routed_experts_prefill(
     flat_ids = expert_ids.reshape(ROUTED_ROWS_PREFILL)
     order = jnp.argsort(flat_ids, stable=True)[:FFN_ROWS_PREFILL]
     group_sizes = jnp.bincount(flat_ids, length=NUM_EXPERTS).astype(jnp.int32)
+    kept = jnp.arange(FFN_ROWS_PREFILL) < jnp.sum(group_sizes)
 
     # 2. Expert FFN on each contiguous group.
-    out = _expert_ffn(tokens[order // TOP_K], weights, group_sizes)
+    rows = tokens[order // TOP_K]
+    out = _expert_ffn(rows, weights, group_sizes)
 
     # 3. Sum each token's kept copies, weighted, in float32. Rows past the groups hold no
-    #    result: select, do not multiply (they may be NaN).
-    kept = jnp.arange(FFN_ROWS_PREFILL) < jnp.sum(group_sizes)
+    #    result (they may be NaN): select them away before weighing, or the weights' gradient
+    #    (0 x NaN) would be NaN too.
     copy_weights = combine_weights.reshape(ROUTED_ROWS_PREFILL)[order]
-    out = jnp.where(kept[:, None], out.astype(jnp.float32) * copy_weights[:, None], 0.0)
+    out = jnp.where(kept[:, None], out.astype(jnp.float32), 0.0) * copy_weights[:, None]
     y = jnp.zeros((LOCAL_TOKENS_PREFILL, EMBED_DIM), jnp.float32).at[order // TOP_K].add(out)
     return y.astype(COMPUTE_DTYPE)
 
