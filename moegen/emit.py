@@ -1,7 +1,8 @@
 """Stage 6, emit: write generated modules all or nothing, even when the process is killed.
 
 `write_all(files, out_dir=OUT)`, what `moegen build` uses, commits by one directory swap:
-1. under a flock of OUT's parent (moegen writers take turns), clear what dead runs left;
+1. under a flock of OUT's parent (moegen writers take turns), clear what this user's dead
+   runs provably left (names and journals signed with its key: moegen.provenance);
 2. build the whole new directory as a hidden sibling, `.<name>.moegen-stage-<owner>`: OUT's
    tree reproduced (hard links, copies where a link fails, directories and symlinks, same
    modes), each module written into it; fsync every new file and every stage directory;
@@ -39,8 +40,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import itertools
-import json
 import os
 import platform
 import shutil
@@ -49,13 +48,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from moegen import interrupts
+from moegen import interrupts, provenance
+from moegen.journal import OLD as _OLD
+from moegen.journal import TMP as _TMP
+from moegen.journal import Journal, discard, recover_journals, roll_back
 
-_STAGE, _TMP, _OLD, _JOURNAL = ".moegen-stage-", ".moegen-tmp-", ".moegen-old-", ".moegen-journal-"
+_STAGE = ".moegen-stage-"
 _RENAME_NOREPLACE, _RENAME_EXCHANGE, _AT_FDCWD = 1, 2, -100
 # renameat2's number where libc has no wrapper (glibc < 2.28)
 _SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "riscv64": 276, "ppc64le": 357, "s390x": 347}
-_serial = itertools.count()
 
 
 class _NoExchange(Exception):
@@ -83,8 +84,9 @@ def recover(out_dir: Path) -> None:
 
 
 def _write_one(target: Path, blob: bytes) -> None:
+    _refuse_dangling_links(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
-    interrupts.remove_leftovers(target.parent, _TMP)
+    provenance.remove_leftovers(target.parent, _TMP)
     tmp = _sibling(target, _TMP)
     try:
         _write_file(tmp, blob)
@@ -98,9 +100,10 @@ def _write_one(target: Path, blob: bytes) -> None:
 
 
 def _sibling(path: Path, mark: str) -> Path:
-    """A new name beside `path` that says who made it. Every name is noted before its file
-    is made: an interrupt between the two must not leave a file nobody removes."""
-    return path.with_name(f".{path.name[:64]}{mark}{interrupts.owner_token()}-{next(_serial)}")
+    """A new name beside `path` that proves who made it (moegen.provenance). Every name is
+    noted before its file is made: an interrupt between the two must not leave a file
+    nobody removes."""
+    return path.with_name(provenance.owned_name(path.parent, f".{path.name[:64]}", mark))
 
 
 def _write_file(path: Path, blob: bytes) -> None:
@@ -121,6 +124,7 @@ def _write_tree(out_dir: Path, data: dict[Path, bytes], *, swap: bool) -> None:
         raise ValueError(f"not every file is inside {out_dir}")
     if os.path.lexists(real) and not real.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(out_dir))
+    _refuse_dangling_links(out_dir)
     real.parent.mkdir(parents=True, exist_ok=True)
     with _locked(real.parent):
         _recover(real)
@@ -129,6 +133,15 @@ def _write_tree(out_dir: Path, data: dict[Path, bytes], *, swap: bool) -> None:
             with suppress(_NoExchange):
                 return _swap(real, relative)
         _write_journaled(real, {real / rel: blob for rel, blob in relative.items()})
+
+
+def _refuse_dangling_links(path: Path) -> None:
+    """A symlink on the way to `path` whose target is missing: refused, rather than making
+    directories wherever the link points."""
+    for at in (Path(os.path.abspath(path)), *Path(os.path.abspath(path)).parents):
+        if os.path.islink(at) and not os.path.exists(at):
+            message = f"a symbolic link to {os.readlink(at)!r}, which does not exist"
+            raise FileNotFoundError(errno.ENOENT, message, str(at))
 
 
 def _may_swap(real: Path) -> bool:
@@ -175,7 +188,7 @@ def _swap(real: Path, relative: dict[str, bytes]) -> None:
         _trace("exchange")
     finally:
         with interrupts.blocked():
-            shutil.rmtree(stage, ignore_errors=True)
+            provenance.remove_tree(stage)  # every failure path too: permissions, ENOSPC...
     _trace("remove stage")
 
 
@@ -229,7 +242,7 @@ def _renameat2(src: Path, dst: Path, flags: int) -> None:
 
 def _write_journaled(root: Path, data: dict[Path, bytes]) -> None:
     entries: list[list] = []  # [target, temporary, backup or None, the temporary's inode]
-    journal = _sibling(root, _JOURNAL)
+    journal = Journal.beside(root)
     committed = whole = False  # whole: old or new set in place, temporaries may go
     try:
         for target, blob in data.items():
@@ -245,7 +258,7 @@ def _write_journaled(root: Path, data: dict[Path, bytes]) -> None:
                 entry[2] = str(_sibling(target, _OLD))
                 _backup(target, Path(entry[2]))
                 _trace(f"backup {target.name}")
-        journaled = _write_journal(journal, root, entries)
+        journaled = journal.write(root, entries, _fsync)
         _trace("journal")
         with interrupts.blocked():
             for target, tmp, _, _ in entries:
@@ -254,22 +267,21 @@ def _write_journaled(root: Path, data: dict[Path, bytes]) -> None:
             for directory in sorted({os.path.dirname(e[0]) for e in entries}):
                 _fsync(directory)
             if journaled:
-                os.unlink(journal)
-                _fsync(journal.parent)
+                os.unlink(journal.path)
+                _fsync(journal.path.parent)
             committed = whole = True
         _trace("commit")
     except BaseException:
         if not committed:
             with interrupts.blocked():
-                _roll_back(entries)  # should this fail, the journal stays for recover()
+                roll_back(entries, _fsync)  # should this fail, the journal stays for recover()
                 whole = True
         raise
     finally:
         if whole:
             with interrupts.blocked():
-                _discard(entries)
-                _unlink(journal)
-                _unlink(_partial(journal))
+                discard(entries)
+                journal.remove()
 
 
 def _backup(target: Path, backup: Path) -> None:
@@ -281,75 +293,11 @@ def _backup(target: Path, backup: Path) -> None:
     _fsync(target.parent)
 
 
-def _partial(journal: Path) -> Path:
-    return journal.with_name(journal.name.replace(_JOURNAL, _TMP))
-
-
-def _write_journal(journal: Path, root: Path, entries: list[list]) -> bool:
-    """Make the journal durable; False where it cannot be (then SIGKILL is not covered)."""
-    partial = _partial(journal)
-    try:
-        _write_file(partial, json.dumps({"root": str(root), "entries": entries}).encode())
-        os.rename(partial, journal)
-        _fsync(journal.parent)
-        return True
-    except OSError:
-        _unlink(partial)
-        return False
-
-
-def _roll_back(entries: list[list]) -> None:
-    """Old contents back (idempotent: a replay after a kill midway does the rest)."""
-    for target, _, backup, inode in reversed(entries):
-        if backup is not None:
-            if os.path.lexists(backup):
-                os.replace(backup, target)
-        else:
-            with suppress(FileNotFoundError):
-                if os.lstat(target).st_ino == inode:
-                    os.unlink(target)  # it did not exist before
-    for directory in sorted({os.path.dirname(e[0]) for e in entries}):
-        _fsync(directory)
-
-
-def _discard(entries: list[list]) -> None:
-    for _, tmp, backup, _ in entries:
-        _unlink(tmp)
-        if backup is not None:
-            _unlink(backup)
-
-
-def _replay(journal: str) -> None:
-    """A dead run's journal: roll its set back, then drop it and its temporaries."""
-    try:
-        with open(journal, encoding="utf-8") as handle:
-            doc = json.loads(handle.read(1 << 20))
-        root, entries = doc["root"], doc["entries"]
-        # Only paths of the form moegen writes: a planted journal must not move other files.
-        ours = os.path.dirname(root) == os.path.dirname(journal) and all(
-            os.path.commonpath([root, target]) == root
-            and all(
-                os.path.dirname(p) == os.path.dirname(target) and mark in os.path.basename(p)
-                for p, mark in ((tmp, _TMP), (backup, _OLD))
-                if p is not None
-            )
-            for target, tmp, backup, _ in entries
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        ours = False
-    with interrupts.blocked():
-        if ours:
-            _roll_back(entries)
-            _discard(entries)
-        _unlink(journal)  # written atomically: one that does not parse is not moegen's
-
-
 def _recover(real: Path) -> None:
-    for journal in interrupts.leftovers(real.parent, _JOURNAL):
-        _replay(journal)  # before the sweep below: it needs the backups
-    interrupts.remove_leftovers(real.parent, _STAGE, _TMP)
-    if real.is_dir():
-        interrupts.remove_leftovers(real, _TMP, _OLD)
+    recover_journals(real, _fsync)  # before the sweep below: it needs the backups
+    provenance.remove_leftovers(real.parent, _STAGE, _TMP)
+    if real.is_dir() and not real.is_symlink():
+        provenance.remove_leftovers(real, _TMP, _OLD)
 
 
 @contextmanager

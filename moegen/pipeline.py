@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from moegen.diagnostics import SpecError
-from moegen.emit import recover, write_all
+from moegen.emit import write_all
 from moegen.load import FieldPath, LoadedSpec, load_spec
 from moegen.parallel import OrderedProgress, TaskFailed, run_tasks
 from moegen.plan import Plan, fit_problems, make_plan
@@ -110,10 +110,10 @@ def build(
     Every spec is generated, and checked for what its verification needs installed, before
     any is verified; `jobs` specs are verified at a time (moegen.parallel), the report kept in
     spec order. `cache`: reuse records of passed verifications (moegen.verify.record).
-    The write is one atomic exchange of `out_dir` (moegen.emit); what killed builds left
-    beside it is cleared first, so that a failing build does not keep it either.
+    The write is one atomic exchange of `out_dir` (moegen.emit), which first clears what
+    this user's killed builds provably left there; a build that writes nothing (an invalid
+    spec, a failed verification) touches nothing on disk.
     """
-    recover(out_dir)
     ordered = OrderedProgress(progress or (lambda *args: None), len(paths))
     try:
         results = [(i, generate(path, ordered.for_spec(i))) for i, path in enumerate(paths)]

@@ -60,6 +60,9 @@ def _own_build_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
     itself and the moegen processes it starts: no test reuses another's verdict, none
     touches the user's ~/.cache/moegen."""
     monkeypatch.setenv("MOEGEN_CACHE_DIR", str(tmp_path_factory.mktemp("moegen-cache")))
+    # moegen's private key (moegen.provenance): one per test session, never the user's
+    monkeypatch.setenv("MOEGEN_STATE_DIR", str(tmp_path_factory.getbasetemp() / "moegen-state"))
+    monkeypatch.delenv("MOEGEN_SECRET", raising=False)
 
 
 @pytest.fixture(name="run_moegen")

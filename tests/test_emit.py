@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import snapshot
 
 import moegen.emit as emit
-from moegen import interrupts
 from moegen.emit import write_all
 
 
@@ -194,12 +190,6 @@ def beside(out: Path) -> list[str]:
     return sorted(p.name for p in out.parent.rglob("*") if ".moegen-" in p.name)
 
 
-def dead_token() -> str:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return f"{child.pid}-1"
-
-
 def test_swap_replaces_the_directory_and_keeps_the_rest(out):
     cache, before = out / "__pycache__" / "a.pyc", os.stat(out).st_ino
     cache_inode = cache.stat().st_ino
@@ -297,48 +287,3 @@ def test_interrupt_after_any_step_leaves_old_or_new(out, monkeypatch, fallback):
         monkeypatch.setattr(emit, "_trace", lambda step: None)
         assert snapshot(out) in (old, new), steps[k]
         assert beside(out) == [], steps[k]
-
-
-def test_recover_removes_dead_stages_and_temporaries_only(out):
-    dead, alive = dead_token(), interrupts.owner_token()
-    for token in (dead, alive):
-        (out.parent / f".gen.moegen-stage-{token}-x1").mkdir()
-        (out / f".a.py.moegen-tmp-{token}-x2").write_text("t")
-    emit.recover(out)
-    assert beside(out) == [f".a.py.moegen-tmp-{alive}-x2", f".gen.moegen-stage-{alive}-x1"]
-
-
-def test_recover_rolls_back_a_dead_journal(out):
-    """What a SIGKILL between the renames of the journaled protocol leaves behind."""
-    token = dead_token()
-    backup = out / f".a.py.moegen-old-{token}-1"
-    os.link(out / "a.py", backup)
-    (out / "new").write_text("new a\n")
-    os.replace(out / "new", out / "a.py")  # renamed over already
-    tmp_b = out / f".b.py.moegen-tmp-{token}-2"
-    tmp_b.write_text("new b\n")  # not yet
-    (out / "c.py").write_text("new c\n")  # a new module, renamed over already
-    entries = [
-        [str(out / "a.py"), str(out / f".a.py.moegen-tmp-{token}-1"), str(backup), 0],
-        [str(out / "b.py"), str(tmp_b), str(out / f".b.py.moegen-old-{token}-3"), 0],
-        [str(out / "c.py"), str(out / f".c.py.moegen-tmp-{token}-4"), None, 0],
-    ]
-    entries[2][3] = (out / "c.py").stat().st_ino
-    os.link(out / "b.py", out / f".b.py.moegen-old-{token}-3")
-    journal = out.parent / f".gen.moegen-journal-{token}-0"
-    journal.write_text(json.dumps({"root": str(out), "entries": entries}))
-    emit.recover(out)
-    assert (out / "a.py").read_text() == "old a\n" and (out / "b.py").read_text() == "old b\n"
-    assert not (out / "c.py").exists() and beside(out) == []
-
-
-def test_a_planted_journal_moves_nothing(out, tmp_path):
-    victim = tmp_path / "victim.txt"
-    victim.write_text("keep")
-    token = dead_token()
-    entries = [[str(victim), str(out / "a.py"), None, victim.stat().st_ino]]
-    journal = out.parent / f".gen.moegen-journal-{token}-0"
-    journal.write_text(json.dumps({"root": str(out), "entries": entries}))
-    emit.recover(out)
-    assert victim.read_text() == "keep" and (out / "a.py").read_text() == "old a\n"
-    assert not journal.exists()

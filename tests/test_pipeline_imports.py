@@ -35,6 +35,7 @@ STAGE_OF = {
     "moegen.render_variants": "render",  # a shape variant's statements beside the main ones
     "moegen.verify": "verify",
     "moegen.emit": "emit",
+    "moegen.journal": "emit",  # the per-file protocol's journal, read back with proof
     "moegen.pipeline": "top",
     "moegen.parallel": "top",
     "moegen.cli": "top",
@@ -45,7 +46,14 @@ STAGE_OF = {
     "moegen.init": "top",  # a starter spec, validated before it is written
     "moegen.install_te": "top",  # runs the shipped TE installer
 }
-BASE = {"moegen", "moegen.interrupts", "moegen.hardware", "moegen.sizes", "moegen.tiling"}
+BASE = {
+    "moegen",
+    "moegen.interrupts",
+    "moegen.provenance",
+    "moegen.hardware",
+    "moegen.sizes",
+    "moegen.tiling",
+}
 # packages used at run time beside generated modules, not by the pipeline: no stage, and they
 # import nothing of moegen outside themselves
 RUNTIME = ("moegen.checkpoints", "moegen.nnx")

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT, SPEC_DIR, _clean_env, snapshot
 
-from moegen import emit, interrupts
+from moegen import emit, interrupts, provenance
 from moegen.check import check
 
 SPECS = ["mixtral_small_cpu", "sigmoid_top1_data_cpu"]
@@ -321,14 +321,19 @@ def test_killed_verification_leaves_no_worker_and_no_scratch(tmp_path, sig, mome
 
 
 def test_stale_scratch_of_a_dead_moegen_is_removed(tmp_path):
+    """A dead run's scratch (a name moegen made, proven by its tag) goes; a live run's, an
+    old-style or look-alike name and another directory's stay."""
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale = tmp_path / f"moegen-verify-{dead.pid}-{1}-abc"
+    mark = interrupts.SCRATCH_PREFIX
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(interrupts, "owner_token", lambda: f"{dead.pid}-1")
+        stale = tmp_path / provenance.owned_name(tmp_path, "", mark)
     stale.mkdir()
     (stale / "job.json").write_text("{}")
-    mine = tmp_path / f"moegen-verify-{interrupts.owner_token()}-abc"
+    mine = tmp_path / provenance.owned_name(tmp_path, "", mark)
     mine.mkdir()
-    foreign = tmp_path / "moegen-verify-notours"
+    foreign = tmp_path / f"moegen-verify-{dead.pid}-1-abc"  # a dead pid, but no proof
     foreign.mkdir()
-    interrupts.remove_leftovers(tmp_path, interrupts.SCRATCH_PREFIX)
+    provenance.remove_leftovers(tmp_path, mark)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, foreign.name])

@@ -17,36 +17,35 @@ benchmark uses only these; the rest of the package is its own business.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 import tempfile
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from moegen import interrupts
+from moegen import interrupts, provenance
 from moegen.load import LoadedSpec
 from moegen.plan import Plan, make_plan
 from moegen.render import render
 from moegen.verify import record
+from moegen.verify.evidence import judge
 from moegen.verify.messages import (
     PROGRAMS,
     CudaTarget,
     Job,
     MemoryVerdict,
-    Message,
+    RecordIgnored,
     Reused,
     Step,
     TpuTarget,
     TwinJob,
     VerifyReport,
-    WorkerFailed,
-    decode,
 )
+from moegen.verify.pool import allow_workers, stop_workers
+from moegen.verify.pool import run_worker as _run_worker
 from moegen.verify.preflight import MissingVerifier, require_verifiers
 from moegen.verify.record import VerifyCache
 from moegen.verify.twin import TOLERANCES, TwinSpec, plan_twin, twin_of, twins_of
@@ -58,7 +57,6 @@ __all__ = [
     "reference_config", "stop_workers", "tpu_target", "twin_of", "twins_of", "verify",
 ]  # fmt: skip
 
-DEFAULT_TIMEOUT_S = 1800
 OnStep = Callable[[Step], None]
 
 
@@ -92,32 +90,75 @@ def verify(
     """
     plan = make_plan(loaded) if plan is None else plan
     require_verifiers([(loaded, plan)], compiles=run_compiles)  # missing libtpu or TE: before twins
-    # Scratch named after this process, so that a later run can remove it should this one be
-    # SIGKILLed before its worker could (the worker removes it when it outlives moegen).
-    interrupts.remove_leftovers(tempfile.gettempdir(), interrupts.SCRATCH_PREFIX)
-    scratch_prefix = f"{interrupts.SCRATCH_PREFIX}{interrupts.owner_token()}-"
-    with tempfile.TemporaryDirectory(prefix=scratch_prefix, ignore_cleanup_errors=True) as tmp:
-        job, sources = _write_job(Path(tmp), loaded, source, plan, run_twins, cache)
+    ignored = None
+    with _scratch() as tmp:
+        job, sources = _write_job(tmp, loaded, source, plan, run_twins, cache)
         job = dataclasses.replace(job, compile=run_compiles, programs=_programs(compile_forward))
         key = record.record_key(job, sources, plan.mesh.num_devices) if cache else ""
-        reused = record.load_record(key) if cache and cache.reuse else None
-        if reused is not None:
-            report = _replay(reused, source, on_step)
-        else:
-            job_path = Path(tmp) / "job.json"
+        report, ignored = (
+            _reused(key, job, plan, source, on_step) if cache and cache.reuse else (None, None)
+        )
+        fresh = report is None
+        if report is None:
+            job_path = tmp / "job.json"
             job_path.write_text(json.dumps(job.to_json()), encoding="utf-8")
             report = _run_worker(job_path, plan.mesh.num_devices, on_step, timeout_s)
-    verdicts = [
-        (label, memory_verdict(shape_plan, VerifyReport(steps=steps)))
-        for label, shape_plan, steps in (_steps_by_shape(plan, report) if run_compiles else ())
-    ]
-    if cache and reused is None:
+    verdicts = _verdicts(plan, report) if run_compiles else []
+    if cache and fresh:
         record.store_record(record.new_record(key, source, report.steps))
+    if ignored is not None:
+        report.steps.insert(0, ignored)
     for label, verdict in verdicts:
         if verdict:
             report.steps.append(MemoryVerdict(f"memory verdict{label}", 0.0, verdict))
             on_step(report.steps[-1])
     return report
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[Path]:
+    """A private scratch directory in the system's temporary directory, named so that a later
+    run can prove it this user's moegen's and remove it should this one be SIGKILLed before
+    its worker could (the worker removes it when it outlives moegen)."""
+    parent = tempfile.gettempdir()
+    provenance.remove_leftovers(parent, interrupts.SCRATCH_PREFIX)
+    path = Path(parent) / provenance.owned_name(parent, "", interrupts.SCRATCH_PREFIX)
+    os.mkdir(path, 0o700)
+    try:
+        yield path
+    finally:
+        provenance.remove_tree(path)
+
+
+def _verdicts(plan: Plan, report: VerifyReport) -> list[tuple[str, str | None]]:
+    """The memory verdict of each shape's compile steps (VerifyError where one fails)."""
+    return [
+        (label, memory_verdict(shape_plan, VerifyReport(steps=steps)))
+        for label, shape_plan, steps in _steps_by_shape(plan, report)
+    ]
+
+
+def _reused(
+    key: str, job: Job, plan: Plan, source: str, on_step: OnStep
+) -> tuple[VerifyReport | None, RecordIgnored | None]:
+    """The report a record of this verification makes, when it proves a pass by the rules a
+    fresh verification applies; else (None, the step that says why it was ignored)."""
+    try:
+        reused = record.load_record(key)
+        if reused is None:
+            return None, None
+        problem = judge(job, plan, reused.steps)
+        if problem is None and job.compile:
+            _verdicts(plan, VerifyReport(steps=list(reused.steps)))
+    except record.UntrustedRecord as err:
+        problem = str(err)
+    except VerifyError as err:
+        problem = str(err).splitlines()[0]
+    if problem is not None:
+        ignored = RecordIgnored("record ignored", 0.0, problem)
+        on_step(ignored)
+        return None, ignored
+    return _replay(reused, source, on_step), None
 
 
 def _steps_by_shape(plan: Plan, report: VerifyReport) -> list[tuple[str, Plan, list[Step]]]:
@@ -230,133 +271,3 @@ def _glu_reference(plan: Plan) -> dict[str, Any]:
         "sigmoid_scale": glu.sigmoid_scale or 1.0,
         "up_offset": glu.up_offset or 0.0,
     }
-
-
-def _run_worker(
-    job_path: Path,
-    num_devices: int,
-    on_step: OnStep,
-    timeout_s: float | None,
-) -> VerifyReport:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (
-        env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={num_devices}"
-    ).strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    # Compile-only TPU devices need no exclusive hold on libtpu: let verifications run side by side.
-    env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
-    timeout = timeout_s or float(os.environ.get("MOEGEN_VERIFY_TIMEOUT", DEFAULT_TIMEOUT_S))
-    # The worker dies with this process (interrupts.guard_worker, before it imports JAX) and
-    # then removes the scratch directory itself.
-    env[interrupts.PARENT_ENV] = str(os.getpid())
-    env[interrupts.SCRATCH_ENV] = str(job_path.parent)
-    command = [sys.executable, "-c", _WORKER_MAIN, str(job_path)]
-    report = VerifyReport()
-    with _WORKERS.start(command, env) as proc:
-        try:
-            messages, stderr = _collect(proc, report, on_step, timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise VerifyError(f"verification timed out after {timeout:.0f} s") from None
-        finally:
-            _WORKERS.forget(proc)
-    if _WORKERS.stopped:
-        raise VerifyError("verification stopped")
-    if proc.returncode != 0:
-        errors = [message for message in messages if isinstance(message, WorkerFailed)]
-        detail = errors[-1].error if errors else stderr.strip()[-4000:]
-        raise VerifyError(detail or f"verifier exited with code {proc.returncode}")
-    return report
-
-
-class _Workers:
-    """The verify workers running now, so that a build verifying several specs at once (one
-    thread each) can stop them all when one fails or the user interrupts it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._live: set[subprocess.Popen[str]] = set()
-        self.stopped = False
-
-    def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-        with self._lock:
-            if self.stopped:
-                raise VerifyError("verification stopped")
-            proc = subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-            )
-            self._live.add(proc)
-            return proc
-
-    def forget(self, proc: subprocess.Popen[str]) -> None:
-        with self._lock:
-            self._live.discard(proc)
-
-    def stop(self) -> None:
-        """Kill every live worker; no new one starts until `allow`."""
-        with self._lock:
-            self.stopped = True
-            for proc in self._live:
-                if proc.poll() is None:
-                    proc.kill()
-
-    def allow(self) -> None:
-        with self._lock:
-            self.stopped = False
-
-
-_WORKERS = _Workers()
-stop_workers, allow_workers = _WORKERS.stop, _WORKERS.allow
-
-
-_WORKER_MAIN = (
-    "from moegen.interrupts import guard_worker; guard_worker(); import runpy; "
-    "runpy.run_module('moegen.verify.worker', run_name='__main__', alter_sys=True)"
-)
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    """End the worker and reap it before its scratch directory goes. SIGKILL: it holds
-    nothing to release, and SIGTERM means to it that moegen died (interrupts._leave)."""
-    with interrupts.blocked():  # a second Ctrl-C must not leave it running
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-
-
-def _collect(
-    proc: subprocess.Popen[str],
-    report: VerifyReport,
-    on_step: OnStep,
-    timeout: float,
-) -> tuple[list[Message], str]:
-    messages: list[Message] = []
-    stderr_chunks: list[str] = []
-    drain = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read()), daemon=True)
-    drain.start()
-    timer = threading.Timer(timeout, proc.kill)
-    timer.start()
-    try:
-        for line in proc.stdout:
-            try:
-                data = json.loads(line)
-                message = decode(data) if isinstance(data, dict) else None
-            except ValueError:  # JSONDecodeError too
-                message = None
-            if message is None:
-                continue  # stray output from a library
-            messages.append(message)
-            if isinstance(message, Step):
-                report.steps.append(message)
-                on_step(message)
-        proc.wait()
-    except BaseException:  # SIGINT, SIGTERM, SIGHUP: the worker goes before its scratch
-        _stop(proc)
-        raise
-    finally:
-        timed_out = not timer.is_alive() and proc.returncode not in (0, 1)
-        timer.cancel()
-        drain.join(timeout=5)
-    if timed_out:
-        raise subprocess.TimeoutExpired(proc.args, timeout)
-    return messages, "".join(stderr_chunks)

@@ -53,6 +53,7 @@ _PRELOAD = (
 )
 TOKAMAX_VERSION = "0.0.17"
 TOKAMAX_CUSTOM_CALL = "mosaic_gpu_v2"  # one Pallas Mosaic GPU kernel launch
+TE_GROUPED_GEMM = "te_grouped_gemm_ffi"  # one Transformer Engine grouped GEMM
 XLA_RAGGED_DOT = re.compile(r"\bchlo\.ragged_dot\b")  # jax.lax.ragged_dot lowered: not tokamax's
 TOKAMAX_INSTALL_HINT = (
     f"tokamax {TOKAMAX_VERSION} is needed to lower kernel tokamax without a GPU: `make "

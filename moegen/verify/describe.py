@@ -3,7 +3,15 @@
 
 from __future__ import annotations
 
-from moegen.verify.messages import Compiled, Lowered, MemoryVerdict, Reused, Step, TwinParity
+from moegen.verify.messages import (
+    Compiled,
+    Lowered,
+    MemoryVerdict,
+    RecordIgnored,
+    Reused,
+    Step,
+    TwinParity,
+)
 
 
 def describe_step(step: Step | None) -> str:
@@ -11,6 +19,8 @@ def describe_step(step: Step | None) -> str:
     if isinstance(step, Reused):
         when = step.verified_at.replace("T", " ")[:16]
         return f"(verified {when}, reused: {step.reason}; --reverify to run it again)"
+    if isinstance(step, RecordIgnored):
+        return f"(a record was there: {step.reason}; verifying again)"
     if isinstance(step, TwinParity):
         return "; ".join(
             f"{c.case}: max rel err {c.max_relative_error:.1e}"

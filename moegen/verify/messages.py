@@ -265,6 +265,14 @@ class Reused(Step):
 
 
 @dataclasses.dataclass(frozen=True, eq=True)
+class RecordIgnored(Step):
+    """A record of this verification was there but proved nothing (moegen.verify.record,
+    moegen.verify.evidence): the worker runs, and this says why."""
+
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True, eq=True)
 class WorkerFailed(Message):
     """A check failed, or generated code raised: the worker's last line."""
 
@@ -312,6 +320,8 @@ def as_step(step: Mapping[str, Any]) -> Step:
         return MemoryVerdict.from_json(step)
     if name == "reused record":
         return Reused.from_json(step)
+    if name == "record ignored":
+        return RecordIgnored.from_json(step)
     if name.startswith("lower "):
         return Lowered.from_json(step)
     if name.startswith("compile "):

@@ -9,12 +9,21 @@ programs, TPU slice or CUDA target), the device count, the environment the worke
 (XLA_FLAGS, LIBTPU_INIT_ARGS), the pinned versions (Python, jax, jaxlib, libtpu for TPU
 targets, Transformer Engine for `te`, moegen) and the source of the verifier itself
 (moegen/verify/*.py). It holds the steps the worker reported, so that a reused build prints
-the same figures; the memory verdict is recomputed from them. Only passes are recorded.
+the same figures. Only passes are recorded.
 
 Records live in `$MOEGEN_CACHE_DIR/verify/records` (default `$XDG_CACHE_HOME/moegen`, else
 `~/.cache/moegen`), never beside the generated modules. Writes are atomic (a temporary in
-the same directory, fsynced, renamed over); a record that cannot be read, parsed or decoded
-is a miss, never an error.
+the same directory, fsynced, renamed over).
+
+The trust model. Anyone who can write the cache (a CI cache restored from another branch or
+a fork) can put a file under any key: the key is computed from public inputs. So a record is
+signed (HMAC-SHA256) with this user's key (moegen.provenance: `$MOEGEN_SECRET`, else a file
+in moegen's private state directory, never in the cache), and read like a spec: a regular
+file of ours (no link, FIFO or device), at most MAX_RECORD_BYTES, JSON without NaN or
+Infinity, every step strictly of the form a worker reports (moegen.verify.strict). Then it
+is evidence, not a verdict: verify judges every figure again (moegen.verify.evidence and the
+memory verdict). A record that fails anything is ignored, with one line saying why, and the
+module is verified again: a poisoned cache costs a verification, never a pass.
 """
 
 from __future__ import annotations
@@ -22,22 +31,28 @@ from __future__ import annotations
 import ast
 import dataclasses
 import datetime
+import errno
 import hashlib
 import importlib.metadata
 import json
 import os
+import re
+import stat
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from moegen import __version__, interrupts
-from moegen.verify.messages import Job, Step, as_step
+from moegen import __version__, provenance
+from moegen.verify.messages import Job, Step
+from moegen.verify.strict import BadRecord, strict_step
 
 CACHE_ENV = "MOEGEN_CACHE_DIR"
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2  # 2: signed; read strictly
+MAX_RECORD_BYTES, MAX_STEPS = 1 << 20, 1000
+_PURPOSE = "verification record"
+_KEYS = {"format", "key", "verified_at", "module_sha256", "steps", "signature"}
 WORKER_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
 _TEMP_MARK = ".tmp-"
 _HEADER_PREFIXES = ("# spec-sha256:", "# spec:")
@@ -189,29 +204,99 @@ def _path(key: str) -> Path:
     return records_dir() / f"{key}.json"
 
 
+class UntrustedRecord(Exception):
+    """A record is there but proves nothing: the message says why, in a few words."""
+
+
+def _payload(data: Mapping[str, Any]) -> bytes:
+    body = {k: v for k, v in data.items() if k != "signature"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
 def load_record(key: str) -> Record | None:
-    """The record for `key`, or None when there is none or it cannot be trusted."""
+    """The record for `key`: None when there is none; UntrustedRecord when one is there but
+    is not a file this user's moegen wrote and signed, of this format, step by step as a
+    worker reports them. The figures in it are the caller's to judge (moegen.verify.evidence)."""
+    path = _path(key)
     try:
-        data = json.loads(_path(key).read_text(encoding="utf-8"))
-        if data.get("format") != RECORD_FORMAT or data.get("key") != key:
-            return None
-        steps = tuple(as_step(step) for step in data["steps"])
-        return Record(key, str(data["verified_at"]), str(data["module_sha256"]), steps)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (FileNotFoundError, NotADirectoryError):  # no record, or no cache at all
         return None
+    except OSError as err:  # ELOOP: a symlink; EACCES...
+        reason = "a symbolic link" if err.errno == errno.ELOOP else err.strerror
+        raise UntrustedRecord(reason or "cannot be opened") from None
+    try:
+        data = _read_json(fd)
+    finally:
+        os.close(fd)
+    if not isinstance(data, dict) or set(data) != _KEYS:
+        raise UntrustedRecord("not a record of this moegen's format")
+    if data["format"] != RECORD_FORMAT or data["key"] != key:
+        raise UntrustedRecord("written for another format or key")
+    if not provenance.signed_by_us(_PURPOSE, _payload(data), data["signature"]):
+        raise UntrustedRecord(_unsigned_reason())
+    return _decoded(key, data)
+
+
+def _read_json(fd: int) -> Any:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise UntrustedRecord("not a regular file")
+    if st.st_uid != os.geteuid():
+        raise UntrustedRecord("owned by another user")
+    if st.st_size > MAX_RECORD_BYTES:
+        raise UntrustedRecord(f"larger than {MAX_RECORD_BYTES} bytes")
+    try:
+        return json.loads(os.read(fd, MAX_RECORD_BYTES + 1), parse_constant=_no_constant)
+    except (OSError, ValueError, RecursionError) as err:
+        reason = "nested too deep" if isinstance(err, RecursionError) else "not JSON"
+        raise UntrustedRecord(reason) from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no figure")
+
+
+def _unsigned_reason() -> str:
+    if provenance.secret() is None:
+        return f"no key to check its signature (set ${provenance.SECRET_ENV}, or make " + (
+            f"{provenance.state_dir()} a private directory of yours)"
+        )
+    return "not signed with this user's key"
+
+
+def _decoded(key: str, data: dict[str, Any]) -> Record:
+    when, digest, steps = data["verified_at"], data["module_sha256"], data["steps"]
+    try:
+        datetime.datetime.fromisoformat(when)
+    except (TypeError, ValueError):
+        raise UntrustedRecord("verified_at is not a time") from None
+    if not (isinstance(digest, str) and re.fullmatch("[0-9a-f]{64}", digest)):
+        raise UntrustedRecord("module_sha256 is not a digest")
+    if not isinstance(steps, list) or len(steps) > MAX_STEPS:
+        raise UntrustedRecord("steps are not a list of steps")
+    try:
+        return Record(key, when, digest, tuple(strict_step(step) for step in steps))
+    except BadRecord as err:
+        raise UntrustedRecord(f"a step is malformed ({err})") from None
 
 
 def store_record(record: Record) -> None:
-    """Write `record` atomically; a cache that cannot be written is skipped, not fatal."""
+    """Write `record` signed and atomically; a cache that cannot be written, or no key to
+    sign with, is skipped, not fatal."""
+    data = record.to_json()
+    signature = provenance.sign(_PURPOSE, _payload(data))
+    if signature is None:
+        return
     directory = records_dir()
     with suppress(OSError):
         directory.mkdir(parents=True, exist_ok=True)
-        interrupts.remove_leftovers(directory, _TEMP_MARK)
-        prefix = f".{record.key[:16]}{_TEMP_MARK}{interrupts.owner_token()}-"
-        fd, temp = tempfile.mkstemp(dir=directory, prefix=prefix)
+        provenance.remove_leftovers(directory, _TEMP_MARK)
+        temp = directory / provenance.owned_name(directory, f".{record.key[:16]}", _TEMP_MARK)
         try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(record.to_json(), handle)
+                json.dump({**data, "signature": signature}, handle)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temp, _path(record.key))

@@ -32,6 +32,7 @@ from moegen.verify.compiled import (
     compiled_counters,
     target_devices,
 )
+from moegen.verify.evidence import least_kernel_calls, within_tolerance
 from moegen.verify.messages import (
     PROGRAMS,
     CollectiveTotals,
@@ -205,7 +206,7 @@ def check_parity(
             raise CheckFailed(f"{case}: aux.{name} {got.tolist()} != {want.tolist()}")
     counts = np.asarray(aux.tokens_per_expert)
     worst = max(errors, key=errors.get)
-    if not errors[worst] < tolerance:
+    if not within_tolerance(errors[worst], tolerance):
         raise CheckFailed(
             f"{case}: {worst} differs from the dense reference: relative error "
             f"{errors[worst]:.3e} >= {tolerance:.0e}; all: "
@@ -343,14 +344,14 @@ def lower_for_cuda(
     shape = shape_of(module, variant)
     params, x, programs = full_size_programs(module, jax.devices()[: module.NUM_DEVICES], shape)
     tokamax = want.kernel == "tokamax"
-    kernel_call = cuda.TOKAMAX_CUSTOM_CALL if tokamax else "te_grouped_gemm_ffi"
+    kernel_call = cuda.TOKAMAX_CUSTOM_CALL if tokamax else cuda.TE_GROUPED_GEMM
     for name in names:
         start = time.perf_counter()
         text = cuda.lower_for_cuda(programs[name], params, x)
         calls = cuda.count_custom_calls(text)
         gemms = calls.get(kernel_call, 0)
         quantizes = sum(n for target, n in calls.items() if "grouped_quantize" in target)
-        least = want.call_sites * (1 if name == "forward" else 3 if tokamax else 2)
+        least = least_kernel_calls(want, name)
         if gemms < least:
             raise CheckFailed(
                 f"{name} lowered for CUDA has {gemms} {kernel_call} calls, expected at least "

@@ -1,0 +1,156 @@
+"""The verify workers: each verification's child process started, its steps read as they come,
+and every live one stopped at once when a build that verifies several specs fails or is
+interrupted.
+
+A worker runs `moegen.verify.worker` in a fresh interpreter (JAX fixes its device count at
+start-up) with the host platform's device count forced to the mesh's; it dies with this
+process (interrupts.guard_worker, before it imports JAX) and then removes its scratch
+directory itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from moegen import interrupts
+from moegen.verify.messages import Message, Step, VerifyReport, WorkerFailed, decode
+from moegen.verify.verdict import VerifyError
+
+DEFAULT_TIMEOUT_S = 1800
+OnStep = Callable[[Step], None]
+
+
+def run_worker(
+    job_path: Path,
+    num_devices: int,
+    on_step: OnStep,
+    timeout_s: float | None,
+) -> VerifyReport:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={num_devices}"
+    ).strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    # Compile-only TPU devices need no exclusive hold on libtpu: let verifications run side by side.
+    env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    timeout = timeout_s or float(os.environ.get("MOEGEN_VERIFY_TIMEOUT", DEFAULT_TIMEOUT_S))
+    # The worker dies with this process (interrupts.guard_worker, before it imports JAX) and
+    # then removes the scratch directory itself.
+    env[interrupts.PARENT_ENV] = str(os.getpid())
+    env[interrupts.SCRATCH_ENV] = str(job_path.parent)
+    command = [sys.executable, "-c", _WORKER_MAIN, str(job_path)]
+    report = VerifyReport()
+    with _WORKERS.start(command, env) as proc:
+        try:
+            messages, stderr = _collect(proc, report, on_step, timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise VerifyError(f"verification timed out after {timeout:.0f} s") from None
+        finally:
+            _WORKERS.forget(proc)
+    if _WORKERS.stopped:
+        raise VerifyError("verification stopped")
+    if proc.returncode != 0:
+        errors = [message for message in messages if isinstance(message, WorkerFailed)]
+        detail = errors[-1].error if errors else stderr.strip()[-4000:]
+        raise VerifyError(detail or f"verifier exited with code {proc.returncode}")
+    return report
+
+
+class _Workers:
+    """The verify workers running now, so that a build verifying several specs at once (one
+    thread each) can stop them all when one fails or the user interrupts it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: set[subprocess.Popen[str]] = set()
+        self.stopped = False
+
+    def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+        with self._lock:
+            if self.stopped:
+                raise VerifyError("verification stopped")
+            proc = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            )
+            self._live.add(proc)
+            return proc
+
+    def forget(self, proc: subprocess.Popen[str]) -> None:
+        with self._lock:
+            self._live.discard(proc)
+
+    def stop(self) -> None:
+        """Kill every live worker; no new one starts until `allow`."""
+        with self._lock:
+            self.stopped = True
+            for proc in self._live:
+                if proc.poll() is None:
+                    proc.kill()
+
+    def allow(self) -> None:
+        with self._lock:
+            self.stopped = False
+
+
+_WORKERS = _Workers()
+stop_workers, allow_workers = _WORKERS.stop, _WORKERS.allow
+
+
+_WORKER_MAIN = (
+    "from moegen.interrupts import guard_worker; guard_worker(); import runpy; "
+    "runpy.run_module('moegen.verify.worker', run_name='__main__', alter_sys=True)"
+)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """End the worker and reap it before its scratch directory goes. SIGKILL: it holds
+    nothing to release, and SIGTERM means to it that moegen died (interrupts._leave)."""
+    with interrupts.blocked():  # a second Ctrl-C must not leave it running
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _collect(
+    proc: subprocess.Popen[str],
+    report: VerifyReport,
+    on_step: OnStep,
+    timeout: float,
+) -> tuple[list[Message], str]:
+    messages: list[Message] = []
+    stderr_chunks: list[str] = []
+    drain = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read()), daemon=True)
+    drain.start()
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        for line in proc.stdout:
+            try:
+                data = json.loads(line)
+                message = decode(data) if isinstance(data, dict) else None
+            except ValueError:  # JSONDecodeError too
+                message = None
+            if message is None:
+                continue  # stray output from a library
+            messages.append(message)
+            if isinstance(message, Step):
+                report.steps.append(message)
+                on_step(message)
+        proc.wait()
+    except BaseException:  # SIGINT, SIGTERM, SIGHUP: the worker goes before its scratch
+        _stop(proc)
+        raise
+    finally:
+        timed_out = not timer.is_alive() and proc.returncode not in (0, 1)
+        timer.cancel()
+        drain.join(timeout=5)
+    if timed_out:
+        raise subprocess.TimeoutExpired(proc.args, timeout)
+    return messages, "".join(stderr_chunks)
