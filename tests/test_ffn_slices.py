@@ -78,6 +78,17 @@ CASES: dict[str, dict] = {
         "router": {"top_k": 2, "load_balance_loss": 0.01, "capacity": {"factor": 1.0}},
         "memory": {"ffn_chunks": 6},
     },
+    # a tensor axis: each shard sums its own FFN columns' share (found by bench.population)
+    "a2a_tensor_bias_2_slices": {
+        "layer": {"num_experts": 8, "embed_dim": 32, "ffn_dim": 48, "ffn_bias": True},
+        "mesh": {"axes": {"expert": 2, "tensor": 2}},
+        "parallelism": {"experts": "ragged_all_to_all"},
+        "memory": {"ffn_chunks": 2},
+    },
+    "replicated_tensor_fsdp_3_slices": {
+        "mesh": {"axes": {"fsdp": 2, "tensor": 2}},
+        "memory": {"ffn_chunks": 3, "token_chunks": 2},
+    },
     "pallas_a2a_bf16_2_slices": {
         "layer": {"num_experts": 8, "embed_dim": 256, "ffn_dim": 512},
         "shapes": {"batch": 8, "seq_len": 64},
