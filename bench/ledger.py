@@ -2,6 +2,7 @@
 
     python -m bench.ledger [--specs NAME ...] [--write bench/ledger_compiled.json]
                            [--dump DIR]
+    python -m bench.ledger --population N --seed S   (bench.ledger_population)
 
 Each spec is planned, rendered and compiled for its TPU slice (compile-only devices, libtpu)
 by moegen's own verifier (`moegen.verify.verify`, twins off: one worker process per spec,
@@ -136,7 +137,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--from-json", type=Path, help="compile nothing: the plan against this file's figures"
     )
+    parser.add_argument(
+        "--population", type=int, help="a generated population of N specs (bench.population)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the population's seed (1: hold-out)")
+    parser.add_argument(
+        "--recorded-only", action="store_true", help="with --population: compile nothing new"
+    )
     args = parser.parse_args(argv)
+    if args.population:
+        from bench.ledger_population import run
+
+        return run(args.population, args.seed, compile_missing=not args.recorded_only)
     names = args.specs or tpu_specs()
     print(HEADER, flush=True)
     if args.from_json:

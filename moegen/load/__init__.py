@@ -33,7 +33,7 @@ __all__ = [
     "describe", "display_path", "dotted", "load_spec", "load_spec_bytes", "module_name_problem",
 ]  # fmt: skip
 
-MAX_SPEC_BYTES = 64 * 1024
+MAX_SPEC_BYTES = 16 * 1024  # 16x the largest real spec; what PyYAML reads in under 1 s loaded
 # A module name is a file name: 100 characters leave room under the usual 255-byte limit
 # for '.py' and the staging files beside it, and no real layer name comes near it.
 MAX_NAME_CHARACTERS = 100

@@ -3,18 +3,22 @@
 No 1.1 surprises (yes/on as booleans, 010 as octal, 1:30 as sexagesimal, dates as
 timestamps), no aliases (reported where written, never expanded), no explicit tags, no merge
 keys, and the limits of `yaml_limits` (characters, depth, digits); every refusal and parser
-error becomes a located diagnostic, with lines and columns as editors count them.
+error becomes a located diagnostic, with lines and columns as editors count them. libyaml
+parses where it reads a text as PyYAML does (`yaml_fast`), PyYAML's Python parser elsewhere,
+and every error is PyYAML's.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 
 from moegen.diagnostics import Diagnostic, SpecError
 from moegen.load.source import FieldPath, Locations, SpecSource, dotted
+from moegen.load.yaml_fast import LIBYAML, CParser, reads_as_pyyaml
 from moegen.load.yaml_limits import (
     MAX_DEPTH,
     NestingTooDeep,
@@ -63,20 +67,11 @@ class _AliasNode(yaml.Node):
     id = "alias"
 
 
-class _SpecLoader(
-    yaml.reader.Reader,
-    yaml.scanner.Scanner,
-    yaml.parser.Parser,
-    yaml.composer.Composer,
-    _CoreSchemaResolver,
-):
-    def __init__(self, text: str):
-        yaml.reader.Reader.__init__(self, text)
-        yaml.scanner.Scanner.__init__(self)
-        yaml.parser.Parser.__init__(self)
-        yaml.composer.Composer.__init__(self)
-        _CoreSchemaResolver.__init__(self)
-        self.depth = 0  # collections open around the node being composed
+class _DepthComposer(yaml.composer.Composer):
+    """PyYAML's composer, counting depth and keeping aliases and written tags: shared by the
+    pure-Python loader and the libyaml one, so both build the same nodes from the same events."""
+
+    depth = 0  # collections open around the node being composed
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
         if self.check_event(yaml.AliasEvent):
@@ -104,6 +99,57 @@ class _SpecLoader(
         return node
 
 
+class _SpecLoader(
+    yaml.reader.Reader,
+    yaml.scanner.Scanner,
+    yaml.parser.Parser,
+    _DepthComposer,
+    _CoreSchemaResolver,
+):
+    """The reference loader: every refusal and its message come from here."""
+
+    def __init__(self, text: str):
+        yaml.reader.Reader.__init__(self, text)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        _DepthComposer.__init__(self)
+        _CoreSchemaResolver.__init__(self)
+
+
+class _FastSpecLoader(_DepthComposer, _CoreSchemaResolver, CParser):
+    """libyaml scans and parses (see yaml_fast); the composer above builds the nodes, so depth,
+    aliases and written tags are handled by the very same code as in _SpecLoader."""
+
+    def __init__(self, text: str):
+        CParser.__init__(self, text)
+        _DepthComposer.__init__(self)
+        _CoreSchemaResolver.__init__(self)
+
+
+def _compose_fast(text: str) -> tuple[yaml.Node | None, Positions] | None:
+    """The root node from libyaml's events and the Positions its marks count from; None where
+    libyaml may not read the text as PyYAML does, or refuses it: the caller then runs the
+    Python loader, whose result (and every error message) is the reference."""
+    # libyaml reads a byte-order mark at the start without counting it in mark indices, and
+    # skips one at the start of any line, where PyYAML reads it as text. Parsing past the first
+    # one keeps the indices PyYAML's minus one, and Positions of the rest maps them to the
+    # same lines and columns (the first line's columns already leave the mark out).
+    body = text[1:] if text.startswith("\ufeff") else text
+    if not LIBYAML or "\ufeff" in body:
+        return None
+    try:
+        if not reads_as_pyyaml(body):
+            return None
+        loader = _FastSpecLoader(body)
+        try:
+            root = loader.get_single_node()
+        finally:
+            loader.dispose()
+    except Exception:  # noqa: BLE001 - any refusal is reported by the Python loader instead
+        return None
+    return root, Positions(body)
+
+
 def _yaml_problem(err: yaml.MarkedYAMLError, positions: Positions) -> str:
     """PyYAML's parser vocabulary, translated for people who write specs."""
     problem = err.problem or err.context or "malformed document"
@@ -121,7 +167,10 @@ def _yaml_problem(err: yaml.MarkedYAMLError, positions: Positions) -> str:
     return problem
 
 
-def parse_yaml(source: SpecSource) -> tuple[dict[str, Any], Locations]:
+def parse_yaml(source: SpecSource, *, fast: bool = True) -> tuple[dict[str, Any], Locations]:
+    """The spec's mapping and where each key and value sits; SpecError with every problem.
+    `fast=False` composes with the pure-Python loader only (the reference the fast path is
+    tested against)."""
     positions = Positions(source.text)
 
     def fail(message: str, index: int = 0) -> SpecError:
@@ -131,21 +180,11 @@ def parse_yaml(source: SpecSource) -> tuple[dict[str, Any], Locations]:
     refused = refused_character(source.text)
     if refused:
         raise fail(f"invalid YAML: {refused[1]}", refused[0])
-    try:
-        loader = _SpecLoader(source.text)
-        try:
-            root = loader.get_single_node()
-        finally:
-            loader.dispose()
-    except NestingTooDeep as err:
-        message = f"nesting is deeper than {MAX_DEPTH} levels; a spec needs about 4"
-        raise fail(f"invalid YAML: {message}", err.index) from None
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        problem = _yaml_problem(err, positions)
-        raise fail(f"invalid YAML: {problem}", mark.index if mark else 0) from None
-    except yaml.YAMLError as err:  # the reader's: refused_character found them all first
-        raise fail(f"invalid YAML: {err}") from None
+    composed = _compose_fast(source.text) if fast else None
+    if composed is None:
+        root = _compose_python(source.text, fail, positions)
+    else:
+        root, positions = composed
     if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == _NULL):
         if _written_tag(root) is None:
             raise fail("spec is empty")
@@ -161,8 +200,38 @@ def parse_yaml(source: SpecSource) -> tuple[dict[str, Any], Locations]:
     return data, Locations(builder.values, builder.keys)
 
 
+def _compose_python(
+    text: str, fail: Callable[[str, int], SpecError], positions: Positions
+) -> yaml.Node | None:
+    """The root node, by the pure-Python loader; its refusals raised as located SpecErrors."""
+    try:
+        loader = _SpecLoader(text)
+        try:
+            return loader.get_single_node()
+        finally:
+            loader.dispose()
+    except NestingTooDeep as err:
+        message = f"nesting is deeper than {MAX_DEPTH} levels; a spec needs about 4"
+        raise fail(f"invalid YAML: {message}", err.index) from None
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        problem = _yaml_problem(err, positions)
+        raise fail(f"invalid YAML: {problem}", mark.index if mark else 0) from None
+    except yaml.YAMLError as err:  # the reader's: refused_character found them all first
+        raise fail(f"invalid YAML: {err}", 0) from None
+    except ValueError:  # PyYAML's chr() of an escape past U+10FFFF, in a quoted scalar
+        escape = next((m for m in _LONG_ESCAPE.finditer(text) if int(m[1], 16) > 0x10FFFF), None)
+        if escape is None:
+            raise fail("invalid YAML: an escape names no Unicode character", 0) from None
+        message = f"the escape {escape[0]} names no Unicode character (the last is U+10FFFF)"
+        raise fail(f"invalid YAML: {message}", escape.start()) from None
+
+
+_LONG_ESCAPE = re.compile(r"\\U([0-9A-Fa-f]{8})")  # a quoted scalar's 32-bit escape
+
+
 def _written_tag(node: yaml.Node | None) -> str | None:
-    """The tag written on `node` ('!' alone included), or None: see _SpecLoader.compose_node."""
+    """The tag written on `node` ('!' alone included), or None: see _DepthComposer."""
     return getattr(node, "written_tag", None)
 
 
