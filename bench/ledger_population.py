@@ -1,0 +1,155 @@
+"""The plan's memory ledger on a generated population (bench.population), not the examples.
+
+    python -m bench.ledger --population N --seed S [--store bench/ledger_population.json]
+
+Each spec of the population is planned, rendered and compiled for its TPU slice by moegen's
+own verifier (twins off), forward and forward+backward. A compiled figure is recorded in the
+store under the SHA-256 of the rendered module and the versions that shape a compile (jax,
+jaxlib, libtpu), so a rerun compiles only what changed; a program the compiler refuses for
+HBM is recorded with the compiler's first line. Printed: one row per spec, then for each
+program the distribution of the error (planned / compiled - 1) over the specs that compiled:
+median, 95th percentile and worst of |error|, the worst specs named.
+
+Seed 0 is the population the ledger may be fitted on; seed 1 is the hold-out, on which no
+constant of moegen/plan/memory.py was fitted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.population import population
+from moegen.load import load_spec_bytes
+from moegen.plan import make_plan
+from moegen.render import render
+from moegen.validate import validate
+from moegen.verify import VerifyError, verify
+from moegen.verify.messages import Compiled, CompilerOutOfMemory, Step
+
+STORE = Path(__file__).resolve().parent / "ledger_population.json"
+PROGRAMS = {"forward": "compile forward", "train": "compile forward+backward"}
+GiB = 2**30
+HOLD_OUT_SEEDS = (1,)
+
+
+def compile_versions() -> dict[str, str]:
+    return {d: importlib.metadata.version(d) for d in ("jax", "jaxlib", "libtpu")}
+
+
+def module_key(source: str) -> str:
+    versions = json.dumps(compile_versions(), sort_keys=True)
+    return hashlib.sha256((versions + "\0" + source).encode()).hexdigest()
+
+
+def compile_spec(name: str, text: str) -> dict[str, Any]:
+    """Each program's compiled sizes, or {"oom": the compiler's line}."""
+    loaded = validate(load_spec_bytes(text.encode(), f"{name}.yaml", name))
+    plan = make_plan(loaded)
+    steps: list[Step] = []
+    start = time.perf_counter()
+    figures: dict[str, Any] = {}
+    try:
+        verify(loaded, render(plan), plan=plan, run_twins=False, on_step=steps.append)
+    except VerifyError as err:  # out of HBM (the compiler's figure is in its step), or worse
+        figures["error"] = str(err).strip().splitlines()[-1][:300]
+    for key, step_name in PROGRAMS.items():
+        step = next((s for s in steps if s.step == step_name), None)
+        if isinstance(step, Compiled):
+            figures[key] = step.memory.to_json()
+        elif isinstance(step, CompilerOutOfMemory):
+            figures[key] = {"oom": step.oom, "memory_space": step.memory_space}
+    figures["seconds"] = round(time.perf_counter() - start, 1)
+    return figures
+
+
+def planned(name: str, text: str) -> tuple[dict[str, int], str]:
+    loaded = validate(load_spec_bytes(text.encode(), f"{name}.yaml", name))
+    plan = make_plan(loaded)
+    peaks = {"forward": plan.memory.forward_peak, "train": plan.memory.train_peak}
+    return peaks, render(plan)
+
+
+def _load(store: Path) -> dict[str, Any]:
+    if store.exists():
+        return json.loads(store.read_text(encoding="utf-8"))
+    return {"modules": {}}
+
+
+def _save(store: Path, data: dict[str, Any]) -> None:
+    data["modules"] = dict(sorted(data["modules"].items()))
+    store.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def run(count: int, seed: int, store: Path = STORE, compile_missing: bool = True) -> int:
+    data = _load(store)
+    errors: dict[str, list[tuple[float, str]]] = {key: [] for key in PROGRAMS}
+    out_of_memory = []
+    hold_out = " (hold-out: no ledger constant was fitted on it)" if seed in HOLD_OUT_SEEDS else ""
+    print(f"population seed {seed}, {count} specs{hold_out}", flush=True)
+    print("spec | target | mesh | plan fwd / fwd+bwd GiB | compiled | error", flush=True)
+    for name, text in population(count, seed):
+        peaks, source = planned(name, text)
+        key = module_key(source)
+        known = data["modules"].get(key, {})
+        if not any(k in known for k in (*PROGRAMS, "error")):
+            if not compile_missing:
+                print(f"{name} | not compiled yet", flush=True)
+                continue
+            data["modules"][key] = {"spec": name, **compile_spec(name, text)}
+            _save(store, data)
+        row = _row(name, text, peaks, data["modules"][key], errors)
+        if "oom" in json.dumps(data["modules"][key]):
+            out_of_memory.append(name)
+        print(row, flush=True)
+    _distribution(errors, out_of_memory)
+    return 0
+
+
+def _row(name, text, peaks, figures, errors) -> str:
+    tree = _tree(text)
+    target = f"{tree['target']['hardware']} {tree['target']['topology']} {tree['target']['kernel']}"
+    mesh = "x".join(f"{a}{n}" for a, n in tree["mesh"]["axes"].items())
+    cells = [name, target, f"{mesh} {tree['parallelism']['experts']}"]
+    cells.append(f"{peaks['forward'] / GiB:.2f} / {peaks['train'] / GiB:.2f}")
+    compiled, errs = [], []
+    for key in PROGRAMS:
+        got = figures.get(key)
+        if got is None or "oom" in got:
+            compiled.append("OOM" if got else "-")
+            continue
+        err = peaks[key] / got["peak"] - 1
+        errors[key].append((err, name))
+        compiled.append(f"{got['peak'] / GiB:.2f}")
+        errs.append(f"{err:+.1%}")
+    return " | ".join([*cells, " / ".join(compiled), " / ".join(errs)])
+
+
+def _tree(text: str) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def _distribution(errors: dict[str, list[tuple[float, str]]], oom: list[str]) -> None:
+    for key, found in errors.items():
+        if not found:
+            continue
+        sizes = sorted(abs(e) for e, _ in found)
+        p95 = sizes[min(len(sizes) - 1, round(0.95 * (len(sizes) - 1)))]
+        worst = sorted(found, key=lambda item: -abs(item[0]))[:3]
+        outside = sum(1 for e in sizes if e > 0.10)
+        print(
+            f"{key}: {len(found)} programs, |error| median {statistics.median(sizes):.1%}, "
+            f"p95 {p95:.1%}, worst "
+            + ", ".join(f"{e:+.1%} ({n})" for e, n in worst)
+            + f"; {outside} outside 10%",
+            flush=True,
+        )
+    if oom:
+        print(f"compiler out of memory: {len(oom)} specs: {', '.join(oom)}", flush=True)
