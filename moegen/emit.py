@@ -51,7 +51,7 @@ from pathlib import Path
 from moegen import interrupts, provenance
 from moegen.journal import OLD as _OLD
 from moegen.journal import TMP as _TMP
-from moegen.journal import Journal, discard, recover_journals, roll_back
+from moegen.journal import Journal, discard, recover_journals, roll_back, unlink
 
 _STAGE = ".moegen-stage-"
 _RENAME_NOREPLACE, _RENAME_EXCHANGE, _AT_FDCWD = 1, 2, -100
@@ -96,7 +96,7 @@ def _write_one(target: Path, blob: bytes) -> None:
             _fsync(target.parent)
         _trace(f"rename {target.name}")
     finally:
-        _unlink(tmp)
+        unlink(tmp)
 
 
 def _sibling(path: Path, mark: str) -> Path:
@@ -322,11 +322,6 @@ def _fsync(path: str | Path) -> None:
             raise
     finally:
         os.close(fd)
-
-
-def _unlink(path: str | Path) -> None:
-    with suppress(FileNotFoundError):
-        os.unlink(path)
 
 
 def _trace(step: str) -> None:

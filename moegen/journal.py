@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import stat
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -106,23 +105,16 @@ def read_journal(path: Path, real: Path) -> list[Entry] | None:
     return _proven_entries(_read(path), real)
 
 
-def _read(path: Path) -> Any:
-    """The JSON of a journal file that is ours, regular and not too large (None otherwise),
-    with the device and inode it was read from."""
+def _read(path: Path) -> tuple[dict[str, Any], int, int] | None:
+    """The JSON object of a journal file of ours, with the device and inode it was read from;
+    None for anything else."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+        read = provenance.read_own_json(path, _MAX_BYTES)
+    except provenance.NotOurs:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > _MAX_BYTES:
-            return None
-        doc = json.loads(os.read(fd, _MAX_BYTES + 1))
-    except (OSError, ValueError, RecursionError):
+    if read is None or not isinstance(read[0], dict):
         return None
-    finally:
-        os.close(fd)
-    return (doc, st.st_dev, st.st_ino) if isinstance(doc, dict) else None
+    return read[0], read[1].st_dev, read[1].st_ino
 
 
 def _proven_entries(read: Any, real: Path) -> list[Entry] | None:

@@ -20,8 +20,10 @@ journal is replayed and no leftover is removed; moegen still builds.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
+import json
 import os
 import re
 import secrets
@@ -29,6 +31,7 @@ import shutil
 import stat
 from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 from moegen import interrupts
 
@@ -122,6 +125,47 @@ def signed_by_us(purpose: str, payload: bytes, signature: object) -> bool:
         and isinstance(signature, str)
         and hmac.compare_digest(expected, signature)
     )
+
+
+# ---------------------------------------------------------------------------------------
+# Files read back
+
+
+class NotOurs(Exception):
+    """A file read back is not one this user's moegen could have written: why, in a few words."""
+
+
+def read_own_json(path: str | os.PathLike[str], limit: int) -> tuple[Any, os.stat_result] | None:
+    """The JSON of `path` and the stat of the file it was read from, read as an untrusted spec
+    is: opened without following a link or blocking on a FIFO, a regular file of this user,
+    at most `limit` bytes, no NaN or Infinity, nesting bounded by the parser's recursion.
+    None when there is no such file (or no directory for it); NotOurs otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as err:  # ELOOP: a symlink; EACCES...
+        reason = "a symbolic link" if err.errno == errno.ELOOP else err.strerror
+        raise NotOurs(reason or "cannot be opened") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotOurs("not a regular file")
+        if st.st_uid != os.geteuid():
+            raise NotOurs("owned by another user")
+        if st.st_size > limit:
+            raise NotOurs(f"larger than {limit} bytes")
+        try:
+            return json.loads(os.read(fd, limit + 1), parse_constant=_no_constant), st
+        except (OSError, ValueError, RecursionError) as err:
+            reason = "nested too deep" if isinstance(err, RecursionError) else "not JSON"
+            raise NotOurs(reason) from None
+    finally:
+        os.close(fd)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no figure")
 
 
 # ---------------------------------------------------------------------------------------

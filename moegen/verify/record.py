@@ -31,13 +31,11 @@ from __future__ import annotations
 import ast
 import dataclasses
 import datetime
-import errno
 import hashlib
 import importlib.metadata
 import json
 import os
 import re
-import stat
 import sys
 from collections.abc import Iterable, Mapping
 from contextlib import suppress
@@ -217,18 +215,13 @@ def load_record(key: str) -> Record | None:
     """The record for `key`: None when there is none; UntrustedRecord when one is there but
     is not a file this user's moegen wrote and signed, of this format, step by step as a
     worker reports them. The figures in it are the caller's to judge (moegen.verify.evidence)."""
-    path = _path(key)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except (FileNotFoundError, NotADirectoryError):  # no record, or no cache at all
+        read = provenance.read_own_json(_path(key), MAX_RECORD_BYTES)
+    except provenance.NotOurs as err:
+        raise UntrustedRecord(str(err)) from None
+    if read is None:  # no record, or no cache at all
         return None
-    except OSError as err:  # ELOOP: a symlink; EACCES...
-        reason = "a symbolic link" if err.errno == errno.ELOOP else err.strerror
-        raise UntrustedRecord(reason or "cannot be opened") from None
-    try:
-        data = _read_json(fd)
-    finally:
-        os.close(fd)
+    data = read[0]
     if not isinstance(data, dict) or set(data) != _KEYS:
         raise UntrustedRecord("not a record of this moegen's format")
     if data["format"] != RECORD_FORMAT or data["key"] != key:
@@ -236,25 +229,6 @@ def load_record(key: str) -> Record | None:
     if not provenance.signed_by_us(_PURPOSE, _payload(data), data["signature"]):
         raise UntrustedRecord(_unsigned_reason())
     return _decoded(key, data)
-
-
-def _read_json(fd: int) -> Any:
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise UntrustedRecord("not a regular file")
-    if st.st_uid != os.geteuid():
-        raise UntrustedRecord("owned by another user")
-    if st.st_size > MAX_RECORD_BYTES:
-        raise UntrustedRecord(f"larger than {MAX_RECORD_BYTES} bytes")
-    try:
-        return json.loads(os.read(fd, MAX_RECORD_BYTES + 1), parse_constant=_no_constant)
-    except (OSError, ValueError, RecursionError) as err:
-        reason = "nested too deep" if isinstance(err, RecursionError) else "not JSON"
-        raise UntrustedRecord(reason) from None
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is no figure")
 
 
 def _unsigned_reason() -> str:
