@@ -180,6 +180,8 @@ def layouts(
             biased=layer.ffn_bias,
             ring=experts.strategy == "ring_of_experts",
             calls=experts.ffn_calls,
+            all_reduced=not whole_gather
+            and any(spec.mesh.axes.get(axis, 1) > 1 for axis in ("data", "sequence")),
         )
         memory = memory_plan(
             cost,
