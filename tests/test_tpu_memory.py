@@ -11,6 +11,7 @@ from tpu_cases import FLOAT32_STEP, pallas_yaml, write_spec
 from moegen.hardware import GIB
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
+from moegen.plan.model import TokenChunkOption
 from moegen.verify import VerifyError, VerifyReport, memory_verdict, peak_bytes
 
 
@@ -122,7 +123,7 @@ def test_memory_verdict_too_large_names_figures_buffers_and_advice(v5e_plan):
         "forward does not fit tpu-v5e 2x2: 17.00 GiB per device "
         "(arguments 6.00, outputs 0.50, temporaries 11.00) > 16.00 GiB HBM.\n"
     ), message
-    assert "Largest buffers by the plan: " in message
+    assert "largest buffers by the plan: " in message
     for item, size in v5e_plan.memory.ledger[:4]:
         assert f"{item} {size / 2**30:.2f} GiB" in message
     assert "To fit: " in message and "larger fsdp axis" in message
@@ -144,9 +145,26 @@ def test_memory_verdict_reports_the_compilers_out_of_memory(v5e_plan):
     message = str(caught.value)
     assert message.startswith(
         f"forward+backward does not fit tpu-v5e 2x2; the TPU compiler says:\n  {oom}\n"
-        "Largest buffers by the plan: "
+        f"The plan estimated forward {v5e_plan.memory.forward_peak / GIB:.2f}, "
+        f"forward+backward {v5e_plan.memory.train_peak / GIB:.2f} GiB per device; "
+        "largest buffers by the plan: "
     ), message
     assert "To fit: " in message
+    assert "Next candidates" not in message  # this small layer has no token chunk below it
+
+
+def test_an_hbm_out_of_memory_offers_the_plans_next_candidates(v5e_plan):
+    """The plan's token chunk counts planned lower than the layer, two at most, come first:
+    they change no shape."""
+    peak = v5e_plan.memory.train_peak
+    lower = [TokenChunkOption(c, 1, peak // 8, peak // c, 0, 0) for c in (2, 4, 8)]
+    candidates = replace(v5e_plan.chunk_candidates, token_chunks=tuple(lower))
+    plan = replace(v5e_plan, chunk_candidates=candidates)
+    oom = "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM."
+    with pytest.raises(VerifyError) as caught:
+        memory_verdict(plan, _report({"step": "compile forward+backward", "oom": oom}))
+    two, four = (f"memory.token_chunks: {c} ({peak // c / GIB:.2f} GiB planned)" for c in (2, 4))
+    assert f"Next candidates of the plan: {two} or {four}.\nTo fit: " in str(caught.value)
 
 
 def test_memory_verdict_uses_the_slices_hbm(v5e_plan):

@@ -218,7 +218,7 @@ def test_a_vmem_out_of_memory_is_a_plan_defect_never_an_hbm_verdict(pallas_plan)
     assert f"gate_up {list(gate_up)} and down {list(down)}" in message
     assert "pin smaller tiles in target.tiles" in message  # what to change
     assert "defect in moegen's plan, not in the spec" in message
-    for hbm_words in ("does not fit tpu-v5e", "HBM.", "Largest buffers", "To fit:", "fsdp"):
+    for hbm_words in ("does not fit tpu-v5e", "HBM.", "largest buffers", "To fit:", "fsdp"):
         assert hbm_words not in message, hbm_words
 
 
@@ -229,6 +229,6 @@ def test_an_hbm_out_of_memory_keeps_its_verdict(pallas_plan) -> None:
     message = str(caught.value)
     assert message.startswith(
         f"forward+backward does not fit tpu-v5e 2x4; the TPU compiler says:\n  {HBM_OOM}\n"
-        "Largest buffers by the plan: "
+        "The plan estimated forward "
     ), message
     assert "To fit: " in message and "scoped VMEM" not in message

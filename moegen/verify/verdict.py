@@ -85,13 +85,31 @@ def _hbm_advice(plan: Plan) -> str:
         if o.chunks > plan.ffn.chunks and o.train_peak < plan.memory.train_peak
     ][:2]
     return (
-        f"Largest buffers by the plan: {largest}.\n"
-        "To fit: shard parameters over more devices (a larger fsdp axis), shorten the "
+        f"The plan estimated forward {plan.memory.forward_peak / 2**30:.2f}, forward+backward "
+        f"{plan.memory.train_peak / 2**30:.2f} GiB per device; largest buffers by the plan: "
+        f"{largest}.\n"
+        + _next_candidates(plan)
+        + "To fit: shard parameters over more devices (a larger fsdp axis), shorten the "
         "per-device batch (shapes.batch or seq_len, or more batch shards), store parameters "
         "in bfloat16, "
         + (f"run the FFN in slices ({' or '.join(slices)}), " if slices else "")
         + "or pick a larger slice or a generation with more HBM."
     )
+
+
+def _next_candidates(plan: Plan) -> str:
+    """The plan's next token chunk counts (more chunks than the layer runs), planned lower
+    than the layer that ran out: the first thing to try, since it changes no shape."""
+    current = max(plan.memory.train_peak, plan.memory.forward_peak)
+    found = [
+        f"memory.token_chunks: {o.chunks} ({max(o.train_peak, o.forward_peak) / 2**30:.2f} GiB "
+        "planned)"
+        for o in plan.chunk_candidates.token_chunks
+        if o.chunks > plan.experts.token_chunks and max(o.train_peak, o.forward_peak) < current
+    ][:2]
+    if not found:
+        return ""
+    return f"Next candidates of the plan: {' or '.join(found)}.\n"
 
 
 def vmem_defect(plan: Plan, step: CompilerOutOfMemory) -> PlanDefect:
