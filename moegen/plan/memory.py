@@ -245,9 +245,10 @@ def _forward_activations(ffn: FfnBuffers) -> tuple[int, int]:
 
 def _forward_weights(cost: CostPlan, ffn: FfnBuffers) -> int:
     """The expert weights in the compute dtype that the forward's live peak holds: under fsdp
-    one gathered weight (XLA gathers each just before its matmul); without it, or in a ring,
-    all of them, cast once."""
-    if ffn.gathers_whole and not ffn.ring:
+    one gathered weight (XLA gathers each just before its matmul); without it, in a ring, or
+    in token chunks (the weights are gathered once, before the scan over the chunks: olmoe
+    over fsdp 8 in 4 chunks held all three), all of them, cast once."""
+    if ffn.gathers_whole and not ffn.ring and ffn.token_chunks == 1:
         return cost.gathered_weight_bytes // ffn.matmuls
     return cost.gathered_weight_bytes
 
@@ -279,7 +280,7 @@ def _stacked_forward(cost: CostPlan, ffn: FfnBuffers, compute_bytes: int) -> int
     rows = ffn.rows // ffn.calls
     activations = max(_forward_activations(ffn)) * rows * ffn.width * compute_bytes
     row_blocks = 2 * rows * ffn.embed_dim * compute_bytes
-    slots = 2 if ffn.gathers_whole and not ffn.ring else 1
+    slots = 2 if ffn.gathers_whole and not ffn.ring and ffn.token_chunks == 1 else 1
     return activations + row_blocks + slots * _forward_weights(cost, ffn)
 
 

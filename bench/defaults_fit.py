@@ -1,0 +1,141 @@
+"""Do the plan's own memory choices compile and fit? (issue 27, item 3)
+
+    python -m bench.defaults_fit --population N --seed S [--recorded-only]
+
+Each spec of the generated population (bench.population) is made too big to run whole: its
+memory trades are dropped (the plan decides) and its batch doubled, a multiple of its batch
+shards, until the plan says the layer whole (one token chunk, the FFN whole) cannot fit its
+HBM, at most MAX_DOUBLINGS times. The plan's default for that spec (its FFN slices and token
+chunks) is then compiled for the TPU slice, forward and forward+backward, by moegen's own
+verifier (twins off), and the compiled peak judged against HBM. The figures go to the same
+store as the ledger's population (bench/ledger_population.json, keyed by the module's hash
+and the pinned versions), so a rerun compiles only what changed.
+
+Printed, one row per spec: the batch, the whole layer's planned peak, the plan's choice, its
+planned and compiled peaks, and the verdict: "fits", "OOM" (the compiler's figure), or
+"refused" (the plan refuses it before any compile, naming what would fit: no default walked
+into the compiler). Specs whose whole layer fits even at the largest batch tried are listed as
+"fits whole" and not compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import yaml
+
+from bench.ledger_population import STORE, _load, _save, compile_spec, module_key
+from bench.population import population
+from moegen.diagnostics import SpecError
+from moegen.load import load_spec_bytes
+from moegen.pipeline import refuse_unfit
+from moegen.plan import make_plan
+from moegen.plan.fit import cannot_fit, peak
+from moegen.plan.token_chunks import with_memory
+from moegen.render import render
+from moegen.validate import validate
+
+MAX_DOUBLINGS = 6
+GiB = 2**30
+
+
+def too_big(name: str, text: str) -> tuple[str, str] | None:
+    """(name, YAML) of the spec with its memory trades dropped and the smallest batch (a
+    multiple of the batch shards, at most 2**MAX_DOUBLINGS times the spec's) whose whole
+    layer the plan says cannot fit; None when there is none below the largest batch the
+    validator admits (its int32 indexing bound on a device's rows comes first)."""
+    tree = yaml.safe_load(text)
+    tree.pop("memory", None)
+    batch = tree["shapes"]["batch"]
+    low, high = batch, None  # low: whole fits (or the spec's own batch)
+    for doublings in range(1, MAX_DOUBLINGS + 1):
+        verdict = _whole_verdict(tree, batch * 2**doublings)
+        if verdict == "refused":
+            break
+        if verdict == "too big":
+            high = batch * 2**doublings
+            break
+        low = batch * 2**doublings
+    if high is None:
+        return None
+    while high - low > batch:  # bisect in steps of the spec's batch (a multiple of shards)
+        middle = low + (high - low) // 2 // batch * batch
+        if _whole_verdict(tree, middle) == "too big":
+            high = middle
+        else:
+            low = middle
+    tree["shapes"]["batch"] = high
+    label = f"{name}_b{high}"
+    return label, yaml.safe_dump(tree, sort_keys=False)
+
+
+def _whole_verdict(tree: dict[str, Any], batch: int) -> str:
+    """ "too big" (the plan says the layer whole cannot fit), "fits", or "refused" (the
+    validator refuses the batch for another rule)."""
+    tree = tree | {"shapes": tree["shapes"] | {"batch": batch}}
+    text = yaml.safe_dump(tree, sort_keys=False)
+    try:
+        loaded = validate(load_spec_bytes(text.encode(), "probe.yaml", "probe"))
+    except SpecError as err:
+        return "too big" if "cannot fit" in str(err) else "refused"
+    whole = make_plan(with_memory(loaded, token_chunks=1, ffn_chunks=1), options=False)
+    return "too big" if cannot_fit(whole) else "fits"
+
+
+def judge(label: str, text: str, store: dict[str, Any], compile_missing: bool) -> str:
+    """One row: the plan's choice for the spec and what the compiler made of it."""
+    loaded = validate(load_spec_bytes(text.encode(), f"{label}.yaml", label))
+    whole = make_plan(with_memory(loaded, token_chunks=1, ffn_chunks=1), options=False)
+    plan = make_plan(loaded)
+    try:
+        refuse_unfit(loaded, plan)
+    except SpecError as err:
+        return f"{label} | whole {peak(whole) / GiB:.2f} GiB | refused by the plan: {err}"[:400]
+    choice = f"{plan.ffn.chunks} slices x {plan.experts.token_chunks} token chunks"
+    cells = [label, f"whole {peak(whole) / GiB:.2f} GiB", choice, f"{peak(plan) / GiB:.2f}"]
+    key = module_key(render(plan))
+    if key not in store["modules"]:
+        if not compile_missing:
+            return " | ".join([*cells, "not compiled yet"])
+        store["modules"][key] = {"spec": label, **compile_spec(label, text)}
+        _save(STORE, store)
+    return " | ".join([*cells, _verdict(store["modules"][key], plan.memory.hbm_bytes_per_device)])
+
+
+def _verdict(figures: dict[str, Any], hbm: int) -> str:
+    peaks, out_of_memory = [], []
+    for program in ("forward", "train"):
+        got = figures.get(program)
+        if got is None:
+            return f"no figure ({figures.get('error', 'not compiled')})"
+        if "oom" in got:
+            out_of_memory.append(f"{program} {got['memory_space']}: {got['oom'][:120]}")
+        else:
+            peaks.append(got["peak"])
+    if out_of_memory:
+        return "OOM " + "; ".join(out_of_memory)
+    worst = max(peaks)
+    return f"{worst / GiB:.2f} of {hbm / GiB:.2f} GiB: {'fits' if worst <= hbm else 'OVER'}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.defaults_fit", description=__doc__)
+    parser.add_argument("--population", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--recorded-only", action="store_true", help="compile nothing new")
+    args = parser.parse_args(argv)
+    store = _load(STORE)
+    print("spec | whole layer planned | plan's choice | planned GiB | compiled peak", flush=True)
+    for name, text in population(args.population, args.seed):
+        found = too_big(name, text)
+        if found is None:
+            print(f"{name} | fits whole up to the largest batch admitted (int32 rows)", flush=True)
+            continue
+        print(judge(*found, store, not args.recorded_only), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
