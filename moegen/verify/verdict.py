@@ -109,7 +109,11 @@ def _next_candidates(plan: Plan) -> str:
     ][:2]
     if not found:
         return ""
-    return f"Next candidates of the plan: {' or '.join(found)}.\n"
+    return (
+        f"Next candidates of the plan: {' or '.join(found)}; or set memory.token_chunks: auto "
+        "and run moegen tune SPEC, which compiles each count and writes the fastest that "
+        "fits into the spec.\n"
+    )
 
 
 def vmem_defect(plan: Plan, step: CompilerOutOfMemory) -> PlanDefect:
