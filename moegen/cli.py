@@ -260,6 +260,12 @@ def tune_command(spec: Path, dry_run: bool, budget_s: float) -> None:
             f"{choice:<60} {c.flops:>11.3e} {c.bytes_accessed:>11.3e} "
             f"{c.peak_bytes / 2**30:>9.2f} {score:>12}{mark}"
         )
+    if any(c.counted_by == "plan" for c in result.candidates):
+        click.echo(
+            "FLOPs and bytes are the plan's, for every candidate: XLA's cost analysis counts a "
+            "loop's body once, and some candidates loop (token chunks, FFN slices, ring "
+            "steps); the peak is the compiler's."
+        )
     if result.winner is None:
         _err("no candidate compiled and fit the target; the spec is unchanged")
         sys.exit(EXIT_FAILED)

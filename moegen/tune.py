@@ -46,6 +46,7 @@ class Candidate:
     peak_bytes: int = 0
     score: float = float("inf")  # seconds on TPU targets, bytes on cpu
     seconds: float = 0.0  # compile time
+    counted_by: str = "compiler"  # whose FLOPs and bytes scored it: "compiler" or "plan"
 
 
 @dataclass
@@ -119,6 +120,9 @@ def tune(
                 _score(candidate, chip.hbm_bytes_per_device)
         on_candidate(i + 1, len(found), candidate)
     scored = [c for c in found if not c.problem]
+    if any(_loops(c.plan) for c in scored):
+        for candidate in scored:
+            _count_by_plan(candidate)
     winner = min(scored, key=lambda c: c.score) if scored else None
     new_text = write_back(loaded, winner.choices) if winner else loaded.source.text
     return TuneResult(found, winner, unit, new_text)
@@ -143,7 +147,31 @@ def _score(candidate: Candidate, hbm: int) -> None:
     if hbm and candidate.peak_bytes > hbm:
         candidate.problem = f"peak {candidate.peak_bytes / 2**30:.2f} GiB exceeds HBM"
         return
-    roof = plan.roofline
+    _set_score(candidate)
+
+
+def _loops(plan: Plan | None) -> bool:
+    """Whether the layer runs its experts in a loop (token chunks, FFN slices, ring steps)."""
+    assert plan is not None
+    return plan.experts.token_chunks > 1 or plan.ffn.chunks > 1 or plan.experts.ffn_calls > 1
+
+
+def _count_by_plan(candidate: Candidate) -> None:
+    """Score with the plan's FLOPs and HBM bytes: XLA's cost analysis counts a loop's body
+    once (a layer in 16 token chunks would count 1/16 of its expert FLOPs), so compiled counts
+    of candidates that loop differently cannot be compared; the plan counts every iteration
+    of every candidate alike. The compiled peak still decides what fits."""
+    assert candidate.plan is not None
+    train_roof = candidate.plan.roofline.passes[-1]
+    candidate.flops = train_roof.kernel_flops
+    candidate.bytes_accessed = train_roof.hbm_bytes
+    candidate.counted_by = "plan"
+    _set_score(candidate)
+
+
+def _set_score(candidate: Candidate) -> None:
+    assert candidate.plan is not None
+    roof = candidate.plan.roofline
     train_roof = roof.passes[-1]
     if roof.peak_flops_per_s:
         compute = candidate.flops / roof.peak_flops_per_s

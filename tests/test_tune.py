@@ -145,3 +145,27 @@ def test_write_back_keeps_quotes_comments_and_flow_mappings(tmp_path):
     assert new == CPU_TWO_CHOICES.replace(
         "{experts: auto, overlap_chunks: 'auto'}", "{experts: ring_of_experts, overlap_chunks: 2}"
     )
+
+
+CPU_TOKEN_CHUNKS = """\
+version: 1
+layer: {num_experts: 4, embed_dim: 64, ffn_dim: 32}
+router: {top_k: 2}
+shapes: {batch: 4, seq_len: 16}
+mesh: {axes: {expert: 2}}
+parallelism: {experts: ragged_all_to_all}
+memory: {token_chunks: auto}
+"""
+
+
+@pytest.mark.slow
+def test_token_chunk_candidates_are_scored_by_every_iteration(tmp_path):
+    """XLA's cost analysis counts a scan's body once: by compiled counts 16 chunks look 16
+    times cheaper than one. Candidates that loop are scored by the plan's counts, every
+    candidate alike, so more chunks never score fewer FLOPs than the layer run whole."""
+    result = tune(load_spec(_write(tmp_path, "chunks", CPU_TOKEN_CHUNKS)))
+    scored = {c.choices[("memory", "token_chunks")]: c for c in result.candidates if not c.problem}
+    assert len(scored) >= 3 and 1 in scored
+    assert all(c.counted_by == "plan" for c in scored.values())
+    assert all(c.flops >= scored[1].flops for c in scored.values())  # chunks recompute
+    assert result.winner is scored[1]  # it fits, and chunks only add work
