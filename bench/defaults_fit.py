@@ -131,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in population(args.population, args.seed):
         found = too_big(name, text)
         if found is None:
-            print(f"{name} | fits whole up to the largest batch admitted (int32 rows)", flush=True)
+            print(
+                f"{name} | fits whole at every batch tried (up to {2**MAX_DOUBLINGS} times its "
+                "own, or to the validator's int32 bound on a device's rows)",
+                flush=True,
+            )
             continue
         print(judge(*found, store, not args.recorded_only), flush=True)
     return 0
