@@ -6,8 +6,9 @@ planned, rendered and compiled (forward and forward+backward, no twins) for the 
 scored by the roofline of `moegen.plan.roofline` with the compiler's own counts in place of
 the plan's: max(compiled FLOPs / peak, compiled bytes accessed / HBM bandwidth) plus the
 plan's exposed communication; where a candidate loops (token chunks, FFN slices, ring steps),
-every candidate by the plan's counts, since XLA's cost analysis counts a loop's body once. Candidates that do not fit the device's HBM are out. On cpu,
-which has no peak figures, the score is compiled bytes accessed plus communication bytes.
+every candidate by the plan's counts, since XLA's cost analysis counts a loop's body once.
+Candidates that do not fit the device's HBM are out. On cpu, which has no peak figures, the
+score is bytes accessed plus communication bytes.
 The winner is written back into the spec in place of each `auto`, keeping every comment.
 """
 

@@ -28,6 +28,7 @@ from moegen.hardware import hardware
 from moegen.load import load_spec_bytes
 from moegen.pipeline import generate
 from moegen.plan import make_plan
+from moegen.plan.memory import TRADE_HEADROOM
 from moegen.render import render
 from moegen.validate import validate
 from moegen.verify import verify
@@ -165,9 +166,10 @@ def test_plan_slices_only_when_the_whole_layer_does_not_fit() -> None:
     plan = _plan(large)
     options = {o.chunks: o.train_peak for o in plan.ffn.chunk_options}
     assert options[1] > hbm
-    assert plan.ffn.chunks > 1 and plan.memory.train_peak <= hbm
-    # the fewest slices that fit
-    assert all(peak > hbm for count, peak in options.items() if count < plan.ffn.chunks)
+    assert plan.ffn.chunks > 1 and plan.memory.train_peak <= hbm * (1 - TRADE_HEADROOM)
+    # the fewest slices that fit with the ledger's headroom
+    roomy = hbm * (1 - TRADE_HEADROOM)
+    assert all(peak > roomy for count, peak in options.items() if count < plan.ffn.chunks)
     assert plan.cost.recompute_flops > 0
     assert plan.roofline.passes[1].kernel_flops == (
         3 * plan.roofline.passes[0].kernel_flops + plan.cost.recompute_flops

@@ -18,7 +18,7 @@ from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES, CostPlan
 from moegen.plan.experts import ExpertPlan
-from moegen.plan.memory import FfnBuffers, MemoryPlan, memory_plan
+from moegen.plan.memory import TRADE_HEADROOM, FfnBuffers, MemoryPlan, fits, memory_plan
 from moegen.plan.params import ParamPlan, side_by_side
 from moegen.sizes import ffn_slice_problem
 from moegen.spec import GATED_ACTIVATIONS, Layer, Spec
@@ -287,7 +287,8 @@ def chosen_layout(loaded: LoadedSpec, layout: Callable[[int], FfnLayout]) -> Ffn
 
 def default_ffn_chunks(loaded: LoadedSpec, layout: Callable[[int], FfnLayout]) -> int:
     """Whole (no recomputation) when the layer fits the target's memory; else the fewest FFN
-    slices that make it fit (whole when none does: slicing would not save it). A slice count
+    slices that fit with the ledger's headroom (TRADE_HEADROOM), or failing that the fewest
+    that fit (whole when none does: slicing would not save it). A slice count
     whose pinned tiles would not fit VMEM is skipped: sliced, the down projection writes
     float32, and its weight gradient holds blocks of that gradient. With token chunks, 1:
     slices in each chunk are a choice the spec makes (the refusal names the counts that fit)."""
@@ -295,13 +296,16 @@ def default_ffn_chunks(loaded: LoadedSpec, layout: Callable[[int], FfnLayout]) -
     token_chunked = (loaded.spec.memory.token_chunks or 1) > 1
     if not hbm or loaded.spec.parallelism.overlap_chunks != 1 or token_chunked:
         return 1
-    counts = [1] + [c for c in range(2, MAX_CHOSEN_CHUNKS + 1) if not _slice_problem(loaded, c)]
-    for count in counts:
-        if count > 1 and pinned_tile_problems(loaded, count):
-            continue
-        if layout(count).memory.train_peak <= hbm:
-            return count
-    return 1
+    if layout(1).memory.train_peak <= hbm:
+        return 1
+    counts = [
+        c
+        for c in range(2, MAX_CHOSEN_CHUNKS + 1)
+        if not _slice_problem(loaded, c) and not pinned_tile_problems(loaded, c)
+    ]
+    fitting = [c for c in counts if layout(c).memory.train_peak <= hbm]
+    roomy = (c for c in fitting if fits(layout(c).memory, TRADE_HEADROOM))
+    return next(roomy, fitting[0] if fitting else 1)
 
 
 def ffn_chunk_options(

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from moegen.load import LoadedSpec
 from moegen.plan.fit import cannot_fit
+from moegen.plan.memory import TRADE_HEADROOM, fits
 from moegen.plan.model import Plan, TokenChunkOption
 
 # Chunk counts `moegen plan` lists (those that split the device's tokens evenly).
@@ -20,17 +21,19 @@ PlanOf = Callable[[LoadedSpec], Plan]
 def default_token_chunks(loaded: LoadedSpec, local_tokens: int, plan_of: PlanOf) -> Plan:
     """The plan of a spec that omits memory.token_chunks: one chunk when the layer fits the
     target's HBM by the plan (with the FFN slices the spec pins or the plan chooses), else
-    the fewest listed chunks that fit (one chunk when none does: the refusal then names what
-    would). "Fits" allows the ledger's over-estimate, as the refusal does (plan.fit): nearer
-    HBM than that the compile decides, so a layer the plan cannot rule out is left whole."""
+    the fewest listed chunks that fit with the ledger's headroom (TRADE_HEADROOM), or failing
+    that the fewest that fit (one chunk when none does: the refusal then names what would).
+    Whether to chunk at all allows the ledger's over-estimate, as the refusal does
+    (plan.fit): nearer HBM than that the compile decides, so a layer the plan cannot rule out
+    is left whole."""
     whole = plan_of(loaded)
     if not cannot_fit(whole) or loaded.spec.parallelism.overlap_chunks != 1:
         return whole
-    for chunks in _chunk_counts(local_tokens)[1:]:
-        chunked = plan_of(with_memory(loaded, token_chunks=chunks))
-        if not cannot_fit(chunked):
-            return chunked
-    return whole
+    chunked = [
+        plan_of(with_memory(loaded, token_chunks=c)) for c in _chunk_counts(local_tokens)[1:]
+    ]
+    roomy = (plan for plan in chunked if fits(plan.memory, TRADE_HEADROOM))
+    return next(roomy, next((plan for plan in chunked if not cannot_fit(plan)), whole))
 
 
 def token_chunk_options(
