@@ -19,21 +19,29 @@ PlanOf = Callable[[LoadedSpec], Plan]
 
 
 def default_token_chunks(loaded: LoadedSpec, local_tokens: int, plan_of: PlanOf) -> Plan:
-    """The plan of a spec that omits memory.token_chunks: one chunk when the layer fits the
-    target's HBM by the plan (with the FFN slices the spec pins or the plan chooses), else
-    the fewest listed chunks that fit with the ledger's headroom (TRADE_HEADROOM), or failing
-    that the fewest that fit (one chunk when none does: the refusal then names what would).
-    Whether to chunk at all allows the ledger's over-estimate, as the refusal does
-    (plan.fit): nearer HBM than that the compile decides, so a layer the plan cannot rule out
-    is left whole."""
+    """The plan of a spec that omits memory.token_chunks. One chunk when the layer fits the
+    target's HBM by the plan with the FFN whole (whether to trade at all allows the ledger's
+    over-estimate, as the refusal does, plan.fit: nearer HBM than that the compile decides),
+    or in the FFN slices the spec pins or the plan chose with the ledger's headroom
+    (TRADE_HEADROOM). Else the fewest listed chunks that fit with the headroom; else the
+    plan's slices where they fit at all; else the fewest chunks that fit; else one chunk (the
+    refusal then names what would fit)."""
     whole = plan_of(loaded)
-    if not cannot_fit(whole) or loaded.spec.parallelism.overlap_chunks != 1:
+    if loaded.spec.parallelism.overlap_chunks != 1:
         return whole
+    if whole.ffn.chunks == 1 and not cannot_fit(whole):
+        return whole  # no trade: a layer that fits is left as written
+    if fits(whole.memory, TRADE_HEADROOM):
+        return whole  # the FFN slices keep the headroom
     chunked = [
         plan_of(with_memory(loaded, token_chunks=c)) for c in _chunk_counts(local_tokens)[1:]
     ]
-    roomy = (plan for plan in chunked if fits(plan.memory, TRADE_HEADROOM))
-    return next(roomy, next((plan for plan in chunked if not cannot_fit(plan)), whole))
+    roomy = next((plan for plan in chunked if fits(plan.memory, TRADE_HEADROOM)), None)
+    if roomy is not None:
+        return roomy
+    if not cannot_fit(whole):
+        return whole
+    return next((plan for plan in chunked if not cannot_fit(plan)), whole)
 
 
 def token_chunk_options(
