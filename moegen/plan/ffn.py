@@ -287,8 +287,8 @@ def chosen_layout(loaded: LoadedSpec, layout: Callable[[int], FfnLayout]) -> Ffn
 
 def default_ffn_chunks(loaded: LoadedSpec, layout: Callable[[int], FfnLayout]) -> int:
     """Whole (no recomputation) when the layer fits the target's memory; else the fewest FFN
-    slices that fit with the ledger's headroom (TRADE_HEADROOM), or failing that the fewest
-    that fit (whole when none does: slicing would not save it). A slice count
+    slices that fit with the ledger's headroom (TRADE_HEADROOM), or failing that the count
+    that fits planned lowest (whole when none does: slicing would not save it). A slice count
     whose pinned tiles would not fit VMEM is skipped: sliced, the down projection writes
     float32, and its weight gradient holds blocks of that gradient. With token chunks, 1:
     slices in each chunk are a choice the spec makes (the refusal names the counts that fit)."""
@@ -305,7 +305,8 @@ def default_ffn_chunks(loaded: LoadedSpec, layout: Callable[[int], FfnLayout]) -
     ]
     fitting = [c for c in counts if layout(c).memory.train_peak <= hbm]
     roomy = (c for c in fitting if fits(layout(c).memory, TRADE_HEADROOM))
-    return next(roomy, fitting[0] if fitting else 1)
+    lowest = min(fitting, key=lambda c: layout(c).memory.train_peak, default=1)
+    return next(roomy, lowest)
 
 
 def ffn_chunk_options(

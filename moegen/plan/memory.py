@@ -73,7 +73,10 @@ class MemoryPlan:
 
 
 def fits(memory: MemoryPlan, headroom: float = 0.0) -> bool:
-    """The planned peaks, forward and forward+backward, within HBM less `headroom` of it."""
+    """The planned peaks, forward and forward+backward, within HBM less `headroom` of it
+    (always, on a target without fixed memory)."""
+    if not memory.hbm_bytes_per_device:
+        return True
     peak = max(memory.train_peak, memory.forward_peak)
     return peak <= memory.hbm_bytes_per_device * (1 - headroom)
 

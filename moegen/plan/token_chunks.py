@@ -23,9 +23,9 @@ def default_token_chunks(loaded: LoadedSpec, local_tokens: int, plan_of: PlanOf)
     target's HBM by the plan with the FFN whole (whether to trade at all allows the ledger's
     over-estimate, as the refusal does, plan.fit: nearer HBM than that the compile decides),
     or in the FFN slices the spec pins or the plan chose with the ledger's headroom
-    (TRADE_HEADROOM). Else the fewest listed chunks that fit with the headroom; else the
-    plan's slices where they fit at all; else the fewest chunks that fit; else one chunk (the
-    refusal then names what would fit)."""
+    (TRADE_HEADROOM). Else the fewest listed chunks that fit with the headroom; else, of the
+    plan's slices and the chunk counts that fit at all, the one planned lowest; else one
+    chunk (the refusal then names what would fit)."""
     whole = plan_of(loaded)
     if loaded.spec.parallelism.overlap_chunks != 1:
         return whole
@@ -39,9 +39,13 @@ def default_token_chunks(loaded: LoadedSpec, local_tokens: int, plan_of: PlanOf)
     roomy = next((plan for plan in chunked if fits(plan.memory, TRADE_HEADROOM)), None)
     if roomy is not None:
         return roomy
-    if not cannot_fit(whole):
-        return whole
-    return next((plan for plan in chunked if not cannot_fit(plan)), whole)
+    # None keeps the headroom: the one planned lowest, where the ledger's error hurts least
+    fitting = [plan for plan in (whole, *chunked) if not cannot_fit(plan)]
+    return min(fitting, key=_planned_peak) if fitting else whole
+
+
+def _planned_peak(plan: Plan) -> int:
+    return max(plan.memory.train_peak, plan.memory.forward_peak)
 
 
 def token_chunk_options(
