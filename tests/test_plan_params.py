@@ -214,7 +214,11 @@ def test_costs_without_shared_expert_have_none() -> None:
     assert c.expert_flops == 4 * 1024 * 64 * 32  # up and down only
     assert c.forward_flops == c.router_flops + c.expert_flops
     assert "shared expert" not in format_plan(plan)
-    assert len(plan.memory.ledger) == 7  # the fixed 4, the peak's buffers, activations, packing
+    # the fixed 4, the peak's buffers, activations, packing, the weights kept for the backward
+    assert len(plan.memory.ledger) == 8
+    assert "expert weights in the compute dtype, kept for the backward pass" in dict(
+        plan.memory.ledger
+    )
 
 
 def test_memory_ledger_with_shared_expert_by_hand() -> None:
