@@ -20,17 +20,18 @@ PlanOf = Callable[[LoadedSpec], Plan]
 
 def default_token_chunks(loaded: LoadedSpec, local_tokens: int, plan_of: PlanOf) -> Plan:
     """The plan of a spec that omits memory.token_chunks. One chunk when the layer fits the
-    target's HBM by the plan with the FFN whole (whether to trade at all allows the ledger's
-    over-estimate, as the refusal does, plan.fit: nearer HBM than that the compile decides),
-    or in the FFN slices the spec pins or the plan chose with the ledger's headroom
-    (TRADE_HEADROOM). Else the fewest listed chunks that fit with the headroom; else, of the
-    plan's slices and the chunk counts that fit at all, the one planned lowest; else one
-    chunk (the refusal then names what would fit)."""
+    target's HBM by the plan with the FFN whole or in the slices the spec pins (whether to
+    trade at all allows the ledger's over-estimate, as the refusal does, plan.fit: nearer HBM
+    than that the compile decides), or in the FFN slices the plan chose with the ledger's
+    headroom (TRADE_HEADROOM). Else the fewest listed chunks that fit with the headroom;
+    else, of the plan's slices and the chunk counts that fit at all, the one planned lowest;
+    else one chunk (the refusal then names what would fit)."""
     whole = plan_of(loaded)
     if loaded.spec.parallelism.overlap_chunks != 1:
         return whole
-    if whole.ffn.chunks == 1 and not cannot_fit(whole):
-        return whole  # no trade: a layer that fits is left as written
+    pinned_slices = loaded.spec.memory.ffn_chunks is not None
+    if (whole.ffn.chunks == 1 or pinned_slices) and not cannot_fit(whole):
+        return whole  # no trade of the plan's own: a layer that fits is left as written
     if fits(whole.memory, TRADE_HEADROOM):
         return whole  # the FFN slices keep the headroom
     chunked = [
