@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from moegen.load import LoadedSpec
-from moegen.plan.fit import cannot_fit
+from moegen.plan.fit import cannot_fit, peak
 from moegen.plan.memory import TRADE_HEADROOM, fits
 from moegen.plan.model import Plan, TokenChunkOption
 
@@ -42,11 +42,7 @@ def default_token_chunks(loaded: LoadedSpec, local_tokens: int, plan_of: PlanOf)
         return roomy
     # None keeps the headroom: the one planned lowest, where the ledger's error hurts least
     fitting = [plan for plan in (whole, *chunked) if not cannot_fit(plan)]
-    return min(fitting, key=_planned_peak) if fitting else whole
-
-
-def _planned_peak(plan: Plan) -> int:
-    return max(plan.memory.train_peak, plan.memory.forward_peak)
+    return min(fitting, key=peak) if fitting else whole
 
 
 def token_chunk_options(
