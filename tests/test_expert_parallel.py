@@ -200,13 +200,13 @@ PALLAS_PARITY = textwrap.dedent(
     """
     import json, sys
     import jax
-    from moegen.verify import worker
+    from moegen.verify import parity, worker
     from moegen.verify.reference import RouterConfig
 
     m = worker.import_module(sys.argv[1], "twin")
     cfg = RouterConfig(top_k=m.TOP_K, score="softmax", renormalize=True)
-    params, x, cotangent = worker._random_case(m, 0)
-    result = worker.check_parity(m, cfg, params, x, cotangent, 1e-5, "random routing")
+    params, x, cotangent = parity.random_case(m, 0)
+    result = parity.check_parity(m, cfg, params, x, cotangent, 1e-5, "random routing")
     print(json.dumps({"max_relative_error": result.max_relative_error}))
     """
 )

@@ -142,18 +142,18 @@ PADDING_SCRIPT = textwrap.dedent(
     import json, sys
     import jax.numpy as jnp
     import numpy as np
-    from moegen.verify import worker
+    from moegen.verify import parity, worker
     from moegen.verify.reference import RouterConfig
 
     cfg = RouterConfig(**json.loads(sys.argv[1]))
-    real_relative_error = worker.relative_error
+    real_relative_error = parity.relative_error
     compared = []
 
     def relative_error(got, want):
         compared.append(bool(np.isfinite(np.asarray(got, np.float64)).all()))
         return real_relative_error(got, want)
 
-    worker.relative_error = relative_error  # check_parity compares every output through it
+    parity.relative_error = relative_error  # check_parity compares every output through it
 
     class Poisoned:
         # jax.numpy, except that pad fills with NaN: a padding row that reaches the output,
@@ -173,11 +173,11 @@ PADDING_SCRIPT = textwrap.dedent(
         module = worker.import_module(path, f"padded_module_{i}")
         module.jnp = Poisoned()
         compared.clear()
-        cases = [worker.check_parity(
-            module, cfg, *worker._random_case(module, 0), 1e-5, "random routing")]
+        cases = [parity.check_parity(
+            module, cfg, *parity.random_case(module, 0), 1e-5, "random routing")]
         if starved:
-            params, x, cotangent, experts = worker._starved_case(module, 1)
-            case = worker.check_parity(module, cfg, params, x, cotangent, 1e-5, "starved experts")
+            params, x, cotangent, experts = parity.starved_case(module, 1)
+            case = parity.check_parity(module, cfg, params, x, cotangent, 1e-5, "starved experts")
             cases.append(case | {"starved_experts": experts})
         results.append({
             "routed_rows": module.ROUTED_ROWS,

@@ -16,7 +16,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
-from moegen.verify import worker
+from moegen.verify import parity, worker
 from moegen.verify.reference import ReferenceConfig, dense_moe
 
 
@@ -45,7 +45,7 @@ def main() -> None:
     module = worker.import_module(module_path, "multiprocess_twin")
     mesh = module.make_mesh()  # every process's devices
     # Every process draws the same global arrays and places only its own shards.
-    params, x, cotangent = worker._random_case(module, 0)
+    params, x, cotangent = parity.random_case(module, 0)
     placed = {
         name: jax.make_array_from_callback(
             value.shape,
@@ -82,10 +82,10 @@ def main() -> None:
     ref_y, ref_aux = dense_moe(host, host_x, cfg)
     ref_grads, ref_grad_x = jax.grad(reference_loss, argnums=(0, 1))(host, host_x)
     errors = {
-        "y": worker.relative_error(gathered["y"], ref_y),
-        "grad_x": worker.relative_error(gathered["grad_x"], ref_grad_x),
+        "y": parity.relative_error(gathered["y"], ref_y),
+        "grad_x": parity.relative_error(gathered["grad_x"], ref_grad_x),
     }
-    errors |= {f"grad_{k}": worker.relative_error(gathered["grads"][k], ref_grads[k]) for k in host}
+    errors |= {f"grad_{k}": parity.relative_error(gathered["grads"][k], ref_grads[k]) for k in host}
     result = {
         "process": process_id,
         "devices": jax.device_count(),

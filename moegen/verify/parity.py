@@ -1,0 +1,201 @@
+"""Twin parity, inside the worker: a shrunken module against the dense reference.
+
+Each case (random routing; starved experts, where there are more experts than top_k) runs
+the module's forward, its aux and the gradients of a loss over both, and the same through
+`reference.dense_moe`, and compares them. The programs are traced and compiled once per
+twin and shared by its cases (`ParityPrograms`): the cases differ in values only, so
+compiling per case would compile the same programs again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moegen.verify.compiled import CheckFailed
+from moegen.verify.evidence import within_tolerance
+from moegen.verify.messages import ParityCase
+from moegen.verify.reference import ReferenceConfig, dense_moe
+
+AUX_LOSSES = ("load_balance_loss", "router_z_loss")
+AUX_COUNTS = ("tokens_per_expert", "dropped_per_expert")
+
+
+def relative_error(got: Any, want: Any) -> float:
+    """|got - want| / |want|; infinite where `got` holds a NaN or an infinity, so that no
+    comparison (NaN < tolerance is False, but so is NaN > anything) can pass it over."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if not np.isfinite(got).all():
+        return math.inf
+    scale = max(float(np.linalg.norm(want)), 1e-30)
+    return float(np.linalg.norm(got - want)) / scale
+
+
+def random_case(
+    module: ModuleType, seed: int, input_shape: tuple[int, ...] | None = None
+) -> tuple[dict, np.ndarray, np.ndarray]:
+    input_shape = module.INPUT_SHAPE if input_shape is None else input_shape
+    rng = np.random.default_rng(seed)
+    # Parameters that start at zero (biases) get small random values: zeros would hide them.
+    params = {
+        name: rng.normal(0.0, module.INIT_SCALES[name] or 0.1, shape).astype(np.float32)
+        for name, shape in module.PARAM_SHAPES.items()
+    }
+    x = rng.normal(0.0, 1.0, input_shape).astype(np.float32)
+    cotangent = rng.normal(0.0, 1.0, input_shape).astype(np.float32)
+    return params, x, cotangent
+
+
+def starved_case(
+    module: ModuleType, seed: int, input_shape: tuple[int, ...] | None = None
+) -> tuple[dict, np.ndarray, np.ndarray, list[int]]:
+    """Positive tokens and router columns of one sign: negative columns never win top-k.
+
+    The odd experts of each group are starved, but never so many that a token's kept groups
+    hold fewer than top_k fed experts: group-limited routing would then have to pick starved
+    ones (4 experts in 2 groups, keep 1, top-2 can starve none).
+    """
+    params, x, cotangent = random_case(module, seed, input_shape)
+    experts, top_k = module.NUM_EXPERTS, module.TOP_K
+    groups, kept = getattr(module, "EXPERT_GROUPS", 1), getattr(module, "KEPT_GROUPS", 1)
+    per_group = experts // groups
+    fed_per_group = -(-top_k // kept)
+    starved = [
+        group * per_group + i
+        for group in range(groups)
+        for i in range(1, per_group, 2)[: per_group - fed_per_group]
+    ]
+    x = np.abs(x) + 0.1
+    # Small logits keep the scores away from saturation, where gradients vanish.
+    router = 0.25 * np.abs(params["router"])
+    router[:, starved] *= -1.0
+    params["router"] = router
+    if "routing_bias" in params:
+        params["routing_bias"] = np.zeros_like(params["routing_bias"])
+    return params, x, cotangent, starved
+
+
+class ParityPrograms:
+    """The module's and the reference's forward and gradient programs for one layer, jitted
+    once; the cotangent is an argument, so every case of the same shape reuses them."""
+
+    def __init__(self, module: ModuleType, cfg: ReferenceConfig, layer: Callable[..., Any]):
+        self.module = module
+        self.mesh = mesh = module.make_mesh(jax.devices()[: module.NUM_DEVICES])
+
+        # The balance losses join the loss, so that their gradients are checked too.
+        def module_loss(p: dict, xs: Any, cotangent: Any) -> Any:
+            y, aux = layer(p, xs, mesh=mesh)
+            losses = [getattr(aux, name) for name in AUX_LOSSES if name in aux._fields]
+            return jnp.sum(y.astype(jnp.float32) * cotangent) + sum(losses)
+
+        def reference_loss(p: dict, xs: Any, cotangent: Any) -> Any:
+            y, aux = dense_moe(p, xs, cfg)
+            return jnp.sum(y * cotangent) + aux.load_balance_loss + aux.router_z_loss
+
+        self.forward = jax.jit(functools.partial(layer, mesh=mesh))
+        self.gradients = jax.jit(jax.grad(module_loss, argnums=(0, 1)))
+        self.reference = jax.jit(functools.partial(dense_moe, cfg=cfg))
+        self.reference_gradients = jax.jit(jax.grad(reference_loss, argnums=(0, 1)))
+
+    def place(self, params: dict, x: Any) -> tuple[dict, Any]:
+        from jax.sharding import NamedSharding
+
+        module, mesh = self.module, self.mesh
+        placed = {
+            name: jax.device_put(
+                jnp.asarray(value, module.PARAM_DTYPE),
+                NamedSharding(mesh, module.PARAM_SPECS[name]),
+            )
+            for name, value in params.items()
+        }
+        placed_x = jax.device_put(jnp.asarray(x, module.COMPUTE_DTYPE), module.input_sharding(mesh))
+        return placed, placed_x
+
+
+def _errors(aux: Any, got: tuple, want: tuple) -> dict[str, float]:
+    (y, grads, grad_x), (ref_y, ref_aux, ref_grads, ref_grad_x) = got, want
+    errors = {"y": relative_error(y, ref_y), "grad_x": relative_error(grad_x, ref_grad_x)}
+    errors |= {f"grad_{k}": relative_error(grads[k], ref_grads[k]) for k in ref_grads}
+    errors |= {
+        name: relative_error(getattr(aux, name), getattr(ref_aux, name))
+        for name in AUX_LOSSES
+        if name in aux._fields
+    }
+    return errors
+
+
+def check_parity(
+    module: ModuleType,
+    cfg: ReferenceConfig,
+    params: dict,
+    x: np.ndarray,
+    cotangent: np.ndarray,
+    tolerance: float,
+    case: str,
+    layer: Callable[..., Any] | None = None,
+    programs: ParityPrograms | None = None,
+) -> ParityCase:
+    """Forward, aux and gradients of the module (its `layer`: moe_layer unless given)
+    against the dense reference; `programs` when another case of the layer built them."""
+    if programs is None:
+        programs = ParityPrograms(module, cfg, module.moe_layer if layer is None else layer)
+    placed_params, placed_x = programs.place(params, x)
+    with jax.set_mesh(programs.mesh):
+        y, aux = programs.forward(placed_params, placed_x)
+        grads, grad_x = programs.gradients(placed_params, placed_x, cotangent)
+    # The reference sees exactly the values the module saw (after any dtype rounding).
+    host_params = {k: np.asarray(v, np.float32) for k, v in placed_params.items()}
+    host_x = np.asarray(placed_x, np.float32)
+    ref_y, ref_aux = programs.reference(host_params, host_x)
+    ref_grads, ref_grad_x = programs.reference_gradients(host_params, host_x, cotangent)
+    errors = _errors(aux, (y, grads, grad_x), (ref_y, ref_aux, ref_grads, ref_grad_x))
+    for name in AUX_COUNTS:
+        if name not in aux._fields:
+            continue
+        got, want = np.asarray(getattr(aux, name)), np.asarray(getattr(ref_aux, name))
+        if not np.array_equal(got, want):
+            raise CheckFailed(f"{case}: aux.{name} {got.tolist()} != {want.tolist()}")
+    worst = max(errors, key=errors.get)
+    if not within_tolerance(errors[worst], tolerance):
+        raise CheckFailed(
+            f"{case}: {worst} differs from the dense reference: relative error "
+            f"{errors[worst]:.3e} >= {tolerance:.0e}; all: "
+            + ", ".join(f"{k}={v:.2e}" for k, v in errors.items())
+        )
+    dropped = None
+    if "dropped_per_expert" in aux._fields:
+        dropped = int(np.sum(aux.dropped_per_expert))
+    counts = np.asarray(aux.tokens_per_expert)
+    return ParityCase(case, errors[worst], tuple(counts.tolist()), dropped)
+
+
+def twin_parity(
+    module: ModuleType,
+    layer: Callable[..., Any],
+    input_shape: tuple[int, ...],
+    cfg: ReferenceConfig,
+    tolerance: float,
+) -> tuple[ParityCase, ...]:
+    """Every case of one twin layer: random routing, then starved experts where some can be
+    starved (more experts than top_k), which must then receive no token."""
+    programs = ParityPrograms(module, cfg, layer)
+    random = random_case(module, 0, input_shape)
+    results = [check_parity(module, cfg, *random, tolerance, "random routing", programs=programs)]
+    if module.NUM_EXPERTS > module.TOP_K:
+        params, x, cotangent, starved = starved_case(module, 1, input_shape)
+        result = check_parity(
+            module, cfg, params, x, cotangent, tolerance, "starved experts", programs=programs
+        )
+        if any(result.tokens_per_expert[e] for e in starved):
+            raise CheckFailed(f"starved experts {starved} received tokens: {dict(result)}")
+        results.append(dataclasses.replace(result, starved_experts=tuple(starved)))
+    return tuple(results)
