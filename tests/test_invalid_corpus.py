@@ -3,7 +3,7 @@ the located diagnostics in its golden `.expected` file, by the library and by th
 
 To regenerate the goldens after an intended message change:
 
-    MOEGEN_UPDATE_GOLDENS=1 .venv/bin/pytest tests/test_invalid_corpus.py
+    MOEGEN_UPDATE_GOLDENS=1 .venv/bin/pytest -n 0 tests/test_invalid_corpus.py
 
 then read the diff: every golden is a promise about what a user sees.
 """

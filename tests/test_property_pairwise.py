@@ -9,7 +9,7 @@ is a spec (spec_builder) loaded, validated, planned and rendered, as `moegen bui
 `CASE.expected` (the located diagnostics). A change to one path shows its diff on every case
 that takes it. After an intended change:
 
-    MOEGEN_UPDATE_GOLDENS=1 .venv/bin/pytest tests/test_property_pairwise.py
+    MOEGEN_UPDATE_GOLDENS=1 .venv/bin/pytest -n 0 tests/test_property_pairwise.py
 """
 
 from __future__ import annotations
@@ -179,5 +179,5 @@ def test_pairwise_case_renders_its_golden(name: str) -> None:
             pytest.fail(f"{path} is missing; run with MOEGEN_UPDATE_GOLDENS=1 to create it")
         assert content.encode() == path.read_bytes(), (
             f"{path.name} differs from what renders now; if the change is intended, run "
-            "MOEGEN_UPDATE_GOLDENS=1 .venv/bin/pytest tests/test_property_pairwise.py"
+            "MOEGEN_UPDATE_GOLDENS=1 .venv/bin/pytest -n 0 tests/test_property_pairwise.py"
         )

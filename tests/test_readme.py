@@ -11,7 +11,10 @@ imports as in the repository root. A comment just before a block's fence,
   networked for a test; its recorded transcript must hold the section's commands as written
   now and end in success;
 - `file NAME`: the block is a file the section's later shell blocks use (saved as NAME);
-- `fixture path/to/Mixtral: ...`: run after a Mixtral-shaped checkpoint is written there.
+- `fixture path/to/Mixtral: ...`: run after a Mixtral-shaped checkpoint is written there;
+- `golden updates, ...`: each command (MOEGEN_UPDATE_GOLDENS=1 pytest over one golden test
+  file) runs in a copy of the repository narrowed to one case whose golden was removed there:
+  it must write that golden back byte for byte. (The golden tests check every golden is fresh.)
 
 Any other claim, or a block of a runnable language in a way not covered here, fails."""
 
@@ -31,7 +34,8 @@ CI_RUN = REPO_ROOT / ".ci" / "run"
 TRANSCRIPT = REPO_ROOT / "bench" / "pip_user_transcript.txt"
 TRANSCRIPT_CLAIM = "run by scripts/pip-user-transcript, recorded in bench/pip_user_transcript.txt"
 CHECKPOINT_CLAIM = "fixture path/to/Mixtral: a Mixtral-shaped checkpoint for mixtral_small_cpu"
-NOT_RUN_HERE = {"run by .ci/run", TRANSCRIPT_CLAIM}  # claims checked instead of a run
+GOLDEN_CLAIM = "golden updates, each command run on a case whose golden was removed"
+NOT_RUN_HERE = {"run by .ci/run", TRANSCRIPT_CLAIM, GOLDEN_CLAIM}  # checked instead of run
 CLAIMS = NOT_RUN_HERE | {CHECKPOINT_CLAIM}
 TIME_LIMIT_S = 900
 BLOCKS = [b for b in readme_blocks() if b.kind]
@@ -90,14 +94,35 @@ def test_the_section_runs_as_written(section, tmp_path):
         (folder / ".venv").symlink_to(REPO_ROOT / ".venv")
     for block in (b for b in BLOCKS if b.section == section and b.claim not in NOT_RUN_HERE):
         run_block(block, folder)
-    if section == "Development":  # it regenerated every golden: all were fresh
-        for goldens in (
-            "tests/goldens",
-            "tests/hostile",
-            "tests/invalid_specs",
-            "tests/unfit_specs",
-        ):
-            assert_same_tree(REPO_ROOT / goldens, folder / goldens)
+
+
+# Each golden test file, and the folder its goldens are in (next to their cases).
+GOLDEN_FOLDERS = {
+    "tests/test_invalid_corpus.py": "tests/invalid_specs",
+    "tests/test_unfit_specs.py": "tests/unfit_specs",
+    "tests/test_hostile_inputs.py": "tests/hostile",
+    "tests/test_property_pairwise.py": "tests/goldens/render",
+}
+GOLDEN_COMMANDS = [c for b in BLOCKS if b.claim == GOLDEN_CLAIM for c in commands(b.text)]
+
+
+def test_the_golden_update_commands_cover_every_golden_test_file():
+    named = [re.search(r"tests/test_\w+\.py", command)[0] for command in GOLDEN_COMMANDS]
+    assert sorted(named) == sorted(GOLDEN_FOLDERS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", GOLDEN_COMMANDS)
+def test_a_golden_update_command_writes_a_removed_golden_back(command, tmp_path):
+    folder = tmp_path / "run"
+    shutil.copytree(REPO_ROOT, folder, ignore=COPY_IGNORE, symlinks=True)
+    (folder / ".venv").symlink_to(REPO_ROOT / ".venv")
+    goldens = GOLDEN_FOLDERS[re.search(r"tests/test_\w+\.py", command)[0]]
+    golden = sorted(p for p in (folder / goldens).iterdir() if p.suffix in (".expected", ".py"))[0]
+    golden.unlink()
+    block = Block("sh", f"{command} -k {golden.stem}", 0, "Development", None)
+    run_block(block, folder)
+    assert_same_tree(REPO_ROOT / goldens, folder / goldens)
 
 
 def run_block(block: Block, folder: Path) -> None:

@@ -6,7 +6,7 @@ bench.refuse_fast`, not here.
 
 To regenerate the goldens after an intended message change:
 
-    MOEGEN_UPDATE_GOLDENS=1 .venv/bin/pytest tests/test_unfit_specs.py
+    MOEGEN_UPDATE_GOLDENS=1 .venv/bin/pytest -n 0 tests/test_unfit_specs.py
 """
 
 from __future__ import annotations
