@@ -169,8 +169,14 @@ COMPILED = re.compile(
 )
 
 
+# Built end to end: every layer but the middle one of Qwen3's 2, 4 and 8 slices, whose defect
+# (the scan's carry types) does not depend on the count; the two ends build (~2 min of TPU
+# compile each here), and the fast test above plans all three.
+BUILT = [name for name in LAYERS if name != "qwen3_xla_expert8_4_slices"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize("name", BUILT)
 def test_builds(name: str, tmp_path: Path) -> None:
     """moegen build, full verification: twins, the TPU compile forward and forward+backward, the
     HBM verdict; the module is written."""
