@@ -83,6 +83,9 @@ def run_tasks[T](tasks: Sequence[Callable[[], T]], jobs: int, stop: Callable[[],
                 results.append(task())
             except Exception as err:
                 raise TaskFailed(index, err) from err
+            except BaseException:  # an interrupt: a worker started a moment ago goes too
+                stop()
+                raise
         return results
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="moegen-verify") as pool:
         futures = [pool.submit(task) for task in tasks]

@@ -73,6 +73,17 @@ def test_run_tasks_serially_in_this_thread():
     assert threads == [threading.main_thread()]
 
 
+def test_an_interrupted_serial_run_stops_its_workers_and_runs_no_more_tasks():
+    stopped, ran = [], []
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_tasks([interrupted, lambda: ran.append(1)], 1, lambda: stopped.append(1))
+    assert stopped == [1] and ran == []
+
+
 def _fake_verify(order: list[str], *, out_of_order: bool, failing: str | None = None):
     """out_of_order: the first spec's verification waits until the second's is done."""
     second_done = threading.Event()

@@ -46,14 +46,22 @@ def run_worker(
     env[interrupts.SCRATCH_ENV] = str(job_path.parent)
     command = [sys.executable, "-c", _WORKER_MAIN, str(job_path)]
     report = VerifyReport()
-    with _WORKERS.start(command, env) as proc:
-        try:
-            messages, stderr = _collect(proc, report, on_step, timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise VerifyError(f"verification timed out after {timeout:.0f} s") from None
-        finally:
-            _WORKERS.forget(proc)
+    # Not `with Popen`: its exit waits for the worker unless the exception is exactly
+    # KeyboardInterrupt, and an interrupt (a subclass) must not wait for a worker at work.
+    proc = _WORKERS.start(command, env)
+    try:
+        messages, stderr = _collect(proc, report, on_step, timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise VerifyError(f"verification timed out after {timeout:.0f} s") from None
+    except BaseException:  # an interrupt before _collect's own handler: the same
+        _stop(proc)
+        raise
+    finally:
+        _WORKERS.forget(proc)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
     if _WORKERS.stopped:
         raise VerifyError("verification stopped")
     if proc.returncode != 0:
@@ -127,10 +135,10 @@ def _collect(
     messages: list[Message] = []
     stderr_chunks: list[str] = []
     drain = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read()), daemon=True)
-    drain.start()
     timer = threading.Timer(timeout, proc.kill)
-    timer.start()
     try:
+        drain.start()
+        timer.start()
         for line in proc.stdout:
             try:
                 data = json.loads(line)
@@ -150,7 +158,8 @@ def _collect(
     finally:
         timed_out = not timer.is_alive() and proc.returncode not in (0, 1)
         timer.cancel()
-        drain.join(timeout=5)
+        if drain.ident is not None:
+            drain.join(timeout=5)
     if timed_out:
         raise subprocess.TimeoutExpired(proc.args, timeout)
     return messages, "".join(stderr_chunks)
