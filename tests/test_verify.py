@@ -20,8 +20,8 @@ from moegen.pipeline import generate
 from moegen.plan import make_plan
 from moegen.sizes import axes_product
 from moegen.verify import TOLERANCES, VerifyError, verify
-from moegen.verify.twin import TWIN_SEQUENCES_PER_SHARD, twin_of, twin_seq_len
 from moegen.verify.parity import relative_error
+from moegen.verify.twin import TWIN_SEQUENCES_PER_SHARD, twin_of, twin_seq_len
 
 FLOAT32_STEP = "twin parity (float32)"
 REQUIRED_STEPS = ["import", FLOAT32_STEP, "compile forward", "compile forward+backward"]
