@@ -144,11 +144,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--recorded-only", action="store_true", help="with --population: compile nothing new"
     )
+    parser.add_argument(
+        "--store",
+        type=Path,
+        help="with --population: the figures' JSON file (default bench/ledger_population.json;"
+        " another lets two seeds compile side by side, merged after with --merge)",
+    )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="with --population: fold these stores into --store (or the default) first",
+    )
     args = parser.parse_args(argv)
     if args.population:
-        from bench.ledger_population import run
+        from bench.ledger_population import STORE, merge_stores, run
 
-        return run(args.population, args.seed, compile_missing=not args.recorded_only)
+        store = args.store or STORE
+        merge_stores(store, args.merge)
+        return run(args.population, args.seed, store, compile_missing=not args.recorded_only)
     names = args.specs or tpu_specs()
     print(HEADER, flush=True)
     if args.from_json:

@@ -1,6 +1,10 @@
 """The plan's memory ledger on a generated population (bench.population), not the examples.
 
     python -m bench.ledger --population N --seed S [--store bench/ledger_population.json]
+    python -m bench.ledger --population N --seed S --merge A.json B.json   # fold in, then run
+
+Two seeds compile side by side (one a core) into stores of their own (`--store`), folded
+into the committed one after with `--merge`.
 
 Each spec of the population is planned, rendered and compiled for its TPU slice by moegen's
 own verifier (twins off), forward and forward+backward. A compiled figure is recorded in the
@@ -96,6 +100,18 @@ def _load(store: Path) -> dict[str, Any]:
 def _save(store: Path, data: dict[str, Any]) -> None:
     data["modules"] = dict(sorted(data["modules"].items()))
     store.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def merge_stores(store: Path, others: list[Path]) -> None:
+    """Fold the records of `others` (stores of runs side by side) into `store`: a module's
+    record in `store` is kept where both have one."""
+    if not others:
+        return
+    data = _load(store)
+    for other in others:
+        for key, figures in _load(other)["modules"].items():
+            data["modules"].setdefault(key, figures)
+    _save(store, data)
 
 
 def run(count: int, seed: int, store: Path = STORE, compile_missing: bool = True) -> int:

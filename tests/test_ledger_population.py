@@ -21,7 +21,7 @@ import json
 import pytest
 import yaml
 
-from bench.ledger_population import STORE, module_key, planned
+from bench.ledger_population import STORE, merge_stores, module_key, planned
 from bench.population import population
 
 LEDGER_TOLERANCE = 0.10  # |planned - compiled| / compiled
@@ -103,3 +103,12 @@ def test_the_programs_not_yet_within_do_not_get_worse(name: str, program: str) -
     error = _error(name, program)
     assert abs(error) > LEDGER_TOLERANCE, f"{name} {program} is within: move it to SAMPLE"
     assert abs(error) <= NOT_YET_WITHIN[(name, program)], f"{name} {program}: {error:+.1%}"
+
+
+def test_stores_compiled_side_by_side_merge_and_the_first_record_of_a_module_stays(tmp_path):
+    main, seed1 = tmp_path / "main.json", tmp_path / "s1.json"
+    main.write_text(json.dumps({"modules": {"a": {"spec": "s0_000", "seconds": 1}}}))
+    seed1.write_text(json.dumps({"modules": {"a": {"spec": "other"}, "b": {"spec": "s1_000"}}}))
+    merge_stores(main, [seed1])
+    merged = json.loads(main.read_text())["modules"]
+    assert merged == {"a": {"spec": "s0_000", "seconds": 1}, "b": {"spec": "s1_000"}}
