@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -84,7 +85,9 @@ def _whole_verdict(tree: dict[str, Any], batch: int) -> str:
     return "too big" if cannot_fit(whole) else "fits"
 
 
-def judge(label: str, text: str, store: dict[str, Any], compile_missing: bool) -> str:
+def judge(
+    label: str, text: str, store: dict[str, Any], compile_missing: bool, path: Path = STORE
+) -> str:
     """One row: the plan's choice for the spec and what the compiler made of it."""
     loaded = validate(load_spec_bytes(text.encode(), f"{label}.yaml", label))
     whole = make_plan(with_memory(loaded, token_chunks=1, ffn_chunks=1), options=False)
@@ -100,7 +103,7 @@ def judge(label: str, text: str, store: dict[str, Any], compile_missing: bool) -
         if not compile_missing:
             return " | ".join([*cells, "not compiled yet"])
         store["modules"][key] = {"spec": label, **compile_spec(label, text)}
-        _save(STORE, store)
+        _save(path, store)
     return " | ".join([*cells, _verdict(store["modules"][key], plan.memory.hbm_bytes_per_device)])
 
 
@@ -125,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--population", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--recorded-only", action="store_true", help="compile nothing new")
+    parser.add_argument("--store", type=Path, default=STORE, help="the figures' JSON file")
     args = parser.parse_args(argv)
-    store = _load(STORE)
+    store = _load(args.store)
     print("spec | whole layer planned | plan's choice | planned GiB | compiled peak", flush=True)
     for name, text in population(args.population, args.seed):
         found = too_big(name, text)
@@ -137,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             continue
-        print(judge(*found, store, not args.recorded_only), flush=True)
+        print(judge(*found, store, not args.recorded_only, args.store), flush=True)
     return 0
 
 
