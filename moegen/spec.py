@@ -263,7 +263,7 @@ class Memory(_Section):
         "activations and gathered weights shrink to one slice, for about a third more expert "
         "FLOPs. With token_chunks, each chunk runs the FFN slice by slice. 1 = no slicing. "
         "Omit: 1, unless the layer would not fit the target's memory: then the fewest slices "
-        "that leave the ledger's headroom (25% of HBM) free (with token chunks: 1).",
+        "that leave the ledger's headroom (30% of HBM) free (with token chunks: 1).",
     )
     token_chunks: Size | Literal["auto"] | None = Field(
         None,
@@ -274,7 +274,7 @@ class Memory(_Section):
         "the gate and up matmuls run twice. Dropless, like the whole layer. 1 = one chunk. "
         "auto: chosen by `moegen tune`. Omit: the plan chooses, per shape: 1 when the layer "
         "fits the target's memory (FFN slices included), else the fewest chunks that leave the "
-        "ledger's headroom (25% of HBM) free, else the fewest that fit.",
+        "ledger's headroom (30% of HBM) free, else the fewest that fit.",
     )
 
 

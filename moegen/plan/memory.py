@@ -30,13 +30,16 @@ from moegen.plan.costs import CostPlan
 TRAIN_PACKING = 0.15
 FORWARD_PACKING = 0.14
 # How far below the compiled peak the ledger has been measured beyond the committed examples
-# (python -m bench.ledger --population N --seed S): forward+backward down to -25% on the
-# hold-out seed 1 (s1_010, s1_014) and -22% on seed 0 (s0_010), for any single trade; -27%
-# only where a spec pins FFN slices inside token chunks (s0_003), which no default chooses.
-# When the plan trades memory anyway (the layer whole does not fit), it takes the
-# fewest FFN slices or token chunks that leave this much of HBM free, so that its own choice
-# compiles: more of them cost no more FLOPs (any count above 1 recomputes the same matmuls).
-TRADE_HEADROOM = 0.25
+# (python -m bench.ledger --population 60 --seed S, both seeds), where one trade is set, as
+# the plan's defaults set them: forward+backward down to -28.6% on the hold-out seed 1
+# (s1_049, qwen1.5 over fsdp 16 in token chunks) and -20.0% on seed 0 (s0_049); lower only
+# where a spec pins FFN slices inside token chunks (s0_054 -29.0%) or runs whole (s1_053
+# -30.4%), which the trade below never chooses. When the plan trades memory anyway (the layer
+# whole does not fit), it takes the fewest FFN slices or token chunks that leave this much of
+# HBM free, so that its own choice compiles: more of them cost no more FLOPs (any count above
+# 1 recomputes the same matmuls). The headroom is taken over both seeds: the one constant
+# the hold-out is not kept from (bench/LEDGER.md).
+TRADE_HEADROOM = 0.30
 
 
 @dataclass(frozen=True)
