@@ -21,6 +21,7 @@ import json
 import pytest
 import yaml
 
+from bench.extrapolate import shrunk
 from bench.ledger_population import STORE, merge_stores, module_key, planned
 from bench.population import population
 
@@ -118,3 +119,14 @@ def test_stores_compiled_side_by_side_merge_and_the_first_record_of_a_module_sta
     merge_stores(main, [seed1])
     merged = json.loads(main.read_text())["modules"]
     assert merged == {"a": {"spec": "s0_000", "seconds": 1}, "b": {"spec": "s1_000"}}
+
+
+def test_a_spec_shrinks_to_a_shorter_sequence_only_where_it_splits_evenly() -> None:
+    text = SPECS["s0_051_qwen3_30b_a3b"]  # expert 2 x sequence 2, 8 token chunks, seq 1024
+    tree = yaml.safe_load(text)
+    quarter = yaml.safe_load(shrunk(text, 4))
+    assert quarter["shapes"] == {**tree["shapes"], "seq_len": tree["shapes"]["seq_len"] // 4}
+    assert {k: v for k, v in quarter.items() if k not in ("shapes", "description")} == {
+        k: v for k, v in tree.items() if k not in ("shapes", "description")
+    }
+    assert shrunk(text, 64) is None  # 16 tokens over 2 sequence shards in 8 chunks: refused
