@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from bench.ledger_population import STORE, _load, _save, compile_spec, module_key
+from bench.ledger_population import STORE, _load, recorded
 from bench.population import population
 from moegen.diagnostics import SpecError
 from moegen.load import load_spec_bytes
@@ -98,13 +98,10 @@ def judge(
         return f"{label} | whole {peak(whole) / GiB:.2f} GiB | refused by the plan: {err}"[:400]
     choice = f"{plan.ffn.chunks} slices x {plan.experts.token_chunks} token chunks"
     cells = [label, f"whole {peak(whole) / GiB:.2f} GiB", choice, f"{peak(plan) / GiB:.2f}"]
-    key = module_key(render(plan))
-    if key not in store["modules"]:
-        if not compile_missing:
-            return " | ".join([*cells, "not compiled yet"])
-        store["modules"][key] = {"spec": label, **compile_spec(label, text)}
-        _save(path, store)
-    return " | ".join([*cells, _verdict(store["modules"][key], plan.memory.hbm_bytes_per_device)])
+    figures = recorded(store, path, label, text, render(plan), compile_missing)
+    if figures is None:
+        return " | ".join([*cells, "not compiled yet"])
+    return " | ".join([*cells, _verdict(figures, plan.memory.hbm_bytes_per_device)])
 
 
 def _verdict(figures: dict[str, Any], hbm: int) -> str:

@@ -26,18 +26,13 @@ from typing import Any
 
 import yaml
 
-from bench.ledger_population import (
-    PROGRAMS,
-    STORE,
-    _load,
-    _save,
-    compile_spec,
-    module_key,
-    planned,
-)
+from bench.ledger_population import PROGRAMS, STORE, _load, planned, recorded
 from bench.population import population
 
 FRACTIONS = (4, 2)  # the sequence length divided by these
+# A shorter sequence keeps at least this many tokens, and a multiple of it, in each sequence
+# shard's token chunk: a TPU sublane's rows, so the small layer tiles as the full one does.
+SUBLANE_ROWS = 8
 GiB = 2**30
 
 
@@ -48,7 +43,7 @@ def shrunk(text: str, divisor: int) -> str | None:
     seq_len = tree["shapes"]["seq_len"]
     shards = tree["mesh"]["axes"].get("sequence", 1)
     chunks = (tree.get("memory") or {}).get("token_chunks", 1)
-    if seq_len % divisor or (seq_len // divisor) % (shards * chunks * 8):
+    if seq_len % divisor or (seq_len // divisor) % (shards * chunks * SUBLANE_ROWS):
         return None
     tree["shapes"]["seq_len"] = seq_len // divisor
     tree["description"] = f"{tree['description']} (sequence / {divisor})"
@@ -57,12 +52,9 @@ def shrunk(text: str, divisor: int) -> str | None:
 
 def peaks(name: str, text: str, store: dict[str, Any], path: Path) -> dict[str, Any]:
     """The compiled figures of `text`, compiled now if the store has none."""
-    _, source = planned(name, text)
-    key = module_key(source)
-    if key not in store["modules"]:
-        store["modules"][key] = {"spec": name, **compile_spec(name, text)}
-        _save(path, store)
-    return store["modules"][key]
+    figures = recorded(store, path, name, text, planned(name, text)[1])
+    assert figures is not None  # compile_missing: always a record
+    return figures
 
 
 def extrapolated(name: str, text: str, store: dict[str, Any], path: Path) -> str:

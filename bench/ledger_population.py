@@ -114,6 +114,26 @@ def merge_stores(store: Path, others: list[Path]) -> None:
     _save(store, data)
 
 
+def recorded(
+    data: dict[str, Any],
+    store: Path,
+    name: str,
+    text: str,
+    source: str,
+    compile_missing: bool = True,
+) -> dict[str, Any] | None:
+    """The figures `data` holds for the module `source` (rendered from the spec `text`):
+    compiled now and saved to `store` where it holds none, or None if not `compile_missing`."""
+    key = module_key(source)
+    known = data["modules"].get(key, {})
+    if not any(k in known for k in (*PROGRAMS, "error")):
+        if not compile_missing:
+            return None
+        data["modules"][key] = {"spec": name, **compile_spec(name, text)}
+        _save(store, data)
+    return data["modules"][key]
+
+
 def run(count: int, seed: int, store: Path = STORE, compile_missing: bool = True) -> int:
     data = _load(store)
     errors: dict[str, list[tuple[float, str]]] = {key: [] for key in PROGRAMS}
@@ -123,16 +143,12 @@ def run(count: int, seed: int, store: Path = STORE, compile_missing: bool = True
     print("spec | target | mesh | plan fwd / fwd+bwd GiB | compiled | error", flush=True)
     for name, text in population(count, seed):
         peaks, source = planned(name, text)
-        key = module_key(source)
-        known = data["modules"].get(key, {})
-        if not any(k in known for k in (*PROGRAMS, "error")):
-            if not compile_missing:
-                print(f"{name} | not compiled yet", flush=True)
-                continue
-            data["modules"][key] = {"spec": name, **compile_spec(name, text)}
-            _save(store, data)
-        row = _row(name, text, peaks, data["modules"][key], errors)
-        if "oom" in json.dumps(data["modules"][key]):
+        figures = recorded(data, store, name, text, source, compile_missing)
+        if figures is None:
+            print(f"{name} | not compiled yet", flush=True)
+            continue
+        row = _row(name, text, peaks, figures, errors)
+        if "oom" in json.dumps(figures):
             out_of_memory.append(name)
         print(row, flush=True)
     _distribution(errors, out_of_memory)
