@@ -1,5 +1,5 @@
 """The steps a worker would report for a job, with passing figures: what the verification-record
-tests put in place of a real worker (moegen.verify._run_worker) and forge records from."""
+tests put in place of a real worker (moegen.verify.verification._run_worker) and forge records from."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from conftest import assert_twin_parity
 
-import moegen.verify
+import moegen.verify.verification
 from moegen.hardware import hardware
 from moegen.load import load_spec_bytes
 from moegen.pipeline import generate
@@ -354,7 +354,7 @@ def test_te_module_in_ffn_slices_matches_the_dense_reference(
     assert "from transformer_engine.jax import dense as te_dense" in source
     assert TE_DOWN_SLICE in source
     # the te module itself as the twin: verify renders it from this spec, kernel te kept
-    monkeypatch.setattr(moegen.verify, "_twins", lambda _: [("float32", loaded, 1e-5)])
+    monkeypatch.setattr(moegen.verify.verification, "_twins", lambda _: [("float32", loaded, 1e-5)])
     report = verify(loaded, source, run_compiles=False)
     [parity] = [step for step in report.steps if step["step"].startswith("twin parity")]
     assert {case["case"] for case in parity["cases"]} == {"random routing", "starved experts"}

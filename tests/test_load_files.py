@@ -255,7 +255,8 @@ def test_load_spec_refuses_unprintable_path(tmp_path: Path, monkeypatch) -> None
 )
 def test_yaml_core_schema_no_yaml_1_1_surprises(value: str, loaded: object) -> None:
     """YAML 1.2 core schema: dates, yes/on and sexagesimal stay strings; 010 is decimal."""
-    from moegen.load import SpecSource, _parse_yaml
+    from moegen.load import SpecSource
+    from moegen.load.yaml_nodes import parse_yaml as _parse_yaml
 
     data, _ = _parse_yaml(SpecSource("x.yaml", "x", f"v: {value}\n", ""))
     assert data["v"] == loaded

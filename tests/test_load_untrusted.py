@@ -49,7 +49,8 @@ def test_nesting_in_flow_mappings_and_block_sequences_is_counted() -> None:
     ("value", "loaded"), [("1" * 30, int("1" * 30)), ("-" + "1" * 30, -int("1" * 30))]
 )
 def test_30_digit_integers_load(value: str, loaded: int) -> None:
-    from moegen.load import SpecSource, _parse_yaml
+    from moegen.load import SpecSource
+    from moegen.load.yaml_nodes import parse_yaml as _parse_yaml
 
     data, _ = _parse_yaml(SpecSource("x.yaml", "x", f"v: {value}\n", ""))
     assert data["v"] == loaded

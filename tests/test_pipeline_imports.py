@@ -240,3 +240,27 @@ def test_imports_are_resolved_to_modules() -> None:
     assert "moegen.plan" in GRAPH["moegen.render"]  # from moegen.plan import Plan
     assert "moegen.verify.cuda" in GRAPH["moegen.verify.worker"]  # inside a function
     assert "moegen.verify.twin" in GRAPH["moegen.verify"]
+
+
+def _face_statement_problem(node: ast.stmt) -> str | None:
+    """Why a statement does not belong in a package face (None: it does)."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return None
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+        return None  # the docstring
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        target = node.targets[0]
+        if isinstance(target, ast.Name) and target.id in ("__all__", "__version__"):
+            return None
+    return f"line {node.lineno}: {type(node).__name__}"
+
+
+@pytest.mark.parametrize(
+    "package", sorted(m for m, p in MODULES.items() if p.name == "__init__.py")
+)
+def test_package_faces_only_re_export(package: str) -> None:
+    """A package's __init__ names what the package offers; its logic lives in named modules
+    (a reader finds `make_plan` in moegen/plan/assemble.py, not in a face)."""
+    tree = ast.parse(MODULES[package].read_text())
+    problems = [p for node in tree.body if (p := _face_statement_problem(node))]
+    assert not problems, f"{package}/__init__.py holds logic: {problems}"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT, assert_no_traceback
 
-import moegen.verify
+import moegen.verify.verification
 from moegen.pipeline import generate
 from moegen.verify import preflight
 
@@ -43,7 +43,7 @@ def no_worker(monkeypatch):
     def worker(*args, **kwargs):
         raise AssertionError("a verify worker started (a twin would run)")
 
-    monkeypatch.setattr(moegen.verify, "_run_worker", worker)
+    monkeypatch.setattr(moegen.verify.verification, "_run_worker", worker)
 
 
 def _problems(spec: str):

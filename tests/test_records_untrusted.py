@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO_ROOT
 from record_cases import passing_steps
 
-import moegen.verify
+import moegen.verify.verification
 from moegen import provenance
 from moegen.pipeline import generate
 from moegen.verify import VerifyCache, VerifyReport, record, verify
@@ -38,7 +38,7 @@ def worker(monkeypatch) -> list[Job]:
             on_step(step)
         return VerifyReport(steps=steps)
 
-    monkeypatch.setattr(moegen.verify, "_run_worker", run)
+    monkeypatch.setattr(moegen.verify.verification, "_run_worker", run)
     return started
 
 

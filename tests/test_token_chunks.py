@@ -16,7 +16,7 @@ import pytest
 from conftest import assert_twin_parity, generated_from
 from spec_builder import spec_yaml, tiny, validated
 
-import moegen.verify
+import moegen.verify.verification
 from moegen.load import LoadedSpec
 from moegen.plan import make_plan
 from moegen.verify import VerifyError, verify
@@ -179,13 +179,13 @@ def test_a_broken_slice_gradient_fails_the_twin(
     generated = generated_from(TWIN_CASES["ring_fsdp_ffn_slices"], tmp_path, monkeypatch)
     original = "jax.lax.dynamic_slice_in_dim(stored[name], start, FFN_CHUNK, axis=axis)"
     mutant = f"jax.lax.stop_gradient({original})"
-    real_render = moegen.verify.render
+    real_render = moegen.verify.verification.render
 
     def mutated_render(plan):
         source = real_render(plan)
         assert source.count(original) == 1
         return source.replace(original, mutant)
 
-    monkeypatch.setattr(moegen.verify, "render", mutated_render)
+    monkeypatch.setattr(moegen.verify.verification, "render", mutated_render)
     with pytest.raises(VerifyError, match=r"grad_w_\w+ differs from the dense reference"):
         verify(generated.loaded, mutated_render(generated.plan), run_compiles=False)

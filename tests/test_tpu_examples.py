@@ -16,7 +16,7 @@ from conftest import (
 )
 
 import moegen.pipeline
-import moegen.verify
+import moegen.verify.verification
 from moegen.load import load_spec
 
 
@@ -41,7 +41,7 @@ def test_tpu_example_is_fresh_without_compiling(name, invoke_main, monkeypatch):
     def no_compile(*args, **kwargs):
         raise AssertionError("moegen check must not verify or compile")
 
-    monkeypatch.setattr(moegen.verify, "_run_worker", no_compile)
+    monkeypatch.setattr(moegen.verify.verification, "_run_worker", no_compile)
     monkeypatch.setattr(moegen.pipeline, "verify", no_compile)
     result = invoke_main("check", f"specs/{name}.yaml", cwd=REPO_ROOT)
     assert result.code == 0, result.output

@@ -13,7 +13,7 @@ from conftest import REPO_ROOT, assert_no_traceback
 from tpu_cases import fake_cpu_env, last_json, pallas_yaml, write_spec
 
 import moegen.pipeline
-import moegen.verify
+import moegen.verify.verification
 from moegen.hardware import CATALOGUE
 from moegen.pipeline import generate
 from moegen.verify import verify
@@ -189,7 +189,9 @@ def test_concurrent_tpu_verifications_do_not_collide(tmp_path, monkeypatch):
     monkeypatch.delenv("ALLOW_MULTIPLE_LIBTPU_LOAD", raising=False)  # moegen must set it
     monkeypatch.chdir(tmp_path)
     generated = generate(write_spec(tmp_path, "concurrent", pallas_yaml()).relative_to(tmp_path))
-    monkeypatch.setattr(moegen.verify, "_twins", lambda loaded: [])  # the compile collides
+    monkeypatch.setattr(
+        moegen.verify.verification, "_twins", lambda loaded: []
+    )  # the compile collides
     env = fake_cpu_env(1)
     env.pop("ALLOW_MULTIPLE_LIBTPU_LOAD", None)
     holder = _hold_libtpu(env)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import EXAMPLE_NAMES, REPO_ROOT
 
-import moegen.verify
+import moegen.verify.verification
 from moegen.pipeline import generate
 from moegen.plan import make_plan
 from moegen.sizes import axes_product
@@ -137,7 +137,7 @@ def test_mutated_module_fails_verification(in_repo, monkeypatch):
     name = "mixtral_small_cpu"
     generated = generate(Path("specs") / f"{name}.yaml")
     assert generated.source.count(original) == 1
-    real_render = moegen.verify.render
+    real_render = moegen.verify.verification.render
     twins_rendered = []
 
     def mutated_render(plan):
@@ -146,7 +146,7 @@ def test_mutated_module_fails_verification(in_repo, monkeypatch):
         twins_rendered.append(plan.module_name)
         return source.replace(original, mutant)
 
-    monkeypatch.setattr(moegen.verify, "render", mutated_render)
+    monkeypatch.setattr(moegen.verify.verification, "render", mutated_render)
     steps = []
     with pytest.raises(VerifyError, match="relative error") as caught:
         verify(
@@ -154,7 +154,7 @@ def test_mutated_module_fails_verification(in_repo, monkeypatch):
             generated.source.replace(original, mutant),
             on_step=steps.append,
         )
-    assert twins_rendered, "the twin must be rendered through moegen.verify.render"
+    assert twins_rendered, "the twin must be rendered through moegen.verify.verification.render"
     message = str(caught.value)
     assert "differs from the dense reference" in message
     assert "random routing" in message
@@ -170,7 +170,7 @@ def test_a_nan_gradient_fails_verification(in_repo, monkeypatch):
     mutant = "jax.nn.silu(gate) * jnp.where(True, up, jnp.sqrt(up * 0.0))"
     generated = generate(Path("specs") / "mixtral_small_cpu.yaml")
     assert generated.source.count(original) == 1
-    real_render = moegen.verify.render
+    real_render = moegen.verify.verification.render
     monkeypatch.setattr(
         moegen.verify, "render", lambda plan: real_render(plan).replace(original, mutant)
     )
@@ -253,9 +253,9 @@ def test_verify_checks_the_plan_it_is_given_and_plans_each_twin_once(in_repo, mo
         jobs.append(job_path.read_text(encoding="utf-8"))
         return VerifyReport()
 
-    monkeypatch.setattr(moegen.verify, "make_plan", no_full_plan)
+    monkeypatch.setattr(moegen.verify.verification, "make_plan", no_full_plan)
     monkeypatch.setattr(moegen.verify.twin, "make_plan", counting_make_plan)
-    monkeypatch.setattr(moegen.verify, "_run_worker", worker)
+    monkeypatch.setattr(moegen.verify.verification, "_run_worker", worker)
     verify(generated.loaded, generated.source, plan=generated.plan, run_compiles=False)
     assert planned == [(planned[0][0], {"interpret": True})] * 2  # the two twins, once each
     assert planned[0][0] < generated.plan.embed_dim

@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO_ROOT
 from record_cases import passing_steps
 
-import moegen.verify
+import moegen.verify.verification
 from moegen.pipeline import generate
 from moegen.verify import VerifyCache, VerifyReport, record, verify
 from moegen.verify.messages import Imported, Job, Reused, TpuTarget, TwinJob, TwinParity
@@ -209,7 +209,7 @@ def counted_worker(monkeypatch):
             on_step(step)
         return VerifyReport(steps=steps)
 
-    monkeypatch.setattr(moegen.verify, "_run_worker", worker)
+    monkeypatch.setattr(moegen.verify.verification, "_run_worker", worker)
     return started
 
 
@@ -259,7 +259,7 @@ def test_a_failed_verification_is_not_recorded(monkeypatch):
     def failing(*args):
         raise moegen.verify.VerifyError("twin parity: y differs")
 
-    monkeypatch.setattr(moegen.verify, "_run_worker", failing)
+    monkeypatch.setattr(moegen.verify.verification, "_run_worker", failing)
     generated = generate(SPEC)
     with pytest.raises(moegen.verify.VerifyError):
         verify(generated.loaded, generated.source, plan=generated.plan, cache=VerifyCache())
