@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,10 @@ import yaml
 from bench.ledger_population import STORE, _load, recorded
 from bench.population import population
 from moegen.diagnostics import SpecError
-from moegen.load import load_spec_bytes
+from moegen.load import LoadedSpec, load_spec_bytes
 from moegen.pipeline import refuse_unfit
 from moegen.plan import make_plan
 from moegen.plan.fit import cannot_fit, peak
-from moegen.plan.token_chunks import with_memory
 from moegen.render import render
 from moegen.validate import validate
 
@@ -81,8 +81,14 @@ def _whole_verdict(tree: dict[str, Any], batch: int) -> str:
         loaded = validate(load_spec_bytes(text.encode(), "probe.yaml", "probe"))
     except SpecError as err:
         return "too big" if "cannot fit" in str(err) else "refused"
-    whole = make_plan(with_memory(loaded, token_chunks=1, ffn_chunks=1), options=False)
+    whole = make_plan(_whole(loaded), options=False)
     return "too big" if cannot_fit(whole) else "fits"
+
+
+def _whole(loaded: LoadedSpec) -> LoadedSpec:
+    """The spec run whole: one token chunk, the FFN unsliced (the layer as first written)."""
+    memory = loaded.spec.memory.model_copy(update={"token_chunks": 1, "ffn_chunks": 1})
+    return replace(loaded, spec=loaded.spec.model_copy(update={"memory": memory}))
 
 
 def judge(
@@ -90,7 +96,7 @@ def judge(
 ) -> str:
     """One row: the plan's choice for the spec and what the compiler made of it."""
     loaded = validate(load_spec_bytes(text.encode(), f"{label}.yaml", label))
-    whole = make_plan(with_memory(loaded, token_chunks=1, ffn_chunks=1), options=False)
+    whole = make_plan(_whole(loaded), options=False)
     plan = make_plan(loaded)
     try:
         refuse_unfit(loaded, plan)

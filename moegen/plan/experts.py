@@ -47,8 +47,11 @@ def expert_capacity(loaded: LoadedSpec, local_tokens: int) -> int | None:
     return max(1, math.ceil(factor * copies / spec.layer.num_experts))
 
 
-def expert_plan(loaded: LoadedSpec, local_tokens: int, *, emulate: bool) -> ExpertPlan:
-    """Expert placement, worst-case grouped-matmul rows and communication per strategy."""
+def expert_plan(
+    loaded: LoadedSpec, local_tokens: int, token_chunks: int, *, emulate: bool
+) -> ExpertPlan:
+    """Expert placement, worst-case grouped-matmul rows and communication per strategy, the
+    experts running on `token_chunks` chunks of the device's tokens one after another."""
     spec = loaded.spec
     strategy = spec.parallelism.experts
     shards = spec.mesh.axes.get("expert", 1)
@@ -58,7 +61,6 @@ def expert_plan(loaded: LoadedSpec, local_tokens: int, *, emulate: bool) -> Expe
     # rows a device can be asked to process, when every token of the group picks its experts.
     per_token = min(top_k, local_experts)
     # With token chunks, every buffer below is one chunk's: the experts run on one at a time.
-    token_chunks = spec.memory.token_chunks or 1
     call_tokens = local_tokens // token_chunks
     group_tokens = call_tokens * shards
     chunks = spec.parallelism.overlap_chunks

@@ -242,7 +242,7 @@ def ffn_plan(
         chunk_width=local_ffn_dim(spec) // chunks,
         chunk_options=ffn_chunk_options(loaded, chunks, layout),
         recompute_flops_text=f"{chosen.cost.recompute_flops:.3g}",
-        regathers_weights=_regathers_weights(loaded, chunks),
+        regathers_weights=regathers_weights(loaded, chunks),
         whole_forward=forward is not None,
         forward_fuses_gate_up=forward is not None and forward.fused,
         forward_params=() if forward is None else side_by_side(params, forward.fused),
@@ -253,7 +253,7 @@ def ffn_plan(
     )
 
 
-def _regathers_weights(loaded: LoadedSpec, chunks: int) -> bool:
+def regathers_weights(loaded: LoadedSpec, chunks: int) -> bool:
     """Sliced weights sharded over fsdp are gathered slice by slice, again in the backward."""
     return chunks > 1 and loaded.spec.mesh.axes.get("fsdp", 1) > 1
 
@@ -280,12 +280,19 @@ def _layout_name(experts: ExpertPlan, chunks: int) -> str:
     return "sliced" if chunks > 1 else "whole"
 
 
-def chosen_layout(loaded: LoadedSpec, layout: Callable[[int], FfnLayout]) -> FfnLayout:
-    """The spec's slice count, else the plan's (`default_ffn_chunks`)."""
-    return layout(loaded.spec.memory.ffn_chunks or default_ffn_chunks(loaded, layout))
+def chosen_layout(
+    loaded: LoadedSpec,
+    layout: Callable[[int], FfnLayout],
+    ffn_chunks: int | None,
+    token_chunks: int,
+) -> FfnLayout:
+    """The pinned slice count (`ffn_chunks`), else the plan's (`default_ffn_chunks`)."""
+    return layout(ffn_chunks or default_ffn_chunks(loaded, layout, token_chunks))
 
 
-def default_ffn_chunks(loaded: LoadedSpec, layout: Callable[[int], FfnLayout]) -> int:
+def default_ffn_chunks(
+    loaded: LoadedSpec, layout: Callable[[int], FfnLayout], token_chunks: int
+) -> int:
     """Whole (no recomputation) when the layer fits the target's memory; else the fewest FFN
     slices that fit with the ledger's headroom (TRADE_HEADROOM), or failing that the count
     that fits planned lowest (whole when none does: slicing would not save it). A slice count
@@ -293,8 +300,7 @@ def default_ffn_chunks(loaded: LoadedSpec, layout: Callable[[int], FfnLayout]) -
     float32, and its weight gradient holds blocks of that gradient. With token chunks, 1:
     slices in each chunk are a choice the spec makes (the refusal names the counts that fit)."""
     hbm = hardware(loaded.spec.target.hardware).hbm_bytes_per_device
-    token_chunked = (loaded.spec.memory.token_chunks or 1) > 1
-    if not hbm or loaded.spec.parallelism.overlap_chunks != 1 or token_chunked:
+    if not hbm or loaded.spec.parallelism.overlap_chunks != 1 or token_chunks > 1:
         return 1
     if layout(1).memory.train_peak <= hbm:
         return 1

@@ -18,6 +18,7 @@ from moegen.diagnostics import Diagnostic
 from moegen.hardware import hardware
 from moegen.load import FieldPath, LoadedSpec
 from moegen.load.shape_variants import shape_variants
+from moegen.plan.memory import MemoryPlan
 from moegen.plan.model import Plan
 from moegen.spec import Shapes
 
@@ -59,13 +60,22 @@ def fit_problems(loaded: LoadedSpec, plan: Plan, plan_with: PlanWith) -> list[Di
 
 def peak(plan: Plan) -> int:
     """The planned peak per device: forward+backward (the forward never holds more)."""
-    return max(plan.memory.train_peak, plan.memory.forward_peak)
+    return memory_peak(plan.memory)
+
+
+def memory_peak(memory: MemoryPlan) -> int:
+    return max(memory.train_peak, memory.forward_peak)
 
 
 def cannot_fit(plan: Plan) -> bool:
     """The plan is above HBM by more than the ledger's largest over-estimate."""
-    hbm = plan.memory.hbm_bytes_per_device
-    return bool(hbm) and peak(plan) > hbm * (1 + LEDGER_OVERESTIMATE)
+    return over_hbm(plan.memory)
+
+
+def over_hbm(memory: MemoryPlan) -> bool:
+    """The planned peak is above HBM by more than the ledger's largest over-estimate."""
+    hbm = memory.hbm_bytes_per_device
+    return bool(hbm) and memory_peak(memory) > hbm * (1 + LEDGER_OVERESTIMATE)
 
 
 def _fits(plan: Plan) -> bool:
@@ -91,7 +101,7 @@ def _shape_problem(
         f"{LEDGER_OVERESTIMATE:.0%} the plan can over-estimate): it cannot fit. "
         + _would_fit(slices, batch and (batch_field, *batch), meshes, _fitting_token_chunks(plan))
     )
-    if spec.memory.ffn_chunks is not None and slices:
+    if spec.memory.ffn_chunks is not None and slices:  # where the refusal points
         found = loaded.diagnostic(("memory", "ffn_chunks"), message)
     elif batch:
         found = loaded.diagnostic(("shapes", "batch"), message)

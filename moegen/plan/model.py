@@ -20,6 +20,22 @@ from moegen.plan.network import NetworkPlan
 from moegen.plan.params import ParamPlan, PartitionSpec
 from moegen.plan.roofline import Roofline
 from moegen.plan.router import RouterPlan
+from moegen.spec import Memory
+
+
+@dataclass(frozen=True)
+class Trade:
+    """The memory trade a shape is planned with: its token chunks and FFN slices, each None
+    where the plan chooses. Read from the spec once (`Trade.of`); the plan's candidates are
+    other trades of the same shape, planned from its quantities, never a rewritten spec."""
+
+    token_chunks: int | None = None
+    ffn_chunks: int | None = None
+
+    @classmethod
+    def of(cls, memory: Memory) -> Trade:
+        """The trade a spec's memory section pins."""
+        return cls(memory.token_chunks, memory.ffn_chunks)
 
 
 @dataclass(frozen=True)

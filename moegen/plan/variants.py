@@ -11,23 +11,23 @@ from dataclasses import replace
 
 from moegen.load import LoadedSpec
 from moegen.load.shape_variants import shape_variants
-from moegen.plan.model import Plan, VariantPlan
+from moegen.plan.model import Plan, Trade, VariantPlan
 
 
 def variant_plans(
     loaded: LoadedSpec,
-    plan_of: Callable[[LoadedSpec, str], Plan],
+    plan_of: Callable[[LoadedSpec, str, Trade], Plan],
     memory: Mapping[str, Mapping[str, int]] | None = None,
 ) -> tuple[VariantPlan, ...]:
-    """Each variant of `loaded` planned by `plan_of` (the variant, its name); `memory` pins a
-    variant's memory fields (ffn_chunks, token_chunks: the twin runs each variant as its
-    full-size plan does)."""
+    """Each variant of `loaded` planned by `plan_of` (the variant, its name, its trade: the
+    one its memory section pins, with `memory`'s pins (ffn_chunks, token_chunks) over it: the
+    twin runs each variant as its full-size plan does)."""
     out = []
     for name, variant in shape_variants(loaded):
+        trade = Trade.of(variant.spec.memory)
         if memory and name in memory:
-            pinned = variant.spec.memory.model_copy(update=dict(memory[name]))
-            variant = _with(variant, memory=pinned)
-        plan = plan_of(variant, name)
+            trade = replace(trade, **memory[name])
+        plan = plan_of(variant, name, trade)
         out.append(
             VariantPlan(
                 name=name,
@@ -41,7 +41,3 @@ def variant_plans(
             )
         )
     return tuple(out)
-
-
-def _with(loaded: LoadedSpec, **sections: object) -> LoadedSpec:
-    return replace(loaded, spec=loaded.spec.model_copy(update=sections))
