@@ -39,7 +39,7 @@ BOUND_WORDS = {
     "maxLength": "at most {} characters",
     "minItems": "at least {} items",
     "maxItems": "at most {} items",
-    "minProperties": "at least {} entries",
+    "minProperties": "{} or more entries",
 }
 
 
@@ -62,6 +62,8 @@ def number(value: Any) -> str:
 
 def bounds(schema: dict) -> list[str]:
     found = [key for key in BOUND_WORDS if key in schema]
+    if "minItems" in found and schema["minItems"] == schema.get("maxItems"):
+        return [f"exactly {schema['minItems']} items"]  # a fixed-size tuple, such as a tile
     return [BOUND_WORDS[key].format(number(schema[key])) for key in found]
 
 
