@@ -54,3 +54,15 @@ $(GPU_KERNELS_STAMP): $(STAMP) pyproject.toml
 
 test-te: $(TE_STAMP) $(GPU_KERNELS_STAMP)
 	MOEGEN_REQUIRE_TE=1 MOEGEN_REQUIRE_TOKAMAX=1 $(VENV)/bin/pytest -q $(TE_TESTS)
+
+# The documentation site: docs/ and the reference generated from the code, built into site/;
+# --strict fails on any warning (a broken link between pages, a page left out of the nav).
+DOCS_STAMP := $(VENV)/.moegen-docs-installed
+.PHONY: docs
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/python -m moegen.docs_reference --check
+	$(VENV)/bin/mkdocs build --strict -d site
+
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(VENV)/bin/python -m pip install -q -e ".[docs]"
+	touch $(DOCS_STAMP)

@@ -1,9 +1,9 @@
-"""The code blocks of README.md, as tests/test_readme.py runs them (standard library only, so
-that scripts/pip-user-transcript can use it from any Python).
+"""The code blocks of README.md and of every page under docs/, as tests/test_readme.py runs
+them (standard library only, so that scripts/pip-user-transcript can use it from any Python).
 
-A block is a fenced ```LANG block; the `## ` heading above it is its section, and an HTML
-comment on the line just before its fence, `<!-- readme-test: CLAIM -->`, says how a test
-treats it instead of running it alone (tests/test_readme.py knows every claim).
+A block is a fenced ```LANG block; the `# ` or `## ` heading above it in its file is its
+section, and an HTML comment on the line just before its fence, `<!-- readme-test: CLAIM -->`,
+says how a test treats it instead of running it alone (tests/test_readme.py knows every claim).
 
     python3 tests/readme_blocks.py transcript-script SECTION   # bash that runs SECTION's blocks
 """
@@ -16,7 +16,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 RUNNABLE = {"python": "python", "sh": "sh", "bash": "sh", "shell": "sh"}
 FENCE = re.compile(r"^```([\w-]*)\s*$")
 MARKER = re.compile(r"^<!-- readme-test: (.+?) -->$")
@@ -31,6 +33,7 @@ class Block:
     line: int  # of the opening fence, 1-based
     section: str
     claim: str | None
+    path: str = "README.md"  # relative to the repository root
 
     @property
     def kind(self) -> str | None:
@@ -39,16 +42,21 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"README.md:{self.line} ({self.section})"
+        return f"{self.path}:{self.line} ({self.section})"
+
+    @property
+    def section_key(self) -> str:
+        """Its section, named by file: the blocks of one section run together, in order."""
+        return f"{self.path}: {self.section}"
 
 
-def blocks(text: str) -> list[Block]:
+def blocks(text: str, path: str = "README.md") -> list[Block]:
     found, section, lines = [], "", text.splitlines()
     i = 0
     while i < len(lines):
         line = lines[i]
-        if line.startswith("## "):
-            section = line[3:].strip()
+        if line.startswith(("# ", "## ")):
+            section = line.split(" ", 1)[1].strip()
         fence = FENCE.match(line)
         if fence is None:
             i += 1
@@ -57,13 +65,23 @@ def blocks(text: str) -> list[Block]:
         before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         claim = MARKER.match(before.strip())
         body = "\n".join(lines[i + 1 : end]) + "\n"
-        found.append(Block(fence[1], body, i + 1, section, claim[1] if claim else None))
+        found.append(Block(fence[1], body, i + 1, section, claim[1] if claim else None, path))
         i = end + 1
     return found
 
 
+def documents() -> list[Path]:
+    """README.md, then every docs/ page in path order."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
 def readme_blocks() -> list[Block]:
-    return blocks(README.read_text(encoding="utf-8"))
+    """Every block of README.md and of docs/, file by file."""
+    found = []
+    for document in documents():
+        path = document.relative_to(ROOT).as_posix()
+        found += blocks(document.read_text(encoding="utf-8"), path)
+    return found
 
 
 def commands(text: str) -> list[str]:

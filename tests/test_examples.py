@@ -85,7 +85,7 @@ def test_an_invalid_spec_exits_2_with_its_diagnostics(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# examples/train_generated.py: a generated module (not a twin), trained as the README says
+# examples/train_generated.py: a generated module (not a twin), trained as docs/how-to/wheel.md says
 
 TRAIN_GENERATED = REPO_ROOT / "examples" / "train_generated.py"
 STEP = re.compile(r"^step +(\d+)  loss (\S+)$", re.MULTILINE)

@@ -1,7 +1,8 @@
-"""Every ```python and ```sh (bash, shell) block of README.md runs as written.
+"""Every ```python and ```sh (bash, shell) block of README.md and of docs/**/*.md runs as written.
 
-Blocks run per README section, in order, in a scratch folder: a copy of the repository (the
-pip users' section: an empty folder, a fresh project), with .venv/bin first on PATH and this
+Blocks run per section (a `# ` or `## ` heading of one file), in order, in a scratch folder: a
+copy of the repository (the pip users' section: an empty folder, a fresh project), with
+.venv/bin first on PATH and this
 checkout's moegen importable; python blocks as `python block.py` there, so that `generated/`
 imports as in the repository root. A comment just before a block's fence,
 `<!-- readme-test: CLAIM -->`, may replace running it with a checked claim:
@@ -38,13 +39,14 @@ GOLDEN_CLAIM = "golden updates, each command run on a case whose golden was remo
 NOT_RUN_HERE = {"run by .ci/run", TRANSCRIPT_CLAIM, GOLDEN_CLAIM}  # checked instead of run
 CLAIMS = NOT_RUN_HERE | {CHECKPOINT_CLAIM}
 TIME_LIMIT_S = 900
+DEVELOP_PAGE = "docs/how-to/develop.md"  # where the golden update commands are
 BLOCKS = [b for b in readme_blocks() if b.kind]
-SECTIONS = list(dict.fromkeys(b.section for b in BLOCKS if b.claim not in NOT_RUN_HERE))
+SECTIONS = list(dict.fromkeys(b.section_key for b in BLOCKS if b.claim not in NOT_RUN_HERE))
 COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".*_cache", "*.egg-info")
 
 
 def test_every_runnable_block_is_run_or_its_claim_known():
-    assert len(BLOCKS) >= 10  # the README's blocks were found at all
+    assert len(BLOCKS) >= 13  # the blocks of README.md and docs/ were found at all
     for block in BLOCKS:
         if block.claim is not None:
             assert block.claim in CLAIMS or saved_file(block), f"{block.where}: {block.claim!r}"
@@ -87,12 +89,13 @@ def test_the_readme_train_py_is_examples_train_generated():
 @pytest.mark.parametrize("section", SECTIONS)
 def test_the_section_runs_as_written(section, tmp_path):
     folder = tmp_path / "run"
-    if section == PIP_SECTION:
+    blocks = [b for b in BLOCKS if b.section_key == section and b.claim not in NOT_RUN_HERE]
+    if blocks[0].section == PIP_SECTION:
         folder.mkdir()
     else:
         shutil.copytree(REPO_ROOT, folder, ignore=COPY_IGNORE, symlinks=True)
         (folder / ".venv").symlink_to(REPO_ROOT / ".venv")
-    for block in (b for b in BLOCKS if b.section == section and b.claim not in NOT_RUN_HERE):
+    for block in blocks:
         run_block(block, folder)
 
 
@@ -120,7 +123,7 @@ def test_a_golden_update_command_writes_a_removed_golden_back(command, tmp_path)
     goldens = GOLDEN_FOLDERS[re.search(r"tests/test_\w+\.py", command)[0]]
     golden = sorted(p for p in (folder / goldens).iterdir() if p.suffix in (".expected", ".py"))[0]
     golden.unlink()
-    block = Block("sh", f"{command} -k {golden.stem}", 0, "Development", None)
+    block = Block("sh", f"{command} -k {golden.stem}", 0, "Development", None, DEVELOP_PAGE)
     run_block(block, folder)
     assert_same_tree(REPO_ROOT / goldens, folder / goldens)
 
