@@ -45,6 +45,7 @@ STAGE_OF = {
     "moegen.schema": "top",
     "moegen.init": "top",  # a starter spec, validated before it is written
     "moegen.install_te": "top",  # runs the shipped TE installer
+    "moegen.docs_reference": "top",  # docs/reference/ written from the spec and the CLI
 }
 BASE = {
     "moegen",
