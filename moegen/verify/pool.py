@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from moegen import interrupts
+from moegen import heartbeat, interrupts
 from moegen.verify.messages import Message, Step, VerifyReport, WorkerFailed, decode
 from moegen.verify.verdict import VerifyError
 
@@ -50,7 +50,8 @@ def run_worker(
     # KeyboardInterrupt, and an interrupt (a subclass) must not wait for a worker at work.
     proc = _WORKERS.start(command, env)
     try:
-        messages, stderr = _collect(proc, report, on_step, timeout)
+        with heartbeat.beating(job_path, num_devices, on_step) as noted:
+            messages, stderr = _collect(proc, report, noted, timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         raise VerifyError(f"verification timed out after {timeout:.0f} s") from None
