@@ -1,5 +1,5 @@
 """The heartbeat a build prints on a terminal while a verify step runs (moegen.heartbeat), its
-absence everywhere else."""
+absence everywhere else, and verify workers that keep libtpu's start-up noise to themselves."""
 
 from __future__ import annotations
 
@@ -12,11 +12,16 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from conftest import REPO_ROOT
+from tpu_cases import pallas_yaml, write_spec
 
 from moegen import heartbeat
-from moegen.verify import pool, record
+from moegen.pipeline import generate
+from moegen.verify import pool, record, verify
 from moegen.verify.messages import Imported, Job, TwinJob, encode
+
+LIBTPU_NOISE = ("E0000", "TPU_WORKER_HOSTNAMES", "Logging before InitGoogle", "host bounds")
 
 
 class FakeClock:
@@ -161,3 +166,25 @@ def _probe_output(on_a_terminal: bool) -> str:
 def test_the_command_line_beats_on_a_terminal_only():
     assert "heartbeat on" in _probe_output(on_a_terminal=True)
     assert "heartbeat off" in _probe_output(on_a_terminal=False)
+
+
+@pytest.mark.slow
+def test_compile_only_tpu_worker_compiles_without_libtpu_noise(tmp_path, monkeypatch):
+    """libtpu, loaded for compile-only TPU devices, would log errors about the TPU VM it is
+    not on; the worker's environment answers it, and the compile still fits."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("JAX_PLATFORMS", "TPU_WORKER_HOSTNAMES", "TPU_HOST_BOUNDS"):
+        monkeypatch.delenv(name, raising=False)
+    generated = generate(write_spec(tmp_path, "quiet_tpu", pallas_yaml()).relative_to(tmp_path))
+    stderr: list[str] = []
+    collect = pool._collect
+
+    def collect_keeping_stderr(*args):
+        messages, text = collect(*args)
+        stderr.append(text)
+        return messages, text
+
+    monkeypatch.setattr(pool, "_collect", collect_keeping_stderr)
+    report = verify(generated.loaded, generated.source, timeout_s=300, run_twins=False)
+    assert report.step("memory verdict")["verdict"].startswith("fits")
+    assert stderr and not [word for word in LIBTPU_NOISE if word in stderr[0]], stderr[0]

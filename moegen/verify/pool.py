@@ -39,6 +39,7 @@ def run_worker(
     env["JAX_PLATFORMS"] = "cpu"
     # Compile-only TPU devices need no exclusive hold on libtpu: let verifications run side by side.
     env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    env.update(_quiet_libtpu(env))
     timeout = timeout_s or float(os.environ.get("MOEGEN_VERIFY_TIMEOUT", DEFAULT_TIMEOUT_S))
     # The worker dies with this process (interrupts.guard_worker, before it imports JAX) and
     # then removes the scratch directory itself.
@@ -70,6 +71,19 @@ def run_worker(
         detail = errors[-1].error if errors else stderr.strip()[-4000:]
         raise VerifyError(detail or f"verifier exited with code {proc.returncode}")
     return report
+
+
+def _quiet_libtpu(env: dict[str, str]) -> dict[str, str]:
+    """What keeps libtpu from guessing at a Cloud TPU VM it is not on. Loaded for a
+    compile-only TPU target (no TPU here), it asks for this host's place in a TPU slice and,
+    finding none, logs `E0000 ... TPU_WORKER_HOSTNAMES` errors and 'Logging before InitGoogle'
+    to stderr, which a failed verification would show. One host of its own answers it; the
+    compiled programs are the same (the slice is named by the job's topology). A value the
+    user set is kept. CPU targets never load libtpu (JAX_PLATFORMS=cpu)."""
+    return {
+        name: env.get(name, value)
+        for name, value in (("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_HOST_BOUNDS", "1,1,1"))
+    }
 
 
 class _Workers:
