@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import subprocess
 import sys
 import textwrap
@@ -140,15 +141,12 @@ CLI_PROBE = textwrap.dedent(
 )
 
 
-def _probe_output(on_a_terminal: bool) -> str:
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    command = [sys.executable, "-c", CLI_PROBE]
-    if not on_a_terminal:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
-        return done.stdout
+def _output_on_a_terminal(command: list[str], env: dict[str, str], cwd: Path = REPO_ROOT) -> str:
+    """What `command` writes on stdout and stderr, both a pseudo-terminal."""
     pid, fd = pty.fork()
     if pid == 0:  # the child: stdin, stdout and stderr are the pty
-        os.execve(sys.executable, command, env)
+        os.chdir(cwd)
+        os.execve(command[0], command, env)
     chunks = []
     while True:
         try:
@@ -160,12 +158,28 @@ def _probe_output(on_a_terminal: bool) -> str:
         chunks.append(chunk)
     os.waitpid(pid, 0)
     os.close(fd)
-    return b"".join(chunks).decode()
+    return b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")  # the tty's newlines
 
 
 def test_the_command_line_beats_on_a_terminal_only():
-    assert "heartbeat on" in _probe_output(on_a_terminal=True)
-    assert "heartbeat off" in _probe_output(on_a_terminal=False)
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    command = [sys.executable, "-c", CLI_PROBE]
+    assert "heartbeat on" in _output_on_a_terminal(command, env)
+    piped = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert "heartbeat off" in piped.stdout
+
+
+@pytest.mark.slow
+def test_a_build_on_a_terminal_beats_while_it_verifies(tmp_project):
+    """A real build, its stderr a terminal: heartbeat lines between the verify steps."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), MOEGEN_HEARTBEAT_S="0.3")
+    spec = "specs/sigmoid_top1_data_cpu.yaml"
+    command = [sys.executable, "-m", "moegen", "build", spec]
+    output = _output_on_a_terminal(command, env, cwd=tmp_project)
+    assert "wrote generated/sigmoid_top1_data_cpu.py" in output, output
+    assert re.search(r"^  verify: twin parity \(float32\) still running, \d+ s$", output, re.M), (
+        output
+    )
 
 
 @pytest.mark.slow
