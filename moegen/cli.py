@@ -50,7 +50,7 @@ def _terminal_heartbeat(name_modules: bool = False) -> contextlib.AbstractContex
     runs, when stderr is a terminal; elsewhere (CI, a pipe, a file) the output stays as is."""
     if not sys.stderr.isatty():
         return contextlib.nullcontext()
-    from moegen import heartbeat
+    from moegen.verify import heartbeat
 
     return heartbeat.enabled(_err, heartbeat.interval_from_env(), name_modules)
 

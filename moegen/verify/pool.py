@@ -18,7 +18,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from moegen import heartbeat, interrupts
+from moegen import interrupts
+from moegen.verify import heartbeat
 from moegen.verify.messages import Message, Step, VerifyReport, WorkerFailed, decode
 from moegen.verify.verdict import VerifyError
 
