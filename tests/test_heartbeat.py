@@ -119,6 +119,10 @@ def test_a_worker_is_silent_without_heartbeats(tmp_path, monkeypatch):
 def test_estimates_come_from_a_record_of_the_same_module(tmp_path):
     _, job = _job_file(tmp_path, cache=True)
     assert heartbeat.recorded_seconds(job, 1) == {}
+    record.records_dir().mkdir(parents=True, exist_ok=True)
+    os.mkfifo(record.records_dir() / f"{'0' * 64}.json")  # a planted FIFO must not block it
+    (record.records_dir() / f"{'1' * 64}.json").symlink_to("/dev/zero")
+    assert heartbeat.recorded_seconds(job, 1) == {}
     source = Path(job.module).read_text(encoding="utf-8")
     other_job = Job(module=job.module, programs=("forward+backward",), compilation_cache="x")
     other_key = record.record_key(other_job, {job.module: source}, 1)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from moegen import provenance
 from moegen.verify import record
 from moegen.verify.evidence import expected_steps
 from moegen.verify.messages import Job
@@ -54,13 +55,12 @@ def interval_from_env() -> float:
 @contextlib.contextmanager
 def enabled(sink: Sink, interval_s: float, name_modules: bool = False) -> Iterator[None]:
     """Heartbeats go to `sink` every `interval_s` seconds inside this block."""
-    saved = dataclasses.replace(_settings)
-    _settings.sink, _settings.interval_s, _settings.name_modules = sink, interval_s, name_modules
+    global _settings
+    saved, _settings = _settings, _Settings(sink, interval_s, name_modules)
     try:
         yield
     finally:
-        _settings.sink, _settings.interval_s = saved.sink, saved.interval_s
-        _settings.name_modules = saved.name_modules
+        _settings = saved
 
 
 class Heartbeat:
@@ -160,16 +160,21 @@ def _trusted(key: str) -> record.Record | None:
 
 
 def _newest_of_module(module_sha256: str) -> record.Record | None:
-    """The newest signed record of the module with this digest, among the latest written."""
+    """The newest signed record of the module with this digest, among the latest written.
+    Each file is read as load_record reads one (the cache may hold anything: links, FIFOs)."""
     try:
         paths = sorted(record.records_dir().glob("*.json"), key=_mtime, reverse=True)
     except OSError:
         return None
     for path in paths[:MAX_RECORDS_SCANNED]:
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            if json.loads(path.read_bytes()[: record.MAX_RECORD_BYTES]).get(
-                "module_sha256"
-            ) == module_sha256 and (found := _trusted(path.stem)):
+        try:
+            read = provenance.read_own_json(path, record.MAX_RECORD_BYTES)
+        except (provenance.NotOurs, OSError):
+            continue
+        data = read[0] if read else None
+        if isinstance(data, dict) and data.get("module_sha256") == module_sha256:
+            found = _trusted(path.stem)
+            if found is not None:
                 return found
     return None
 
