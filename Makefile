@@ -1,13 +1,19 @@
-# Two entry points for a fresh machine; both create .venv first when needed.
-#   make example   set up, then build specs/mixtral_small_cpu.yaml end to end
+# Entry points for a fresh machine; each creates .venv first when needed (scripts/make-venv).
+#   make example   install moegen alone (jax included), then build specs/mixtral_small_cpu.yaml
+#                  end to end: all a CPU target needs
+#   make setup     install the test set-up too: the dev, tpu, checkpoints, oracle and flax
+#                  extras (pytest, libtpu, safetensors, torch and transformers, flax)
 #   make test      set up, then run the test suite
 #   make test-fast set up, then the fast loop (pytest -m "not slow": no child-process compiles)
+#   make check     set up, then check generated/ and the JSON Schema are fresh
+# Each level has its stamp in .venv, so `make example` then `make test` adds to the same .venv.
 # GPU targets (kernel te) are lowered for CUDA with Transformer Engine, which needs a build:
 #   make te        install it into .venv (scripts/install-te; ~11 min once, then cached)
 #   make test-te   install it, then run the tests that lower for CUDA, requiring TE
 # Kernel tokamax (Pallas Mosaic GPU, pure Python) lowers with tokamax alone:
 #   make gpu-kernels  install the gpu-kernels extra (tokamax 0.0.17) with jax held at its pin
 VENV := .venv
+CORE_STAMP := $(VENV)/.moegen-core-installed
 STAMP := $(VENV)/.moegen-installed
 EXAMPLE ?= specs/mixtral_small_cpu.yaml
 
@@ -19,12 +25,16 @@ GPU_KERNELS_STAMP := $(VENV)/.moegen-gpu-kernels-installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/make-venv
+$(CORE_STAMP): pyproject.toml scripts/make-venv
 	./scripts/make-venv $(VENV)
+	$(VENV)/bin/python -m pip install -q -e .
+	touch $(CORE_STAMP)
+
+$(STAMP): $(CORE_STAMP)
 	$(VENV)/bin/python -m pip install -q -e ".[dev,tpu,checkpoints,oracle,flax]"
 	touch $(STAMP)
 
-example: $(STAMP)
+example: $(CORE_STAMP)
 	$(VENV)/bin/moegen build $(EXAMPLE)
 
 # MOEGEN_REQUIRE_ORACLE: the transformers oracle tests fail, not skip, without transformers.

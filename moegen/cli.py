@@ -6,6 +6,7 @@ the old set or the new one, and no temporary or verify worker is left."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -42,6 +43,16 @@ out_dir_option = click.option(
 
 def _err(message: str) -> None:
     click.echo(message, err=True)
+
+
+def _terminal_heartbeat(name_modules: bool = False) -> contextlib.AbstractContextManager[None]:
+    """A line every MOEGEN_HEARTBEAT_S seconds (default 20) on stderr while a verify step
+    runs, when stderr is a terminal; elsewhere (CI, a pipe, a file) the output stays as is."""
+    if not sys.stderr.isatty():
+        return contextlib.nullcontext()
+    from moegen.verify import heartbeat
+
+    return heartbeat.enabled(_err, heartbeat.interval_from_env(), name_modules)
 
 
 def _fail_invalid(err: SpecError, fmt: str = "text") -> None:
@@ -90,9 +101,10 @@ def build(
     cache = None if no_cache else VerifyCache(reuse=not reverify)
     try:
         paths, verifying = list(specs), not no_verify
-        results = run_build(
-            paths, out_dir, run_verify=verifying, progress=progress, jobs=jobs, cache=cache
-        )
+        with _terminal_heartbeat(name_modules=jobs > 1 and len(paths) > 1):
+            results = run_build(
+                paths, out_dir, run_verify=verifying, progress=progress, jobs=jobs, cache=cache
+            )
     except SpecError as err:
         _fail_invalid(err)
     except MissingVerifier as err:
@@ -200,7 +212,8 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool) -> None:
     compiled: list[Step] = []
     if compile_too:
         try:
-            report = verify(generated.loaded, generated.source, plan=plan, run_twins=False)
+            with _terminal_heartbeat():
+                report = verify(generated.loaded, generated.source, plan=plan, run_twins=False)
         except VerifyError as err:
             _err(f"compile failed:\n{err}")
             sys.exit(EXIT_FAILED)

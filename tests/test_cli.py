@@ -11,10 +11,12 @@ from conftest import (
     EXAMPLE_NAMES,
     EXAMPLE_SPECS,
     GENERATED_DIR,
+    _clean_env,
     assert_no_traceback,
     run_moegen,
     snapshot,
 )
+from test_heartbeat import LIBTPU_NOISE
 
 from moegen import __version__
 from moegen.pipeline import load_valid
@@ -301,11 +303,15 @@ def test_build_no_verify_to_another_out_dir(tmp_project, invoke_main):
 
 @pytest.mark.slow
 def test_build_with_verification(tmp_project):
-    """The one full CLI build with verification: report on stderr, committed bytes written."""
+    """The one full CLI build with verification: report on stderr, committed bytes written.
+    Run as a user runs it (no JAX_PLATFORMS, libtpu installed): no libtpu start-up noise; and,
+    stderr being no terminal, no heartbeat however short its interval."""
     name = "sigmoid_top1_data_cpu"
     target = tmp_project / "generated" / f"{name}.py"
     target.unlink()
-    result = run_moegen("build", f"specs/{name}.yaml", cwd=tmp_project)
+    env = _clean_env() | {"MOEGEN_HEARTBEAT_S": "0.05"}
+    env.pop("JAX_PLATFORMS", None)
+    result = run_moegen("build", f"specs/{name}.yaml", cwd=tmp_project, env=env)
     assert result.returncode == 0, result.stderr
     err = result.stderr
     for step in (
@@ -325,6 +331,8 @@ def test_build_with_verification(tmp_project):
     assert target.read_bytes() == (GENERATED_DIR / f"{name}.py").read_bytes()
     assert result.stdout == ""
     assert_no_traceback(err)
+    assert not [word for word in LIBTPU_NOISE if word in err], err
+    assert "still running" not in err
 
 
 def test_build_same_spec_twice_in_one_call(tmp_project, invoke_main):

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from moegen import interrupts
+from moegen.verify import heartbeat
 from moegen.verify.messages import Message, Step, VerifyReport, WorkerFailed, decode
 from moegen.verify.verdict import VerifyError
 
@@ -39,6 +40,7 @@ def run_worker(
     env["JAX_PLATFORMS"] = "cpu"
     # Compile-only TPU devices need no exclusive hold on libtpu: let verifications run side by side.
     env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    env.update(_quiet_libtpu(env))
     timeout = timeout_s or float(os.environ.get("MOEGEN_VERIFY_TIMEOUT", DEFAULT_TIMEOUT_S))
     # The worker dies with this process (interrupts.guard_worker, before it imports JAX) and
     # then removes the scratch directory itself.
@@ -50,7 +52,8 @@ def run_worker(
     # KeyboardInterrupt, and an interrupt (a subclass) must not wait for a worker at work.
     proc = _WORKERS.start(command, env)
     try:
-        messages, stderr = _collect(proc, report, on_step, timeout)
+        with heartbeat.beating(job_path, num_devices, on_step) as noted:
+            messages, stderr = _collect(proc, report, noted, timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         raise VerifyError(f"verification timed out after {timeout:.0f} s") from None
@@ -69,6 +72,19 @@ def run_worker(
         detail = errors[-1].error if errors else stderr.strip()[-4000:]
         raise VerifyError(detail or f"verifier exited with code {proc.returncode}")
     return report
+
+
+def _quiet_libtpu(env: dict[str, str]) -> dict[str, str]:
+    """What keeps libtpu from guessing at a Cloud TPU VM it is not on. Loaded for a
+    compile-only TPU target (no TPU here), it asks for this host's place in a TPU slice and,
+    finding none, logs `E0000 ... TPU_WORKER_HOSTNAMES` errors and 'Logging before InitGoogle'
+    to stderr, which a failed verification would show. One host of its own answers it; the
+    compiled programs are the same (the slice is named by the job's topology). A value the
+    user set is kept. CPU targets never load libtpu (JAX_PLATFORMS=cpu)."""
+    return {
+        name: env.get(name, value)
+        for name, value in (("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_HOST_BOUNDS", "1,1,1"))
+    }
 
 
 class _Workers:
