@@ -27,6 +27,7 @@ from moegen.load import FieldPath, LoadedSpec
 from moegen.plan import Plan, make_plan
 from moegen.render import render
 from moegen.spec import Tiles
+from moegen.strategies import STRATEGIES
 from moegen.variants import derive
 from moegen.verify import VerifyError, verify
 from moegen.verify.messages import Compiled
@@ -66,7 +67,9 @@ def choice_values(loaded: LoadedSpec) -> dict[FieldPath, list[Any]]:
     for path in spec.auto_fields():
         if path == ("parallelism", "experts"):
             sharded = "expert" in spec.mesh.axes
-            out[path] = ["ragged_all_to_all", "ring_of_experts"] if sharded else ["replicated"]
+            out[path] = [
+                name for name, option in STRATEGIES.items() if option.shards_experts == sharded
+            ]
         elif path == ("parallelism", "overlap_chunks"):
             out[path] = list(OVERLAP_CANDIDATES)
         elif path == ("target", "tiles"):
@@ -84,7 +87,7 @@ def candidates(loaded: LoadedSpec) -> list[Candidate]:
         choices = dict(zip(values, combo, strict=True))
         strategy = choices.get(("parallelism", "experts"), loaded.spec.parallelism.experts)
         chunks = choices.get(("parallelism", "overlap_chunks"), 1)
-        if chunks != 1 and strategy != "ring_of_experts":
+        if chunks != 1 and not STRATEGIES[strategy].overlaps:
             continue  # chunks only overlap the ring's transfers
         candidate = Candidate(choices)
         try:

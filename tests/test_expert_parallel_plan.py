@@ -61,7 +61,7 @@ def test_replicated_strategy_shards_no_experts() -> None:
     assert plan.experts.ffn_rows == plan.local_tokens * plan.router.top_k
     assert (plan.experts.ffn_calls, plan.experts.receive_rows) == (1, 0)
     assert plan.experts.communication_bytes == ()
-    assert not plan.experts.emulate_ragged_all_to_all
+    assert not plan.experts.emulates_collective
 
 
 # (experts, top_k, mesh, batch, seq_len)
@@ -155,13 +155,13 @@ def test_emulation_only_where_the_collective_is_missing() -> None:
         seq_len=128, compute="bfloat16", hardware="tpu-v5e", topology="2x4", kernel="pallas",
     )  # fmt: skip
     loaded = tpu.load()
-    assert not make_plan(loaded).experts.emulate_ragged_all_to_all
-    assert make_plan(loaded, interpret=True).experts.emulate_ragged_all_to_all
+    assert not make_plan(loaded).experts.emulates_collective
+    assert make_plan(loaded, interpret=True).experts.emulates_collective
     assert make_plan(
         Case("ragged_all_to_all", {"expert": 4}).load()
-    ).experts.emulate_ragged_all_to_all
+    ).experts.emulates_collective
     ring = make_plan(Case("ring_of_experts", {"expert": 4}).load(), interpret=True)
-    assert not ring.experts.emulate_ragged_all_to_all
+    assert not ring.experts.emulates_collective
 
 
 def _size_text(n: int) -> str:

@@ -156,7 +156,7 @@ def module_source(case: ModuleCase) -> tuple[str, int]:
         seq_len=case.seq_len,
     )
     plan = make_plan(load(text, f"a2a_{case.name}"))
-    assert plan.experts.emulate_ragged_all_to_all  # cpu target: the all_gather twin
+    assert plan.experts.emulates_collective  # cpu target: the all_gather twin
     return render(plan), plan.experts.receive_rows
 
 

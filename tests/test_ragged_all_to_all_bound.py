@@ -105,11 +105,11 @@ def test_twin_of_the_tpu_example_emulates_the_collective() -> None:
     loaded = load_valid(path)
     full = make_plan(loaded)
     assert full.experts.strategy == "ragged_all_to_all"
-    assert not full.experts.emulate_ragged_all_to_all
+    assert not full.experts.emulates_collective
     source = render(full)
     assert "jax.lax.ragged_all_to_all(" in source and "def _ragged_all_to_all(" not in source
     twin_plan = make_plan(twin_of(loaded), interpret=True)
-    assert twin_plan.experts.emulate_ragged_all_to_all
+    assert twin_plan.experts.emulates_collective
     twin_source = render(twin_plan)
     assert "def _ragged_all_to_all(" in twin_source
     assert "jax.lax.ragged_all_to_all(" not in twin_source

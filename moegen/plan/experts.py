@@ -8,6 +8,7 @@ from fractions import Fraction
 
 from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES
+from moegen.strategies import RowRequest, TrafficRequest, sharding_strategies, strategy
 
 
 @dataclass(frozen=True)
@@ -15,16 +16,16 @@ class ExpertPlan:
     """How experts are spread and how many rows their grouped matmuls see, per device."""
 
     strategy: str
-    axis: str | None  # "expert" or None (replicated)
+    axis: str | None  # "expert", or None where experts are not sharded
     shards: int  # devices along the expert axis
     local_experts: int
-    group_tokens: int  # tokens of the whole expert group (ring_of_experts gathers them)
+    group_tokens: int  # tokens of the whole expert group (a gathering strategy's rows)
     ffn_rows: int  # worst-case rows of one grouped-matmul call, before tile padding
     ffn_calls: int  # grouped-matmul calls per projection (ring steps when chunked)
-    receive_rows: int  # ragged_all_to_all: the certified receive buffer (0 otherwise)
+    receive_rows: int  # the certified receive buffer of an exchange (0: the strategy has none)
     overlap_chunks: int
     chunk_width: int  # embedding columns per chunk
-    emulate_ragged_all_to_all: bool  # XLA:CPU lacks the op: the twin uses an all_gather twin
+    emulates_collective: bool  # XLA:CPU lacks the strategy's collective: an all_gather twin
     communication_bytes: tuple[tuple[str, int], ...]  # forward, per strategy (the chosen first)
     capacity: int | None  # copies each expert keeps per device; None: dropless
     token_chunks: int = 1  # the device's tokens run through the experts in this many chunks
@@ -50,68 +51,72 @@ def expert_capacity(loaded: LoadedSpec, local_tokens: int) -> int | None:
 def expert_plan(
     loaded: LoadedSpec, local_tokens: int, token_chunks: int, *, emulate: bool
 ) -> ExpertPlan:
-    """Expert placement, worst-case grouped-matmul rows and communication per strategy, the
-    experts running on `token_chunks` chunks of the device's tokens one after another."""
+    """Expert placement, worst-case grouped-matmul rows and communication of the spec's
+    strategy, the experts running on `token_chunks` chunks of the device's tokens one after
+    another."""
     spec = loaded.spec
-    strategy = spec.parallelism.experts
+    chosen = strategy(spec.parallelism.experts)
     shards = spec.mesh.axes.get("expert", 1)
     local_experts = spec.layer.num_experts // shards
     top_k = spec.router.top_k
-    # A token sends at most min(top_k, local_experts) copies to any one device: the most
-    # rows a device can be asked to process, when every token of the group picks its experts.
-    per_token = min(top_k, local_experts)
     # With token chunks, every buffer below is one chunk's: the experts run on one at a time.
     call_tokens = local_tokens // token_chunks
-    group_tokens = call_tokens * shards
     chunks = spec.parallelism.overlap_chunks
     capacity = expert_capacity(loaded, local_tokens)
-    # With a capacity, a device keeps at most `capacity` copies of its tokens per expert.
-
-    def kept(rows: int, experts: int) -> int:
-        return min(rows, experts * capacity) if capacity else rows
-
-    if strategy == "replicated":
-        ffn_rows, calls = kept(call_tokens * top_k, spec.layer.num_experts), 1
-    elif strategy == "ring_of_experts" and chunks > 1:
-        # one call per ring step, on the copies one device's tokens send to my experts
-        ffn_rows, calls = kept(call_tokens * per_token, local_experts), shards
-    else:
-        ffn_rows, calls = kept(group_tokens * per_token, shards * local_experts), 1
-    compute_bytes = DTYPE_BYTES[spec.dtypes.compute]
+    rows = RowRequest(
+        call_tokens=call_tokens,
+        group_tokens=call_tokens * shards,
+        # A token sends at most min(top_k, local_experts) copies to any one device: the most
+        # rows a device can be asked to process, when every token of the group picks them.
+        per_token=min(top_k, local_experts),
+        top_k=top_k,
+        num_experts=spec.layer.num_experts,
+        local_experts=local_experts,
+        shards=shards,
+        overlap_chunks=chunks,
+        capacity=capacity,
+    )
+    ffn_rows, calls = chosen.rows(rows)
     embed = spec.layer.embed_dim
-    traffic = {
-        "ragged_all_to_all": 2
-        * compute_bytes
-        * local_tokens
-        * top_k
-        * embed
-        * (shards - 1)
-        // shards,
-        # tokens gathered in the compute dtype, partial outputs reduce-scattered in float32
-        "ring_of_experts": (compute_bytes + 4) * local_tokens * embed * (shards - 1),
-    }
-    ordered = sorted(traffic.items(), key=lambda item: item[0] != strategy)
     return ExpertPlan(
-        strategy=strategy,
-        axis="expert" if shards > 1 or strategy != "replicated" else None,
+        strategy=chosen.name,
+        axis="expert" if shards > 1 or chosen.shards_experts else None,
         shards=shards,
         local_experts=local_experts,
-        group_tokens=group_tokens,
+        group_tokens=rows.group_tokens,
         ffn_rows=ffn_rows,
         ffn_calls=calls,
-        receive_rows=ffn_rows if strategy == "ragged_all_to_all" else 0,
+        receive_rows=ffn_rows if chosen.certifies_receive_buffer else 0,
         overlap_chunks=chunks,
         chunk_width=embed // chunks,
-        # XLA:CPU has no ragged all-to-all: CPU twins, and modules for target cpu, emulate it
-        emulate_ragged_all_to_all=strategy == "ragged_all_to_all"
-        and (emulate or spec.target.hardware == "cpu"),
-        communication_bytes=tuple(ordered) if strategy != "replicated" else (),
+        # XLA:CPU lacks some collectives: CPU twins, and modules for target cpu, emulate them
+        emulates_collective=chosen.emulated_on_cpu and (emulate or spec.target.hardware == "cpu"),
+        communication_bytes=_communication(loaded, local_tokens, shards)
+        if chosen.shards_experts
+        else (),
         capacity=capacity,
         token_chunks=token_chunks,
         chunks_tokens=token_chunks > 1,
         call_tokens=call_tokens,
         call_rows=call_tokens * top_k,
-        reports_received=strategy == "ragged_all_to_all",
+        reports_received=chosen.reports_received,
         tokens_name="CHUNK_TOKENS" if token_chunks > 1 else "LOCAL_TOKENS",
         rows_name="CHUNK_ROWS" if token_chunks > 1 else "ROUTED_ROWS",
     )
+
+
+def _communication(
+    loaded: LoadedSpec, local_tokens: int, shards: int
+) -> tuple[tuple[str, int], ...]:
+    """(strategy, bytes one device moves in the forward pass) of every strategy that moves
+    tokens, the spec's first: `moegen plan` sets them side by side."""
+    spec = loaded.spec
+    request = TrafficRequest(
+        local_tokens=local_tokens,
+        top_k=spec.router.top_k,
+        embed_dim=spec.layer.embed_dim,
+        shards=shards,
+        compute_bytes=DTYPE_BYTES[spec.dtypes.compute],
+    )
+    traffic = {name: strategy(name).traffic(request) for name in sharding_strategies()}
+    return tuple(sorted(traffic.items(), key=lambda item: item[0] != spec.parallelism.experts))

@@ -22,6 +22,7 @@ from moegen.plan.memory import TRADE_HEADROOM, FfnBuffers, MemoryPlan, fits, mem
 from moegen.plan.params import ParamPlan, side_by_side
 from moegen.sizes import ffn_slice_problem
 from moegen.spec import GATED_ACTIVATIONS, Layer, Spec
+from moegen.strategies import strategy
 from moegen.tiling import (
     LANES,
     Tile,
@@ -175,10 +176,10 @@ def layouts(
             ),
             token_chunks=experts.token_chunks,
             kept_output_bytes=_kept_output_bytes(experts, kernel_rows, spec, compute_bytes),
-            exchanged=experts.strategy == "ragged_all_to_all" and experts.shards > 1,
+            exchanged=strategy(experts.strategy).exchanges_rows and experts.shards > 1,
             gathers_whole=spec.mesh.axes.get("fsdp", 1) > 1 and chunks == 1,
             biased=layer.ffn_bias,
-            ring=experts.strategy == "ring_of_experts",
+            ring=strategy(experts.strategy).gathers_group,
             calls=experts.ffn_calls,
             all_reduced=not whole_gather
             and any(spec.mesh.axes.get(axis, 1) > 1 for axis in ("data", "sequence")),
@@ -208,13 +209,12 @@ def _forward_whole(sliced: MemoryPlan, whole: MemoryPlan, pinned: bool | None) -
 
 def _kept_output_bytes(experts: ExpertPlan, rows: int, spec: Spec, compute_bytes: int) -> int:
     """What the token chunks keep for the backward pass: each chunk's expert outputs as they
-    are combined (ragged all-to-all: returned to this device's copies; replicated: the sorted
-    copies; ring: the grouped-matmul rows of the group's tokens). 0 without token chunks."""
+    are combined: a gathering strategy's grouped-matmul rows of the group's tokens, else this
+    device's copies (returned to it, or sorted where they stay). 0 without token chunks."""
     if experts.token_chunks == 1:
         return 0
-    kept_rows = (
-        rows if experts.strategy == "ring_of_experts" else experts.call_tokens * spec.router.top_k
-    )
+    gathers = strategy(experts.strategy).gathers_group
+    kept_rows = rows if gathers else experts.call_tokens * spec.router.top_k
     return experts.token_chunks * kept_rows * spec.layer.embed_dim * compute_bytes
 
 

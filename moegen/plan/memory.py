@@ -54,7 +54,7 @@ class FfnBuffers:
     gate_up_calls: int  # grouped-matmul calls for gate and up: 1 side by side (or up alone), 2
     sliced_cast_bytes: int  # the sliced weights' local shards in the compute dtype
     exchanged: bool = False  # the rows arrive by ragged all-to-all (and go back so)
-    ring: bool = False  # ring_of_experts: gathered tokens, outputs reduce-scattered in float32
+    ring: bool = False  # a gathering strategy: the group's tokens, outputs reduce-scattered in f32
     gathers_whole: bool = False  # fsdp gathers the whole expert weights (FFN not sliced)
     biased: bool = False  # a bias after each projection, gathered per row
     calls: int = 1  # grouped-matmul calls per projection (ring steps, overlapped)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from moegen.plan.costs import DTYPE_BYTES
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.params import ParamPlan
+from moegen.strategies import strategy
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,9 @@ def network_plan(
         summed = 2 * tensor_sum_bytes * (tensor - 1) // tensor
         flows.append(("tensor all-reduce of the output, forward", "tensor", "gather", summed))
         flows.append(("tensor all-reduce of the input gradient", "tensor", "gather", summed))
-    if experts.strategy != "replicated":
+    kind = strategy(experts.strategy).collective
+    if kind is not None:
         forward = dict(experts.communication_bytes)[experts.strategy]
-        kind = "all-to-all" if experts.strategy == "ragged_all_to_all" else "gather"
         flows.append((f"{experts.strategy} tokens, forward", "expert", kind, forward))
         flows.append((f"{experts.strategy} tokens, backward", "expert", kind, forward))
     transfers = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from moegen.plan.model import Plan
 from moegen.plan.params import PartitionSpec
+from moegen.strategies import strategy
 
 
 def format_plan(plan: Plan) -> str:
@@ -185,7 +186,7 @@ def _padding_text(plan: Plan) -> str:
 
 def _expert_lines(plan: Plan) -> list[str]:
     experts = plan.experts
-    if experts.strategy == "replicated":
+    if not strategy(experts.strategy).shards_experts:
         return []
     calls = f" x {experts.ffn_calls} ring steps" if experts.ffn_calls > 1 else ""
     capacity = plan.router.capacity

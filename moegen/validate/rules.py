@@ -11,6 +11,7 @@ from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.sizes import axes_label, axes_product, nearest_multiples
 from moegen.spec import NON_BATCH_AXES
+from moegen.strategies import overlapping_strategies, strategy
 from moegen.tiling import LANES, Tile, projection_out_dtypes, tile_problems
 from moegen.validate.bounds import MAX_CHUNKS, known_batch_axes
 
@@ -116,30 +117,6 @@ def single_expert_not_renormalized(loaded: LoadedSpec) -> list[Diagnostic]:
     ]
 
 
-def expert_axis_matches_strategy(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Experts are sharded over the `expert` axis exactly when a strategy moves tokens to them."""
-    spec = loaded.spec
-    strategy = spec.parallelism.experts
-    has_axis = "expert" in spec.mesh.axes
-    if strategy == "replicated" and has_axis:
-        return [
-            loaded.diagnostic(
-                ("mesh", "axes", "expert"),
-                at_key=True,
-                message="an expert axis shards experts, but parallelism.experts is replicated; "
-                "set it to ragged_all_to_all or ring_of_experts",
-            )
-        ]
-    if strategy != "replicated" and not has_axis:
-        return [
-            loaded.diagnostic(
-                ("parallelism", "experts"),
-                f"{strategy} shards experts over a mesh axis named expert; add one to mesh.axes",
-            )
-        ]
-    return []
-
-
 def experts_divisible_by_expert_axis(loaded: LoadedSpec) -> list[Diagnostic]:
     """Every device of the expert axis holds the same number of whole experts."""
     spec = loaded.spec
@@ -157,22 +134,24 @@ def experts_divisible_by_expert_axis(loaded: LoadedSpec) -> list[Diagnostic]:
 
 
 def overlap_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Overlap chunks split the embedding of ring-of-experts transfers into whole, aligned parts.
+    """Overlap chunks split the embedding of a strategy's transfers into whole, aligned parts.
 
-    Only ring_of_experts gathers activations to overlap; each chunk must hold the same number
-    of columns (MaxText's 7 chunks over 512 silently drop one), and for the pallas kernel a
-    chunk is a contraction block, so it must be a whole number of 128-lane tiles.
+    Only a strategy whose transfers can overlap (the registry says which) has them; each chunk
+    must hold the same number of columns (MaxText's 7 chunks over 512 silently drop one), and
+    for the pallas kernel a chunk is a contraction block, so it must be a whole number of
+    128-lane tiles.
     """
     spec = loaded.spec
     chunks = spec.parallelism.overlap_chunks
     if chunks == 1:
         return []
     path = ("parallelism", "overlap_chunks")
-    if spec.parallelism.experts != "ring_of_experts":
+    if not strategy(spec.parallelism.experts).overlaps:
+        overlapping = " or ".join(overlapping_strategies())
         return [
             loaded.diagnostic(
                 path,
-                f"{chunks} chunks overlap the token all-gather of ring_of_experts; "
+                f"{chunks} chunks overlap the token all-gather of {overlapping}; "
                 f"experts: {spec.parallelism.experts} has none to overlap; set 1",
             )
         ]

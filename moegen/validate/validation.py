@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from moegen.diagnostics import Diagnostic, SpecError
 from moegen.load import LoadedSpec
+from moegen.strategies import STRATEGY_RULES
 from moegen.validate.activation import ACTIVATION_RULES
 from moegen.validate.bounds import (
     chunks_within_limit,
@@ -26,7 +27,6 @@ from moegen.validate.rules import (
     batch_divisible_by_batch_axes,
     data_parallel_axes_shard_batch,
     embed_divisible_by_fsdp,
-    expert_axis_matches_strategy,
     experts_divisible_by_expert_axis,
     kernel_runs_on_target,
     mesh_fits_cpu_target,
@@ -47,7 +47,7 @@ SHAPE_RULES: tuple[Rule, ...] = (
     batch_divisible_by_batch_axes,
     embed_divisible_by_fsdp,
     single_expert_not_renormalized,
-    expert_axis_matches_strategy,
+    *STRATEGY_RULES,
     experts_divisible_by_expert_axis,
     overlap_chunks_fit,
     indices_fit_int32,

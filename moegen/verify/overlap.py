@@ -1,9 +1,10 @@
 """Ring overlap in a compiled TPU module: which collective-permutes a grouped matmul hides.
 
-`ring_of_experts` with `overlap_chunks > 1` claims that while the gate and up grouped matmuls
-run on the block one device holds, the next block is in flight: in the scheduled ENTRY
-computation a collective-permute-start, then megablox kernel(s), then its done. A start and its
-done are matched by the done's operand, not by position (transfers overlap each other).
+An overlapping strategy (parallelism.overlap_chunks > 1) claims that while the gate and up
+grouped matmuls run on the block one device holds, the next block is in flight: in the
+scheduled ENTRY computation a collective-permute-start, then megablox kernel(s), then its
+done. A start and its done are matched by the done's operand, not by position (transfers
+overlap each other).
 """
 
 from __future__ import annotations
