@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from spec_builder import spec_yaml
 
 from moegen.load import LoadedSpec, load_spec_bytes
 from moegen.validate import validate
@@ -28,36 +31,28 @@ class Case:
     kernel: str = "xla"
 
     def text(self) -> str:
-        mesh = "\n".join(f"    {name}: {size}" for name, size in self.axes.items())
-        target = f"  hardware: {self.hardware}\n"
+        target: dict[str, Any] = {"hardware": self.hardware, "kernel": self.kernel}
         if self.topology:
-            target += f"  topology: {self.topology}\n"
-        target += f"  kernel: {self.kernel}\n"
-        return f"""\
-version: 1
-description: expert parallel test
-layer:
-  num_experts: {self.experts}
-  embed_dim: {self.embed}
-  ffn_dim: {self.ffn}
-router:
-  top_k: {self.top_k}
-  score: {self.score}
-  renormalize: {"true" if self.renormalize else "false"}
-shapes:
-  batch: {self.batch}
-  seq_len: {self.seq_len}
-dtypes:
-  params: {self.params}
-  compute: {self.compute}
-mesh:
-  axes:
-{mesh}
-parallelism:
-  experts: {self.strategy}
-  overlap_chunks: {self.chunks}
-target:
-{target}"""
+            target["topology"] = self.topology
+        return spec_yaml(
+            {
+                "description": "expert parallel test",
+                "experts": self.experts,
+                "embed": self.embed,
+                "ffn": self.ffn,
+                "top_k": self.top_k,
+                "score": self.score,
+                "renormalize": self.renormalize,
+                "batch": self.batch,
+                "seq_len": self.seq_len,
+                "params_dtype": self.params,
+                "compute_dtype": self.compute,
+                "axes": self.axes,
+                "strategy": self.strategy,
+                "overlap_chunks": self.chunks,
+            }
+            | target
+        )
 
     def load(self, name: str = "ep_case") -> LoadedSpec:
         return validate(load_spec_bytes(self.text().encode(), f"specs/{name}.yaml", name))

@@ -1,4 +1,4 @@
-"""Spec builders, targets and helpers shared by the tests of stage 3, `moegen.plan`."""
+"""Spec choices, targets and helpers shared by the tests of stage 3, `moegen.plan`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from spec_builder import spec_yaml
 
 from moegen.load import LoadedSpec, load_spec_bytes
 from moegen.plan import Plan, format_plan, make_plan
@@ -39,30 +42,31 @@ SHAPES = {
 }
 
 
-def spec_text(shape: Shape, axes: dict[str, int], batch_axes: list[str] | None) -> str:
-    mesh = "\n".join(f"    {name}: {size}" for name, size in axes.items())
-    listed = f"  batch_axes: [{', '.join(batch_axes)}]\n" if batch_axes is not None else ""
-    return f"""\
-version: 1
-description: plan test
-layer:
-  num_experts: {shape.experts}
-  embed_dim: {shape.embed}
-  ffn_dim: {shape.ffn}
-router:
-  top_k: {shape.top_k}
-  score: {shape.score}
-  renormalize: {"true" if shape.renormalize else "false"}
-shapes:
-  batch: {shape.batch}
-  seq_len: {shape.seq}
-dtypes:
-  params: {shape.params}
-  compute: {shape.compute}
-mesh:
-  axes:
-{mesh}
-{listed}"""
+def shape_choices(shape: Shape) -> dict[str, Any]:
+    """The spec_builder choices of a plan test's layer, router, shapes and dtypes."""
+    return {
+        "description": "plan test",
+        "experts": shape.experts,
+        "embed": shape.embed,
+        "ffn": shape.ffn,
+        "top_k": shape.top_k,
+        "score": shape.score,
+        "renormalize": shape.renormalize,
+        "batch": shape.batch,
+        "seq_len": shape.seq,
+        "params_dtype": shape.params,
+        "compute_dtype": shape.compute,
+    }
+
+
+def spec_text(
+    shape: Shape, axes: dict[str, int], batch_axes: list[str] | None, **choices: Any
+) -> str:
+    """The spec of `shape` on a mesh of `axes`, with more spec_builder `choices`."""
+    mesh: dict[str, Any] = {"axes": axes}
+    if batch_axes is not None:
+        mesh["batch_axes"] = batch_axes
+    return spec_yaml(shape_choices(shape) | mesh | choices)
 
 
 def loaded(shape: Shape, axes: dict[str, int], batch_axes: list[str] | None) -> LoadedSpec:
@@ -96,10 +100,12 @@ def tpu_spec(
     *,
     kernel: str = "pallas",
     shape: Shape = SHAPES["mixtral-8x7b"],
-    tiles: str = "",
+    tiles: dict[str, list[int]] | None = None,
 ) -> LoadedSpec:
-    target = f"target:\n  hardware: {hardware}\n  topology: {topology}\n  kernel: {kernel}\n"
-    raw = (spec_text(shape, axes, None) + target + tiles).encode()
+    target = {"hardware": hardware, "topology": topology, "kernel": kernel}
+    if tiles is not None:
+        target["tiles"] = tiles
+    raw = spec_text(shape, axes, None, **target).encode()
     return validate(load_spec_bytes(raw, "specs/plan_case.yaml", "plan_case"))
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from spec_builder import spec_yaml
 
 from moegen.load import LoadedSpec, load_spec_bytes
 from moegen.validate import validate
@@ -32,33 +33,25 @@ def spec_text(
     embed: int = 4,
     ffn: int = 8,
 ) -> str:
-    mesh = "\n".join(f"    {name}: {size}" for name, size in axes.items())
-    return f"""\
-version: 1
-description: ragged all-to-all test
-layer:
-  num_experts: {experts}
-  embed_dim: {embed}
-  ffn_dim: {ffn}
-router:
-  top_k: {top_k}
-  score: softmax
-  renormalize: {"true" if top_k > 1 else "false"}
-shapes:
-  batch: {batch}
-  seq_len: {seq_len}
-dtypes:
-  params: float32
-  compute: float32
-mesh:
-  axes:
-{mesh}
-parallelism:
-  experts: ragged_all_to_all
-target:
-  hardware: cpu
-  kernel: xla
-"""
+    return spec_yaml(
+        {
+            "description": "ragged all-to-all test",
+            "experts": experts,
+            "embed": embed,
+            "ffn": ffn,
+            "top_k": top_k,
+            "score": "softmax",
+            "renormalize": top_k > 1,
+            "batch": batch,
+            "seq_len": seq_len,
+            "params_dtype": "float32",
+            "compute_dtype": "float32",
+            "axes": axes,
+            "strategy": "ragged_all_to_all",
+            "hardware": "cpu",
+            "kernel": "xla",
+        }
+    )
 
 
 def load(text: str, name: str = "a2a_case") -> LoadedSpec:

@@ -1,4 +1,5 @@
-"""The example modules rendered, a spec template and rendering helpers shared by the tests of stage 4, render."""
+"""The example modules rendered, the choices of a probe spec (spec_builder) and rendering helpers
+shared by the tests of stage 4, render."""
 
 from __future__ import annotations
 
@@ -55,24 +56,19 @@ def code_only(source: str) -> str:
     return ast.unparse(tree)
 
 
-SPEC_TEMPLATE = """\
-version: 1
-description: probe
-layer:
-  num_experts: 8
-  embed_dim: 64
-  ffn_dim: 96
-router:
-  top_k: {top_k}
-  score: {score}
-  renormalize: {renormalize}
-shapes:
-  batch: 8
-  seq_len: 16
-dtypes:
-  params: float32
-  compute: {compute}
-mesh:
-  axes:
-{axes}
-"""
+# The spec_builder choices of a small cpu spec whose render the path tests read (they vary the
+# router, the compute dtype and the mesh axes).
+PROBE = {
+    "description": "probe",
+    "experts": 8,
+    "embed": 64,
+    "ffn": 96,
+    "top_k": 2,
+    "score": "softmax",
+    "renormalize": True,
+    "batch": 8,
+    "seq_len": 16,
+    "params_dtype": "float32",
+    "compute_dtype": "float32",
+    "axes": {"data": 2},
+}

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from spec_builder import spec_yaml
+
 from moegen.load import load_spec_bytes
 from moegen.plan import Plan, make_plan
 from moegen.validate import validate
@@ -12,43 +16,36 @@ REL = 1e-12  # the module sums per-transfer seconds: allow float rounding only
 def plan_of(
     *,
     axes: dict[str, int],
-    target: str,
+    target: dict[str, str],
     experts: str,
     ffn: int = 512,
     top_k: int = 2,
     embed: int = 256,
     seq: int = 64,
-    layer_extra: str = "",
+    layer_extra: dict[str, Any] | None = None,
     overlap_chunks: int = 1,
 ) -> Plan:
-    """8 experts, batch 8, float32 params, bfloat16 compute (embed 256, seq 64 unless given)."""
-    mesh = "".join(f"    {name}: {size}\n" for name, size in axes.items())
-    raw = f"""\
-version: 1
-description: roofline test
-layer:
-  num_experts: 8
-  embed_dim: {embed}
-  ffn_dim: {ffn}
-{layer_extra}router:
-  top_k: {top_k}
-shapes:
-  batch: 8
-  seq_len: {seq}
-dtypes:
-  params: float32
-  compute: bfloat16
-mesh:
-  axes:
-{mesh}parallelism:
-  experts: {experts}
-  overlap_chunks: {overlap_chunks}
-target:
-{target}"""
+    """8 experts, batch 8, float32 params, bfloat16 compute (embed 256, seq 64 unless given);
+    `target` and `layer_extra` are spec_builder choices."""
+    choices = {
+        "description": "roofline test",
+        "experts": 8,
+        "embed": embed,
+        "ffn": ffn,
+        "top_k": top_k,
+        "batch": 8,
+        "seq_len": seq,
+        "params_dtype": "float32",
+        "compute_dtype": "bfloat16",
+        "axes": axes,
+        "strategy": experts,
+        "overlap_chunks": overlap_chunks,
+    }
+    raw = spec_yaml(choices | (layer_extra or {}) | target)
     return make_plan(validate(load_spec_bytes(raw.encode(), "specs/roofline.yaml", "roofline")))
 
 
-V5E = "  hardware: tpu-v5e\n  topology: 2x2\n  kernel: xla\n"
-TPU7X = "  hardware: tpu7x\n  topology: 2x2x1\n  kernel: xla\n"
-CPU = "  hardware: cpu\n  kernel: xla\n"
-GELU_SHARED = "  activation: gelu\n  shared_ffn_dim: 128\n"
+V5E = {"hardware": "tpu-v5e", "topology": "2x2", "kernel": "xla"}
+TPU7X = {"hardware": "tpu7x", "topology": "2x2x1", "kernel": "xla"}
+CPU = {"hardware": "cpu", "kernel": "xla"}
+GELU_SHARED = {"activation": "gelu", "shared_ffn": 128}

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from spec_builder import spec_yaml
 
 from bench.baselines import BASELINES, baseline, unsupported
 from bench.report import format_report, losses
@@ -25,34 +26,28 @@ REPO = Path(__file__).resolve().parent.parent
 
 # Router and expert features the example specs do not all combine: a routing bias (it steers
 # selection only), sqrtsoftplus scores, routed scaling, a plain activation and FFN biases.
-FEATURES_SPEC = """\
-version: 1
-description: baselines feature check
-layer:
-  num_experts: 8
-  embed_dim: 64
-  ffn_dim: 48
-  activation: relu
-  ffn_bias: true
-router:
-  top_k: 3
-  score: sqrtsoftplus
-  renormalize: true
-  routed_scaling: 2.0
-  routing_bias: true
-shapes:
-  batch: 4
-  seq_len: 8
-dtypes:
-  params: float32
-  compute: float32
-mesh:
-  axes:
-    fsdp: 2
-target:
-  hardware: cpu
-  kernel: xla
-"""
+FEATURES_SPEC = spec_yaml(
+    {
+        "description": "baselines feature check",
+        "experts": 8,
+        "embed": 64,
+        "ffn": 48,
+        "activation": "relu",
+        "ffn_bias": True,
+        "top_k": 3,
+        "score": "sqrtsoftplus",
+        "renormalize": True,
+        "routed_scaling": 2.0,
+        "routing_bias": True,
+        "batch": 4,
+        "seq_len": 8,
+        "params_dtype": "float32",
+        "compute_dtype": "float32",
+        "axes": {"fsdp": 2},
+        "hardware": "cpu",
+        "kernel": "xla",
+    }
+)
 
 
 def _twin(loaded, tmp_path: Path):

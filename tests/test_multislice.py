@@ -14,22 +14,30 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from spec_builder import spec_yaml
 from tpu_cases import fake_cpu_env, last_json
 
 from moegen.pipeline import generate
 from moegen.verify import verify
 
-SMALL_TWO_SLICES = """\
-version: 1
-layer: {num_experts: 8, embed_dim: 256, ffn_dim: 512}
-router: {top_k: 2, renormalize: true}
-shapes: {batch: 16, seq_len: 128}
-mesh:
-  axes: {data: 2, fsdp: 2, expert: 2}
-  dcn_axes: {data: 2}
-parallelism: {experts: ragged_all_to_all}
-target: {hardware: tpu-v5e, topology: 2x2, slices: 2, kernel: pallas}
-"""
+SMALL_TWO_SLICES = spec_yaml(
+    {
+        "experts": 8,
+        "embed": 256,
+        "ffn": 512,
+        "top_k": 2,
+        "renormalize": True,
+        "batch": 16,
+        "seq_len": 128,
+        "axes": {"data": 2, "fsdp": 2, "expert": 2},
+        "dcn_axes": {"data": 2},
+        "strategy": "ragged_all_to_all",
+        "hardware": "tpu-v5e",
+        "topology": "2x2",
+        "slices": 2,
+        "kernel": "pallas",
+    }
+)
 
 MESH_SCRIPT = textwrap.dedent(
     """

@@ -19,6 +19,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from spec_builder import spec_yaml
 
 from moegen.load import load_spec_bytes
 from moegen.plan import Plan, make_plan
@@ -37,35 +38,27 @@ SHARDS = 4
 
 
 def spec_text(hardware: str, chunks: int) -> str:
-    return f"""\
-version: 1
-description: ring of experts overlap, compiled HLO ({chunks} chunks)
-layer:
-  num_experts: 16
-  embed_dim: 1024
-  ffn_dim: 1024
-router:
-  top_k: 2
-  score: softmax
-  renormalize: true
-shapes:
-  batch: 8
-  seq_len: 512
-dtypes:
-  params: float32
-  compute: bfloat16
-mesh:
-  axes:
-    fsdp: 2
-    expert: {SHARDS}
-parallelism:
-  experts: ring_of_experts
-  overlap_chunks: {chunks}
-target:
-  hardware: {hardware}
-  topology: 2x4
-  kernel: pallas
-"""
+    return spec_yaml(
+        {
+            "description": f"ring of experts overlap, compiled HLO ({chunks} chunks)",
+            "experts": 16,
+            "embed": 1024,
+            "ffn": 1024,
+            "top_k": 2,
+            "score": "softmax",
+            "renormalize": True,
+            "batch": 8,
+            "seq_len": 512,
+            "params_dtype": "float32",
+            "compute_dtype": "bfloat16",
+            "axes": {"fsdp": 2, "expert": SHARDS},
+            "strategy": "ring_of_experts",
+            "overlap_chunks": chunks,
+            "hardware": hardware,
+            "topology": "2x4",
+            "kernel": "pallas",
+        }
+    )
 
 
 def plan_for(variant: str) -> Plan:

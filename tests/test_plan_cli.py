@@ -135,7 +135,7 @@ def test_cli_plan_cpu_has_no_tile_line() -> None:
 
 
 def test_plan_text_says_what_is_padded() -> None:
-    tiles = "  tiles:\n    gate_up: [256, 512, 512]\n    down: [384, 256, 512]\n"
+    tiles = {"gate_up": [256, 512, 512], "down": [384, 256, 512]}
     shape = dataclasses.replace(SHAPES["qwen3-30b-a3b"], batch=8, seq=1000)
     text = format_plan(make_plan(tpu_spec("tpu-v5e", "2x4", {"data": 8}, shape=shape, tiles=tiles)))
     # Only the total row count is rounded up (1000 tokens x top-8 = 8000 rows, to a multiple
@@ -161,11 +161,8 @@ def test_xla_plan_text_does_not_speak_of_row_tiles() -> None:
 @pytest.mark.parametrize("experts", ["replicated", "ragged_all_to_all"])
 def test_plan_text_says_padded_only_when_rows_are_padded(experts: str) -> None:
     axes = {"fsdp": 8} if experts == "replicated" else {"fsdp": 2, "expert": 4}
-    raw = (
-        spec_text(SHAPES["mixtral-8x7b"], axes, None)
-        + f"parallelism:\n  experts: {experts}\n"
-        + "target:\n  hardware: tpu-v5e\n  topology: 2x4\n  kernel: pallas\n"
-    )
+    target = {"hardware": "tpu-v5e", "topology": "2x4", "kernel": "pallas"}
+    raw = spec_text(SHAPES["mixtral-8x7b"], axes, None, strategy=experts, **target)
     plan = make_plan(validate(load_spec_bytes(raw.encode(), "specs/plan_case.yaml", "plan_case")))
     assert plan.kernel.pallas.row_alignment > 1 and not plan.kernel.pallas.pads_rows
     assert plan.kernel.pallas.padded_rows == plan.experts.ffn_rows

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from plan_cases import BYTES, REPO_ROOT, SHAPES, TPU_EXAMPLE, TPU_TARGETS, tpu_spec
+from spec_builder import spec_yaml
 
 from moegen.hardware import CATALOGUE
 from moegen.load import LoadedSpec, load_spec_bytes
@@ -74,7 +75,7 @@ def test_pallas_tiles_chosen_for_the_v5e_example(monkeypatch: pytest.MonkeyPatch
 
 
 def test_pinned_tiles_are_used_and_rows_padded() -> None:
-    tiles = "  tiles:\n    gate_up: [256, 512, 512]\n    down: [384, 256, 512]\n"
+    tiles = {"gate_up": [256, 512, 512], "down": [384, 256, 512]}
     shape = dataclasses.replace(SHAPES["qwen3-30b-a3b"], batch=8, seq=1000)
     plan = make_plan(tpu_spec("tpu-v5e", "2x4", {"fsdp": 8}, shape=shape, tiles=tiles))
     pallas = plan.kernel.pallas
@@ -213,15 +214,22 @@ def test_gate_and_up_side_by_side_are_tiled_as_one_call_of_twice_the_width() -> 
 
 
 def _one_chip_pallas(embed: int, ffn: int, compute: str = "bfloat16") -> str:
-    return f"""\
-version: 1
-layer: {{num_experts: 1, embed_dim: {embed}, ffn_dim: {ffn}}}
-router: {{top_k: 1}}
-shapes: {{batch: 1, seq_len: 1}}
-dtypes: {{params: float32, compute: {compute}}}
-mesh: {{axes: {{data: 1}}}}
-target: {{hardware: tpu-v5e, topology: 1x1, kernel: pallas}}
-"""
+    return spec_yaml(
+        {
+            "experts": 1,
+            "embed": embed,
+            "ffn": ffn,
+            "top_k": 1,
+            "batch": 1,
+            "seq_len": 1,
+            "params_dtype": "float32",
+            "compute_dtype": compute,
+            "axes": {"data": 1},
+            "hardware": "tpu-v5e",
+            "topology": "1x1",
+            "kernel": "pallas",
+        }
+    )
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,10 @@ imports as in the repository root. A comment just before a block's fence,
   now and end in success;
 - `file NAME`: the block is a file the section's later shell blocks use (saved as NAME);
 - `fixture path/to/Mixtral: ...`: run after a Mixtral-shaped checkpoint is written there;
-- `golden updates, ...`: each command (MOEGEN_UPDATE_GOLDENS=1 pytest over one golden test
-  file) runs in a copy of the repository narrowed to one case whose golden was removed there:
-  it must write that golden back byte for byte. (The golden tests check every golden is fresh.)
+- `golden updates, ...`: the one command (MOEGEN_UPDATE_GOLDENS=1 pytest over the golden
+  runner, tests/test_goldens.py) runs in a copy of the repository narrowed to one case of each
+  corpus whose golden was removed there: it must write those goldens back byte for byte. (The
+  golden runner checks every golden is fresh.)
 
 Any other claim, or a block of a runnable language in a way not covered here, fails."""
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT
+from golden_runner import CORPORA
 from readme_blocks import PIP_SECTION, Block, commands, readme_blocks, saved_file
 
 CI_RUN = REPO_ROOT / ".ci" / "run"
@@ -99,19 +101,15 @@ def test_the_section_runs_as_written(section, tmp_path):
         run_block(block, folder)
 
 
-# Each golden test file, and the folder its goldens are in (next to their cases).
-GOLDEN_FOLDERS = {
-    "tests/test_invalid_corpus.py": "tests/invalid_specs",
-    "tests/test_unfit_specs.py": "tests/unfit_specs",
-    "tests/test_hostile_inputs.py": "tests/hostile",
-    "tests/test_property_pairwise.py": "tests/goldens/render",
-}
+# The golden runner's test file, and the folders of its corpora (goldens next to their cases).
+GOLDEN_RUNNER = "tests/test_goldens.py"
+GOLDEN_FOLDERS = [corpus.folder.as_posix() for corpus in CORPORA]
 GOLDEN_COMMANDS = [c for b in BLOCKS if b.claim == GOLDEN_CLAIM for c in commands(b.text)]
 
 
-def test_the_golden_update_commands_cover_every_golden_test_file():
+def test_the_golden_update_command_is_the_runners_alone():
     named = [re.search(r"tests/test_\w+\.py", command)[0] for command in GOLDEN_COMMANDS]
-    assert sorted(named) == sorted(GOLDEN_FOLDERS)
+    assert named == [GOLDEN_RUNNER]
 
 
 @pytest.mark.slow
@@ -120,12 +118,17 @@ def test_a_golden_update_command_writes_a_removed_golden_back(command, tmp_path)
     folder = tmp_path / "run"
     shutil.copytree(REPO_ROOT, folder, ignore=COPY_IGNORE, symlinks=True)
     (folder / ".venv").symlink_to(REPO_ROOT / ".venv")
-    goldens = GOLDEN_FOLDERS[re.search(r"tests/test_\w+\.py", command)[0]]
-    golden = sorted(p for p in (folder / goldens).iterdir() if p.suffix in (".expected", ".py"))[0]
-    golden.unlink()
-    block = Block("sh", f"{command} -k {golden.stem}", 0, "Development", None, DEVELOP_PAGE)
+    removed = []
+    for goldens in GOLDEN_FOLDERS:
+        golden = sorted(
+            p for p in (folder / goldens).iterdir() if p.suffix in (".expected", ".py")
+        )[0]
+        golden.unlink()
+        removed.append(golden.stem)
+    block = Block("sh", f"{command} -k '{' or '.join(removed)}'", 0, "Development", None, DEVELOP_PAGE)
     run_block(block, folder)
-    assert_same_tree(REPO_ROOT / goldens, folder / goldens)
+    for goldens in GOLDEN_FOLDERS:
+        assert_same_tree(REPO_ROOT / goldens, folder / goldens)
 
 
 def run_block(block: Block, folder: Path) -> None:

@@ -7,7 +7,8 @@ import re
 
 import pytest
 from conftest import EXAMPLE_NAMES, REPO_ROOT
-from render_cases import SPEC_TEMPLATE, code_only, render_examples, render_yaml
+from render_cases import PROBE, code_only, render_examples, render_yaml
+from spec_builder import spec_yaml
 
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
@@ -19,24 +20,14 @@ def rendered() -> dict[str, str]:
     return render_examples()
 
 
-MESHES = {
-    "data": "    data: 2\n",
-    "fsdp": "    fsdp: 4\n",
-    "data+fsdp": "    data: 2\n    fsdp: 2\n",
-}
+MESHES = {"data": {"data": 2}, "fsdp": {"fsdp": 4}, "data+fsdp": {"data": 2, "fsdp": 2}}
 
 
 @pytest.mark.parametrize("score", ["softmax", "sigmoid"])
 @pytest.mark.parametrize("renormalize", [True, False])
 @pytest.mark.parametrize("mesh", sorted(MESHES))
 def test_only_the_chosen_path_is_emitted(tmp_path, score, renormalize, mesh):
-    text = SPEC_TEMPLATE.format(
-        top_k=2,
-        score=score,
-        renormalize=str(renormalize).lower(),
-        compute="float32",
-        axes=MESHES[mesh].rstrip("\n"),
-    )
+    text = spec_yaml(PROBE | {"score": score, "renormalize": renormalize, "axes": MESHES[mesh]})
     source = render_yaml(tmp_path, text)
     code = code_only(source)
     other = {"softmax": "sigmoid", "sigmoid": "softmax"}[score]

@@ -12,7 +12,8 @@ from typing import get_args
 import jinja2
 import pytest
 from conftest import EXAMPLE_SPECS, REPO_ROOT
-from render_cases import SPEC_TEMPLATE, render_yaml
+from render_cases import PROBE, render_yaml
+from spec_builder import spec_yaml
 
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
@@ -106,17 +107,13 @@ def test_templates_do_no_arithmetic_on_spec_text():
 
 
 def test_description_at_schema_max_length_renders(tmp_path):
-    text = SPEC_TEMPLATE.format(
-        top_k=2, score="softmax", renormalize="true", compute="float32", axes="    data: 2"
-    ).replace("description: probe", "description: " + ("lorem ipsum " * 42).strip()[:500])
+    text = spec_yaml(PROBE | {"description": ("lorem ipsum " * 42).strip()[:500]})
     source = render_yaml(tmp_path, text)
     assert "lorem ipsum" in source
 
 
 def test_long_spec_path_renders(tmp_path):
-    text = SPEC_TEMPLATE.format(
-        top_k=2, score="softmax", renormalize="true", compute="float32", axes="    data: 2"
-    )
+    text = spec_yaml(PROBE)
     deep = tmp_path / "specs" / "a_rather_long_directory_name" / "and_another_long_one"
     deep.mkdir(parents=True)
     (deep / "probe.yaml").write_text(text, encoding="utf-8")

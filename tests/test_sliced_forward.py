@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_twin_parity
+from spec_builder import spec_yaml
 from tpu_cases import fake_cpu_env, last_json
 
 from bench.maxtext import ANCHOR, spec_text
@@ -113,21 +114,24 @@ def test_twin_runs_the_forward_pass_as_the_full_plan_does(dtype: str | None) -> 
 
 # Training shape whole forward, the decode variant (8 tokens, the gathered weights weigh most) in
 # slices: each shape's module runs its own plan's path, and the twin each as the full plan does.
-VARIANTS = """\
-version: 1
-description: FFN slices in shape variants.
-layer: {num_experts: 8, embed_dim: 128, ffn_dim: 64}
-router: {top_k: 2}
-shapes:
-  batch: 8
-  seq_len: 2048
-  variants:
-    decode: {batch: 8, seq_len: 1}
-dtypes: {params: float32, compute: bfloat16}
-mesh: {axes: {fsdp: 8}}
-memory: {ffn_chunks: 4}
-target: {hardware: cpu, kernel: xla}
-"""
+VARIANTS = spec_yaml(
+    {
+        "description": "FFN slices in shape variants.",
+        "experts": 8,
+        "embed": 128,
+        "ffn": 64,
+        "top_k": 2,
+        "batch": 8,
+        "seq_len": 2048,
+        "variants": {"decode": {"batch": 8, "seq_len": 1}},
+        "params_dtype": "float32",
+        "compute_dtype": "bfloat16",
+        "axes": {"fsdp": 8},
+        "hardware": "cpu",
+        "kernel": "xla",
+        "ffn_chunks": 4,
+    }
+)
 
 
 def test_each_shape_variant_runs_its_own_plans_forward_pass() -> None:
@@ -149,18 +153,29 @@ def test_shape_variants_in_slices_match_the_dense_reference(tmp_path, monkeypatc
 
 
 # Qwen3's shape at a quarter of the width and tokens: quick to compile, the same trade.
-NARROW = """\
-version: 1
-description: a narrow FFN of many experts, {chunks} slices.
-layer: {{num_experts: 64, embed_dim: 1024, ffn_dim: 256}}
-router: {{top_k: 8, score: softmax, renormalize: true}}
-shapes: {{batch: 8, seq_len: 1024}}
-dtypes: {{params: float32, compute: bfloat16}}
-mesh: {{axes: {{expert: 8}}}}
-parallelism: {{experts: ragged_all_to_all}}
-memory: {{ffn_chunks: {chunks}}}
-target: {{hardware: tpu-v5e, topology: 2x4, kernel: pallas}}
-"""
+def narrow(chunks: int) -> str:
+    return spec_yaml(
+        {
+            "description": f"a narrow FFN of many experts, {chunks} slices.",
+            "experts": 64,
+            "embed": 1024,
+            "ffn": 256,
+            "top_k": 8,
+            "score": "softmax",
+            "renormalize": True,
+            "batch": 8,
+            "seq_len": 1024,
+            "params_dtype": "float32",
+            "compute_dtype": "bfloat16",
+            "axes": {"expert": 8},
+            "strategy": "ragged_all_to_all",
+            "hardware": "tpu-v5e",
+            "topology": "2x4",
+            "kernel": "pallas",
+            "ffn_chunks": chunks,
+        }
+    )
+
 
 COMPILE_FORWARD = textwrap.dedent(
     """
@@ -196,7 +211,7 @@ def test_sliced_forward_peak_is_no_higher_than_the_whole_layers(tmp_path) -> Non
         pytest.skip("compiling for TPU needs libtpu")
     paths = {}
     for chunks in (1, 2):
-        plan = _plan(NARROW.format(chunks=chunks))
+        plan = _plan(narrow(chunks))
         assert plan.ffn.whole_forward == (chunks == 2)
         paths[chunks] = tmp_path / f"narrow_{chunks}.py"
         paths[chunks].write_text(render(plan), encoding="utf-8")

@@ -8,14 +8,22 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_no_traceback, run_moegen
+from spec_builder import spec_yaml
 
-SPEC = """\
-version: 1
-layer: {{num_experts: {experts}, embed_dim: 64, ffn_dim: 128}}
-router: {{top_k: {top_k}, group_limit: {{groups: {groups}, keep: {keep}}}}}
-shapes: {{batch: 4, seq_len: 16}}
-mesh: {{axes: {{data: 2}}}}
-"""
+
+def grouped_spec(experts: int, top_k: int, groups: int, keep: int) -> str:
+    return spec_yaml(
+        {
+            "experts": experts,
+            "embed": 64,
+            "ffn": 128,
+            "top_k": top_k,
+            "group_limit": (groups, keep),
+            "batch": 4,
+            "seq_len": 16,
+            "axes": {"data": 2},
+        }
+    )
 
 
 @pytest.mark.slow
@@ -26,7 +34,7 @@ mesh: {{axes: {{data: 2}}}}
 def test_group_limited_twin_starves_only_experts_no_token_needs(
     tmp_path: Path, experts: int, top_k: int, groups: int, keep: int, starved: int
 ) -> None:
-    spec = SPEC.format(experts=experts, top_k=top_k, groups=groups, keep=keep)
+    spec = grouped_spec(experts, top_k, groups, keep)
     (tmp_path / "grouped.yaml").write_text(spec, encoding="utf-8")
     result = run_moegen("build", "--out", "out", "grouped.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from spec_builder import spec_yaml
 from tiling_cases import choose
 
 from moegen.hardware import CATALOGUE
@@ -28,34 +29,25 @@ def pallas_spec(
     compute: str = "bfloat16",
     gate_up: tuple[int, int, int] | None = None,
     down: tuple[int, int, int] | None = None,
+    kernel: str = "pallas",
 ) -> str:
-    mesh = "\n".join(f"    {name}: {size}" for name, size in axes.items())
-    tiles = ""
+    choices = {
+        "experts": experts,
+        "embed": embed,
+        "ffn": ffn,
+        "top_k": top_k,
+        "batch": batch,
+        "seq_len": seq,
+        "compute_dtype": compute,
+        "axes": axes,
+        "hardware": hardware,
+        "topology": topology,
+        "kernel": kernel,
+    }
+    tiles = {"gate_up": gate_up, "down": down}
     if gate_up or down:
-        tiles = "  tiles:\n"
-        tiles += f"    gate_up: {list(gate_up)}\n" if gate_up else ""
-        tiles += f"    down: {list(down)}\n" if down else ""
-    return f"""\
-version: 1
-layer:
-  num_experts: {experts}
-  embed_dim: {embed}
-  ffn_dim: {ffn}
-router:
-  top_k: {top_k}
-shapes:
-  batch: {batch}
-  seq_len: {seq}
-dtypes:
-  compute: {compute}
-mesh:
-  axes:
-{mesh}
-target:
-  hardware: {hardware}
-  topology: {topology}
-  kernel: pallas
-{tiles}"""
+        choices["tiles"] = {name: list(tile) for name, tile in tiles.items() if tile}
+    return spec_yaml(choices)
 
 
 # name -> pallas_spec keyword arguments; every one is a valid spec
@@ -187,7 +179,7 @@ def test_the_tile_rule_known_values(name: str, routed: int, padded: int, alignme
 
 def test_xla_plans_do_not_tile_or_pad() -> None:
     kwargs = dict(TILE_RULE_CASES["mixtral-v5e-2x4-odd-seq"])
-    text = pallas_spec(**kwargs).replace("kernel: pallas", "kernel: xla")
+    text = pallas_spec(**kwargs, kernel="xla")
     plan = make_plan(load_spec_bytes(text.encode(), "xla.yaml", "xla"))
     assert (plan.kernel.pallas, plan.experts.ffn_rows) == (None, plan.routed_rows)
 

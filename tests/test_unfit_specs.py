@@ -4,42 +4,33 @@ of their golden `.expected` file, by `validate`, `plan` and `build` alike, befor
 runs and with nothing written. The time a refusal takes is measured by `python -m
 bench.refuse_fast`, not here.
 
-To regenerate the goldens after an intended message change:
+The golden runner (tests/golden_runner.py) checks `moegen validate` against each golden and
+writes them after an intended message change:
 
-    MOEGEN_UPDATE_GOLDENS=1 .venv/bin/pytest -n 0 tests/test_unfit_specs.py
+    MOEGEN_UPDATE_GOLDENS=1 .venv/bin/pytest -n 0 tests/test_goldens.py
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import EXAMPLE_SPECS, REPO_ROOT, assert_no_traceback, run_moegen
+from golden_runner import UNFIT, expected_text
 
 from moegen.diagnostics import SpecError
 from moegen.pipeline import load_fitting, load_valid, refuse_unfit
 from moegen.plan import LEDGER_OVERESTIMATE, cannot_fit, make_plan
 
-CORPUS_DIR = Path("tests/unfit_specs")  # relative to REPO_ROOT, as shown in messages
-CASES = sorted((REPO_ROOT / CORPUS_DIR).glob("*.yaml"))
-CASE_IDS = [case.stem for case in CASES]
-UPDATE = os.environ.get("MOEGEN_UPDATE_GOLDENS") == "1"
+CORPUS_DIR = UNFIT.folder  # relative to REPO_ROOT, as shown in messages
+CASES = [REPO_ROOT / UNFIT.case(name) for name in UNFIT.case_names()]
+CASE_IDS = UNFIT.case_names()
 EXIT_INVALID = 3
 
 
 def _golden(case: Path) -> str:
-    golden = case.with_suffix(".expected")
-    if not golden.is_file():
-        pytest.fail(f"{golden} is missing; run with MOEGEN_UPDATE_GOLDENS=1 to create it")
-    return golden.read_text(encoding="utf-8")
-
-
-def test_every_case_has_a_golden_and_every_golden_a_case() -> None:
-    goldens = sorted((REPO_ROOT / CORPUS_DIR).glob("*.expected"))
-    assert [g.stem for g in goldens] == CASE_IDS
-    assert len(CASES) >= 4
+    return expected_text(CORPUS_DIR / case.name)
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -52,8 +43,6 @@ def test_the_plan_refuses_a_valid_spec_with_the_golden(
     with pytest.raises(SpecError) as info:
         load_fitting(relative)
     actual = "\n".join(d.text() for d in info.value.diagnostics) + "\n"
-    if UPDATE:
-        case.with_suffix(".expected").write_text(actual, encoding="utf-8")
     assert actual == _golden(case)
     assert all(d.file == relative.as_posix() for d in info.value.diagnostics)
 

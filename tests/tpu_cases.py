@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
+
+from spec_builder import spec_yaml
 
 FLOAT32_STEP = "twin parity (float32)"
 
@@ -25,36 +28,26 @@ def pallas_yaml(
     tiles: tuple[list[int], list[int]] | None = None,
 ) -> str:
     """A small pallas spec on tpu-v5e (2x2, mesh data 2 x fsdp 2 unless told otherwise)."""
-    mesh = "".join(
-        f"\n    {axis}: {size}" for axis, size in (axes or {"data": 2, "fsdp": 2}).items()
-    )
-    text = f"""\
-version: 1
-description: Small megablox layer for the TPU tests.
-layer:
-  num_experts: {num_experts}
-  embed_dim: {embed_dim}
-  ffn_dim: {ffn_dim}
-router:
-  top_k: {top_k}
-  score: {score}
-  renormalize: {"true" if renormalize else "false"}
-shapes:
-  batch: {batch}
-  seq_len: {seq_len}
-dtypes:
-  params: {dtypes[0]}
-  compute: {dtypes[1]}
-mesh:
-  axes:{mesh}
-target:
-  hardware: tpu-v5e
-  topology: {topology}
-  kernel: pallas
-"""
+    choices: dict[str, Any] = {
+        "description": "Small megablox layer for the TPU tests.",
+        "experts": num_experts,
+        "embed": embed_dim,
+        "ffn": ffn_dim,
+        "top_k": top_k,
+        "score": score,
+        "renormalize": renormalize,
+        "batch": batch,
+        "seq_len": seq_len,
+        "params_dtype": dtypes[0],
+        "compute_dtype": dtypes[1],
+        "axes": axes or {"data": 2, "fsdp": 2},
+        "hardware": "tpu-v5e",
+        "topology": topology,
+        "kernel": "pallas",
+    }
     if tiles:
-        text += f"  tiles:\n    gate_up: {tiles[0]}\n    down: {tiles[1]}\n"
-    return text
+        choices["tiles"] = {"gate_up": tiles[0], "down": tiles[1]}
+    return spec_yaml(choices)
 
 
 def write_spec(root: Path, name: str, text: str) -> Path:

@@ -1,8 +1,9 @@
 """transformers as the test oracle (tests/test_transformers_oracle.py).
 
-families.py   one entry per model family: transformers' own MoE block and config class, the
-              tiny config with that model's routing, the moegen spec choices that should match
-              it and the mapping of the block's weights to moegen's parameters;
+families.py   the oracle's view of the one table of model families (tests/families.py:
+              transformers' MoE block and config class, the tiny config with that model's
+              routing, the moegen spec choices that should match it), with the mapping of the
+              block's weights to moegen's parameters;
 hf_blocks.py  builds a block (float32, eval, eager experts, seeded weights, non-zero biases),
               runs it (output and input gradient), counts clamps that bite, and holds the
               weight layouts of transformers' expert modules, written independently of moegen;

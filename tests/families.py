@@ -1,0 +1,389 @@
+"""The model families the tests hold moegen against transformers with: one entry each, for both
+harnesses that do it.
+
+- The oracle (tests/oracle/families.py, tests/test_transformers_oracle.py) builds transformers'
+  own MoE block from the entry's `oracle` sizes and compares it with a moegen layer;
+- the checkpoint tests (tests/checkpoint_cases.py, tests/test_checkpoints.py) build a 2-layer
+  model from its `checkpoint` sizes (layer 1 an MoE layer), save it and load layer 1 into moegen.
+
+An entry names the transformers model folder, its config, MoE block and causal-LM classes, the
+names its config gives the sizes (`keys`), the spec choices (tests/spec_builder keys) that make
+moegen route as the model does at any size (`routing`), and each harness's tiny sizes: the
+expert count, top-k, routed scaling and groups are written once and go to both the config and
+the spec. The harnesses keep different sizes: the oracle keeps each model's real top-k, groups
+and scaling on up to 32 experts; a checkpoint case is a whole small model, top-2 of 8 mostly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from family_model import Keys, ModelFamily, Tiny
+
+EMBED = 32  # D, both harnesses
+ORACLE_FFN = 48  # F of each routed expert in the oracle's blocks
+CHECKPOINT_FFN = 16  # F in the checkpoint tests' models
+# DeepSeek's multi-head latent attention, as small as the checkpoint models go
+MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+
+
+LOCAL = Keys("num_local_experts", "num_experts_per_tok", "intermediate_size")
+NUM = Keys("num_experts", "num_experts_per_tok", "intermediate_size")
+NUM_MOE = Keys("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+ROUTED = Keys("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+SOFTMAX = {"score": "softmax"}
+RENORMALIZED = SOFTMAX | {"renormalize": True}
+SIGMOID_BIAS = {"score": "sigmoid", "renormalize": True, "routing_bias": True}
+F, CF = ORACLE_FFN, CHECKPOINT_FFN
+# the dense layer 0 of the DeepSeek-style checkpoint models
+DENSE_FIRST = dict(intermediate_size=64, first_k_dense_replace=1)
+DEEPSEEK_V2_CHECKPOINT = DENSE_FIRST | dict(n_shared_experts=2, q_lora_rank=None, **MLA)
+
+FAMILIES: list[ModelFamily] = [
+    ModelFamily(
+        "mixtral",
+        "mixtral",
+        "MixtralConfig",
+        "MixtralSparseMoeBlock",
+        "MixtralForCausalLM",
+        LOCAL,
+        RENORMALIZED,
+        oracle=Tiny(8, 2),
+        checkpoint=Tiny(8, 2),
+    ),
+    ModelFamily(
+        "qwen3_moe",
+        "qwen3_moe",
+        "Qwen3MoeConfig",
+        "Qwen3MoeSparseMoeBlock",
+        "Qwen3MoeForCausalLM",
+        NUM_MOE,
+        RENORMALIZED,
+        oracle=Tiny(16, 8, config=dict(norm_topk_prob=True)),
+        checkpoint=Tiny(8, 2, config=dict(intermediate_size=64, norm_topk_prob=True)),
+    ),
+    ModelFamily(
+        "olmoe",
+        "olmoe",
+        "OlmoeConfig",
+        "OlmoeSparseMoeBlock",
+        "OlmoeForCausalLM",
+        NUM,
+        SOFTMAX,  # not renormalised
+        oracle=Tiny(16, 8, config=dict(norm_topk_prob=False)),
+        checkpoint=Tiny(8, 2),
+    ),
+    ModelFamily(
+        "deepseek_v3",
+        "deepseek_v3",
+        "DeepseekV3Config",
+        "DeepseekV3MoE",
+        "DeepseekV3ForCausalLM",
+        ROUTED,
+        SIGMOID_BIAS,
+        # groups are ranked by the sum of their top 2 (top_k / keep = 8 / 4 here)
+        oracle=Tiny(
+            32,
+            8,
+            shared=F,
+            scaling=2.5,
+            groups=(8, 4),
+            config=dict(norm_topk_prob=True, n_shared_experts=1),
+        ),
+        checkpoint=Tiny(
+            16,
+            4,
+            shared=CF,
+            scaling=2.5,
+            groups=(4, 2),
+            config=DENSE_FIRST | dict(n_shared_experts=1, q_lora_rank=16, **MLA),
+        ),
+    ),
+    ModelFamily(
+        "glm4_moe",
+        "glm4_moe",
+        "Glm4MoeConfig",
+        "Glm4MoeMoE",
+        "Glm4MoeForCausalLM",
+        ROUTED,
+        SIGMOID_BIAS,
+        oracle=Tiny(
+            16,
+            8,
+            shared=F,
+            scaling=2.5,
+            config=dict(n_group=1, topk_group=1, norm_topk_prob=True, n_shared_experts=1),
+        ),
+        checkpoint=Tiny(
+            8, 2, shared=CF, scaling=1.5, config=DENSE_FIRST | dict(n_shared_experts=1)
+        ),
+    ),
+    ModelFamily(
+        "dots1",
+        "dots1",
+        "Dots1Config",
+        "Dots1MoE",
+        "Dots1ForCausalLM",
+        ROUTED,
+        SIGMOID_BIAS,
+        oracle=Tiny(
+            16,
+            6,
+            shared=2 * F,
+            scaling=2.5,
+            config=dict(n_group=1, topk_group=1, norm_topk_prob=True, n_shared_experts=2),
+        ),
+        checkpoint=Tiny(
+            8,
+            2,
+            shared=2 * CF,
+            scaling=2.0,
+            config=DENSE_FIRST | dict(n_shared_experts=2, norm_topk_prob=True),
+        ),
+    ),
+    # DeepSeek-V2-Lite: topk_method "greedy", no groups (moegen.checkpoints: "deepseek_v2")
+    ModelFamily(
+        "deepseek_v2_lite",
+        "deepseek_v2",
+        "DeepseekV2Config",
+        "DeepseekV2Moe",
+        "DeepseekV2ForCausalLM",
+        ROUTED,
+        SOFTMAX,  # not renormalised
+        oracle=Tiny(
+            16,
+            6,
+            shared=2 * F,
+            scaling=1.0,
+            config=dict(topk_method="greedy", norm_topk_prob=False, n_shared_experts=2),
+        ),
+        checkpoint=Tiny(8, 2, shared=2 * CF, scaling=2.0, config=DEEPSEEK_V2_CHECKPOINT),
+    ),
+    ModelFamily(
+        "dbrx",
+        "dbrx",
+        "DbrxConfig",
+        "DbrxFFN",
+        "DbrxForCausalLM",
+        Keys(
+            "ffn_config.moe_num_experts",
+            "ffn_config.moe_top_k",
+            "ffn_config.ffn_hidden_size",
+            hidden="d_model",
+        ),
+        RENORMALIZED,  # L1-normalised: the weights sum to 1
+        oracle=Tiny(
+            16,
+            4,
+            config={
+                "ffn_config": {"moe_normalize_expert_weights": 1.0, "ffn_act_fn": {"name": "silu"}}
+            },
+        ),
+        # DbrxConfig names its layers and heads its own way: no common arguments added
+        checkpoint=Tiny(
+            8,
+            2,
+            config=dict(
+                n_layers=2,
+                n_heads=2,
+                vocab_size=64,
+                attn_config={"kv_n_heads": 2},
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            ),
+        ),
+        checkpoint_block="transformer.blocks.1.ffn",
+        fused_differs=False,
+    ),
+    ModelFamily(
+        "jamba",
+        "jamba",
+        "JambaConfig",
+        "JambaSparseMoeBlock",
+        "JambaForCausalLM",
+        NUM,
+        SOFTMAX,  # not renormalised
+        oracle=Tiny(16, 2),
+        checkpoint=Tiny(
+            8,
+            2,
+            config=dict(
+                mamba_d_state=4,
+                mamba_dt_rank=4,
+                mamba_d_conv=2,
+                mamba_expand=1,
+                attn_layer_period=2,
+                attn_layer_offset=0,
+            ),
+        ),
+        checkpoint_block="model.layers.1.feed_forward",
+    ),
+    ModelFamily(
+        "granitemoe",
+        "granitemoe",
+        "GraniteMoeConfig",
+        "GraniteMoeMoE",
+        "GraniteMoeForCausalLM",
+        LOCAL,
+        SOFTMAX | {"score_after_top_k": True},
+        oracle=Tiny(32, 8),
+        checkpoint=Tiny(8, 2),
+        checkpoint_block="model.layers.1.block_sparse_moe",
+    ),
+    # the shared MLP and every expert are intermediate_size wide
+    ModelFamily(
+        "hunyuan_v1_moe",
+        "hunyuan_v1_moe",
+        "HunYuanMoEV1Config",
+        "HunYuanMoEV1Moe",
+        "HunYuanMoEV1ForCausalLM",
+        Keys("num_experts", "moe_topk", "intermediate_size"),
+        RENORMALIZED,
+        oracle=Tiny(16, 8, shared=F),
+        checkpoint=Tiny(8, 2, shared=CF),
+    ),
+    ModelFamily(
+        "minimax",
+        "minimax",
+        "MiniMaxConfig",
+        "MiniMaxSparseMoeBlock",
+        "MiniMaxForCausalLM",
+        LOCAL,
+        RENORMALIZED,
+        oracle=Tiny(32, 2),
+        checkpoint=Tiny(8, 2, config=dict(layer_types=["full_attention", "full_attention"])),
+    ),
+    # DeepseekV4TopKRouter layers; the first layers' hash routing looks experts up by token
+    # id, not a spec option
+    ModelFamily(
+        "deepseek_v4",
+        "deepseek_v4",
+        "DeepseekV4Config",
+        "DeepseekV4SparseMoeBlock",
+        "DeepseekV4ForCausalLM",
+        ROUTED,
+        {"score": "sqrtsoftplus", "renormalize": True, "routing_bias": True},
+        oracle=Tiny(
+            16,
+            6,
+            shared=F,
+            scaling=1.5,  # moe_intermediate_size: routed and shared
+            config=dict(
+                n_shared_experts=1,
+                scoring_func="sqrtsoftplus",
+                norm_topk_prob=True,
+                swiglu_limit=10.0,
+                num_hidden_layers=1,
+                mlp_layer_types=["moe"],
+            ),
+            spec={"glu": {"gate_limit": 10.0, "up_limit": 10.0}},  # swiglu_limit, both
+            block_args=(0,),  # layer 0, a top-k ("moe") layer
+        ),
+        checkpoint=Tiny(8, 2, shared=CF, scaling=1.5, config=dict(mlp_layer_types=["moe", "moe"])),
+    ),
+    # ---- the families below need the spec features of issue 18 ----
+    ModelFamily(
+        "gpt_oss",
+        "gpt_oss",
+        "GptOssConfig",
+        "GptOssMLP",
+        "GptOssForCausalLM",
+        LOCAL,
+        {"glu": "gpt_oss", "ffn_bias": True, "score_after_top_k": True, "linear_bias": True}
+        | SOFTMAX,
+        oracle=Tiny(  # swiglu_limit: the published config's, = the gpt_oss preset
+            16, 4, config=dict(swiglu_limit=7.0, swiglu_alpha=1.702)
+        ),
+        checkpoint=Tiny(8, 2),
+        fused_differs=False,
+    ),
+    # the shared expert is intermediate_size wide, like each routed one
+    ModelFamily(
+        "llama4",
+        "llama4",
+        "Llama4TextConfig",
+        "Llama4TextMoe",
+        "Llama4ForCausalLM",
+        LOCAL,
+        {"score": "sigmoid", "weighting": "input"},
+        oracle=Tiny(16, 1, shared=F),
+        checkpoint=Tiny(8, 1, shared=CF, config=dict(intermediate_size_mlp=64)),
+        checkpoint_block="model.layers.1.feed_forward",
+        fused_differs=False,
+    ),
+    # Qwen1.5-MoE-A2.7B: 60 experts, top-4, not renormalised, shared expert 4 x 1408 wide
+    ModelFamily(
+        "qwen2_moe",
+        "qwen2_moe",
+        "Qwen2MoeConfig",
+        "Qwen2MoeSparseMoeBlock",
+        "Qwen2MoeForCausalLM",
+        NUM_MOE,
+        {"shared_expert_gate": True} | SOFTMAX,
+        oracle=Tiny(
+            16,
+            4,
+            shared=4 * F,
+            config=dict(shared_expert_intermediate_size=4 * F, norm_topk_prob=False),
+        ),
+        checkpoint=Tiny(
+            8,
+            2,
+            shared=24,
+            config=dict(intermediate_size=64, shared_expert_intermediate_size=24),
+        ),
+    ),
+    # ERNIE-4.5-21B-A3B: 64 experts, top-6, moe_statics bias on the softmax, 2 shared
+    ModelFamily(
+        "ernie4_5_moe",
+        "ernie4_5_moe",
+        "Ernie4_5_MoeConfig",
+        "Ernie4_5_MoeSparseMoeBlock",
+        "Ernie4_5_MoeForCausalLM",
+        Keys("moe_num_experts", "moe_k", "moe_intermediate_size"),
+        RENORMALIZED | {"routing_bias": True},
+        oracle=Tiny(16, 6, shared=2 * F, config=dict(moe_num_shared_experts=2, use_bias=False)),
+        checkpoint=Tiny(
+            8, 2, shared=CF, config=dict(intermediate_size=64, moe_num_shared_experts=1)
+        ),
+    ),
+    # DeepSeek-V2: topk_method "group_limited_greedy", groups ranked by their best score;
+    # published: 160 experts in 8 groups, keep 3, top-6, scaling 16, 2 shared
+    ModelFamily(
+        "deepseek_v2",
+        "deepseek_v2",
+        "DeepseekV2Config",
+        "DeepseekV2Moe",
+        "DeepseekV2ForCausalLM",
+        ROUTED,
+        SOFTMAX | {"group_limit": {"top_per_group": 1}},  # not renormalised
+        oracle=Tiny(
+            32,
+            6,
+            shared=2 * F,
+            scaling=16.0,
+            groups=(8, 3),
+            config=dict(
+                topk_method="group_limited_greedy", norm_topk_prob=False, n_shared_experts=2
+            ),
+        ),
+        checkpoint=Tiny(
+            8,
+            2,
+            shared=2 * CF,
+            scaling=2.0,
+            groups=(4, 2),
+            config=DEEPSEEK_V2_CHECKPOINT | dict(topk_method="group_limited_greedy"),
+        ),
+    ),
+]
+
+# synthetic: DeepSeek-V3's router with top-6 of 4 kept groups (not a multiple): groups are still
+# ranked by the sum of their top 2 (top_per_group: the default)
+_V3 = next(family for family in FAMILIES if family.name == "deepseek_v3")
+FAMILIES.append(
+    replace(
+        _V3, name="deepseek_v3_top6_keep4", oracle=replace(_V3.oracle, top_k=6), checkpoint=None
+    )
+)
+BY_NAME = {family.name: family for family in FAMILIES}
+assert len(BY_NAME) == len(FAMILIES)
