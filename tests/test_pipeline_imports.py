@@ -1,5 +1,12 @@
-"""The pipeline is one-way: load -> validate -> plan -> render -> verify -> emit, each stage
-importing only the stages before it, and no two modules importing each other.
+"""The pipeline is one-way: load -> kernels -> validate -> plan -> render -> verify -> emit,
+each stage importing only the stages before it, and no two modules importing each other.
+
+moegen.kernels (one module per grouped-matmul kernel, and their registry) is a stage of its
+own, right after load: each kernel's rules read a LoadedSpec, so it cannot be a base module,
+and validation (its rules), the plan (its config) and verification (its twin substitute and
+preflight) all ask it, so it must come before all three. It cannot sit inside the validate
+stage, because the plan never imports validation (test_plan_does_not_import_validate): a
+kernel's config is a decision, its rules a refusal, and both are the kernel's.
 
 Every module of moegen/ is parsed (ast, nothing imported) and given its stage; every import in
 it (at the top, in a function, under TYPE_CHECKING: each is a dependency) becomes an edge to
@@ -21,13 +28,14 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "moegen"
-STAGES = ("load", "validate", "plan", "render", "verify", "emit", "top")
+STAGES = ("load", "kernels", "validate", "plan", "render", "verify", "emit", "top")
 # module (or package, for all its modules) -> stage; the longest match wins
 STAGE_OF = {
     "moegen.load": "load",
     "moegen.spec": "load",
     "moegen.spec_placement": "load",  # basic types, shapes, dtypes and mesh sections
     "moegen.diagnostics": "load",
+    "moegen.kernels": "kernels",  # the kernels' registry: rules, configs, twins, preflights
     "moegen.validate": "validate",
     "moegen.variants": "validate",  # a spec with fields changed, validated again
     "moegen.plan": "plan",

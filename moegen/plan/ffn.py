@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from moegen.hardware import hardware
+from moegen.kernels import kernel
 from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES, CostPlan
 from moegen.plan.experts import ExpertPlan
@@ -104,7 +105,8 @@ class FfnLayout:
 def _slice_problem(loaded: LoadedSpec, chunks: int) -> str:
     """Why the FFN width cannot be cut into `chunks` slices ('' when it can)."""
     spec = loaded.spec
-    return ffn_slice_problem(local_ffn_dim(spec), chunks, spec.target.kernel)
+    name = spec.target.kernel
+    return ffn_slice_problem(local_ffn_dim(spec), chunks, name, kernel(name).width_multiple)
 
 
 def local_ffn_dim(spec: Spec) -> int:
@@ -328,7 +330,7 @@ def pinned_tile_problems(loaded: LoadedSpec, ffn_chunks: int) -> list[tuple[str,
     """(projection, problem) for each pinned tile that cannot run with `ffn_chunks` slices."""
     spec = loaded.spec
     pinned = spec.target.tiles
-    if spec.target.kernel != "pallas" or pinned is None:
+    if not kernel(spec.target.kernel).takes_tiles or pinned is None:
         return []
     budget = hardware(spec.target.hardware).vmem_bytes_for_tiles
     outs = projection_out_dtypes(spec.dtypes.compute, spec.parallelism.overlap_chunks, ffn_chunks)
@@ -352,7 +354,7 @@ def kernel_tiles(
     by side are one call of twice the width.
     """
     spec = loaded.spec
-    if spec.target.kernel != "pallas":
+    if not kernel(spec.target.kernel).takes_tiles:
         return None  # ragged_dot takes groups of any size: nothing to tile or pad
     chip = hardware(spec.target.hardware)
     gate_up_out, down_out = projection_out_dtypes(

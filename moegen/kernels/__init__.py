@@ -1,0 +1,22 @@
+"""The grouped-matmul kernels (target.kernel): one module each, one registry of them.
+
+The logic lives in moegen.kernels.registry, moegen.kernels.base and each kernel's module; this
+package face only re-exports.
+"""
+
+from __future__ import annotations
+
+from moegen.kernels.base import Kernel, KernelRule, MatmulQuantities, Preflight
+from moegen.kernels.registry import KERNEL_NAMES, KERNEL_RULES, KERNELS, kernel, kernels_on
+
+__all__ = [
+    "KERNELS",
+    "KERNEL_NAMES",
+    "KERNEL_RULES",
+    "Kernel",
+    "KernelRule",
+    "MatmulQuantities",
+    "Preflight",
+    "kernel",
+    "kernels_on",
+]

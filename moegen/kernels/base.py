@@ -1,0 +1,87 @@
+"""What every grouped-matmul kernel states about itself, in one typed record.
+
+A kernel (spec field target.kernel) is one module of moegen/kernels/ holding a `Kernel`: the
+rules that refuse specs it cannot run, the config the plan hands its template, what the CPU
+twin runs in its place, what verification needs installed, and where it runs. The stages ask
+the registry (moegen.kernels.registry) for these instead of comparing kernel names, so a new
+kernel is one module and one line of the registry's table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from moegen.diagnostics import Diagnostic
+from moegen.load import FieldPath, LoadedSpec
+from moegen.tiling import Tile
+
+KernelRule = Callable[[LoadedSpec], list[Diagnostic]]
+
+
+@dataclass(frozen=True)
+class MatmulQuantities:
+    """The plan's numbers a kernel's config is built from: the plan decides them (rows, tiles,
+    chunks), the kernel only lays them out as its template needs them."""
+
+    rows: int  # rows of one grouped-matmul call, padding included
+    ffn_rows: int  # rows of the expert groups in one call (the rest is padding)
+    local_experts: int  # groups of one call
+    tiles: tuple[Tile, Tile] | None  # (gate/up, down), where the layout tiles its calls
+    forward_tiles: tuple[Tile, Tile] | None  # the whole forward pass's tiles of FFN slices
+    overlap_chunks: int  # the ring's embedding chunks (1: nothing summed over chunks)
+    chunk_width: int  # embedding columns of one overlap chunk
+    accumulated_width: int  # gate/up output columns summed in place over the chunks
+    interpret: bool  # kernels interpreted on CPU (the shrunken twin only)
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What verification of the kernel needs installed, checked before any twin runs."""
+
+    package: str  # the Python distribution that lowers the kernel (verify knows how to probe it)
+    fix: str  # how to install it: appended to the located message
+
+
+def _no_config(loaded: LoadedSpec, quantities: MatmulQuantities) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One grouped-matmul kernel, as every stage sees it."""
+
+    name: str  # the value of target.kernel
+    summary: str  # what it is, in a few words
+    platforms: frozenset[str]  # hardware platforms it runs on ("cpu", "tpu", "gpu")
+    # GPU compute capabilities (x10) it is built for; None: any the platforms allow
+    cuda_sms: frozenset[int] | None = None
+    # located refusals of specs it cannot run; validation runs every kernel's rules on every
+    # spec (a rule may concern other kernels: the fields this one owns)
+    rules: tuple[KernelRule, ...] = ()
+    # its plan config (None: it needs none); plan.kernel.<name> holds it
+    config: Callable[[LoadedSpec, MatmulQuantities], Any] = _no_config
+    # its calls run in megablox tiles: the plan chooses them (or takes target.tiles)
+    takes_tiles: bool = False
+    # embedding chunks and FFN slices are blocks of its calls: each a multiple of this width
+    width_multiple: int = 1
+    # the fields the CPU twin changes so that it runs (another kernel, smaller tiles)
+    twin_overrides: Mapping[FieldPath, Any] = field(default_factory=lambda: MappingProxyType({}))
+    vma_unchecked_reason: str = ""  # why shard_map's varying-axes check is off around it
+    # its calls leave the rows past the groups unwritten (no such row may reach a gradient)
+    leaves_rows_unwritten: bool = False
+    preflight: Preflight | None = None  # what verification needs installed (None: nothing)
+    lowers_for_cuda: bool = False  # verified by lowering for CUDA without a GPU
+
+    @property
+    def twin_kernel(self) -> str:
+        """The kernel the CPU twin runs in this one's place (itself when it runs on CPU)."""
+        return self.twin_overrides.get(("target", "kernel"), self.name)
+
+    def runs_on(self, platform: str, sm: int = 0) -> bool:
+        """Whether it runs on a chip of `platform` (and compute capability `sm`, on a GPU)."""
+        if platform not in self.platforms:
+            return False
+        return platform != "gpu" or self.cuda_sms is None or sm in self.cuda_sms
