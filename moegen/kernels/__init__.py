@@ -6,13 +6,14 @@ package face only re-exports.
 
 from __future__ import annotations
 
-from moegen.kernels.base import Kernel, KernelRule, MatmulQuantities, Preflight
+from moegen.kernels.base import CudaLowering, Kernel, KernelRule, MatmulQuantities, Preflight
 from moegen.kernels.registry import KERNEL_NAMES, KERNEL_RULES, KERNELS, kernel, kernels_on
 
 __all__ = [
     "KERNELS",
     "KERNEL_NAMES",
     "KERNEL_RULES",
+    "CudaLowering",
     "Kernel",
     "KernelRule",
     "MatmulQuantities",

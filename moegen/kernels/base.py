@@ -45,6 +45,16 @@ class Preflight:
     fix: str  # how to install it: appended to the located message
 
 
+@dataclass(frozen=True)
+class CudaLowering:
+    """How verification finds the kernel in a program lowered for CUDA (no GPU needed)."""
+
+    custom_call: str  # the custom call target of one launch of the kernel
+    calls_per_site: int  # launches per grouped-matmul site with the backward (forward: one)
+    quantizes: bool  # quantized programs hold its grouped quantize calls
+    distributions: tuple[str, ...]  # whose versions a verdict on it depends on
+
+
 def _no_config(loaded: LoadedSpec, quantities: MatmulQuantities) -> None:
     return None
 
@@ -73,7 +83,8 @@ class Kernel:
     # its calls leave the rows past the groups unwritten (no such row may reach a gradient)
     leaves_rows_unwritten: bool = False
     preflight: Preflight | None = None  # what verification needs installed (None: nothing)
-    lowers_for_cuda: bool = False  # verified by lowering for CUDA without a GPU
+    # verified by lowering for CUDA without a GPU (None: compiled, or run, instead)
+    cuda_lowering: CudaLowering | None = None
 
     @property
     def twin_kernel(self) -> str:

@@ -14,12 +14,13 @@ from types import MappingProxyType
 
 from moegen.diagnostics import Diagnostic
 from moegen.hardware import CATALOGUE, hardware
-from moegen.kernels.base import Kernel, MatmulQuantities, Preflight
+from moegen.kernels.base import CudaLowering, Kernel, MatmulQuantities, Preflight
 from moegen.kernels.widths import widths_multiple_of
 from moegen.load import LoadedSpec
 from moegen.tiling import round_up
 
 TE_VERSION = "2.20.2"
+TE_GROUPED_GEMM = "te_grouped_gemm_ffi"  # one Transformer Engine grouped GEMM
 TE_FIX = "`make te` (scripts/install-te .venv) in a moegen checkout"
 TE_INSTALL_HINT = (
     f"Transformer Engine {TE_VERSION} (JAX) is needed to lower GPU targets without a GPU. "
@@ -180,5 +181,11 @@ TE = Kernel(
     ),
     vma_unchecked_reason="Transformer Engine's custom VJPs carry no varying-axes types",
     preflight=Preflight("transformer_engine", f"Run {TE_FIX}; otherwise: {TE_INSTALL_HINT}"),
-    lowers_for_cuda=True,
+    # one forward GEMM per site; the VJP adds the input- and weight-gradient GEMMs
+    cuda_lowering=CudaLowering(
+        custom_call=TE_GROUPED_GEMM,
+        calls_per_site=2,
+        quantizes=True,
+        distributions=("transformer_engine", "transformer_engine_cu12", "transformer_engine_jax"),
+    ),
 )

@@ -13,11 +13,12 @@ from types import MappingProxyType
 
 from moegen.diagnostics import Diagnostic
 from moegen.hardware import CATALOGUE, hardware
-from moegen.kernels.base import Kernel, MatmulQuantities, Preflight
+from moegen.kernels.base import CudaLowering, Kernel, MatmulQuantities, Preflight
 from moegen.kernels.widths import widths_multiple_of
 from moegen.load import LoadedSpec
 
 TOKAMAX_VERSION = "0.0.17"
+TOKAMAX_CUSTOM_CALL = "mosaic_gpu_v2"  # one Pallas Mosaic GPU kernel launch
 TOKAMAX_INSTALL_HINT = (
     f"tokamax {TOKAMAX_VERSION} is needed to lower kernel tokamax without a GPU: `make "
     "gpu-kernels` in a moegen checkout, or `pip install 'moegen[gpu-kernels]'` with jax held "
@@ -111,5 +112,11 @@ TOKAMAX = Kernel(
     ),
     vma_unchecked_reason="tokamax's Pallas Mosaic GPU kernels carry no varying-axes types",
     preflight=Preflight("tokamax", TOKAMAX_INSTALL_HINT),
-    lowers_for_cuda=True,
+    # one Mosaic GPU kernel per site forward, three with tokamax's own VJP
+    cuda_lowering=CudaLowering(
+        custom_call=TOKAMAX_CUSTOM_CALL,
+        calls_per_site=3,
+        quantizes=False,
+        distributions=("tokamax",),
+    ),
 )

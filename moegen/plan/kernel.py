@@ -37,6 +37,11 @@ class KernelPlan:
     leaves_rows_unwritten: bool = False
 
     @property
+    def config(self) -> PallasConfig | TeConfig | TokamaxConfig | None:
+        """The config of the plan's kernel, in the field named as it (None: it needs none)."""
+        return getattr(self, self.name, None)
+
+    @property
     def accumulates_in_kernel(self) -> bool:
         """The overlapped ring's partial sums are added inside the kernel, in place."""
         return self.pallas is not None and self.pallas.accumulate_tile is not None

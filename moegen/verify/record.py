@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from moegen import __version__, provenance
+from moegen.kernels import kernel
 from moegen.verify.messages import Job, Step
 from moegen.verify.strict import BadRecord, strict_step
 
@@ -128,10 +129,9 @@ def pinned_versions(job: Job) -> dict[str, str | None]:
     dists = ["jax", "jaxlib"]
     if job.tpu is not None:
         dists.append("libtpu")
-    if job.cuda is not None and job.cuda.kernel == "tokamax":
-        dists.append("tokamax")
-    elif job.cuda is not None:
-        dists += ["transformer_engine", "transformer_engine_cu12", "transformer_engine_jax"]
+    lowering = kernel(job.cuda.kernel).cuda_lowering if job.cuda is not None else None
+    if lowering is not None:
+        dists += lowering.distributions
     versions = {dist: _version(dist) for dist in dists}
     versions["python"] = ".".join(map(str, sys.version_info[:2]))
     versions["moegen"] = __version__
