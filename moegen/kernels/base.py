@@ -79,6 +79,9 @@ class Kernel:
     width_multiple: int = 1
     # the fields the CPU twin changes so that it runs (another kernel, smaller tiles)
     twin_overrides: Mapping[FieldPath, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # the CPU twin runs it itself, interpreted (Pallas's interpret mode), though it is no CPU
+    # kernel
+    interpreted_on_cpu: bool = False
     vma_unchecked_reason: str = ""  # why shard_map's varying-axes check is off around it
     # its calls leave the rows past the groups unwritten (no such row may reach a gradient)
     leaves_rows_unwritten: bool = False
@@ -88,7 +91,8 @@ class Kernel:
 
     @property
     def twin_kernel(self) -> str:
-        """The kernel the CPU twin runs in this one's place (itself when it runs on CPU)."""
+        """The kernel the CPU twin runs in this one's place (itself when it runs on CPU or is
+        interpreted there)."""
         return self.twin_overrides.get(("target", "kernel"), self.name)
 
     def runs_on(self, platform: str, sm: int = 0) -> bool:

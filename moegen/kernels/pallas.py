@@ -134,6 +134,7 @@ PALLAS = Kernel(
     twin_overrides=MappingProxyType(
         {("target", "tiles"): Tiles(gate_up=TWIN_TILE, down=TWIN_TILE)}
     ),
+    interpreted_on_cpu=True,
     vma_unchecked_reason="Pallas kernels carry no varying-axes types",
     # megablox leaves the rows past its groups unwritten, in the input gradient too (stale
     # memory on a TPU, NaN interpreted)
