@@ -6,7 +6,14 @@ package face only re-exports.
 
 from __future__ import annotations
 
-from moegen.kernels.base import CudaLowering, Kernel, KernelRule, MatmulQuantities, Preflight
+from moegen.kernels.base import (
+    CudaLowering,
+    Kernel,
+    KernelRule,
+    MatmulQuantities,
+    Preflight,
+    TileRequest,
+)
 from moegen.kernels.registry import KERNEL_NAMES, KERNEL_RULES, KERNELS, kernel, kernels_on
 
 __all__ = [
@@ -18,6 +25,7 @@ __all__ = [
     "KernelRule",
     "MatmulQuantities",
     "Preflight",
+    "TileRequest",
     "kernel",
     "kernels_on",
 ]

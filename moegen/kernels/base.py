@@ -38,6 +38,19 @@ class MatmulQuantities:
 
 
 @dataclass(frozen=True)
+class TileRequest:
+    """What a tiled kernel's tiles are chosen for: one call's rows and groups, and the widths
+    of the gate/up and down projections as each call sees them."""
+
+    rows: int  # rows of the expert groups in one call
+    groups: int  # experts of one call
+    gate_up_contraction: int  # embedding columns one gate/up call contracts (an overlap chunk)
+    gate_up_width: int  # its output columns (gate and up side by side: twice one)
+    down_contraction: int  # FFN columns one down call contracts (an FFN slice)
+    ffn_chunks: int  # FFN slices (their down projections write float32, to be summed)
+
+
+@dataclass(frozen=True)
 class Preflight:
     """What verification of the kernel needs installed, checked before any twin runs."""
 
@@ -59,6 +72,10 @@ def _no_config(loaded: LoadedSpec, quantities: MatmulQuantities) -> None:
     return None
 
 
+def _no_pinned_tile_problems(loaded: LoadedSpec, ffn_chunks: int) -> list[tuple[str, str]]:
+    return []  # a kernel without tiles: validation refuses target.tiles for it
+
+
 @dataclass(frozen=True)
 class Kernel:
     """One grouped-matmul kernel, as every stage sees it."""
@@ -73,8 +90,13 @@ class Kernel:
     rules: tuple[KernelRule, ...] = ()
     # its plan config (None: it needs none); plan.kernel.<name> holds it
     config: Callable[[LoadedSpec, MatmulQuantities], Any] = _no_config
-    # its calls run in megablox tiles: the plan chooses them (or takes target.tiles)
-    takes_tiles: bool = False
+    # its calls run in tiles: the plan asks for them (pinned by target.tiles, else chosen)
+    # and pads rows to them; None: it takes groups of any size
+    tiles: Callable[[LoadedSpec, TileRequest], tuple[Tile, Tile]] | None = None
+    # (projection, problem) of each pinned tile that cannot run with so many FFN slices
+    pinned_tile_problems: Callable[[LoadedSpec, int], list[tuple[str, str]]] = (
+        _no_pinned_tile_problems
+    )
     # embedding chunks and FFN slices are blocks of its calls: each a multiple of this width
     width_multiple: int = 1
     # the fields the CPU twin changes so that it runs (another kernel, smaller tiles)

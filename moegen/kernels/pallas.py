@@ -8,16 +8,24 @@ and the row padding they force; its CPU twin runs megablox interpreted with smal
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from moegen.diagnostics import Diagnostic
 from moegen.hardware import hardware
-from moegen.kernels.base import Kernel, MatmulQuantities
+from moegen.kernels.base import Kernel, MatmulQuantities, TileRequest
 from moegen.load import LoadedSpec
 from moegen.spec import Tiles
-from moegen.tiling import LANES, Tile, accumulate_tile, projection_out_dtypes, tile_problems
+from moegen.tiling import (
+    LANES,
+    Tile,
+    accumulate_tile,
+    choose_tile,
+    projection_out_dtypes,
+    tile_problems,
+)
 
 # The twin runs megablox interpreted with small tiles: rows padded past a ragged last tile,
 # contraction and output dimensions smaller than one tile (both masked by the kernel).
@@ -78,6 +86,62 @@ def _accumulate_tile(
     return tile.as_tuple()
 
 
+def pallas_tiles(loaded: LoadedSpec, request: TileRequest) -> tuple[Tile, Tile]:
+    """Megablox tiles for the gate/up calls and for down: pinned by the spec, else chosen.
+
+    With overlap chunks the gate and up matmuls contract over one chunk of the embedding and
+    write float32 (the chunks are summed); with FFN slices each matmul covers one slice of the
+    FFN width, and the down projection writes float32 (the slices are summed). Gate and up side
+    by side are one call of twice the width.
+    """
+    spec = loaded.spec
+    chip = hardware(spec.target.hardware)
+    gate_up_out, down_out = projection_out_dtypes(
+        spec.dtypes.compute, spec.parallelism.overlap_chunks, request.ffn_chunks
+    )
+    choose = functools.partial(
+        choose_tile,
+        request.rows,
+        dtype=spec.dtypes.compute,
+        vmem_budget=chip.vmem_bytes_for_tiles,
+        groups=request.groups,
+        peak_flops=chip.peak_bf16_flops_per_chip,
+        hbm_bytes_per_s=chip.hbm_bytes_per_s_per_chip,
+    )
+    pinned = spec.target.tiles
+    gate_up = (
+        Tile(*pinned.gate_up)
+        if pinned and pinned.gate_up
+        else choose(request.gate_up_contraction, request.gate_up_width, out_dtype=gate_up_out)
+    )
+    down = (
+        Tile(*pinned.down)
+        if pinned and pinned.down
+        else choose(request.down_contraction, spec.layer.embed_dim, out_dtype=down_out)
+    )
+    return gate_up, down
+
+
+def pinned_tile_problems(loaded: LoadedSpec, ffn_chunks: int) -> list[tuple[str, str]]:
+    """(projection, problem) for each pinned tile that cannot run with `ffn_chunks` slices:
+    lane/sublane aligned and within the generation's scoped VMEM in each kernel it runs in
+    (forward gmm, input-gradient gmm, weight-gradient tgmm), with the dtype its call writes:
+    float32 for down in FFN slices and for gate/up in the overlapped ring."""
+    spec = loaded.spec
+    pinned = spec.target.tiles
+    if pinned is None:
+        return []
+    budget = hardware(spec.target.hardware).vmem_bytes_for_tiles
+    outs = projection_out_dtypes(spec.dtypes.compute, spec.parallelism.overlap_chunks, ffn_chunks)
+    problems = []
+    for name, out in zip(("gate_up", "down"), outs, strict=True):
+        tile = getattr(pinned, name)
+        if tile:
+            for problem in tile_problems(Tile(*tile), spec.dtypes.compute, budget, out):
+                problems.append((name, problem))
+    return problems
+
+
 def kernel_runs_on_target(loaded: LoadedSpec) -> list[Diagnostic]:
     """Pallas megablox kernels are TPU kernels; pinned tiles only mean something to them."""
     target = loaded.spec.target
@@ -100,26 +164,17 @@ def kernel_runs_on_target(loaded: LoadedSpec) -> list[Diagnostic]:
 
 
 def pinned_tiles_run(loaded: LoadedSpec) -> list[Diagnostic]:
-    """A pinned tile must be lane/sublane aligned and fit the generation's scoped VMEM in each
-    kernel it runs in (forward gmm, input-gradient gmm, weight-gradient tgmm), with the dtype
-    its call writes: float32 for down in FFN slices and for gate/up in the overlapped ring."""
+    """A pinned tile runs in every kernel of the spec's FFN slices (pinned_tile_problems)."""
     spec = loaded.spec
     target = spec.target
-    chip = hardware(target.hardware)
-    if target.tiles is None or target.kernel != "pallas" or chip.platform != "tpu":
-        return []  # kernel_runs_on_target reports tiles and pallas off TPU
-    budget = chip.vmem_bytes_for_tiles
-    outs = projection_out_dtypes(
-        spec.dtypes.compute, spec.parallelism.overlap_chunks, spec.memory.ffn_chunks or 1
-    )
-    out = []
-    for name, out_dtype in zip(("gate_up", "down"), outs, strict=True):
-        values = getattr(target.tiles, name)
-        if values is None:
-            continue
-        for problem in tile_problems(Tile(*values), spec.dtypes.compute, budget, out_dtype):
-            out.append(loaded.diagnostic(("target", "tiles", name), problem))
-    return out
+    if target.tiles is None or target.kernel != "pallas":
+        return []  # kernel_runs_on_target reports tiles under another kernel
+    if hardware(target.hardware).platform != "tpu":
+        return []  # and pallas off TPU
+    return [
+        loaded.diagnostic(("target", "tiles", name), problem)
+        for name, problem in pinned_tile_problems(loaded, spec.memory.ffn_chunks or 1)
+    ]
 
 
 PALLAS = Kernel(
@@ -128,7 +183,8 @@ PALLAS = Kernel(
     platforms=frozenset({"tpu"}),
     rules=(kernel_runs_on_target, pinned_tiles_run),
     config=pallas_config,
-    takes_tiles=True,
+    tiles=pallas_tiles,
+    pinned_tile_problems=pinned_tile_problems,
     # a chunk of the embedding is a contraction block, a slice of the FFN an output block
     width_multiple=LANES,
     twin_overrides=MappingProxyType(
