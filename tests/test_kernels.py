@@ -95,6 +95,13 @@ def test_the_schema_names_the_registered_kernels() -> None:
     assert typing.get_args(hints["kernel"]) == KERNEL_NAMES
 
 
+def test_the_schema_describes_each_kernel_as_its_module_does() -> None:
+    """The schema's description of target.kernel (specs/moegen.schema.json) is the kernels'
+    summaries, written out in spec.py for the same reason as the Literal."""
+    described = "; ".join(f"{name} = {k.summary}" for name, k in KERNELS.items())
+    assert Target.model_fields["kernel"].description == f"Grouped matmul: {described}."
+
+
 def test_a_kernel_twin_is_its_own_or_one_that_runs_on_cpu() -> None:
     for name, kernel in KERNELS.items():
         assert kernel.twin_kernel in KERNELS, name

@@ -72,6 +72,10 @@ def _no_config(loaded: LoadedSpec, quantities: MatmulQuantities) -> None:
     return None
 
 
+def _no_report_lines(config: Any) -> list[str]:
+    return []
+
+
 def _no_pinned_tile_problems(loaded: LoadedSpec, ffn_chunks: int) -> list[tuple[str, str]]:
     return []  # a kernel without tiles: validation refuses target.tiles for it
 
@@ -90,6 +94,8 @@ class Kernel:
     rules: tuple[KernelRule, ...] = ()
     # its plan config (None: it needs none); plan.kernel.<name> holds it
     config: Callable[[LoadedSpec, MatmulQuantities], Any] = _no_config
+    # the lines `moegen plan` prints about its config (none: nothing beyond its name)
+    report_lines: Callable[[Any], list[str]] = _no_report_lines
     # its calls run in tiles: the plan asks for them (pinned by target.tiles, else chosen)
     # and pads rows to them; None: it takes groups of any size
     tiles: Callable[[LoadedSpec, TileRequest], tuple[Tile, Tile]] | None = None

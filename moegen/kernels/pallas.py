@@ -68,6 +68,20 @@ def pallas_config(loaded: LoadedSpec, quantities: MatmulQuantities) -> PallasCon
     )
 
 
+def pallas_report_lines(config: PallasConfig) -> list[str]:
+    """`moegen plan`'s line of the tiles, and of the whole forward pass's where it has its own."""
+    forward = (
+        f"; the whole forward pass gate/up {list(config.forward_gate_up_tile)}, "
+        f"down {list(config.forward_down_tile or ())}"
+        if config.forward_gate_up_tile
+        else ""
+    )
+    return [
+        f"  megablox tiles  gate/up {list(config.gate_up_tile)}, down {list(config.down_tile)} "
+        f"(rows, contraction, output){forward}"
+    ]
+
+
 def _accumulate_tile(
     loaded: LoadedSpec, quantities: MatmulQuantities, gate_up: Tile
 ) -> tuple[int, int, int] | None:
@@ -183,6 +197,7 @@ PALLAS = Kernel(
     platforms=frozenset({"tpu"}),
     rules=(kernel_runs_on_target, pinned_tiles_run),
     config=pallas_config,
+    report_lines=pallas_report_lines,
     tiles=pallas_tiles,
     pinned_tile_problems=pinned_tile_problems,
     # a chunk of the embedding is a contraction block, a slice of the FFN an output block

@@ -42,6 +42,17 @@ class KernelPlan:
         return getattr(self, self.name, None)
 
     @property
+    def tiles(self) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
+        """The (gate/up, down) tiles of a kernel that runs in tiles (None: groups of any size)."""
+        return (self.pallas.gate_up_tile, self.pallas.down_tile) if self.pallas else None
+
+    @property
+    def row_padding(self) -> PallasConfig | None:
+        """The config of a kernel that pads each call's rows to whole row tiles (its
+        padded_rows and row_alignment); None where the kernel takes groups of any size."""
+        return self.pallas
+
+    @property
     def accumulates_in_kernel(self) -> bool:
         """The overlapped ring's partial sums are added inside the kernel, in place."""
         return self.pallas is not None and self.pallas.accumulate_tile is not None
