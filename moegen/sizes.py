@@ -54,7 +54,7 @@ def listed(values: list[int], near: int) -> str:
 def ffn_slice_problem(ffn_dim: int, chunks: int, kernel: str, width_multiple: int) -> str:
     """Why an FFN of `ffn_dim` columns cannot run in `chunks` slices ('' when it can): the
     slices must be equal, and whole multiples of the kernel's block width where a slice is a
-    block of its calls (pallas: the output width of the gate and up megablox calls and the
+    block of its calls (megablox: the output width of the gate and up calls and the
     contraction width of down, in lane tiles)."""
     if ffn_dim % chunks:
         return f"ffn_dim {ffn_dim} does not split into {chunks} equal slices"

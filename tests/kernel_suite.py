@@ -61,6 +61,10 @@ class KernelSuite:
     def test_the_spec_runs_the_kernel(self, loaded: LoadedSpec) -> None:
         assert loaded.spec.target.kernel == self.name
 
+    def test_it_has_a_template(self) -> None:
+        """render imports templates/kernels/<name>.jinja for the plan's kernel."""
+        assert (REPO / "templates" / "kernels" / f"{self.name}.jinja").is_file()
+
     def test_its_rules_accept_the_spec(self, loaded: LoadedSpec) -> None:
         assert [d.text() for rule in self.kernel.rules for d in rule(loaded)] == []
 

@@ -14,9 +14,9 @@ the module it names. Base modules stand outside the stages: the package itself (
 version), moegen.interrupts (signals and process lifetimes, used by verify's worker, the emit
 swap and the CLI alike) and the facts both validation and the plan consult: the chip
 catalogue (hardware), integer arithmetic (sizes) and the megablox kernel model (tiling: what
-a tile costs and whether it fits VMEM; validation refuses pinned tiles by it, the plan chooses
-tiles by it). They import only each other, so they cannot carry a stage's dependency
-backwards. Runtime libraries stand outside the pipeline too: moegen.checkpoints loads published
+a tile costs and whether it fits VMEM; moegen.kernels.pallas refuses pinned tiles and chooses
+tiles by it, and the plan pads rows to them). They import only each other, so they cannot
+carry a stage's dependency backwards. Runtime libraries stand outside the pipeline too: moegen.checkpoints loads published
 weights into a generated module (reading only the module's constants) and imports no stage.
 """
 

@@ -161,7 +161,7 @@ def overlap_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
 
     Only ring_of_experts gathers activations to overlap; each chunk must hold the same number
     of columns (MaxText's 7 chunks over 512 silently drop one), and where a chunk is a contraction
-    block of the kernel (pallas: 128-lane tiles) a whole number of its blocks.
+    block of the kernel (megablox's 128-lane tiles) a whole number of its blocks.
     """
     spec = loaded.spec
     chunks = spec.parallelism.overlap_chunks
@@ -177,7 +177,7 @@ def overlap_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
             )
         ]
     embed = spec.layer.embed_dim
-    # a kernel whose chunk is a contraction block (pallas) holds chunks to its block width
+    # a kernel whose chunk is a contraction block holds chunks to its block width
     lanes = kernel(spec.target.kernel).width_multiple
 
     def fits(count: int) -> bool:
