@@ -4,7 +4,7 @@ A kernel (spec field target.kernel) is one module of moegen/kernels/ holding a `
 rules that refuse specs it cannot run, the config the plan hands its template, what the CPU
 twin runs in its place, what verification needs installed, and where it runs. The stages ask
 the registry (moegen.kernels.registry) for these instead of comparing kernel names, so a new
-kernel is one module and one line of the registry's table.
+kernel is one module, one line of the registry's table and its template.
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 
 The stages ask it what a kernel needs instead of comparing names: validation runs
 `KERNEL_RULES`, the plan builds `kernel(name).config`, verification reads a kernel's twin
-substitute and preflight. A kernel is added by one module beside these and one line below.
+substitute and preflight. A kernel is added by one module beside these, one line below, its
+template (templates/kernels/<name>.jinja) and its name and summary in spec.py's Literal (the
+schema is stage load, before this registry; tests/test_kernels.py holds the two in step); a
+kernel with a config also needs its field in moegen.plan.kernel.KernelPlan.
 """
 
 from __future__ import annotations
