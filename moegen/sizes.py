@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from moegen.tiling import LANES
-
 INT32_LIMIT = 2**31
 
 
@@ -53,12 +51,16 @@ def listed(values: list[int], near: int) -> str:
     return f"{', '.join(map(str, nearest))} (the {MAX_LISTED} nearest {near} of {len(values)})"
 
 
-def ffn_slice_problem(ffn_dim: int, chunks: int, kernel: str) -> str:
+def ffn_slice_problem(ffn_dim: int, chunks: int, kernel: str, width_multiple: int) -> str:
     """Why an FFN of `ffn_dim` columns cannot run in `chunks` slices ('' when it can): the
-    slices must be equal, and for pallas whole lane tiles (a slice is the output width of the
-    gate and up megablox calls and the contraction width of down)."""
+    slices must be equal, and whole multiples of the kernel's block width where a slice is a
+    block of its calls (megablox: the output width of the gate and up calls and the
+    contraction width of down, in lane tiles)."""
     if ffn_dim % chunks:
         return f"ffn_dim {ffn_dim} does not split into {chunks} equal slices"
-    if kernel == "pallas" and (ffn_dim // chunks) % LANES:
-        return f"slices of {ffn_dim // chunks} columns are not whole {LANES}-lane tiles for pallas"
+    if (ffn_dim // chunks) % width_multiple:
+        return (
+            f"slices of {ffn_dim // chunks} columns are not whole {width_multiple}-lane tiles "
+            f"for {kernel}"
+        )
     return ""

@@ -235,6 +235,8 @@ class Target(_Section):
         description="TPU slices of this topology joined by the data-center network "
         "(multi-slice); mesh.dcn_axes says which axes cross them.",
     )
+    # the kernels' registry (moegen.kernels) is a later stage than this schema: its names and
+    # summaries are written out here, and tests/test_kernels.py holds them in step
     kernel: Literal["xla", "pallas", "te", "tokamax"] = Field(
         "xla",
         description="Grouped matmul: xla = jax.lax.ragged_dot (anywhere); "

@@ -210,8 +210,8 @@ def write_back(loaded: LoadedSpec, choices: dict[FieldPath, Any]) -> str:
         line, col = loaded.locations.of_value(path)
         if value is None and path == ("target", "tiles"):
             plan = make_plan(derive(loaded, choices))
-            pallas = plan.kernel.pallas  # target.tiles: auto is a pallas choice
-            gate_up, down = (pallas.gate_up_tile, pallas.down_tile) if pallas else ((), ())
+            # target.tiles: auto is a choice of a kernel that runs in tiles
+            gate_up, down = plan.kernel.tiles or ((), ())
             value = Tiles(gate_up=list(gate_up), down=list(down))
         edits.append((line, col, yaml_value(value)))
     for line, col, new in sorted(edits, reverse=True):

@@ -44,7 +44,7 @@ def pairs(case: tuple) -> set[tuple]:
 
 def refused(case: tuple) -> bool:
     """The combinations the rules refuse: fp8 and mxfp8 are Transformer Engine recipes
-    (validate/gpu.py, quantization_needs_te). The goldens check this: a refused case has an
+    (moegen/kernels/te.py, quantization_needs_te). The goldens check this: a refused case has an
     .expected golden, any other a module."""
     o = dict(zip(FACTORS, case, strict=True))
     return o["quantization"] != "none" and o["kernel"] != "te"

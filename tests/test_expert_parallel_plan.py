@@ -157,9 +157,7 @@ def test_emulation_only_where_the_collective_is_missing() -> None:
     loaded = tpu.load()
     assert not make_plan(loaded).experts.emulates_collective
     assert make_plan(loaded, interpret=True).experts.emulates_collective
-    assert make_plan(
-        Case("ragged_all_to_all", {"expert": 4}).load()
-    ).experts.emulates_collective
+    assert make_plan(Case("ragged_all_to_all", {"expert": 4}).load()).experts.emulates_collective
     ring = make_plan(Case("ring_of_experts", {"expert": 4}).load(), interpret=True)
     assert not ring.experts.emulates_collective
 

@@ -125,7 +125,9 @@ def test_a_golden_update_command_writes_a_removed_golden_back(command, tmp_path)
         )[0]
         golden.unlink()
         removed.append(golden.stem)
-    block = Block("sh", f"{command} -k '{' or '.join(removed)}'", 0, "Development", None, DEVELOP_PAGE)
+    block = Block(
+        "sh", f"{command} -k '{' or '.join(removed)}'", 0, "Development", None, DEVELOP_PAGE
+    )
     run_block(block, folder)
     for goldens in GOLDEN_FOLDERS:
         assert_same_tree(REPO_ROOT / goldens, folder / goldens)

@@ -12,6 +12,7 @@ import re
 import pytest
 from jinja2 import nodes
 
+from moegen.kernels import KERNEL_NAMES
 from moegen.render import KERNEL_MACROS, STRATEGY_MACROS, _environment, templates_dir
 
 KINDS = {"kernel": ("kernels", KERNEL_MACROS), "strategy": ("strategies", STRATEGY_MACROS)}
@@ -65,7 +66,8 @@ def test_other_templates_call_only_the_contract(alias: str) -> None:
 
 
 def test_every_kind_has_its_templates() -> None:
-    assert len([c for c in CASES if c.values[0] == "kernel"]) == 4
+    kernels = {c.values[1] for c in CASES if c.values[0] == "kernel"}
+    assert kernels == {f"kernels/{name}.jinja" for name in KERNEL_NAMES}
     assert len([c for c in CASES if c.values[0] == "strategy"]) == 3
 
 

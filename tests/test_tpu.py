@@ -23,11 +23,12 @@ from pathlib import Path
 import pytest
 from tpu_cases import FLOAT32_STEP, fake_cpu_env, last_json, pallas_yaml, write_spec
 
+from moegen.kernels.pallas import TWIN_TILE
 from moegen.pipeline import generate, load_valid
 from moegen.plan import make_plan
 from moegen.render import render
 from moegen.verify import peak_bytes, verify
-from moegen.verify.twin import TWIN_SEQ_LEN, TWIN_SEQUENCES_PER_SHARD, TWIN_TILE, twin_of
+from moegen.verify.twin import TWIN_SEQ_LEN, TWIN_SEQUENCES_PER_SHARD, twin_of
 
 # Two small pallas layers: an even and an odd top_k, different router options. Both twins
 # route 10 tokens per device (20 and 30 rows) against 32-row tiles: ragged, padded.

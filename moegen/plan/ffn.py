@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from moegen.hardware import hardware
+from moegen.kernels import TileRequest, kernel
 from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES, CostPlan
 from moegen.plan.experts import ExpertPlan
@@ -26,10 +27,7 @@ from moegen.strategies import strategy
 from moegen.tiling import (
     LANES,
     Tile,
-    choose_tile,
     padded_rows,
-    projection_out_dtypes,
-    tile_problems,
 )
 
 # Slice counts `moegen plan` lists (beside the chosen one), and the most the plan picks itself.
@@ -105,7 +103,8 @@ class FfnLayout:
 def _slice_problem(loaded: LoadedSpec, chunks: int) -> str:
     """Why the FFN width cannot be cut into `chunks` slices ('' when it can)."""
     spec = loaded.spec
-    return ffn_slice_problem(local_ffn_dim(spec), chunks, spec.target.kernel)
+    name = spec.target.kernel
+    return ffn_slice_problem(local_ffn_dim(spec), chunks, name, kernel(name).width_multiple)
 
 
 def local_ffn_dim(spec: Spec) -> int:
@@ -332,59 +331,27 @@ def ffn_chunk_options(
 
 def pinned_tile_problems(loaded: LoadedSpec, ffn_chunks: int) -> list[tuple[str, str]]:
     """(projection, problem) for each pinned tile that cannot run with `ffn_chunks` slices."""
-    spec = loaded.spec
-    pinned = spec.target.tiles
-    if spec.target.kernel != "pallas" or pinned is None:
-        return []
-    budget = hardware(spec.target.hardware).vmem_bytes_for_tiles
-    outs = projection_out_dtypes(spec.dtypes.compute, spec.parallelism.overlap_chunks, ffn_chunks)
-    problems = []
-    for name, out in zip(("gate_up", "down"), outs, strict=True):
-        tile = getattr(pinned, name)
-        if tile:
-            for problem in tile_problems(Tile(*tile), spec.dtypes.compute, budget, out):
-                problems.append((name, problem))
-    return problems
+    return kernel(loaded.spec.target.kernel).pinned_tile_problems(loaded, ffn_chunks)
 
 
 def kernel_tiles(
     loaded: LoadedSpec, experts: ExpertPlan, gate_up_width: int, ffn_chunks: int
 ) -> tuple[Tile, Tile] | None:
-    """Megablox tiles for the gate/up calls and for down: pinned by the spec, else chosen here.
-
-    With overlap chunks the gate and up matmuls contract over one chunk of the embedding and
-    write float32 (the chunks are summed); with FFN slices each matmul covers one slice of the
-    FFN width, and the down projection writes float32 (the slices are summed). Gate and up side
-    by side are one call of twice the width.
-    """
+    """The tiles of the gate/up calls and of down, where the kernel runs in tiles (its module
+    takes them pinned or chooses them); None where it takes groups of any size."""
     spec = loaded.spec
-    if spec.target.kernel != "pallas":
-        return None  # ragged_dot takes groups of any size: nothing to tile or pad
-    chip = hardware(spec.target.hardware)
-    gate_up_out, down_out = projection_out_dtypes(
-        spec.dtypes.compute, spec.parallelism.overlap_chunks, ffn_chunks
-    )
-    choose = functools.partial(
-        choose_tile,
-        experts.ffn_rows,
-        dtype=spec.dtypes.compute,
-        vmem_budget=chip.vmem_bytes_for_tiles,
+    choose = kernel(spec.target.kernel).tiles
+    if choose is None:
+        return None  # nothing to tile or pad
+    request = TileRequest(
+        rows=experts.ffn_rows,
         groups=experts.local_experts,
-        peak_flops=chip.peak_bf16_flops_per_chip,
-        hbm_bytes_per_s=chip.hbm_bytes_per_s_per_chip,
+        gate_up_contraction=experts.chunk_width,
+        gate_up_width=gate_up_width,
+        down_contraction=local_ffn_dim(spec) // ffn_chunks,
+        ffn_chunks=ffn_chunks,
     )
-    pinned = spec.target.tiles
-    gate_up = (
-        Tile(*pinned.gate_up)
-        if pinned and pinned.gate_up
-        else choose(experts.chunk_width, gate_up_width, out_dtype=gate_up_out)
-    )
-    down = (
-        Tile(*pinned.down)
-        if pinned and pinned.down
-        else choose(local_ffn_dim(spec) // ffn_chunks, spec.layer.embed_dim, out_dtype=down_out)
-    )
-    return gate_up, down
+    return choose(loaded, request)
 
 
 def fuses_gate_up(gated: bool, width: int, gathers_whole_weights: bool) -> bool:

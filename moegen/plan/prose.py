@@ -4,18 +4,16 @@ is off for a module. Built from validated numbers and enums only (no free text o
 from __future__ import annotations
 
 from moegen.hardware import hardware
+from moegen.kernels import kernel
 from moegen.load import LoadedSpec
 
 
 def vma_unchecked_reason(loaded: LoadedSpec) -> str:
     """Why shard_map's varying-axes check must be off for this module ('' when it can stay on)."""
     spec = loaded.spec
-    if spec.target.kernel == "pallas":
-        return "Pallas kernels carry no varying-axes types"
-    if spec.target.kernel == "te":
-        return "Transformer Engine's custom VJPs carry no varying-axes types"
-    if spec.target.kernel == "tokamax":
-        return "tokamax's Pallas Mosaic GPU kernels carry no varying-axes types"
+    reason = kernel(spec.target.kernel).vma_unchecked_reason
+    if reason:
+        return reason
     if spec.layer.activation in ("geglu", "gelu"):
         return "XLA's erf polynomial carries no varying-axes types"
     return ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from moegen.kernels import kernel
 from moegen.plan.model import Plan
 from moegen.plan.params import PartitionSpec
 from moegen.strategies import strategy
@@ -41,18 +42,8 @@ def format_plan(plan: Plan) -> str:
         f"    routed buffers {_gib(c.routed_buffer_bytes)}; activations {_gib(c.activation_bytes)}",
         f"    fsdp gather    {_gib(c.gather_bytes_received)} received",
     ]
-    pallas = plan.kernel.pallas
-    if pallas:
-        lines.append(
-            f"  megablox tiles  gate/up {list(pallas.gate_up_tile)}, down {list(pallas.down_tile)} "
-            "(rows, contraction, output)"
-            + (
-                f"; the whole forward pass gate/up {list(pallas.forward_gate_up_tile)}, "
-                f"down {list(pallas.forward_down_tile or ())}"
-                if pallas.forward_gate_up_tile
-                else ""
-            )
-        )
+    if plan.kernel.config is not None:
+        lines += kernel(plan.kernel.name).report_lines(plan.kernel.config)
     lines += _network_lines(plan)
     lines += _roofline_lines(plan)
     m = plan.memory
@@ -173,13 +164,13 @@ def _dropping_text(plan: Plan) -> str:
 
 def _padding_text(plan: Plan) -> str:
     rows = plan.experts.ffn_rows
-    pallas = plan.kernel.pallas
-    if pallas and pallas.pads_rows:
+    padding = plan.kernel.row_padding
+    if padding and padding.padded_rows > rows:
         return (
-            f"; grouped-matmul calls of {rows} rows padded to {pallas.padded_rows} "
-            f"(a multiple of {pallas.row_alignment}: whole row tiles)"
+            f"; grouped-matmul calls of {rows} rows padded to {padding.padded_rows} "
+            f"(a multiple of {padding.row_alignment}: whole row tiles)"
         )
-    if pallas and pallas.row_alignment > 1:
+    if padding and padding.row_alignment > 1:
         return f"; grouped-matmul calls of {rows} rows, already whole row tiles"
     return f"; grouped-matmul calls of {rows} rows, no padding (groups of any size)"
 

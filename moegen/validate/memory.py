@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from moegen.diagnostics import Diagnostic
+from moegen.kernels import kernel
 from moegen.load import LoadedSpec
 from moegen.sizes import axes_product, ffn_slice_problem
 from moegen.validate.bounds import MAX_CHUNKS, known_batch_axes
@@ -11,11 +12,13 @@ from moegen.validate.bounds import MAX_CHUNKS, known_batch_axes
 def ffn_chunk_width(loaded: LoadedSpec, chunks: int) -> str:
     """Why the FFN width cannot be cut into `chunks` slices ('' when it can)."""
     spec = loaded.spec
-    return ffn_slice_problem(spec.layer.ffn_dim // spec.tensor_shards, chunks, spec.target.kernel)
+    name = spec.target.kernel
+    width = spec.layer.ffn_dim // spec.tensor_shards
+    return ffn_slice_problem(width, chunks, name, kernel(name).width_multiple)
 
 
 def ffn_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
-    """FFN slices are equal and, for the pallas kernel, whole lane tiles."""
+    """FFN slices are equal and, where a slice is a block of the kernel's calls, whole blocks."""
     chunks = loaded.spec.memory.ffn_chunks
     if chunks is None or chunks == 1:
         return []

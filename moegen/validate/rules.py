@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 from moegen.diagnostics import Diagnostic
 from moegen.hardware import hardware
+from moegen.kernels import kernel
 from moegen.load import LoadedSpec
 from moegen.sizes import axes_label, axes_product, nearest_multiples
 from moegen.spec import NON_BATCH_AXES
 from moegen.strategies import overlapping_strategies, strategy
-from moegen.tiling import LANES, Tile, projection_out_dtypes, tile_problems
 from moegen.validate.bounds import MAX_CHUNKS, known_batch_axes
 
 Rule = Callable[[LoadedSpec], list[Diagnostic]]
@@ -138,8 +138,8 @@ def overlap_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
 
     Only a strategy whose transfers can overlap (the registry says which) has them; each chunk
     must hold the same number of columns (MaxText's 7 chunks over 512 silently drop one), and
-    for the pallas kernel a chunk is a contraction block, so it must be a whole number of
-    128-lane tiles.
+    where a chunk is a contraction block of the kernel (megablox's 128-lane tiles) a whole
+    number of its blocks.
     """
     spec = loaded.spec
     chunks = spec.parallelism.overlap_chunks
@@ -156,7 +156,8 @@ def overlap_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
             )
         ]
     embed = spec.layer.embed_dim
-    lanes = LANES if spec.target.kernel == "pallas" else 1
+    # a kernel whose chunk is a contraction block holds chunks to its block width
+    lanes = kernel(spec.target.kernel).width_multiple
 
     def fits(count: int) -> bool:
         return embed % count == 0 and (embed // count) % lanes == 0
@@ -173,8 +174,8 @@ def overlap_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
         problem = f"embed_dim {embed} does not split into {chunks} equal chunks"
     else:
         problem = (
-            f"chunks of {embed // chunks} columns are not whole {LANES}-lane tiles "
-            "for the pallas kernel"
+            f"chunks of {embed // chunks} columns are not whole {lanes}-lane tiles "
+            f"for the {spec.target.kernel} kernel"
         )
     return [loaded.diagnostic(path, f"{problem}; {options}")]
 
@@ -234,50 +235,6 @@ def mesh_matches_topology(loaded: LoadedSpec) -> list[Diagnostic]:
             f"{slices} has {want}{per_chip}; make the product of the axis sizes {want}",
         )
     ]
-
-
-def kernel_runs_on_target(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Pallas megablox kernels are TPU kernels; pinned tiles only mean something to them."""
-    target = loaded.spec.target
-    out = []
-    if target.kernel == "pallas" and hardware(target.hardware).platform != "tpu":
-        out.append(
-            loaded.diagnostic(
-                ("target", "kernel"),
-                f"kernel pallas (megablox) runs on TPU targets only, not {target.hardware}; "
-                "use kernel: xla",
-            )
-        )
-    if target.tiles is not None and target.kernel != "pallas":
-        out.append(
-            loaded.diagnostic(
-                ("target", "tiles"), at_key=True, message="tiles apply to kernel pallas only"
-            )
-        )
-    return out
-
-
-def pinned_tiles_run(loaded: LoadedSpec) -> list[Diagnostic]:
-    """A pinned tile must be lane/sublane aligned and fit the generation's scoped VMEM in each
-    kernel it runs in (forward gmm, input-gradient gmm, weight-gradient tgmm), with the dtype
-    its call writes: float32 for down in FFN slices and for gate/up in the overlapped ring."""
-    spec = loaded.spec
-    target = spec.target
-    chip = hardware(target.hardware)
-    if target.tiles is None or target.kernel != "pallas" or chip.platform != "tpu":
-        return []  # kernel_runs_on_target reports tiles and pallas off TPU
-    budget = chip.vmem_bytes_for_tiles
-    outs = projection_out_dtypes(
-        spec.dtypes.compute, spec.parallelism.overlap_chunks, spec.memory.ffn_chunks or 1
-    )
-    out = []
-    for name, out_dtype in zip(("gate_up", "down"), outs, strict=True):
-        values = getattr(target.tiles, name)
-        if values is None:
-            continue
-        for problem in tile_problems(Tile(*values), spec.dtypes.compute, budget, out_dtype):
-            out.append(loaded.diagnostic(("target", "tiles", name), problem))
-    return out
 
 
 def mesh_fits_cpu_target(loaded: LoadedSpec) -> list[Diagnostic]:

@@ -8,6 +8,7 @@ is wrong, the values involved, and the nearest valid value where one exists.
 from __future__ import annotations
 
 from moegen.diagnostics import Diagnostic, SpecError
+from moegen.kernels import KERNEL_RULES
 from moegen.load import LoadedSpec
 from moegen.strategies import STRATEGY_RULES
 from moegen.validate.activation import ACTIVATION_RULES
@@ -17,7 +18,6 @@ from moegen.validate.bounds import (
     indices_fit_int32,
     parameters_reasonably_sized,
 )
-from moegen.validate.gpu import GPU_RULES
 from moegen.validate.memory import MEMORY_RULES
 from moegen.validate.mesh_roles import MESH_ROLE_RULES
 from moegen.validate.routing import ROUTING_RULES
@@ -28,11 +28,9 @@ from moegen.validate.rules import (
     data_parallel_axes_shard_batch,
     embed_divisible_by_fsdp,
     experts_divisible_by_expert_axis,
-    kernel_runs_on_target,
     mesh_fits_cpu_target,
     mesh_matches_topology,
     overlap_chunks_fit,
-    pinned_tiles_run,
     single_expert_not_renormalized,
     top_k_within_experts,
     topology_matches_hardware,
@@ -56,15 +54,13 @@ SHAPE_RULES: tuple[Rule, ...] = (
     chunks_within_limit,
     topology_matches_hardware,
     mesh_matches_topology,
-    kernel_runs_on_target,
-    pinned_tiles_run,
     mesh_fits_cpu_target,
     *MESH_ROLE_RULES,
     *ROUTING_RULES,
     *ACTIVATION_RULES,
     *SLICE_RULES,
     *MEMORY_RULES,
-    *GPU_RULES,
+    *KERNEL_RULES,  # each kernel's own, from the registry
 )
 # Every rule above runs on each shape variant too, reported at the variant's lines.
 RULES: tuple[Rule, ...] = (

@@ -32,18 +32,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-TE_VERSION = "2.20.2"
+# the pins, install hints and custom calls are the kernels' own (their registry entries name
+# them too)
+from moegen.kernels.te import TE_INSTALL_HINT, TE_VERSION
+from moegen.kernels.tokamax import TOKAMAX_INSTALL_HINT, TOKAMAX_VERSION
+
 STUB_ENV = "MOEGEN_CUDA_STUB"  # overrides where the stub libcuda.so.1 is looked for
 STUB_RELATIVE = Path("lib/moegen-te/libcuda.so.1")  # under the venv (sys.prefix)
-TE_INSTALL_HINT = (
-    f"Transformer Engine {TE_VERSION} (JAX) is needed to lower GPU targets without a GPU. "
-    "Install it into this venv with `scripts/install-te [VENV]` (from a moegen checkout; "
-    "~7 min the first time, then cached), or by hand: `pip install 'moegen[te]'`, then build "
-    f"`pip wheel --no-build-isolation --no-deps transformer_engine_jax=={TE_VERSION}` with "
-    "NVTE_BUILD_USE_NVIDIA_WHEELS=1 NVTE_FRAMEWORK=jax and CUDA_HOME unset, install that wheel, "
-    "and compile moegen/verify/libcuda_stub.c to VENV/lib/moegen-te/libcuda.so.1 "
-    "(`gcc -shared -fPIC -Wl,-soname,libcuda.so.1`)."
-)
 # Libraries TE's loader would look for under folder names the cu12 wheels do not use.
 _PRELOAD = (
     "cuda_runtime/lib/libcudart.so.12",
@@ -51,15 +46,7 @@ _PRELOAD = (
     "cublas/lib/libcublas.so.12",
     "nccl/lib/libnccl.so.2",
 )
-TOKAMAX_VERSION = "0.0.17"
-TOKAMAX_CUSTOM_CALL = "mosaic_gpu_v2"  # one Pallas Mosaic GPU kernel launch
-TE_GROUPED_GEMM = "te_grouped_gemm_ffi"  # one Transformer Engine grouped GEMM
 XLA_RAGGED_DOT = re.compile(r"\bchlo\.ragged_dot\b")  # jax.lax.ragged_dot lowered: not tokamax's
-TOKAMAX_INSTALL_HINT = (
-    f"tokamax {TOKAMAX_VERSION} is needed to lower kernel tokamax without a GPU: `make "
-    "gpu-kernels` in a moegen checkout, or `pip install 'moegen[gpu-kernels]'` with jax held "
-    "at its pin (pip's -c constraints file: jax==0.12.0.1, jaxlib==0.12.0.1)."
-)
 _CUSTOM_CALL = re.compile(r'custom_call\s*@([\w.$-]+)|call_target_name\s*=\s*"([^"]+)"')
 
 _target_sm = 0

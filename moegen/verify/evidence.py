@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from moegen.verify.cuda import TE_GROUPED_GEMM, TOKAMAX_CUSTOM_CALL
+from moegen.kernels import CudaLowering, kernel
 from moegen.verify.messages import (
     Compiled,
     CompilerOutOfMemory,
@@ -40,10 +40,16 @@ def within_tolerance(error: float, tolerance: float) -> bool:
 
 def least_kernel_calls(want: CudaTarget, program: str) -> int:
     """The kernel's calls a lowered program must hold: one per grouped-matmul site forward;
-    with the backward, TE adds two GEMMs per site, tokamax three kernels in all."""
+    with the backward, as many per site as the kernel's registry entry says."""
     if program == "forward":
         return want.call_sites
-    return want.call_sites * (3 if want.kernel == "tokamax" else 2)
+    return want.call_sites * _lowering(want).calls_per_site
+
+
+def _lowering(want: CudaTarget) -> CudaLowering:
+    lowering = kernel(want.kernel).cuda_lowering
+    assert lowering is not None  # only kernels lowered for CUDA make a CudaTarget
+    return lowering
 
 
 def expected_steps(job: Job) -> list[str]:
@@ -141,13 +147,13 @@ def _lowered_problem(step: Lowered, job: Job) -> str | None:
     want = job.cuda
     if want is None or step.sm != want.sm:
         return f"lowered for SM {step.sm}, the job's is {want.sm if want else 'none'}"
-    tokamax = want.kernel == "tokamax"
+    lowering = _lowering(want)
     program = "forward" if step.step.startswith("lower forward ") else "forward+backward"
     least = least_kernel_calls(want, program)
-    gemms = step.te_calls.get(TOKAMAX_CUSTOM_CALL if tokamax else TE_GROUPED_GEMM, 0)
+    gemms = step.te_calls.get(lowering.custom_call, 0)
     if gemms < least:
         return f"{gemms} kernel calls, expected at least {least}"
     quantizes = sum(n for name, n in step.te_calls.items() if "grouped_quantize" in name)
-    if not tokamax and (want.quantization != "none") != (quantizes > 0):
+    if lowering.quantizes and (want.quantization != "none") != (quantizes > 0):
         return f"quantization {want.quantization} but {quantizes} grouped quantize calls"
     return None

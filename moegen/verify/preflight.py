@@ -1,8 +1,8 @@
 """Before any twin runs: is what the target's verification needs installed here?
 
-A TPU target compiles on libtpu's compile-only devices, a `te` kernel lowers through
-Transformer Engine, a `tokamax` kernel through tokamax; without them verification would fail
-only after the twins, minutes in.
+A TPU target compiles on libtpu's compile-only devices, and a kernel lowered for CUDA through
+the package its registry entry names (moegen.kernels: Kernel.preflight); without them
+verification would fail only after the twins, minutes in.
 This looks them up (package metadata and the import system; nothing is imported) and
 reports each one missing at the spec's line that asks for it, with the command that fixes it.
 """
@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib.util
 
 from moegen.diagnostics import Diagnostic
+from moegen.hardware import hardware
+from moegen.kernels import kernel
 from moegen.load import LoadedSpec
 from moegen.plan import Plan
 from moegen.verify import cuda
@@ -19,7 +21,6 @@ from moegen.verify.verdict import VerifyError
 
 LIBTPU_PIN = "libtpu==0.0.51"
 LIBTPU_FIX = f"pip install 'moegen[tpu]' ({LIBTPU_PIN}), or `make setup` in a moegen checkout"
-TE_FIX = "`make te` (scripts/install-te .venv) in a moegen checkout"
 
 
 class MissingVerifier(VerifyError):
@@ -45,6 +46,13 @@ def missing_tokamax() -> list[str]:
     return cuda.missing_tokamax()
 
 
+def missing_package(package: str) -> list[str]:
+    """What keeps the package a kernel lowers through from loading (empty: nothing); looked up
+    at each call, so that tests may replace either seam."""
+    probes = {"transformer_engine": missing_te, "tokamax": missing_tokamax}
+    return probes[package]()
+
+
 def preflight_problems(
     loaded: LoadedSpec, plan: Plan, *, compiles: bool = True
 ) -> list[Diagnostic]:
@@ -58,24 +66,15 @@ def preflight_problems(
                 f"installed here: {LIBTPU_FIX}",
             )
         )
-    te = plan.kernel.te
-    if compiles and te is not None and te.cuda_sm is not None:
-        missing = missing_te()
+    chosen = kernel(plan.kernel.name)
+    on_gpu = hardware(loaded.spec.target.hardware).platform == "gpu"
+    if compiles and chosen.preflight is not None and on_gpu:
+        missing = missing_package(chosen.preflight.package)
         if missing:
             problems.append(
                 loaded.diagnostic(
                     ("target", "kernel"),
-                    f"kernel te: missing: {'; '.join(missing)}. Run {TE_FIX}; "
-                    f"otherwise: {cuda.TE_INSTALL_HINT}",
-                )
-            )
-    if compiles and plan.kernel.tokamax is not None:
-        missing = missing_tokamax()
-        if missing:
-            problems.append(
-                loaded.diagnostic(
-                    ("target", "kernel"),
-                    f"kernel tokamax: missing: {'; '.join(missing)}. {cuda.TOKAMAX_INSTALL_HINT}",
+                    f"kernel {chosen.name}: missing: {'; '.join(missing)}. {chosen.preflight.fix}",
                 )
             )
     return problems

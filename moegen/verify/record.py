@@ -7,9 +7,10 @@ naming the spec file and its hash, and the `SPEC_DESCRIPTION` string: a descript
 edit is a hit), the job the worker would run (twin labels, tolerances, reference settings,
 programs, TPU slice or CUDA target), the device count, the environment the worker reads
 (XLA_FLAGS, LIBTPU_INIT_ARGS), the pinned versions (Python, jax, jaxlib, libtpu for TPU
-targets, Transformer Engine for `te`, moegen) and the source of the verifier itself
-(moegen/verify/*.py). It holds the steps the worker reported, so that a reused build prints
-the same figures. Only passes are recorded.
+targets, the packages a kernel lowered for CUDA goes through, moegen) and the source of the
+verifier itself (moegen/verify/*.py and the kernels' registry, moegen/kernels/*.py). It holds
+the steps the worker reported, so that a reused build prints the same figures. Only passes
+are recorded.
 
 Records live in `$MOEGEN_CACHE_DIR/verify/records` (default `$XDG_CACHE_HOME/moegen`, else
 `~/.cache/moegen`), never beside the generated modules. Writes are atomic (a temporary in
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from moegen import __version__, provenance
+from moegen.kernels import kernel
 from moegen.verify.messages import Job, Step
 from moegen.verify.strict import BadRecord, strict_step
 
@@ -128,21 +130,28 @@ def pinned_versions(job: Job) -> dict[str, str | None]:
     dists = ["jax", "jaxlib"]
     if job.tpu is not None:
         dists.append("libtpu")
-    if job.cuda is not None and job.cuda.kernel == "tokamax":
-        dists.append("tokamax")
-    elif job.cuda is not None:
-        dists += ["transformer_engine", "transformer_engine_cu12", "transformer_engine_jax"]
+    lowering = kernel(job.cuda.kernel).cuda_lowering if job.cuda is not None else None
+    if lowering is not None:
+        dists += lowering.distributions
     versions = {dist: _version(dist) for dist in dists}
     versions["python"] = ".".join(map(str, sys.version_info[:2]))
     versions["moegen"] = __version__
     return versions
 
 
+# the verifier's sources: verify itself and the kernels' registry, whose entries say what a
+# kernel's lowered program must hold and which package it lowers through
+VERIFIER_FOLDERS = (Path(__file__).parent, Path(__file__).parent.parent / "kernels")
+
+
 def verifier_digest() -> str:
-    """SHA-256 of moegen/verify/*.py: a changed verifier must not trust old verdicts."""
+    """SHA-256 of moegen/verify/*.py and moegen/kernels/*.py: a changed verifier must not
+    trust old verdicts."""
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for folder in VERIFIER_FOLDERS:
+        for path in sorted(folder.glob("*.py")):
+            name = f"{folder.name}/{path.name}"
+            digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 

@@ -3,9 +3,9 @@
 Everything that decides the code path is kept (mesh axes and sizes, experts, top-k,
 router options, strategy, kernel, FFN slices and gate/up side by side as the full plan runs
 them); only the sizes that merely scale the work shrink, and the twin is validated by the same
-rules as the spec itself (moegen.variants). One exception: a `te` spec's twin uses kernel
-`xla` (Transformer Engine runs on NVIDIA GPUs only), so everything but the TE call itself is
-checked on CPU.
+rules as the spec itself (moegen.variants). One exception: a kernel that cannot run on CPU
+names its substitute in the registry (moegen.kernels: the GPU-only kernels' twins run the
+portable grouped matmul), so everything but the kernel call itself is checked on CPU.
 
 The twins are derived from the full-size plan, once: `twins_of` gives the specs to run and
 `plan_twin` plans each one (kernels interpreted on CPU), the only time a twin is planned.
@@ -18,10 +18,11 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from moegen.kernels import kernel
 from moegen.load import FieldPath, LoadedSpec
 from moegen.plan import MAIN_SHAPE, Plan, make_plan
 from moegen.sizes import axes_product
-from moegen.spec import ShapeVariant, Tiles
+from moegen.spec import ShapeVariant
 from moegen.tiling import LANES
 from moegen.variants import derive
 
@@ -31,9 +32,6 @@ TWIN_SEQ_LEN = 5  # per sequence shard; 10 tokens per device: routed rows 10*top
 TWIN_MIN_EMBED = 16
 TWIN_FFN = 24  # differs from embed so that a transposed weight cannot go unnoticed
 TWIN_SHARED_FFN = 20  # differs from both, for the same reason
-# Pallas twins run megablox interpreted with small tiles: rows padded past a ragged last tile,
-# contraction and output dimensions smaller than one tile (both masked by the kernel).
-TWIN_TILE = [32, 128, 128]
 # float32 twin: the issue's bar. Low-precision twins compare bf16 compute to a float32
 # reference, so they only catch gross errors (a wrong path, not rounding).
 TOLERANCES = {"float32": 1e-5, "bfloat16": 5e-2}
@@ -119,12 +117,14 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
     spec = loaded.spec
     fsdp = spec.mesh.axes.get("fsdp", 1)
     chunks = spec.parallelism.overlap_chunks
-    # embed must split over fsdp and into overlap chunks (whole lane tiles for pallas)
-    chunk_unit = chunks * LANES if spec.target.kernel == "pallas" and chunks > 1 else chunks
+    # embed must split over fsdp and into overlap chunks (whole blocks of the kernel's calls,
+    # such as megablox's lane tiles)
+    chosen = kernel(spec.target.kernel)
+    chunk_unit = chunks * (chosen.width_multiple if chunks > 1 else 1)
     unit = math.lcm(fsdp, chunk_unit)
     embed = unit * -(-TWIN_MIN_EMBED // unit)
     shards = axes_product(spec.mesh.axes, spec.batch_axes)
-    # FFN slices as the full plan runs them (pinned or chosen), whole lanes for pallas; gate
+    # FFN slices as the full plan runs them (pinned or chosen), whole blocks of the kernel; gate
     # and up side by side as the full plan runs them (whole lanes per slice when it does)
     # and each tensor shard holds its equal part of every FFN width (that part is what slices)
     ffn_chunks = full.ffn.chunks
@@ -133,7 +133,7 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
     token_chunks = full.experts.token_chunks
     twin_chunks = math.lcm(token_chunks, *(v.plan.experts.token_chunks for v in full.variants))
     tensor = spec.tensor_shards
-    ffn_unit = ffn_chunks * (LANES if spec.target.kernel == "pallas" and ffn_chunks > 1 else 1)
+    ffn_unit = ffn_chunks * (chosen.width_multiple if ffn_chunks > 1 else 1)
     if full.ffn.fuses_gate_up:
         ffn_unit = math.lcm(ffn_unit, ffn_chunks * LANES)
     ffn_unit *= tensor
@@ -154,15 +154,9 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
         overrides[("shapes", "variants")] = twin_variants(
             spec.shapes.variants, shards, spec.sequence_shards, twin_chunks
         )
-    if spec.target.kernel in ("te", "tokamax"):
-        # TE's GEMMs and tokamax's Mosaic GPU kernels run on a GPU only (Mosaic GPU's interpret
-        # mode runs tokamax's forward kernel on CPU but not its weight-gradient kernel): the
-        # twin runs the same module with the portable grouped matmul in their place (same call
-        # signature), in the compute dtype.
-        overrides[("target", "kernel")] = "xla"
-        overrides[("target", "quantization")] = "none"
-    if spec.target.kernel == "pallas":
-        overrides[("target", "tiles")] = Tiles(gate_up=TWIN_TILE, down=TWIN_TILE)
+    # the kernel's substitute on CPU (another kernel where it runs on GPUs only, the same
+    # module and call signature) or its small tiles
+    overrides.update(chosen.twin_overrides)
     if dtype is not None:
         overrides[("dtypes", "params")] = dtype
         overrides[("dtypes", "compute")] = dtype

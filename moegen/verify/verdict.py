@@ -120,9 +120,12 @@ def vmem_defect(plan: Plan, step: CompilerOutOfMemory) -> PlanDefect:
     """The words for a kernel whose tiles the compiler cannot fit in scoped VMEM."""
     program = step.step.removeprefix("compile ")
     call = KERNEL_ROLES.get(step.call or "", "a kernel the compiler does not name")
-    pallas = plan.kernel.pallas
-    tiles = (("gate_up", pallas.gate_up_tile), ("down", pallas.down_tile)) if pallas else ()
-    pinned = [f"{name} {list(tile)}" for name, tile in tiles]
+    tiles = plan.kernel.tiles
+    pinned = (
+        [f"{name} {list(tile)}" for name, tile in zip(("gate_up", "down"), tiles, strict=True)]
+        if tiles
+        else []
+    )
     budget = hardware(plan.hardware).vmem_bytes_for_tiles / 2**20
     if pinned:
         change = (

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from moegen import interrupts, provenance
+from moegen.kernels import kernel
 from moegen.load import LoadedSpec
 from moegen.plan import Plan, make_plan
 from moegen.render import render
@@ -215,13 +216,14 @@ def _replay(reused: record.Record, source: str, on_step: OnStep) -> VerifyReport
 
 
 def _cuda_target(plan: Plan) -> CudaTarget | None:
-    sites = plan.ffn.grouped_matmul_sites
-    if plan.kernel.tokamax is not None:
-        return CudaTarget(plan.kernel.tokamax.cuda_sm, "none", sites, "tokamax")
-    te = plan.kernel.te
-    if te is None or te.cuda_sm is None:
+    """What a kernel lowered for CUDA is lowered for (None: the plan's kernel is not, or its
+    target is no GPU)."""
+    chosen = kernel(plan.kernel.name)
+    config = plan.kernel.config
+    if chosen.cuda_lowering is None or config is None or config.cuda_sm is None:
         return None
-    return CudaTarget(te.cuda_sm, te.quantization, sites)
+    quantization = getattr(config, "quantization", "none")  # only some kernels quantize
+    return CudaTarget(config.cuda_sm, quantization, plan.ffn.grouped_matmul_sites, chosen.name)
 
 
 def tpu_target(plan: Plan) -> TpuTarget | None:

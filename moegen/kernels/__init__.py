@@ -1,0 +1,31 @@
+"""The grouped-matmul kernels (target.kernel): one module each, one registry of them.
+
+The logic lives in moegen.kernels.registry, moegen.kernels.base and each kernel's module; this
+package face only re-exports.
+"""
+
+from __future__ import annotations
+
+from moegen.kernels.base import (
+    CudaLowering,
+    Kernel,
+    KernelRule,
+    MatmulQuantities,
+    Preflight,
+    TileRequest,
+)
+from moegen.kernels.registry import KERNEL_NAMES, KERNEL_RULES, KERNELS, kernel, kernels_on
+
+__all__ = [
+    "KERNELS",
+    "KERNEL_NAMES",
+    "KERNEL_RULES",
+    "CudaLowering",
+    "Kernel",
+    "KernelRule",
+    "MatmulQuantities",
+    "Preflight",
+    "TileRequest",
+    "kernel",
+    "kernels_on",
+]

@@ -1,0 +1,130 @@
+"""What every grouped-matmul kernel states about itself, in one typed record.
+
+A kernel (spec field target.kernel) is one module of moegen/kernels/ holding a `Kernel`: the
+rules that refuse specs it cannot run, the config the plan hands its template, what the CPU
+twin runs in its place, what verification needs installed, and where it runs. The stages ask
+the registry (moegen.kernels.registry) for these instead of comparing kernel names, so a new
+kernel is one module, one line of the registry's table and its template.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from moegen.diagnostics import Diagnostic
+from moegen.load import FieldPath, LoadedSpec
+from moegen.tiling import Tile
+
+KernelRule = Callable[[LoadedSpec], list[Diagnostic]]
+
+
+@dataclass(frozen=True)
+class MatmulQuantities:
+    """The plan's numbers a kernel's config is built from: the plan decides them (rows, tiles,
+    chunks), the kernel only lays them out as its template needs them."""
+
+    rows: int  # rows of one grouped-matmul call, padding included
+    ffn_rows: int  # rows of the expert groups in one call (the rest is padding)
+    local_experts: int  # groups of one call
+    tiles: tuple[Tile, Tile] | None  # (gate/up, down), where the layout tiles its calls
+    forward_tiles: tuple[Tile, Tile] | None  # the whole forward pass's tiles of FFN slices
+    overlap_chunks: int  # the ring's embedding chunks (1: nothing summed over chunks)
+    chunk_width: int  # embedding columns of one overlap chunk
+    accumulated_width: int  # gate/up output columns summed in place over the chunks
+    interpret: bool  # kernels interpreted on CPU (the shrunken twin only)
+
+
+@dataclass(frozen=True)
+class TileRequest:
+    """What a tiled kernel's tiles are chosen for: one call's rows and groups, and the widths
+    of the gate/up and down projections as each call sees them."""
+
+    rows: int  # rows of the expert groups in one call
+    groups: int  # experts of one call
+    gate_up_contraction: int  # embedding columns one gate/up call contracts (an overlap chunk)
+    gate_up_width: int  # its output columns (gate and up side by side: twice one)
+    down_contraction: int  # FFN columns one down call contracts (an FFN slice)
+    ffn_chunks: int  # FFN slices (their down projections write float32, to be summed)
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What verification of the kernel needs installed, checked before any twin runs."""
+
+    package: str  # the Python distribution that lowers the kernel (verify knows how to probe it)
+    fix: str  # how to install it: appended to the located message
+
+
+@dataclass(frozen=True)
+class CudaLowering:
+    """How verification finds the kernel in a program lowered for CUDA (no GPU needed)."""
+
+    custom_call: str  # the custom call target of one launch of the kernel
+    calls_per_site: int  # launches per grouped-matmul site with the backward (forward: one)
+    quantizes: bool  # quantized programs hold its grouped quantize calls
+    distributions: tuple[str, ...]  # whose versions a verdict on it depends on
+
+
+def _no_config(loaded: LoadedSpec, quantities: MatmulQuantities) -> None:
+    return None
+
+
+def _no_report_lines(config: Any) -> list[str]:
+    return []
+
+
+def _no_pinned_tile_problems(loaded: LoadedSpec, ffn_chunks: int) -> list[tuple[str, str]]:
+    return []  # a kernel without tiles: validation refuses target.tiles for it
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One grouped-matmul kernel, as every stage sees it."""
+
+    name: str  # the value of target.kernel
+    summary: str  # what it is, in a few words
+    platforms: frozenset[str]  # hardware platforms it runs on ("cpu", "tpu", "gpu")
+    # GPU compute capabilities (x10) it is built for; None: any the platforms allow
+    cuda_sms: frozenset[int] | None = None
+    # located refusals of specs it cannot run; validation runs every kernel's rules on every
+    # spec (a rule may concern other kernels: the fields this one owns)
+    rules: tuple[KernelRule, ...] = ()
+    # its plan config (None: it needs none); plan.kernel.<name> holds it
+    config: Callable[[LoadedSpec, MatmulQuantities], Any] = _no_config
+    # the lines `moegen plan` prints about its config (none: nothing beyond its name)
+    report_lines: Callable[[Any], list[str]] = _no_report_lines
+    # its calls run in tiles: the plan asks for them (pinned by target.tiles, else chosen)
+    # and pads rows to them; None: it takes groups of any size
+    tiles: Callable[[LoadedSpec, TileRequest], tuple[Tile, Tile]] | None = None
+    # (projection, problem) of each pinned tile that cannot run with so many FFN slices
+    pinned_tile_problems: Callable[[LoadedSpec, int], list[tuple[str, str]]] = (
+        _no_pinned_tile_problems
+    )
+    # embedding chunks and FFN slices are blocks of its calls: each a multiple of this width
+    width_multiple: int = 1
+    # the fields the CPU twin changes so that it runs (another kernel, smaller tiles)
+    twin_overrides: Mapping[FieldPath, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # the CPU twin runs it itself, interpreted (Pallas's interpret mode), though it is no CPU
+    # kernel
+    interpreted_on_cpu: bool = False
+    vma_unchecked_reason: str = ""  # why shard_map's varying-axes check is off around it
+    # its calls leave the rows past the groups unwritten (no such row may reach a gradient)
+    leaves_rows_unwritten: bool = False
+    preflight: Preflight | None = None  # what verification needs installed (None: nothing)
+    # verified by lowering for CUDA without a GPU (None: compiled, or run, instead)
+    cuda_lowering: CudaLowering | None = None
+
+    @property
+    def twin_kernel(self) -> str:
+        """The kernel the CPU twin runs in this one's place (itself when it runs on CPU or is
+        interpreted there)."""
+        return self.twin_overrides.get(("target", "kernel"), self.name)
+
+    def runs_on(self, platform: str, sm: int = 0) -> bool:
+        """Whether it runs on a chip of `platform` (and compute capability `sm`, on a GPU)."""
+        if platform not in self.platforms:
+            return False
+        return platform != "gpu" or self.cuda_sms is None or sm in self.cuda_sms

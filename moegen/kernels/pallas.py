@@ -1,0 +1,213 @@
+"""Kernel pallas: megablox gmm/tgmm, Pallas TPU kernels.
+
+It owns the pinned tiles (target.tiles) and the megablox kernel model's use: the tile
+arithmetic itself stays in moegen.tiling, a base module, because integer helpers below the
+stages (moegen.sizes) read its lane width too. Its config lays out the tiles the plan chose
+and the row padding they force; its CPU twin runs megablox interpreted with small tiles.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from moegen.diagnostics import Diagnostic
+from moegen.hardware import hardware
+from moegen.kernels.base import Kernel, MatmulQuantities, TileRequest
+from moegen.load import LoadedSpec
+from moegen.spec import Tiles
+from moegen.tiling import (
+    LANES,
+    Tile,
+    accumulate_tile,
+    choose_tile,
+    projection_out_dtypes,
+    tile_problems,
+)
+
+# The twin runs megablox interpreted with small tiles: rows padded past a ragged last tile,
+# contraction and output dimensions smaller than one tile (both masked by the kernel).
+TWIN_TILE = [32, 128, 128]
+
+
+@dataclass(frozen=True)
+class PallasConfig:
+    """megablox gmm/tgmm (kernel pallas)."""
+
+    gate_up_tile: tuple[int, int, int]  # (rows, contraction, output)
+    down_tile: tuple[int, int, int]
+    # FFN slices whose forward pass runs whole: that pass's tiles (None otherwise)
+    forward_gate_up_tile: tuple[int, int, int] | None
+    forward_down_tile: tuple[int, int, int] | None
+    interpret: bool  # kernels interpreted on CPU (the shrunken twin only)
+    row_alignment: int  # a call's row count is a multiple of this (every row tile)
+    padded_rows: int  # rows of one grouped-matmul call including the padding
+    pads_rows: bool  # padded_rows > FFN_ROWS: the kernel gets rows of no expert group
+    # the overlapped ring's kernel that adds a chunk's gate/up product into the float32 sum in
+    # place (input_output_aliases); None where nothing is summed over chunks
+    accumulate_tile: tuple[int, int, int] | None = None
+
+
+def pallas_config(loaded: LoadedSpec, quantities: MatmulQuantities) -> PallasConfig:
+    """The tiles the plan chose, the rows they pad to, and the in-place sum's tile."""
+    assert quantities.tiles is not None  # the layout tiles every pallas call
+    gate_up, down = quantities.tiles
+    forward = quantities.forward_tiles
+    return PallasConfig(
+        gate_up_tile=gate_up.as_tuple(),
+        down_tile=down.as_tuple(),
+        forward_gate_up_tile=forward[0].as_tuple() if forward else None,
+        forward_down_tile=forward[1].as_tuple() if forward else None,
+        interpret=quantities.interpret,
+        row_alignment=math.lcm(*(tile.rows for tile in (gate_up, down, *(forward or ())))),
+        padded_rows=quantities.rows,
+        pads_rows=quantities.rows > quantities.ffn_rows,
+        accumulate_tile=_accumulate_tile(loaded, quantities, gate_up),
+    )
+
+
+def pallas_report_lines(config: PallasConfig) -> list[str]:
+    """`moegen plan`'s line of the tiles, and of the whole forward pass's where it has its own."""
+    forward = (
+        f"; the whole forward pass gate/up {list(config.forward_gate_up_tile)}, "
+        f"down {list(config.forward_down_tile or ())}"
+        if config.forward_gate_up_tile
+        else ""
+    )
+    return [
+        f"  megablox tiles  gate/up {list(config.gate_up_tile)}, down {list(config.down_tile)} "
+        f"(rows, contraction, output){forward}"
+    ]
+
+
+def _accumulate_tile(
+    loaded: LoadedSpec, quantities: MatmulQuantities, gate_up: Tile
+) -> tuple[int, int, int] | None:
+    """Tiles of the in-place partial sums, where the ring sums gate/up over embedding chunks."""
+    if quantities.overlap_chunks == 1:  # the "ring_overlapped" layout only
+        return None
+    spec = loaded.spec
+    chip = hardware(spec.target.hardware)
+    tile = accumulate_tile(
+        gate_up,
+        quantities.chunk_width,
+        quantities.accumulated_width,
+        spec.dtypes.compute,
+        chip.vmem_bytes_for_tiles,
+    )
+    return tile.as_tuple()
+
+
+def pallas_tiles(loaded: LoadedSpec, request: TileRequest) -> tuple[Tile, Tile]:
+    """Megablox tiles for the gate/up calls and for down: pinned by the spec, else chosen.
+
+    With overlap chunks the gate and up matmuls contract over one chunk of the embedding and
+    write float32 (the chunks are summed); with FFN slices each matmul covers one slice of the
+    FFN width, and the down projection writes float32 (the slices are summed). Gate and up side
+    by side are one call of twice the width.
+    """
+    spec = loaded.spec
+    chip = hardware(spec.target.hardware)
+    gate_up_out, down_out = projection_out_dtypes(
+        spec.dtypes.compute, spec.parallelism.overlap_chunks, request.ffn_chunks
+    )
+    choose = functools.partial(
+        choose_tile,
+        request.rows,
+        dtype=spec.dtypes.compute,
+        vmem_budget=chip.vmem_bytes_for_tiles,
+        groups=request.groups,
+        peak_flops=chip.peak_bf16_flops_per_chip,
+        hbm_bytes_per_s=chip.hbm_bytes_per_s_per_chip,
+    )
+    pinned = spec.target.tiles
+    gate_up = (
+        Tile(*pinned.gate_up)
+        if pinned and pinned.gate_up
+        else choose(request.gate_up_contraction, request.gate_up_width, out_dtype=gate_up_out)
+    )
+    down = (
+        Tile(*pinned.down)
+        if pinned and pinned.down
+        else choose(request.down_contraction, spec.layer.embed_dim, out_dtype=down_out)
+    )
+    return gate_up, down
+
+
+def pinned_tile_problems(loaded: LoadedSpec, ffn_chunks: int) -> list[tuple[str, str]]:
+    """(projection, problem) for each pinned tile that cannot run with `ffn_chunks` slices:
+    lane/sublane aligned and within the generation's scoped VMEM in each kernel it runs in
+    (forward gmm, input-gradient gmm, weight-gradient tgmm), with the dtype its call writes:
+    float32 for down in FFN slices and for gate/up in the overlapped ring."""
+    spec = loaded.spec
+    pinned = spec.target.tiles
+    if pinned is None:
+        return []
+    budget = hardware(spec.target.hardware).vmem_bytes_for_tiles
+    outs = projection_out_dtypes(spec.dtypes.compute, spec.parallelism.overlap_chunks, ffn_chunks)
+    problems = []
+    for name, out in zip(("gate_up", "down"), outs, strict=True):
+        tile = getattr(pinned, name)
+        if tile:
+            for problem in tile_problems(Tile(*tile), spec.dtypes.compute, budget, out):
+                problems.append((name, problem))
+    return problems
+
+
+def kernel_runs_on_target(loaded: LoadedSpec) -> list[Diagnostic]:
+    """Pallas megablox kernels are TPU kernels; pinned tiles only mean something to them."""
+    target = loaded.spec.target
+    out = []
+    if target.kernel == "pallas" and hardware(target.hardware).platform != "tpu":
+        out.append(
+            loaded.diagnostic(
+                ("target", "kernel"),
+                f"kernel pallas (megablox) runs on TPU targets only, not {target.hardware}; "
+                "use kernel: xla",
+            )
+        )
+    if target.tiles is not None and target.kernel != "pallas":
+        out.append(
+            loaded.diagnostic(
+                ("target", "tiles"), at_key=True, message="tiles apply to kernel pallas only"
+            )
+        )
+    return out
+
+
+def pinned_tiles_run(loaded: LoadedSpec) -> list[Diagnostic]:
+    """A pinned tile runs in every kernel of the spec's FFN slices (pinned_tile_problems)."""
+    spec = loaded.spec
+    target = spec.target
+    if target.tiles is None or target.kernel != "pallas":
+        return []  # kernel_runs_on_target reports tiles under another kernel
+    if hardware(target.hardware).platform != "tpu":
+        return []  # and pallas off TPU
+    return [
+        loaded.diagnostic(("target", "tiles", name), problem)
+        for name, problem in pinned_tile_problems(loaded, spec.memory.ffn_chunks or 1)
+    ]
+
+
+PALLAS = Kernel(
+    name="pallas",
+    summary="megablox gmm/tgmm (TPU)",
+    platforms=frozenset({"tpu"}),
+    rules=(kernel_runs_on_target, pinned_tiles_run),
+    config=pallas_config,
+    report_lines=pallas_report_lines,
+    tiles=pallas_tiles,
+    pinned_tile_problems=pinned_tile_problems,
+    # a chunk of the embedding is a contraction block, a slice of the FFN an output block
+    width_multiple=LANES,
+    twin_overrides=MappingProxyType(
+        {("target", "tiles"): Tiles(gate_up=TWIN_TILE, down=TWIN_TILE)}
+    ),
+    interpreted_on_cpu=True,
+    vma_unchecked_reason="Pallas kernels carry no varying-axes types",
+    # megablox leaves the rows past its groups unwritten, in the input gradient too (stale
+    # memory on a TPU, NaN interpreted)
+    leaves_rows_unwritten=True,
+)

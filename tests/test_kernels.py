@@ -1,0 +1,109 @@
+"""moegen.kernels: every registered kernel passes the shared suite (tests/kernel_suite.py), and
+the registry agrees with the spec's schema."""
+
+from __future__ import annotations
+
+import typing
+
+from kernel_suite import KernelSuite
+
+from moegen.kernels import KERNEL_NAMES, KERNELS
+from moegen.kernels.pallas import TWIN_TILE, PallasConfig
+from moegen.kernels.te import TeConfig
+from moegen.kernels.tokamax import TokamaxConfig
+from moegen.spec import Target, Tiles
+
+
+class TestXla(KernelSuite):
+    name = "xla"
+    spec = "specs/mixtral_8x7b_cpu.yaml"
+    config_type = None
+    twin_kernel = "xla"
+    preflight_package = None
+    # quantization is Transformer Engine's: te's rule refuses it under every other kernel
+    bad_change = {("target", "quantization"): "fp8"}
+    bad_field = "target.quantization"
+    bad_message = "kernel xla computes in dtypes.compute"
+
+
+class TestPallas(KernelSuite):
+    name = "pallas"
+    spec = "specs/mixtral_8x7b_v5e.yaml"
+    config_type = PallasConfig
+    twin_kernel = "pallas"
+    preflight_package = None
+    bad_change = {("target", "tiles"): Tiles(gate_up=[500, 1024, 1024])}
+    bad_field = "target.tiles.gate_up"
+    bad_message = "row tile 500 must be a multiple of 16 for bfloat16"
+
+    def check_config(self, config, plan) -> None:
+        assert config.padded_rows % config.row_alignment == 0
+        assert config.padded_rows >= plan.experts.ffn_rows
+        assert not config.interpret  # only the twin interprets
+
+    def test_the_twin_runs_small_interpreted_tiles(self, loaded, plan) -> None:
+        from moegen.verify.twin import plan_twin, twin_of
+
+        twin = plan_twin(twin_of(loaded, plan), plan)
+        assert twin.kernel.pallas.interpret
+        assert twin.kernel.pallas.gate_up_tile == tuple(TWIN_TILE)
+
+
+class TestTe(KernelSuite):
+    name = "te"
+    spec = "specs/mixtral_8x7b_ep_h100_fp8.yaml"
+    config_type = TeConfig
+    twin_kernel = "xla"
+    preflight_package = "transformer_engine"
+    bad_change = {("target", "quantization"): "mxfp8"}
+    bad_field = "target.quantization"
+    bad_message = "mxfp8 needs Blackwell (SM 10.0) or newer"
+
+    def check_config(self, config, plan) -> None:
+        assert (config.quantization, config.group_align, config.cuda_sm) == ("fp8", 16, 90)
+        assert config.aligned_rows % config.group_align == 0
+        # the recipe is decided in Python; te.jinja lays it out
+        recipe = config.recipe
+        assert recipe.scaling_mode == "CURRENT_TENSOR_SCALING"
+        assert (recipe.forward_dtype, recipe.backward_dtype) == ("float8_e4m3fn", "float8_e5m2")
+
+
+class TestTokamax(KernelSuite):
+    name = "tokamax"
+    spec = "specs/mixtral_8x7b_h200_tokamax.yaml"
+    config_type = TokamaxConfig
+    twin_kernel = "xla"
+    preflight_package = "tokamax"
+    bad_change = {("dtypes", "compute"): "float32"}
+    bad_field = "dtypes.compute"
+    bad_message = "kernel tokamax multiplies bfloat16 operands only"
+
+    def check_config(self, config, plan) -> None:
+        assert (config.implementation, config.cuda_sm) == ("mosaic_gpu", 90)
+
+
+def test_every_kernel_has_a_suite() -> None:
+    suites = {suite.name for suite in KernelSuite.__subclasses__()}
+    assert suites == set(KERNELS)
+
+
+def test_the_schema_names_the_registered_kernels() -> None:
+    """spec.py keeps its own Literal of kernel names: the schema is stage load, and the
+    registry (stage kernels, after load: its rules read a LoadedSpec) cannot be imported
+    there. This holds the two in step, in order."""
+    hints = typing.get_type_hints(Target)
+    assert typing.get_args(hints["kernel"]) == KERNEL_NAMES
+
+
+def test_the_schema_describes_each_kernel_as_its_module_does() -> None:
+    """The schema's description of target.kernel (specs/moegen.schema.json) is the kernels'
+    summaries, written out in spec.py for the same reason as the Literal."""
+    described = "; ".join(f"{name} = {k.summary}" for name, k in KERNELS.items())
+    assert Target.model_fields["kernel"].description == f"Grouped matmul: {described}."
+
+
+def test_a_kernel_twin_is_its_own_or_one_that_runs_on_cpu() -> None:
+    for name, kernel in KERNELS.items():
+        assert kernel.twin_kernel in KERNELS, name
+        twin = KERNELS[kernel.twin_kernel]
+        assert twin.runs_on("cpu") or twin.interpreted_on_cpu, name
