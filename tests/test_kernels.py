@@ -107,3 +107,22 @@ def test_a_kernel_twin_is_its_own_or_one_that_runs_on_cpu() -> None:
         assert kernel.twin_kernel in KERNELS, name
         twin = KERNELS[kernel.twin_kernel]
         assert twin.runs_on("cpu") or twin.interpreted_on_cpu, name
+
+
+def test_a_cuda_lowering_prepares_its_kernels_package(monkeypatch) -> None:
+    """The worker prepares what the kernel's registry entry names, for the target's SM; a
+    kernel lowered for CUDA names a package and what its lowering holds."""
+    from moegen.verify import cuda, worker
+    from moegen.verify.messages import CudaTarget
+
+    prepared = []
+    monkeypatch.setattr(cuda, "prepare_te", lambda sm: prepared.append(("te", sm)))
+    monkeypatch.setattr(cuda, "prepare_tokamax", lambda sm: prepared.append(("tokamax", sm)))
+    lowered = [name for name, k in KERNELS.items() if k.cuda_lowering is not None]
+    for name in lowered:
+        worker.prepare_cuda(CudaTarget(sm=90, quantization="none", call_sites=2, kernel=name))
+    assert prepared == [(name, 90) for name in lowered] and lowered
+    for name in lowered:
+        lowering = KERNELS[name].cuda_lowering
+        assert lowering.custom_call.startswith(lowering.call_prefix) and lowering.call_prefix
+        assert KERNELS[name].preflight is not None

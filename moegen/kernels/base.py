@@ -66,6 +66,10 @@ class CudaLowering:
     calls_per_site: int  # launches per grouped-matmul site with the backward (forward: one)
     quantizes: bool  # quantized programs hold its grouped quantize calls
     distributions: tuple[str, ...]  # whose versions a verdict on it depends on
+    # the custom calls a verdict lists as the kernel's (its launches and their helpers)
+    call_prefix: str = ""
+    # XLA's own ragged dot beside it means an expert matmul bypassed the kernel
+    excludes_ragged_dot: bool = False
 
 
 def _no_config(loaded: LoadedSpec, quantities: MatmulQuantities) -> None:

@@ -187,5 +187,6 @@ TE = Kernel(
         calls_per_site=2,
         quantizes=True,
         distributions=("transformer_engine", "transformer_engine_cu12", "transformer_engine_jax"),
+        call_prefix="te_",
     ),
 )

@@ -118,5 +118,7 @@ TOKAMAX = Kernel(
         calls_per_site=3,
         quantizes=False,
         distributions=("tokamax",),
+        call_prefix=TOKAMAX_CUSTOM_CALL,
+        excludes_ragged_dot=True,
     ),
 )

@@ -253,3 +253,10 @@ def prepare_tokamax(sm: int) -> ModuleType:
     gpu_utils._compute_capability = lambda device=None: capability
     tokamax.config.cross_compile.config.set_global(True)
     return tokamax
+
+
+def prepare_package(package: str, sm: int) -> ModuleType:
+    """Prepare the package a kernel lowers through (its registry preflight's), as if every
+    device had compute capability `sm`."""
+    prepare = {"transformer_engine": prepare_te, "tokamax": prepare_tokamax}
+    return prepare[package](sm)

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from moegen.kernels import kernel
 from moegen.verify.compiled import (
     CheckFailed,
     OutOfMemory,
@@ -173,13 +174,12 @@ def compile_full(
 
 
 def prepare_cuda(want: CudaTarget) -> None:
+    """Load what lowering the kernel for CUDA needs (its package, by the registry's preflight)."""
     from moegen.verify import cuda
 
+    package = kernel(want.kernel).preflight.package
     try:
-        if want.kernel == "tokamax":
-            cuda.prepare_tokamax(want.sm)
-        else:
-            cuda.prepare_te(want.sm)
+        cuda.prepare_package(package, want.sm)
     except (cuda.TENotInstalled, cuda.TokamaxNotInstalled) as err:
         raise CheckFailed(f"kernel {want.kernel}: {err}") from None
 
@@ -189,18 +189,17 @@ def lower_for_cuda(
 ) -> None:
     """Lower the full-size programs for CUDA (no GPU) and check the kernel's calls are in them.
 
-    te: each grouped-matmul call site lowers to one te_grouped_gemm_ffi forward; its VJP adds
-    the input-gradient and weight-gradient GEMMs; a quantized spec quantizes its operands with
-    TE's grouped quantize. tokamax: one Mosaic GPU kernel (mosaic_gpu_v2) per site forward,
-    three with the backward (forward, input gradient, weight gradient). XLA's own ragged dot
-    for an expert matmul would mean the kernel was bypassed.
+    Each grouped-matmul call site lowers to the kernel's custom call (its registry entry's
+    CudaLowering: how many per site with the backward, whether a quantized spec quantizes
+    with grouped quantize calls, whether XLA's own ragged dot beside it means the kernel was
+    bypassed).
     """
     from moegen.verify import cuda
 
     shape = shape_of(module, variant)
     params, x, programs = full_size_programs(module, jax.devices()[: module.NUM_DEVICES], shape)
-    tokamax = want.kernel == "tokamax"
-    kernel_call = cuda.TOKAMAX_CUSTOM_CALL if tokamax else cuda.TE_GROUPED_GEMM
+    lowering = kernel(want.kernel).cuda_lowering
+    kernel_call = lowering.custom_call
     for name in names:
         start = time.perf_counter()
         text = cuda.lower_for_cuda(programs[name], params, x)
@@ -213,15 +212,18 @@ def lower_for_cuda(
                 f"{name} lowered for CUDA has {gemms} {kernel_call} calls, expected at least "
                 f"{least} ({want.call_sites} grouped-matmul call sites): {dict(calls)}"
             )
-        if tokamax and cuda.XLA_RAGGED_DOT.search(text):
-            raise CheckFailed(f"{name} lowered for CUDA holds XLA's ragged dot beside tokamax's")
+        if lowering.excludes_ragged_dot and cuda.XLA_RAGGED_DOT.search(text):
+            raise CheckFailed(
+                f"{name} lowered for CUDA holds XLA's ragged dot beside {want.kernel}'s"
+            )
         if (want.quantization != "none") != (quantizes > 0):
             raise CheckFailed(
                 f"{name}: quantization {want.quantization} but {quantizes} TE grouped "
                 f"quantize calls in the lowered module: {dict(calls)}"
             )
-        prefix = kernel_call if tokamax else "te_"
-        kernel_calls = {k: v for k, v in sorted(calls.items()) if k.startswith(prefix)}
+        kernel_calls = {
+            k: v for k, v in sorted(calls.items()) if k.startswith(lowering.call_prefix)
+        }
         seconds = time.perf_counter() - start
         emit(Lowered(f"lower {name} for cuda{shape.label}", seconds, want.sm, kernel_calls))
 
@@ -231,8 +233,8 @@ def main(job_path: str) -> int:
     use_compilation_cache(job.compilation_cache)
     try:
         start = time.perf_counter()
-        # A te (tokamax) module imports Transformer Engine (tokamax), which only the CUDA
-        # lowering needs: the twins (kernel xla) run without it.
+        # A module lowered for CUDA imports its kernel's package, which only the CUDA lowering
+        # needs: the twins (their substitute kernel) run without it.
         if job.compile or job.cuda is None:
             if job.cuda is not None:
                 prepare_cuda(job.cuda)  # before the module imports transformer_engine
