@@ -19,18 +19,7 @@ from moegen.validate import check_rules
 CASES: Cases = {
     "group_limit_can_pick_top_k": [
         ({}, []),
-        (
-            {
-                "experts": 256,
-                "top_k": 8,
-                "renormalize": True,
-                "group_limit": (8, 4),
-                "score": "sigmoid",
-                "routing_bias": True,
-                "routed_scaling": 2.5,
-            },
-            [],
-        ),
+        (DEEPSEEK_V3, []),
         # DeepSeek-V2: 160 experts in 8 groups of 20, the best 3 kept, top 6
         ({"experts": 160, "top_k": 6, "group_limit": (8, 3)}, []),
         # boundary: each kept group supplies all its experts (16 in 8 groups of 2, 2 of 4 kept)

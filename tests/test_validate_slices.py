@@ -25,17 +25,7 @@ CASES: Cases = {
     "slices_need_a_tpu_target": [
         ({}, []),  # one slice, the default
         ({"slices": 1}, []),  # written out
-        (
-            {
-                "hardware": "tpu-v5e",
-                "topology": "2x4",
-                "slices": 2,
-                "axes": {"data": 2, "fsdp": 2, "expert": 4},
-                "strategy": "ragged_all_to_all",
-                "dcn_axes": {"data": 2},
-            },
-            [],
-        ),
+        (MIXTRAL_2SLICES, []),
         (
             {"slices": 2, "dcn_axes": {"data": 2}},
             [
@@ -49,17 +39,7 @@ CASES: Cases = {
     ],
     "dcn_fields_need_a_tpu_target": [
         ({}, []),
-        (
-            {
-                "hardware": "tpu-v5e",
-                "topology": "2x4",
-                "slices": 2,
-                "axes": {"data": 2, "fsdp": 2, "expert": 4},
-                "strategy": "ragged_all_to_all",
-                "dcn_axes": {"data": 2},
-            },
-            [],
-        ),
+        (MIXTRAL_2SLICES, []),
         (
             {"dcn_axes": {"data": 2}, "expert_over_dcn": True},
             [
@@ -84,17 +64,7 @@ CASES: Cases = {
     ],
     "dcn_axes_split_mesh_axes": [
         ({}, []),  # no dcn_axes
-        (
-            {
-                "hardware": "tpu-v5e",
-                "topology": "2x4",
-                "slices": 2,
-                "axes": {"data": 2, "fsdp": 2, "expert": 4},
-                "strategy": "ragged_all_to_all",
-                "dcn_axes": {"data": 2},
-            },
-            [],
-        ),
+        (MIXTRAL_2SLICES, []),
         ({**MIXTRAL_2SLICES, "dcn_axes": {"data": 2, "fsdp": 1}}, []),  # a part of 1 is in-slice
         # fsdp crosses the slices: 2 of its 4 ways in each slice
         ({**TWO_V5E_SLICES, "axes": {"data": 4, "fsdp": 4}, "dcn_axes": {"fsdp": 2}}, []),
@@ -156,17 +126,7 @@ CASES: Cases = {
     "dcn_axes_span_the_slices": [
         ({}, []),  # one slice, no dcn_axes
         ({"dcn_axes": {"data": 1}}, []),  # one slice, said explicitly
-        (
-            {
-                "hardware": "tpu-v5e",
-                "topology": "2x4",
-                "slices": 2,
-                "axes": {"data": 2, "fsdp": 2, "expert": 4},
-                "strategy": "ragged_all_to_all",
-                "dcn_axes": {"data": 2},
-            },
-            [],
-        ),
+        (MIXTRAL_2SLICES, []),
         (
             {
                 "hardware": "tpu-v5e",
@@ -239,17 +199,7 @@ CASES: Cases = {
     ],
     "expert_axis_stays_in_a_slice": [
         ({}, []),
-        (
-            {
-                "hardware": "tpu-v5e",
-                "topology": "2x4",
-                "slices": 2,
-                "axes": {"data": 2, "fsdp": 2, "expert": 4},
-                "strategy": "ragged_all_to_all",
-                "dcn_axes": {"data": 2},
-            },
-            [],
-        ),  # data crosses the slices, experts stay in each
+        (MIXTRAL_2SLICES, []),  # data crosses the slices, experts stay in each
         ({**MIXTRAL_2SLICES, "dcn_axes": {"data": 2, "expert": 1}}, []),  # explicitly in-slice
         ({**MIXTRAL_2SLICES, "dcn_axes": {"expert": 2}, "expert_over_dcn": True}, []),  # accepted
         (

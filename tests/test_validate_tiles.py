@@ -207,6 +207,10 @@ CASES: Cases = {
                 (
                     "target.tiles.gate_up",
                     VALUE,
+                    # m*k = 98304, k*n = 8396800, m*n = 49200; tgmm 2*(98304 + 49200)*2 +
+                    # 2*8396800*2 + 4*8396800 = 67764416 B, scratch 6*98304 + 864 + 131072
+                    # = 721760 B: 65.3 MiB. Aligned down to [16, 4096, 2048] and halved k,
+                    # k, n: [16, 1024, 1024], tgmm 8.125 MiB + scratch 0.19
                     (
                         "tiles [24, 4096, 2050] need 65.3 MiB of VMEM in the weight-gradient "
                         "tgmm, more than the 16 MiB scoped VMEM; for example [16, 1024, 1024] fits"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from validate_cases import (
     KEY,
+    MIXTRAL_2SLICES,
     REPO_ROOT,
     TPU7X_SLICES,
     TWO_V5E_SLICES,
@@ -140,17 +141,7 @@ CASES: Cases = {
             ],
         ),
         # multi-slice: the mesh spans every slice, chips x slices devices
-        (
-            {
-                "hardware": "tpu-v5e",
-                "topology": "2x4",
-                "slices": 2,
-                "axes": {"data": 2, "fsdp": 2, "expert": 4},
-                "strategy": "ragged_all_to_all",
-                "dcn_axes": {"data": 2},
-            },
-            [],
-        ),  # v5e 2x4 x 2 slices: 16 devices
+        (MIXTRAL_2SLICES, []),  # v5e 2x4 x 2 slices: 16 devices
         (
             {
                 "hardware": "tpu-v5e",
