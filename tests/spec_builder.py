@@ -12,6 +12,11 @@ Nested choices are dicts or tuples: `axes` / `dcn_axes` are {axis: size} in mesh
 (major to minor), `group_limit` is (groups, keep), `capacity` is (factor, drop), `tiles` is
 "auto" or {"gate_up": [rows, contraction, output], "down": [...]}, `variants` is
 {name: {"batch": B, "seq_len": S}} (shapes.variants, written in block style).
+
+`spec_positions(choices)` says where that text holds each field, by the dotted name the
+diagnostics use ("router.top_k", "mesh.axes.expert", "mesh.batch_axes[1]"): the line and
+column of its key and of its value, counted while the text is written, so that a test can
+check the loader's positions against them instead of against numbers typed by hand.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from moegen.diagnostics import SpecError
 from moegen.load import LoadedSpec, load_spec_bytes
@@ -95,18 +100,47 @@ def scalar(value: Any) -> str:
     raise TypeError(f"not a YAML scalar: {value!r}")
 
 
-def _lines(value: Any, indent: int) -> list[str]:
-    """The block lines of a mapping, `indent` spaces in; lists in flow style."""
-    out = []
+# Where a field was written: (line, column) of its key and of its value, 1-based as the
+# loader reports them. An item of a flow list has no key of its own (key is None), and a
+# block mapping's value starts at its first key, where YAML puts the node.
+class Position(NamedTuple):
+    key: tuple[int, int] | None
+    value: tuple[int, int]
+
+
+def _field_path(path: str, key: Any) -> str:
+    """`path` and `key` joined as the diagnostics name fields: a key that is no identifier
+    (a variant named "Eval-1") in brackets, as the loader shows a user's key."""
+    if isinstance(key, str) and key.isidentifier():
+        return f"{path}.{key}" if path else key
+    return f"{path}[{key!r}]"
+
+
+def _write(value: Mapping, indent: int, path: str, lines: list[str], where: dict) -> None:
+    """Append the block lines of mapping `value`, `indent` spaces in (lists in flow style),
+    to `lines`, and record where each field's key and value went in `where` (dotted paths,
+    list items as `path[i]`). The line numbers count from the start of `lines`."""
     for key, item in value.items():
+        dotted = _field_path(path, key)
         head = " " * indent + f"{key}:"
+        at_key = (len(lines) + 1, indent + 1)
         if isinstance(item, Mapping):
-            out += [head, *_lines(item, indent + 2)]
-        elif isinstance(item, list | tuple):
-            out.append(f"{head} [{', '.join(scalar(v) for v in item)}]")
+            lines.append(head)
+            where[dotted] = Position(at_key, (len(lines) + 1, indent + 3))
+            _write(item, indent + 2, dotted, lines, where)
+            continue
+        text = head + " "
+        where[dotted] = Position(at_key, (at_key[0], len(text) + 1))
+        if isinstance(item, list | tuple):
+            text += "["
+            for index, element in enumerate(item):
+                text += ", " if index else ""
+                where[f"{dotted}[{index}]"] = Position(None, (at_key[0], len(text) + 1))
+                text += scalar(element)
+            text += "]"
         else:
-            out.append(f"{head} {scalar(item)}")
-    return out
+            text += scalar(item)
+        lines.append(text)
 
 
 def spec_tree(choices: Mapping[str, Any]) -> dict[str, Any]:
@@ -128,10 +162,27 @@ def spec_tree(choices: Mapping[str, Any]) -> dict[str, Any]:
     return tree
 
 
+_MODELINE = "# yaml-language-server: $schema=moegen.schema.json"
+
+
+def _written(choices: Mapping[str, Any], modeline: bool) -> tuple[list[str], dict[str, Position]]:
+    """The lines of the spec `choices` describe, and where each field went in them."""
+    lines = [_MODELINE] if modeline else []
+    where: dict[str, Position] = {}
+    _write(spec_tree(choices), 0, "", lines, where)
+    return lines, where
+
+
 def spec_yaml(choices: Mapping[str, Any], *, modeline: bool = False) -> str:
     """The YAML text of the spec `choices` describe (see the module docstring)."""
-    head = ["# yaml-language-server: $schema=moegen.schema.json"] if modeline else []
-    return "\n".join([*head, *_lines(spec_tree(choices), 0)]) + "\n"
+    return "\n".join(_written(choices, modeline)[0]) + "\n"
+
+
+def spec_positions(choices: Mapping[str, Any], *, modeline: bool = False) -> dict[str, Position]:
+    """Where `spec_yaml(choices)` writes each field, by dotted path ("router.top_k",
+    "mesh.axes.expert", "mesh.batch_axes[1]"), known from the writing and not from a parse,
+    so that a test can check the loader's positions against it."""
+    return _written(choices, modeline)[1]
 
 
 def tiny(**choices: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from test_validate_slices import CASES as SLICES_CASES
 from test_validate_te import CASES as TE_CASES
 from test_validate_tiles import CASES as TILES_CASES
 from test_validate_topology import CASES as TOPOLOGY_CASES
-from validate_cases import REPO_ROOT, RULES_BY_NAME, loaded_spec
+from validate_cases import REPO_ROOT, RULES_BY_NAME, loaded_spec, position
 
 from moegen.diagnostics import SpecError
 from moegen.load import load_spec
@@ -54,24 +54,28 @@ def test_every_rule_is_documented() -> None:
 
 
 def test_check_rules_reports_several_violations_at_once() -> None:
-    loaded = loaded_spec(
-        experts=4,
-        top_k=1,
-        renormalize=True,
-        embed=66,
-        batch=6,
-        axes="{data: 2, fsdp: 4}",
-        batch_axes="[data, fsdp, data]",
-        overlap=3,
-    )
+    choices = {
+        "experts": 4,
+        "top_k": 1,
+        "renormalize": True,
+        "embed": 66,
+        "batch": 6,
+        "axes": {"data": 2, "fsdp": 4},
+        "batch_axes": ["data", "fsdp", "data"],
+        "overlap_chunks": 3,
+    }
+    loaded = loaded_spec(choices)
     diagnostics = check_rules(loaded)
-    assert sorted((d.line, d.column, d.field) for d in diagnostics) == [
-        (4, 14, "layer.embed_dim"),
-        (8, 16, "router.renormalize"),
-        (10, 10, "shapes.batch"),
-        (14, 28, "mesh.batch_axes[2]"),
-        (16, 19, "parallelism.overlap_chunks"),
+    fields = [
+        "layer.embed_dim",
+        "router.renormalize",
+        "shapes.batch",
+        "mesh.batch_axes[2]",
+        "parallelism.overlap_chunks",
     ]
+    assert sorted((d.line, d.column, d.field) for d in diagnostics) == sorted(
+        (*position(choices, field), field) for field in fields
+    )
     with pytest.raises(SpecError) as info:
         validate(loaded)
     # SpecError keeps every diagnostic, in file order.

@@ -7,136 +7,150 @@ import re
 import pytest
 from validate_cases import (
     DEEPSEEK_V3,
-    group_limit,
+    VALUE,
+    Cases,
     loaded_spec,
     rule_tests,
 )
 
 from moegen.validate import check_rules
 
-# rule name -> [(spec overrides, expected diagnostics: (line, column, field, message))].
-CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
+# rule name -> [(spec choices over BASE, expected diagnostics: (field, KEY or VALUE, message))].
+CASES: Cases = {
     "group_limit_can_pick_top_k": [
         ({}, []),
         (DEEPSEEK_V3, []),
         # DeepSeek-V2: 160 experts in 8 groups of 20, the best 3 kept, top 6
-        ({"experts": 160, "top_k": 6, "router": group_limit(8, 3)}, []),
+        ({"experts": 160, "top_k": 6, "group_limit": (8, 3)}, []),
         # boundary: each kept group supplies all its experts (16 in 8 groups of 2, 2 of 4 kept)
-        ({"experts": 16, "top_k": 4, "router": group_limit(8, 2)}, []),
-        ({"experts": 32, "top_k": 8, "router": group_limit(4, 1)}, []),  # 8 of one group of 8
+        ({"experts": 16, "top_k": 4, "group_limit": (8, 2)}, []),
+        ({"experts": 32, "top_k": 8, "group_limit": (4, 1)}, []),  # 8 of one group of 8
         # groups of one expert: each group's score is its one expert's
-        ({"experts": 8, "top_k": 2, "router": (*group_limit(8, 2), "  top_per_group: 1")}, []),
         (
-            dict(DEEPSEEK_V3, router=(*group_limit(7, 4), "score: sigmoid")),
+            {"experts": 8, "top_k": 2, "group_limit": {"groups": 8, "keep": 2, "top_per_group": 1}},
+            [],
+        ),
+        (
+            {**DEEPSEEK_V3, "group_limit": (7, 4), "routed_scaling": None, "routing_bias": None},
             [
                 (
-                    10,
-                    13,
                     "router.group_limit.groups",
-                    "256 experts do not split into 7 equal groups; "
-                    "valid: 2, 4, 8, 16, 32, 64, 128, 256",
+                    VALUE,
+                    (
+                        "256 experts do not split into 7 equal groups; "
+                        "valid: 2, 4, 8, 16, 32, 64, 128, 256"
+                    ),
                 )
             ],
         ),
         # more groups than experts; and when groups are wrong, keep is not judged
         (
-            {"experts": 8, "top_k": 2, "router": group_limit(16, 16)},
+            {"experts": 8, "top_k": 2, "group_limit": (16, 16)},
             [
                 (
-                    10,
-                    13,
                     "router.group_limit.groups",
+                    VALUE,
                     "8 experts do not split into 16 equal groups; valid: 2, 4, 8",
                 )
             ],
         ),
         (
-            {"experts": 1, "top_k": 1, "router": group_limit(2, 1)},
+            {"experts": 1, "top_k": 1, "group_limit": (2, 1)},
             [
                 (
-                    10,
-                    13,
                     "router.group_limit.groups",
+                    VALUE,
                     "1 experts do not split into 2 equal groups; valid: none (one expert)",
                 )
             ],
         ),
         # top_k need not be a multiple of keep: DeepSeek-V3 keeps 3 of 8 as well as 4
-        (dict(DEEPSEEK_V3, router=(*group_limit(8, 3), "score: sigmoid")), []),
-        ({"experts": 16, "top_k": 3, "router": group_limit(4, 2)}, []),
+        ({**DEEPSEEK_V3, "group_limit": (8, 3), "routed_scaling": None, "routing_bias": None}, []),
+        ({"experts": 16, "top_k": 3, "group_limit": (4, 2)}, []),
         (
-            dict(DEEPSEEK_V3, router=(*group_limit(8, 8), "score: sigmoid")),
+            {**DEEPSEEK_V3, "group_limit": (8, 8), "routed_scaling": None, "routing_bias": None},
             [
                 (
-                    11,
-                    11,
                     "router.group_limit.keep",
-                    "keeping 8 of 8 groups limits nothing; valid keep: 1 to 7; "
-                    "or remove group_limit",
+                    VALUE,
+                    (
+                        "keeping 8 of 8 groups limits nothing; valid keep: 1 to 7; "
+                        "or remove group_limit"
+                    ),
                 )
             ],
         ),
         (
-            {"experts": 8, "top_k": 2, "router": group_limit(2, 3)},
+            {"experts": 8, "top_k": 2, "group_limit": (2, 3)},
             [
                 (
-                    11,
-                    11,
                     "router.group_limit.keep",
+                    VALUE,
                     "keeping 3 of 2 groups limits nothing; valid keep: 1; or remove group_limit",
                 )
             ],
         ),
         # 16 experts in 8 groups of 2: top 8 needs 4 kept groups
         (
-            {"experts": 16, "top_k": 8, "router": group_limit(8, 2)},
+            {"experts": 16, "top_k": 8, "group_limit": (8, 2)},
             [
                 (
-                    11,
-                    11,
                     "router.group_limit.keep",
-                    "2 kept groups of 2 experts cannot supply top_k = 8; valid keep: 4 to 7; "
-                    "or remove group_limit",
+                    VALUE,
+                    (
+                        "2 kept groups of 2 experts cannot supply top_k = 8; valid keep: 4 to 7; "
+                        "or remove group_limit"
+                    ),
                 )
             ],
         ),
         # 16 experts in 4 groups of 4, top 13: 4 groups are needed, and keeping 4 limits nothing
         (
-            {"experts": 16, "top_k": 13, "router": group_limit(4, 2)},
+            {"experts": 16, "top_k": 13, "group_limit": (4, 2)},
             [
                 (
-                    11,
-                    11,
                     "router.group_limit.keep",
-                    "2 kept groups of 4 experts cannot supply top_k = 13; no keep works for "
-                    "top_k = 13 with 4 groups of 4; groups that work: 8; or remove group_limit",
+                    VALUE,
+                    (
+                        "2 kept groups of 4 experts cannot supply top_k = 13; no keep works for "
+                        "top_k = 13 with 4 groups of 4; groups that work: 8; or remove group_limit"
+                    ),
                 )
             ],
         ),
         (
-            {"experts": 8, "top_k": 2, "router": group_limit(1, 1)},
+            {"experts": 8, "top_k": 2, "group_limit": (1, 1)},
             [
                 (
-                    10,
-                    13,
                     "router.group_limit.groups",
+                    VALUE,
                     "one group holds every expert and limits nothing; valid: 2, 4, 8",
                 )
             ],
         ),
         # a group's score sums its best top_per_group: a group of 2 has no best 3
         (
-            {"experts": 16, "top_k": 4, "router": (*group_limit(8, 2), "  top_per_group: 3")},
+            {
+                "experts": 16,
+                "top_k": 4,
+                "group_limit": {"groups": 8, "keep": 2, "top_per_group": 3},
+            },
             [
                 (
-                    12,
-                    20,
                     "router.group_limit.top_per_group",
+                    VALUE,
                     "a group of 2 experts has no best 3 to sum; use 1 to 2, or fewer groups",
                 )
             ],
         ),
-        ({"experts": 16, "top_k": 4, "router": (*group_limit(8, 2), "  top_per_group: 1")}, []),
+        (
+            {
+                "experts": 16,
+                "top_k": 4,
+                "group_limit": {"groups": 8, "keep": 2, "top_per_group": 1},
+            },
+            [],
+        ),
     ],
 }
 
@@ -145,7 +159,7 @@ test_rule, test_only_the_rule_under_test_fires_in_check_rules = rule_tests(CASES
 
 
 def _keep_message(experts: int, top_k: int, groups: int, keep: int) -> str:
-    loaded = loaded_spec(experts=experts, top_k=top_k, router=group_limit(groups, keep))
+    loaded = loaded_spec({"experts": experts, "top_k": top_k, "group_limit": (groups, keep)})
     [diagnostic] = check_rules(loaded)
     assert diagnostic.field == "router.group_limit.keep", diagnostic
     return diagnostic.message
@@ -175,7 +189,7 @@ def test_group_keep_advice_is_exactly_the_passing_keeps(
 ) -> None:
     listed = _listed_keeps(_keep_message(experts, top_k, groups, keep))
     for value in range(1, groups + 2):
-        again = loaded_spec(experts=experts, top_k=top_k, router=group_limit(groups, value))
+        again = loaded_spec({"experts": experts, "top_k": top_k, "group_limit": (groups, value)})
         assert (check_rules(again) == []) == (value in listed), (value, listed)
 
 
@@ -187,9 +201,11 @@ def test_group_counts_named_when_no_keep_works_do_work() -> None:
         keeps = [
             keep
             for keep in range(1, groups)
-            if check_rules(loaded_spec(experts=16, top_k=13, router=group_limit(groups, keep)))
+            if check_rules(loaded_spec({"experts": 16, "top_k": 13, "group_limit": (groups, keep)}))
             == []
         ]
         assert keeps, groups
     for keep in range(1, 6):  # and with 4 groups none does
-        assert check_rules(loaded_spec(experts=16, top_k=13, router=group_limit(4, keep))), keep
+        assert check_rules(loaded_spec({"experts": 16, "top_k": 13, "group_limit": (4, keep)})), (
+            keep
+        )

@@ -3,73 +3,90 @@ failing, located."""
 
 from __future__ import annotations
 
-from validate_cases import rule_tests
+from validate_cases import (
+    VALUE,
+    Cases,
+    rule_tests,
+)
 
-# rule name -> [(spec overrides, expected diagnostics: (line, column, field, message))].
-CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
+# rule name -> [(spec choices over BASE, expected diagnostics: (field, KEY or VALUE, message))].
+CASES: Cases = {
     "batch_axes_leave_out_tensor_and_sequence": [
-        ({"axes": "{data: 2, tensor: 2}"}, []),  # by default neither shards the batch
-        ({"axes": "{data: 2, sequence: 2}", "batch_axes": "[data]"}, []),
+        ({"axes": {"data": 2, "tensor": 2}}, []),  # by default neither shards the batch
+        ({"axes": {"data": 2, "sequence": 2}, "batch_axes": ["data"]}, []),
         (
-            {"axes": "{data: 2, tensor: 2}", "batch_axes": "[data, tensor]"},
+            {"axes": {"data": 2, "tensor": 2}, "batch_axes": ["data", "tensor"]},
             [
                 (
-                    14, 22, "mesh.batch_axes[1]",
-                    "'tensor' cannot shard the batch: the tensor axis splits each expert's FFN "
-                    "width, every tensor shard needs the same tokens; remove it from "
-                    "mesh.batch_axes",
+                    "mesh.batch_axes[1]",
+                    VALUE,
+                    (
+                        "'tensor' cannot shard the batch: the tensor axis splits each expert's FFN "
+                        "width, every tensor shard needs the same tokens; remove it from "
+                        "mesh.batch_axes"
+                    ),
                 )
             ],
         ),
         (
-            {"axes": "{sequence: 2, data: 2}", "batch_axes": "[sequence, data]"},
+            {"axes": {"sequence": 2, "data": 2}, "batch_axes": ["sequence", "data"]},
             [
                 (
-                    14, 16, "mesh.batch_axes[0]",
-                    "'sequence' cannot shard the batch: the sequence axis splits each sequence "
-                    "along seq_len; remove it from mesh.batch_axes",
+                    "mesh.batch_axes[0]",
+                    VALUE,
+                    (
+                        "'sequence' cannot shard the batch: the sequence axis splits each sequence "
+                        "along seq_len; remove it from mesh.batch_axes"
+                    ),
                 )
             ],
         ),
     ],
     "ffn_divisible_by_tensor": [
-        ({"axes": "{data: 2, tensor: 4}"}, []),
-        ({"axes": "{tensor: 2}", "layer": ("shared_ffn_dim: 96",)}, []),
+        ({"axes": {"data": 2, "tensor": 4}}, []),
+        ({"axes": {"tensor": 2}, "shared_ffn": 96}, []),
         (
-            {"ffn": 130, "axes": "{data: 2, tensor: 4}"},
+            {"ffn": 130, "axes": {"data": 2, "tensor": 4}},
             [
                 (
-                    5, 12, "layer.ffn_dim",
-                    "ffn_dim = 130 does not split over the tensor axis of 4; nearest widths "
-                    "that do: 128 or 132",
+                    "layer.ffn_dim",
+                    VALUE,
+                    (
+                        "ffn_dim = 130 does not split over the tensor axis of 4; nearest widths "
+                        "that do: 128 or 132"
+                    ),
                 )
             ],
         ),
         (
-            {"axes": "{tensor: 8}", "layer": ("shared_ffn_dim: 100",)},
+            {"axes": {"tensor": 8}, "shared_ffn": 100},
             [
                 (
-                    6, 19, "layer.shared_ffn_dim",
-                    "shared_ffn_dim = 100 does not split over the tensor axis of 8; nearest "
-                    "widths that do: 96 or 104",
+                    "layer.shared_ffn_dim",
+                    VALUE,
+                    (
+                        "shared_ffn_dim = 100 does not split over the tensor axis of 8; nearest "
+                        "widths that do: 96 or 104"
+                    ),
                 )
             ],
         ),
     ],
     "seq_len_divisible_by_sequence": [
-        ({"axes": "{data: 2, sequence: 4}"}, []),
-        ({"axes": "{data: 2}", "seq": 31}, []),  # no sequence axis: any length
+        ({"axes": {"data": 2, "sequence": 4}}, []),
+        ({"axes": {"data": 2}, "seq_len": 31}, []),  # no sequence axis: any length
         (
-            {"axes": "{data: 2, sequence: 3}", "seq": 32},
+            {"axes": {"data": 2, "sequence": 3}, "seq_len": 32},
             [
                 (
-                    11, 12, "shapes.seq_len",
+                    "shapes.seq_len",
+                    VALUE,
                     "seq_len 32 does not split over the sequence axis of 3; nearest: 30 or 33",
                 )
             ],
         ),
     ],
-}  # fmt: skip
+}
 
 
 test_rule, test_only_the_rule_under_test_fires_in_check_rules = rule_tests(CASES)

@@ -5,27 +5,31 @@ from __future__ import annotations
 import pytest
 from validate_cases import (
     DEEPSEEK_V3,
+    KEY,
     NOTHING_BALANCES,
     ROUTING_BIAS_ON_LOGITS,
-    group_limit,
-    loaded_spec,
+    VALUE,
+    Cases,
+    case_yaml,
+    position,
     rule_tests,
 )
 
+from moegen.load import load_spec_bytes
 from moegen.validate import check_rules
 
-# rule name -> [(spec overrides, expected diagnostics: (line, column, field, message))].
-CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
+# rule name -> [(spec choices over BASE, expected diagnostics: (field, KEY or VALUE, message))].
+CASES: Cases = {
     "top_k_within_experts": [
         ({}, []),
         ({"experts": 8, "top_k": 8}, []),  # boundary: every expert
         (
             {"experts": 8, "top_k": 9},
-            [(7, 10, "router.top_k", "must be <= layer.num_experts (8), got 9")],
+            [("router.top_k", VALUE, "must be <= layer.num_experts (8), got 9")],
         ),
         (
             {"experts": 1, "top_k": 2},
-            [(7, 10, "router.top_k", "must be <= layer.num_experts (1), got 2")],
+            [("router.top_k", VALUE, "must be <= layer.num_experts (1), got 2")],
         ),
     ],
     "single_expert_not_renormalized": [
@@ -35,9 +39,8 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
             {"top_k": 1, "renormalize": True},
             [
                 (
-                    8,
-                    16,
                     "router.renormalize",
+                    VALUE,
                     (
                         "with top_k = 1 the renormalised weight is always 1.0 and the router gets "
                         "zero gradient; set renormalize: false"
@@ -48,134 +51,129 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
     ],
     "routing_bias_chooses_by_scores": [
         ({}, []),
-        ({"router": ("score: sigmoid", "routing_bias: true")}, []),
-        ({"router": ("score: sqrtsoftplus", "routing_bias: true")}, []),
-        ({"router": ("score: softmax", "routing_bias: false")}, []),
+        ({"score": "sigmoid", "routing_bias": True}, []),
+        ({"score": "sqrtsoftplus", "routing_bias": True}, []),
+        ({"score": "softmax", "routing_bias": False}, []),
         (DEEPSEEK_V3, []),
         # ERNIE 4.5: the bias is added to the softmax probabilities to choose
-        ({"renormalize": True, "router": ("routing_bias: true",)}, []),
-        ({"router": ("score: softmax", "routing_bias: true")}, []),
+        ({"renormalize": True, "routing_bias": True}, []),
+        ({"score": "softmax", "routing_bias": True}, []),
         # by raw logits there is no score to add it to: refused where it is written
         (
-            {"router": ("score_after_top_k: true", "routing_bias: true")},
-            [(10, 17, "router.routing_bias", ROUTING_BIAS_ON_LOGITS)],
+            {"score_after_top_k": True, "routing_bias": True},
+            [("router.routing_bias", VALUE, ROUTING_BIAS_ON_LOGITS)],
         ),
     ],
     "score_after_top_k_is_meaningful": [
         ({}, []),
-        ({"router": ("score_after_top_k: true",)}, []),  # Mixtral: top-2 softmax over 2 logits
+        ({"score_after_top_k": True}, []),  # Mixtral: top-2 softmax over 2 logits
         # gpt-oss: 128 experts, softmax over the top-4 logits
-        ({"experts": 128, "top_k": 4, "router": ("score: softmax", "score_after_top_k: true")}, []),
-        ({"router": ("score: sigmoid", "score_after_top_k: false")}, []),
+        ({"experts": 128, "top_k": 4, "score": "softmax", "score_after_top_k": True}, []),
+        ({"score": "sigmoid", "score_after_top_k": False}, []),
         (
-            {"router": ("score: sigmoid", "score_after_top_k: true")},
+            {"score": "sigmoid", "score_after_top_k": True},
             [
                 (
-                    10,
-                    22,
                     "router.score_after_top_k",
-                    "sigmoid scores each expert on its own, so applying it after top-k gives the "
-                    "same weights; remove score_after_top_k",
+                    VALUE,
+                    (
+                        "sigmoid scores each expert on its own, so applying it after top-k gives the "
+                        "same weights; remove score_after_top_k"
+                    ),
                 )
             ],
         ),
         # the score is the whole story: renormalize (fine with sigmoid) is not looked at
         (
-            {"renormalize": True, "router": ("score: sqrtsoftplus", "score_after_top_k: true")},
+            {"renormalize": True, "score": "sqrtsoftplus", "score_after_top_k": True},
             [
                 (
-                    10,
-                    22,
                     "router.score_after_top_k",
-                    "sqrtsoftplus scores each expert on its own, so applying it after top-k "
-                    "gives the same weights; remove score_after_top_k",
+                    VALUE,
+                    (
+                        "sqrtsoftplus scores each expert on its own, so applying it after top-k "
+                        "gives the same weights; remove score_after_top_k"
+                    ),
                 )
             ],
         ),
         (
-            {"top_k": 1, "router": ("score_after_top_k: true",)},
+            {"top_k": 1, "score_after_top_k": True},
             [
                 (
-                    9,
-                    22,
                     "router.score_after_top_k",
-                    "a softmax over one chosen logit is always 1.0: the router would get zero "
-                    "gradient; set score_after_top_k: false (softmax over all experts)",
+                    VALUE,
+                    (
+                        "a softmax over one chosen logit is always 1.0: the router would get zero "
+                        "gradient; set score_after_top_k: false (softmax over all experts)"
+                    ),
                 )
             ],
         ),
         (
-            {"renormalize": True, "router": ("score_after_top_k: true",)},
+            {"renormalize": True, "score_after_top_k": True},
             [
                 (
-                    8,
-                    16,
                     "router.renormalize",
+                    VALUE,
                     "the softmax over the chosen logits already sums to 1; set renormalize: false",
                 )
             ],
         ),
         (
-            {"router": (*group_limit(4, 2), "score_after_top_k: true")},
+            {"group_limit": (4, 2), "score_after_top_k": True},
             [
                 (
-                    9,
-                    3,
                     "router.group_limit",
-                    "group-limited routing ranks groups by scores over all experts, which "
-                    "score_after_top_k does not compute; use score_after_top_k: false with it",
+                    KEY,
+                    (
+                        "group-limited routing ranks groups by scores over all experts, which "
+                        "score_after_top_k does not compute; use score_after_top_k: false with it"
+                    ),
                 )
             ],
         ),
         # both problems of a softmax written with what score_after_top_k already does
         (
-            {"renormalize": True, "router": (*group_limit(4, 2), "score_after_top_k: true")},
+            {"renormalize": True, "group_limit": (4, 2), "score_after_top_k": True},
             [
                 (
-                    8,
-                    16,
                     "router.renormalize",
+                    VALUE,
                     "the softmax over the chosen logits already sums to 1; set renormalize: false",
                 ),
                 (
-                    9,
-                    3,
                     "router.group_limit",
-                    "group-limited routing ranks groups by scores over all experts, which "
-                    "score_after_top_k does not compute; use score_after_top_k: false with it",
+                    KEY,
+                    (
+                        "group-limited routing ranks groups by scores over all experts, which "
+                        "score_after_top_k does not compute; use score_after_top_k: false with it"
+                    ),
                 ),
             ],
         ),
     ],
     "capacity_has_a_balancer": [
         ({}, []),  # dropless
-        ({"router": ("load_balance_loss: 0.01", "capacity: {factor: 1.25}")}, []),
+        ({"load_balance_loss": 0.01, "capacity": {"factor": 1.25}}, []),
         (
-            {
-                "router": (
-                    "score: sigmoid",
-                    "routing_bias: true",
-                    "capacity: {factor: 1.0, drop: position}",
-                )
-            },
+            {"score": "sigmoid", "routing_bias": True, "capacity": (1.0, "position")},
             [],
         ),
-        ({"router": ("load_balance_loss: 0.0",)}, []),  # no capacity, no balancer: dropless
+        ({"load_balance_loss": 0.0}, []),  # no capacity, no balancer: dropless
         (
-            {"router": ("capacity: {factor: 1.25}",)},
-            [(9, 3, "router.capacity", NOTHING_BALANCES)],
+            {"capacity": {"factor": 1.25}},
+            [("router.capacity", KEY, NOTHING_BALANCES)],
         ),
         # written out as off, and a z-loss (which only keeps logits small) does not balance
         (
             {
-                "router": (
-                    "capacity: {factor: 2.0, drop: position}",
-                    "load_balance_loss: 0",
-                    "routing_bias: false",
-                    "z_loss: 0.001",
-                )
+                "capacity": (2.0, "position"),
+                "load_balance_loss": 0,
+                "routing_bias": False,
+                "z_loss": 0.001,
             },
-            [(9, 3, "router.capacity", NOTHING_BALANCES)],
+            [("router.capacity", KEY, NOTHING_BALANCES)],
         ),
     ],
 }
@@ -184,15 +182,23 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
 test_rule, test_only_the_rule_under_test_fires_in_check_rules = rule_tests(CASES)
 
 
+# Written as YAML text: the point is where a mapping value, block or flow, is reported.
 @pytest.mark.parametrize(
-    "router",
+    "router_lines",
     [
         ("capacity:", "  factor: 1.25"),
         ("capacity: {factor: 1.25}",),
-        (*group_limit(4, 2), "score_after_top_k: true"),
+        ("group_limit:", "  groups: 4", "  keep: 2", "score_after_top_k: true"),
     ],
     ids=["capacity-block", "capacity-flow", "group_limit-block"],
 )
-def test_mapping_valued_router_fields_are_reported_at_their_key(router: tuple[str, ...]) -> None:
-    [diagnostic] = check_rules(loaded_spec(router=router))
-    assert (diagnostic.line, diagnostic.column) == (9, 3), diagnostic
+def test_mapping_valued_router_fields_are_reported_at_their_key(
+    router_lines: tuple[str, ...],
+) -> None:
+    text = case_yaml()
+    assert "\nrouter:\n" in text
+    added = "".join(f"  {line}\n" for line in router_lines)
+    text = text.replace("\nrouter:\n", f"\nrouter:\n{added}", 1)
+    [diagnostic] = check_rules(load_spec_bytes(text.encode(), "rule.yaml", "rule"))
+    first_added_line = position({}, "router", KEY)[0] + 1
+    assert (diagnostic.line, diagnostic.column) == (first_added_line, 3), diagnostic

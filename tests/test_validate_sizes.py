@@ -6,13 +6,17 @@ import re
 from pathlib import Path
 
 from validate_cases import (
+    KEY,
     REPO_ROOT,
     TWO_V5E_SLICES,
+    VALUE,
+    Cases,
+    case_yaml,
     found,
-    group_limit,
     loaded_spec,
+    located,
+    position,
     rule_tests,
-    spec_yaml,
 )
 
 from moegen.load import LoadedSpec, load_spec_bytes
@@ -20,19 +24,18 @@ from moegen.sizes import divisors, listed
 from moegen.validate import check_rules
 from moegen.validate.bounds import MAX_EXPERTS
 
-# rule name -> [(spec overrides, expected diagnostics: (line, column, field, message))].
-CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
+# rule name -> [(spec choices over BASE, expected diagnostics: (field, KEY or VALUE, message))].
+CASES: Cases = {
     "indices_fit_int32": [
         ({}, []),
         # per device: (2**18 - 1) * 2 rows of width 4096 = 2**31 - 8192 elements: fits
-        ({"embed": 4096, "ffn": 1024, "batch": 1, "seq": 2**18 - 1, "axes": "{data: 1}"}, []),
+        ({"embed": 4096, "ffn": 1024, "batch": 1, "seq_len": 262143, "axes": {"data": 1}}, []),
         (
-            {"embed": 4096, "ffn": 1024, "batch": 1, "seq": 2**18, "axes": "{data: 1}"},
+            {"embed": 4096, "ffn": 1024, "batch": 1, "seq_len": 262144, "axes": {"data": 1}},
             [
                 (
-                    10,
-                    10,
                     "shapes.batch",
+                    VALUE,
                     (
                         "each device routes 524288 rows of width 4096: 2147483648 elements "
                         "overflow int32 indexing (< 2**31); shard the batch over more devices, "
@@ -43,12 +46,11 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
         ),
         # the width is the larger of embed_dim and ffn_dim
         (
-            {"embed": 1024, "ffn": 4096, "batch": 2, "seq": 2**18, "axes": "{data: 2}"},
+            {"embed": 1024, "ffn": 4096, "batch": 2, "seq_len": 262144, "axes": {"data": 2}},
             [
                 (
-                    10,
-                    10,
                     "shapes.batch",
+                    VALUE,
                     (
                         "each device routes 524288 rows of width 4096: 2147483648 elements "
                         "overflow int32 indexing (< 2**31); shard the batch over more devices, "
@@ -63,31 +65,38 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
                 "embed": 8,
                 "ffn": 8,
                 "batch": 256,
-                "seq": 2**20 - 1,
+                "seq_len": 1048575,
                 "top_k": 8,
-                "axes": "{data: 256}",
+                "axes": {"data": 256},
             },
             [],
         ),
         (
-            {"embed": 8, "ffn": 8, "batch": 256, "seq": 2**20, "top_k": 8, "axes": "{data: 256}"},
+            {
+                "embed": 8,
+                "ffn": 8,
+                "batch": 256,
+                "seq_len": 1048576,
+                "top_k": 8,
+                "axes": {"data": 256},
+            },
             [
                 (
-                    11,
-                    12,
                     "shapes.seq_len",
-                    "batch*seq_len*top_k = 2147483648 token slots overflow int32 (< 2**31); "
-                    "reduce shapes.batch, shapes.seq_len or router.top_k",
+                    VALUE,
+                    (
+                        "batch*seq_len*top_k = 2147483648 token slots overflow int32 (< 2**31); "
+                        "reduce shapes.batch, shapes.seq_len or router.top_k"
+                    ),
                 )
             ],
         ),
         (
-            {"embed": 4096, "batch": 256, "seq": 2**20, "top_k": 8, "axes": "{data: 2}"},
+            {"embed": 4096, "batch": 256, "seq_len": 1048576, "top_k": 8, "axes": {"data": 2}},
             [
                 (
-                    10,
-                    10,
                     "shapes.batch",
+                    VALUE,
                     (
                         "each device routes 1073741824 rows of width 4096: 4398046511104 elements "
                         "overflow int32 indexing (< 2**31); shard the batch over more devices, "
@@ -95,25 +104,25 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
                     ),
                 ),
                 (
-                    11,
-                    12,
                     "shapes.seq_len",
-                    "batch*seq_len*top_k = 2147483648 token slots overflow int32 (< 2**31); "
-                    "reduce shapes.batch, shapes.seq_len or router.top_k",
+                    VALUE,
+                    (
+                        "batch*seq_len*top_k = 2147483648 token slots overflow int32 (< 2**31); "
+                        "reduce shapes.batch, shapes.seq_len or router.top_k"
+                    ),
                 ),
             ],
         ),
     ],
     "parameters_reasonably_sized": [
         ({}, []),
-        ({"experts": 1023, "embed": 2**15, "ffn": 2**15}, []),  # just under 2**40 elements
+        ({"experts": 1023, "embed": 32768, "ffn": 32768}, []),  # just under 2**40 elements
         (
-            {"experts": 1024, "embed": 2**15, "ffn": 2**15},
+            {"experts": 1024, "embed": 32768, "ffn": 32768},
             [
                 (
-                    2,
-                    1,
                     "layer",
+                    KEY,
                     (
                         "expert weights of num_experts*embed_dim*ffn_dim = 1099511627776 elements "
                         "(>= 2**40) per projection; check the sizes"
@@ -129,12 +138,13 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
             {"experts": 4097},
             [
                 (
-                    3,
-                    16,
                     "layer.num_experts",
-                    "4097 experts; at most 4096: the shrunken twin `moegen build` verifies "
-                    "keeps every expert, and its dense reference runs every token through each "
-                    "of them on CPU (the largest published MoE layers have 2048, Switch-C)",
+                    VALUE,
+                    (
+                        "4097 experts; at most 4096: the shrunken twin `moegen build` verifies "
+                        "keeps every expert, and its dense reference runs every token through each "
+                        "of them on CPU (the largest published MoE layers have 2048, Switch-C)"
+                    ),
                 )
             ],
         ),
@@ -146,12 +156,13 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
             {"ffn": 130, "ffn_chunks": 65},
             [
                 (
-                    27,
-                    15,
                     "memory.ffn_chunks",
-                    "65 FFN slices; at most 64: each is a step of the generated layer (and of "
-                    "the twin `moegen build` verifies), and pieces this narrow cost more in step "
-                    "overhead than they save",
+                    VALUE,
+                    (
+                        "65 FFN slices; at most 64: each is a step of the generated layer (and of "
+                        "the twin `moegen build` verifies), and pieces this narrow cost more in step "
+                        "overhead than they save"
+                    ),
                 )
             ],
         ),
@@ -162,43 +173,34 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
 test_rule, test_only_the_rule_under_test_fires_in_check_rules = rule_tests(CASES)
 
 
-def _with_shared_expert(width: int, **kwargs) -> LoadedSpec:
-    """spec_yaml with layer.shared_ffn_dim written after ffn_dim (line 6: later lines move)."""
-    text = spec_yaml(**kwargs)
-    ffn_line = f"  ffn_dim: {kwargs.get('ffn', 128)}\n"
-    assert ffn_line in text
-    text = text.replace(ffn_line, f"{ffn_line}  shared_ffn_dim: {width}\n")
-    return load_spec_bytes(text.encode(), "rule.yaml", "rule")
-
-
 def test_shared_expert_width_counts_for_int32_indexing() -> None:
     # 2**18 tokens a device, top-2: 2**19 routed rows of width 1024 fit (2**29 elements);
     # the shared expert runs once per token, not per routed copy: its 2**18 rows of width 8191
     # fit (2**31 - 2**18 elements), though 2**19 rows of that width would not
-    shape = {"embed": 1024, "ffn": 1024, "batch": 2, "seq": 2**18, "axes": "{data: 2}"}
-    assert check_rules(_with_shared_expert(8191, **shape)) == []
+    shape = {"embed": 1024, "ffn": 1024, "batch": 2, "seq_len": 2**18, "axes": {"data": 2}}
+    assert check_rules(loaded_spec({**shape, "shared_ffn": 8191})) == []
     # 2**18 rows of width 2**13 are 2**31 elements alone: reported at the shared width
-    found = [
-        (d.line, d.column, d.field, d.message)
-        for d in check_rules(_with_shared_expert(8192, **shape))
-    ]
-    assert found == [
-        (
-            6,
-            19,
-            "layer.shared_ffn_dim",
-            "the shared expert's hidden activations on each device hold 262144 x 8192 = "
-            "2147483648 elements, overflowing int32 indexing (< 2**31); shard the batch over "
-            "more devices, or reduce shapes.batch or shapes.seq_len",
-        )
-    ]
+    wide = {**shape, "shared_ffn": 8192}
+    found = [(d.line, d.column, d.field, d.message) for d in check_rules(loaded_spec(wide))]
+    assert found == located(
+        wide,
+        [
+            (
+                "layer.shared_ffn_dim",
+                VALUE,
+                "the shared expert's hidden activations on each device hold 262144 x 8192 = "
+                "2147483648 elements, overflowing int32 indexing (< 2**31); shard the batch over "
+                "more devices, or reduce shapes.batch or shapes.seq_len",
+            )
+        ],
+    )
     # a narrow shared expert changes nothing
-    assert check_rules(_with_shared_expert(512, **shape)) == []
+    assert check_rules(loaded_spec({**shape, "shared_ffn": 512})) == []
 
 
 def test_shared_expert_is_not_counted_per_routed_copy() -> None:
-    loaded = _with_shared_expert(4096, embed=1024, ffn=1024, batch=2, seq=2**18, axes="{data: 2}")
-    assert check_rules(loaded) == []
+    shape = {"embed": 1024, "ffn": 1024, "batch": 2, "seq_len": 2**18, "axes": {"data": 2}}
+    assert check_rules(loaded_spec({**shape, "shared_ffn": 4096})) == []
 
 
 # ---------------------------------------------------------------------------------------
@@ -225,22 +227,26 @@ def _listed_values(message: str, after: str) -> tuple[list[int], int | None]:
 
 
 def test_prime_expert_count_at_the_schema_limit_splits_into_no_groups() -> None:
-    loaded = loaded_spec(experts=INT32_MAX, router=group_limit(2, 1))
+    choices = {"experts": INT32_MAX, "group_limit": (2, 1)}
+    loaded = loaded_spec(choices)
     assert _fired(loaded, "router.group_limit.groups") == [
-        (10, 13, "2147483647 experts do not split into 2 equal groups; valid: 2147483647")
+        (
+            *position(choices, "router.group_limit.groups"),
+            "2147483647 experts do not split into 2 equal groups; valid: 2147483647",
+        )
     ]
     [(line, column, message)] = _fired(loaded, "layer.num_experts")
-    assert (line, column) == (3, 16) and message.startswith("2147483647 experts; at most 4096")
+    assert (line, column) == position(choices, "layer.num_experts")
+    assert message.startswith("2147483647 experts; at most 4096")
 
 
 def test_group_count_at_the_schema_limit_lists_its_keeps() -> None:
     groups = 2**30  # of one expert each: their score is their one expert's (top_per_group 1)
-    router = (*group_limit(groups, groups), "  top_per_group: 1")
-    loaded = loaded_spec(experts=2**30, router=router)
-    assert _fired(loaded, "router.group_limit.keep") == [
+    limit = {"groups": groups, "keep": groups, "top_per_group": 1}
+    choices = {"experts": 2**30, "group_limit": limit}
+    assert _fired(loaded_spec(choices), "router.group_limit.keep") == [
         (
-            11,
-            11,
+            *position(choices, "router.group_limit.keep"),
             f"keeping {groups} of {groups} groups limits nothing; valid keep: 2 to {groups - 1}; "
             "or remove group_limit",
         )
@@ -249,9 +255,9 @@ def test_group_count_at_the_schema_limit_lists_its_keeps() -> None:
 
 def test_no_keep_works_lists_the_group_counts_that_do_nearest_the_one_written() -> None:
     top_k = 720720000  # more than the 367567200 experts of each of 2 groups: keep 1 fails
-    loaded = loaded_spec(experts=HIGHLY_COMPOSITE, top_k=top_k, router=group_limit(2, 1))
-    [(line, column, message)] = _fired(loaded, "router.group_limit.keep")
-    assert (line, column) == (11, 11)
+    choices = {"experts": HIGHLY_COMPOSITE, "top_k": top_k, "group_limit": (2, 1)}
+    [(line, column, message)] = _fired(loaded_spec(choices), "router.group_limit.keep")
+    assert (line, column) == position(choices, "router.group_limit.keep")
     assert "no keep works for top_k = 720720000 with 2 groups of 367567200" in message
     groups, total = _listed_values(message, "groups that work: ")
     assert len(groups) == 8 and total is not None and total > 8, message
@@ -261,25 +267,27 @@ def test_no_keep_works_lists_the_group_counts_that_do_nearest_the_one_written() 
         assert fewest < count, count
         assert not found(
             "group_limit_can_pick_top_k",
-            experts=HIGHLY_COMPOSITE,
-            top_k=top_k,
-            router=group_limit(count, fewest),
+            {"experts": HIGHLY_COMPOSITE, "top_k": top_k, "group_limit": (count, fewest)},
         ), count
 
 
 def test_axis_at_the_schema_limit_over_slices() -> None:
-    loaded = loaded_spec(**TWO_V5E_SLICES, axes=f"{{data: {INT32_MAX}}}", dcn_axes="{data: 2}")
+    choices = {**TWO_V5E_SLICES, "axes": {"data": INT32_MAX}, "dcn_axes": {"data": 2}}
+    loaded = loaded_spec(choices)
     assert _fired(loaded, "mesh.dcn_axes.data") == [
-        (12, 25, "data = 2147483647 does not split into 2 slices; valid: 1, 2147483647")
+        (
+            *position(choices, "mesh.dcn_axes.data"),
+            "data = 2147483647 does not split into 2 slices; valid: 1, 2147483647",
+        )
     ]
     assert _fired(loaded, "mesh.axes")  # and the mesh is far larger than the slices
 
 
 def test_axis_with_many_divisors_lists_those_nearest_the_slices_written() -> None:
-    axes = f"{{data: {HIGHLY_COMPOSITE}}}"
-    loaded = loaded_spec(**TWO_V5E_SLICES, axes=axes, dcn_axes="{data: 19}")
-    [(line, column, message)] = _fired(loaded, "mesh.dcn_axes.data")
-    assert (line, column) == (12, 25)
+    axes = {"data": HIGHLY_COMPOSITE}
+    choices = {**TWO_V5E_SLICES, "axes": axes, "dcn_axes": {"data": 19}}
+    [(line, column, message)] = _fired(loaded_spec(choices), "mesh.dcn_axes.data")
+    assert (line, column) == position(choices, "mesh.dcn_axes.data")
     values, total = _listed_values(message, "valid: ")
     assert values == [14, 15, 16, 17, 18, 20, 21, 22] and total == 1344, message
 
@@ -292,12 +300,17 @@ def test_every_example_expert_count_is_within_the_limit() -> None:
 
 def test_expert_count_past_the_limit_is_exit_3_located(tmp_path: Path, run_moegen) -> None:
     spec = tmp_path / "many.yaml"
-    spec.write_text(spec_yaml(experts=INT32_MAX, router=group_limit(2, 1)))
+    choices = {"experts": INT32_MAX, "group_limit": (2, 1)}
+    spec.write_text(case_yaml(choices))
     result = run_moegen("build", "--no-verify", "--out", tmp_path / "out", spec, cwd=tmp_path)
     assert result.returncode == 3, result.stderr
     output = result.stdout + result.stderr
-    assert "many.yaml:3:16: layer.num_experts: 2147483647 experts; at most 4096" in output
-    assert "many.yaml:10:13: router.group_limit.groups:" in output
+    line, column = position(choices, "layer.num_experts")
+    assert (
+        f"many.yaml:{line}:{column}: layer.num_experts: 2147483647 experts; at most 4096" in output
+    )
+    line, column = position(choices, "router.group_limit.groups")
+    assert f"many.yaml:{line}:{column}: router.group_limit.groups:" in output
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 

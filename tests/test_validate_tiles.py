@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import pytest
 from validate_cases import (
+    KEY,
     PALLAS_V5E,
     PALLAS_V6E,
+    VALUE,
+    Cases,
     loaded_spec,
     rule_tests,
 )
 
 from moegen.validate import check_rules
 
-# rule name -> [(spec overrides, expected diagnostics: (line, column, field, message))].
-CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
+# rule name -> [(spec choices over BASE, expected diagnostics: (field, KEY or VALUE, message))].
+CASES: Cases = {
     "kernel_runs_on_target": [
         ({}, []),  # cpu, xla
         ({"hardware": "tpu-v5e", "topology": "2x2"}, []),  # ragged_dot runs on TPU too
@@ -23,7 +26,7 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
                 "hardware": "tpu-v5e",
                 "topology": "2x2",
                 "kernel": "pallas",
-                "gate_up": "[512, 1024, 1024]",
+                "tiles": {"gate_up": [512, 1024, 1024]},
             },
             [],
         ),
@@ -31,20 +34,19 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
             {"kernel": "pallas"},
             [
                 (
-                    20,
-                    11,
                     "target.kernel",
+                    VALUE,
                     "kernel pallas (megablox) runs on TPU targets only, not cpu; use kernel: xla",
                 )
             ],
         ),
         (
-            {"hardware": "tpu-v5e", "topology": "2x2", "down": "[512, 1024, 1024]"},
-            [(21, 3, "target.tiles", "tiles apply to kernel pallas only")],
+            {"hardware": "tpu-v5e", "topology": "2x2", "tiles": {"down": [512, 1024, 1024]}},
+            [("target.tiles", KEY, "tiles apply to kernel pallas only")],
         ),
         (
-            {"gate_up": "[512, 1024, 1024]"},  # cpu, xla
-            [(21, 3, "target.tiles", "tiles apply to kernel pallas only")],
+            {"tiles": {"gate_up": [512, 1024, 1024]}},  # cpu, xla
+            [("target.tiles", KEY, "tiles apply to kernel pallas only")],
         ),
     ],
     "pinned_tiles_run": [
@@ -53,73 +55,75 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
         # (blocks 2*(0.5 + 0.5 + 1)Mi*2, accumulator 4*1Mi, scratch 2.5 MiB; gmm 12.5).
         # [256, 512, 2048]: m*k = 128 Ki, k*n = 1 Mi, m*n = 512 Ki; scratch 0.5 + 0.09 + 0.125;
         # gmm 2*1664Ki*2 + 4*512Ki = 8.5 MiB + scratch, tgmm 2*1664Ki*2 + 4*1Mi = 10.5 + 0.72
-        (dict(PALLAS_V5E, gate_up="[512, 1024, 1024]", down="[256, 512, 2048]"), []),
-        (dict(PALLAS_V5E, gate_up="[16, 128, 128]"), []),  # the smallest bfloat16 tile
-        (dict(PALLAS_V5E, gate_up="[8, 128, 128]", compute="float32"), []),  # float32: 8 rows
-        (dict(PALLAS_V5E, gate_up="[8, 128, 127]", kernel="xla"), []),  # kernel_runs_on_target
+        ({**PALLAS_V5E, "tiles": {"gate_up": [512, 1024, 1024], "down": [256, 512, 2048]}}, []),
+        ({**PALLAS_V5E, "tiles": {"gate_up": [16, 128, 128]}}, []),  # the smallest bfloat16 tile
+        (
+            {**PALLAS_V5E, "tiles": {"gate_up": [8, 128, 128]}, "compute_dtype": "float32"},
+            [],
+        ),  # float32: 8 rows
+        (
+            {**PALLAS_V5E, "kernel": "xla", "tiles": {"gate_up": [8, 128, 127]}},
+            [],
+        ),  # kernel_runs_on_target
         # [512, 1024, 2048] bfloat16: m*k = 0.5 Mi, k*n = 2 Mi, m*n = 1 Mi; gmm 2*3.5*2 + 4 +
         # 2.5 = 20.5 MiB, tgmm 2*3.5*2 + 8 + 2.5 = 24.5 MiB: too much for v5e's 16, fine in
         # v6e's 32
-        (dict(PALLAS_V6E, gate_up="[512, 1024, 2048]"), []),
+        ({**PALLAS_V6E, "tiles": {"gate_up": [512, 1024, 2048]}}, []),
         (
-            dict(PALLAS_V5E, gate_up="[8, 128, 128]"),
+            {**PALLAS_V5E, "tiles": {"gate_up": [8, 128, 128]}},
             [
                 (
-                    22,
-                    14,
                     "target.tiles.gate_up",
+                    VALUE,
                     "row tile 8 must be a multiple of 16 for bfloat16; nearest valid: 16",
                 )
             ],
         ),
         (
-            dict(PALLAS_V5E, down="[500, 1024, 1024]"),
+            {**PALLAS_V5E, "tiles": {"down": [500, 1024, 1024]}},
             [
                 (
-                    23,
-                    11,
                     "target.tiles.down",
+                    VALUE,
                     "row tile 500 must be a multiple of 16 for bfloat16; nearest valid: 496 or 512",
                 )
             ],
         ),
         (
-            dict(PALLAS_V5E, gate_up="[12, 128, 128]", compute="float32"),
+            {**PALLAS_V5E, "tiles": {"gate_up": [12, 128, 128]}, "compute_dtype": "float32"},
             [
                 (
-                    22,
-                    14,
                     "target.tiles.gate_up",
+                    VALUE,
                     "row tile 12 must be a multiple of 8 for float32; nearest valid: 8 or 16",
                 )
             ],
         ),
         (
-            dict(PALLAS_V5E, gate_up="[512, 100, 1000]"),
+            {**PALLAS_V5E, "tiles": {"gate_up": [512, 100, 1000]}},
             [
                 (
-                    22,
-                    14,
                     "target.tiles.gate_up",
+                    VALUE,
                     "contraction tile 100 must be a multiple of 128 lanes; nearest valid: 128",
                 ),
                 (
-                    22,
-                    14,
                     "target.tiles.gate_up",
+                    VALUE,
                     "output tile 1000 must be a multiple of 128 lanes; nearest valid: 896 or 1024",
                 ),
             ],
         ),
         (
-            dict(PALLAS_V5E, gate_up="[512, 2048, 2048]"),
+            {**PALLAS_V5E, "tiles": {"gate_up": [512, 2048, 2048]}},
             [
                 (
-                    22,
-                    14,
                     "target.tiles.gate_up",
-                    "tiles [512, 2048, 2048] need 46.5 MiB of VMEM in the weight-gradient "
-                    "tgmm, more than the 16 MiB scoped VMEM; for example [512, 1024, 1024] fits",
+                    VALUE,
+                    (
+                        "tiles [512, 2048, 2048] need 46.5 MiB of VMEM in the weight-gradient "
+                        "tgmm, more than the 16 MiB scoped VMEM; for example [512, 1024, 1024] fits"
+                    ),
                 )
             ],
         ),
@@ -128,14 +132,15 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
         # contraction, [512, 512, 1024] needs 14.5 MiB forward (2*1.25Mi*4 + 4*0.5Mi + 0.5 +
         # 1.5 scratch)
         (
-            dict(PALLAS_V5E, down="[512, 1024, 1024]", compute="float32"),
+            {**PALLAS_V5E, "tiles": {"down": [512, 1024, 1024]}, "compute_dtype": "float32"},
             [
                 (
-                    23,
-                    11,
                     "target.tiles.down",
-                    "tiles [512, 1024, 1024] need 22.5 MiB of VMEM in the weight-gradient "
-                    "tgmm, more than the 16 MiB scoped VMEM; for example [512, 512, 1024] fits",
+                    VALUE,
+                    (
+                        "tiles [512, 1024, 1024] need 22.5 MiB of VMEM in the weight-gradient "
+                        "tgmm, more than the 16 MiB scoped VMEM; for example [512, 512, 1024] fits"
+                    ),
                 )
             ],
         ),
@@ -144,72 +149,72 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
         # gradient then (libtpu: 16.12 MiB, CompileTimeScopedVmemOom): refused where it is
         # pinned; gate/up still write bfloat16 and keep it
         (
-            dict(
-                PALLAS_V5E,
-                gate_up="[512, 1024, 1024]",
-                down="[512, 1024, 1024]",
-                ffn_chunks=2,
-                ffn=256,
-            ),
+            {
+                **PALLAS_V5E,
+                "tiles": {"gate_up": [512, 1024, 1024], "down": [512, 1024, 1024]},
+                "ffn_chunks": 2,
+                "ffn": 256,
+            },
             [
                 (
-                    23,
-                    11,
                     "target.tiles.down",
-                    "tiles [512, 1024, 1024] need 16.5 MiB of VMEM in the weight-gradient tgmm "
-                    "of a call writing float32, more than the 16 MiB scoped VMEM; for example "
-                    "[512, 512, 1024] fits",
+                    VALUE,
+                    (
+                        "tiles [512, 1024, 1024] need 16.5 MiB of VMEM in the weight-gradient tgmm "
+                        "of a call writing float32, more than the 16 MiB scoped VMEM; for example "
+                        "[512, 512, 1024] fits"
+                    ),
                 )
             ],
         ),
-        (dict(PALLAS_V5E, down="[512, 1024, 1024]"), []),  # whole: bfloat16, 14.5 MiB
+        ({**PALLAS_V5E, "tiles": {"down": [512, 1024, 1024]}}, []),  # whole: bfloat16, 14.5 MiB
         # the overlapped ring sums gate and up over embedding chunks in float32
         (
-            dict(
-                PALLAS_V5E,
-                gate_up="[512, 1024, 1024]",
-                overlap=2,
-                axes="{expert: 4}",
-                strategy="ring_of_experts",
-                embed=256,
-            ),
+            {
+                **PALLAS_V5E,
+                "tiles": {"gate_up": [512, 1024, 1024]},
+                "overlap_chunks": 2,
+                "axes": {"expert": 4},
+                "strategy": "ring_of_experts",
+                "embed": 256,
+            },
             [
                 (
-                    22,
-                    14,
                     "target.tiles.gate_up",
-                    "tiles [512, 1024, 1024] need 16.5 MiB of VMEM in the weight-gradient tgmm "
-                    "of a call writing float32, more than the 16 MiB scoped VMEM; for example "
-                    "[512, 512, 1024] fits",
+                    VALUE,
+                    (
+                        "tiles [512, 1024, 1024] need 16.5 MiB of VMEM in the weight-gradient tgmm "
+                        "of a call writing float32, more than the 16 MiB scoped VMEM; for example "
+                        "[512, 512, 1024] fits"
+                    ),
                 )
             ],
         ),
         # every problem of both projections, in order
         (
-            dict(PALLAS_V5E, gate_up="[24, 4096, 2050]", down="[16, 128, 256]"),
+            {**PALLAS_V5E, "tiles": {"gate_up": [24, 4096, 2050], "down": [16, 128, 256]}},
             [
                 (
-                    22,
-                    14,
                     "target.tiles.gate_up",
+                    VALUE,
                     "row tile 24 must be a multiple of 16 for bfloat16; nearest valid: 16 or 32",
                 ),
                 (
-                    22,
-                    14,
                     "target.tiles.gate_up",
+                    VALUE,
                     "output tile 2050 must be a multiple of 128 lanes; nearest valid: 2048 or 2176",
                 ),
                 (
-                    22,
-                    14,
                     "target.tiles.gate_up",
+                    VALUE,
                     # m*k = 98304, k*n = 8396800, m*n = 49200; tgmm 2*(98304 + 49200)*2 +
                     # 2*8396800*2 + 4*8396800 = 67764416 B, scratch 6*98304 + 864 + 131072
                     # = 721760 B: 65.3 MiB. Aligned down to [16, 4096, 2048] and halved k,
                     # k, n: [16, 1024, 1024], tgmm 8.125 MiB + scratch 0.19
-                    "tiles [24, 4096, 2050] need 65.3 MiB of VMEM in the weight-gradient "
-                    "tgmm, more than the 16 MiB scoped VMEM; for example [16, 1024, 1024] fits",
+                    (
+                        "tiles [24, 4096, 2050] need 65.3 MiB of VMEM in the weight-gradient "
+                        "tgmm, more than the 16 MiB scoped VMEM; for example [16, 1024, 1024] fits"
+                    ),
                 ),
             ],
         ),
@@ -220,8 +225,14 @@ CASES: dict[str, list[tuple[dict, list[tuple[int, int, str, str]]]]] = {
 test_rule, test_only_the_rule_under_test_fires_in_check_rules = rule_tests(CASES)
 
 
+def _gate_up(tile: str) -> dict:
+    """The choices pinning target.tiles.gate_up to `tile`, written "[m, k, n]" as the
+    messages name tiles."""
+    return {"tiles": {"gate_up": [int(v) for v in tile.strip("[]").split(", ")]}}
+
+
 def test_pallas_on_cpu_with_tiles_reports_only_the_kernel() -> None:
-    loaded = loaded_spec(kernel="pallas", gate_up="[512, 1024, 1024]")
+    loaded = loaded_spec({"kernel": "pallas", "tiles": {"gate_up": [512, 1024, 1024]}})
     assert [(d.field, d.message) for d in check_rules(loaded)] == [
         (
             "target.kernel",
@@ -256,7 +267,7 @@ def test_pinned_tile_whose_weight_gradient_overflows_vmem_is_refused(
     assert 2 * (m * k + k * n + m * n) * b + 4 * m * n == gmm_mib * 2**20 == forward - scratch
     assert 2 * (m * k + m * n + k * n) * b + 4 * k * n == tgmm_mib * 2**20
     assert weight_gradient == tgmm_mib * 2**20 + scratch > 16 * 2**20 >= forward
-    loaded = loaded_spec(**PALLAS_V5E, gate_up=tile)
+    loaded = loaded_spec({**PALLAS_V5E, **_gate_up(tile)})
     [problem] = [d for d in check_rules(loaded) if d.field == "target.tiles.gate_up"]
     assert problem.message.startswith(
         f"tiles {tile} need {weight_gradient / 2**20:.1f} MiB of VMEM in the weight-gradient "
@@ -279,11 +290,13 @@ def test_pinned_tile_whose_weight_gradient_overflows_vmem_is_refused(
 @pytest.mark.parametrize("target", [PALLAS_V5E, PALLAS_V6E], ids=["v5e", "v6e"])
 def test_vmem_advice_followed_once_fits(tile: str, compute: str, target: dict) -> None:
     """The tile the VMEM message names passes every tile check when pinned instead."""
-    loaded = loaded_spec(**target, gate_up=tile, compute=compute)
+    loaded = loaded_spec({**target, **_gate_up(tile), "compute_dtype": compute})
     messages = [d.message for d in check_rules(loaded) if "VMEM" in d.message]
     if target is PALLAS_V6E and not messages:
         return  # fits v6e's 32 MiB
     [message] = messages
     assert message.endswith(" fits")
     suggested = message.rsplit("; for example ", 1)[1].removesuffix(" fits")
-    assert check_rules(loaded_spec(**target, gate_up=suggested, compute=compute)) == []
+    assert (
+        check_rules(loaded_spec({**target, **_gate_up(suggested), "compute_dtype": compute})) == []
+    )
