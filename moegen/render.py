@@ -42,7 +42,7 @@ KERNEL_MACROS = {
     "grouped_matmul": "rows x per-expert weights; dtype: the result's (COMPUTE_DTYPE, or "
     "jnp.float32 where FFN slices and ring chunks sum their products)",
     "accumulate_matmul": "total + rows x per-expert weights in float32: the overlapped ring's "
-    "partial sums over embedding chunks (pallas adds inside its kernel, in place)",
+    "partial sums over embedding chunks (a kernel may add inside itself, in place)",
 }
 STRATEGY_MACROS = {
     "doc": "the docstring paragraph on how tokens reach their experts",

@@ -1,7 +1,7 @@
 """`moegen tune`: the spec's `auto` choices, made by compiling every candidate for the target.
 
-A spec may leave the expert communication strategy, the overlap chunk count and the pallas
-tiles to moegen (`auto`). Each combination of candidate values that passes validation is
+A spec may leave the expert communication strategy, the overlap chunk count and a tiled
+kernel's tiles to moegen (`auto`). Each combination of candidate values that passes validation is
 planned, rendered and compiled (forward and forward+backward, no twins) for the target, then
 scored by the roofline of `moegen.plan.roofline` with the compiler's own counts in place of
 the plan's: max(compiled FLOPs / peak, compiled bytes accessed / HBM bandwidth) plus the

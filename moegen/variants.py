@@ -1,7 +1,7 @@
 """A spec derived from another: some fields set to new values, then validated again.
 
 The shrunken twin (verify), each candidate of `moegen tune` and the benchmark's variants
-(the FFN whole, kernel xla) are all the same operation on a loaded spec, so they share it:
+(the FFN whole, the portable kernel) are all the same operation on a loaded spec, so they share it:
 the copy keeps the source and locations of the spec it came from (a diagnostic on it points
 at the original file), and it is valid by the same rules as any spec, or SpecError says why.
 This is stage two of the pipeline (load, validate): what comes later may use it.

@@ -96,7 +96,7 @@ class CudaTarget(Message):
     sm: int  # compute capability x 10
     quantization: str
     call_sites: int  # grouped-matmul calls in the forward code
-    kernel: str = "te"  # "te" (Transformer Engine) | "tokamax" (Pallas Mosaic GPU)
+    kernel: str  # the kernel lowered (target.kernel: moegen.kernels names its lowering)
 
 
 @dataclasses.dataclass(frozen=True, eq=True)
@@ -115,7 +115,7 @@ class Job(Message):
     twins: tuple[TwinJob, ...] = ()
     compile: bool = True  # compile (or lower for CUDA) the full-size programs
     programs: tuple[str, ...] = PROGRAMS
-    cuda: CudaTarget | None = None  # lower for CUDA (TE or tokamax) instead of compiling
+    cuda: CudaTarget | None = None  # lower for CUDA (the kernel's lowering) instead of compiling
     tpu: TpuTarget | None = None  # compile for this slice on compile-only TPU devices
     variants: tuple[str, ...] = ()  # shape variants compiled too, after the main shape
     compilation_cache: str | None = None  # JAX's persistent cache for the CPU compiles
@@ -242,7 +242,7 @@ class CompilerOutOfMemory(Step):
 @dataclasses.dataclass(frozen=True, eq=True)
 class Lowered(Step):
     sm: int = 0
-    # the kernel's custom calls in the lowered module: TE's te_*, or tokamax's mosaic_gpu_v2
+    # the kernel's custom calls in the lowered module (its CudaLowering's call prefix)
     te_calls: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod

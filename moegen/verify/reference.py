@@ -162,7 +162,7 @@ def route(
 ) -> Routing:
     """Dense routing of float32 tokens [T, D]: every decision a [T, E] mask."""
     num_tokens, experts = tokens.shape[0], router.shape[1]
-    logits = _einsum("td,de->te", tokens, router)
+    logits = _einsum("td,dx->tx", tokens, router)  # x: the experts
     if router_bias is not None:
         logits = logits + router_bias[None, :]
     if cfg.score == "softmax":
@@ -263,7 +263,7 @@ def dense_moe(
     if biased:
         out = out + p["b_down"][None]
     combine = jnp.where(r.kept, 1.0, 0.0) if cfg.weights_on_input else weights
-    y = _einsum("ted,te->td", out, combine)
+    y = _einsum("txd,tx->td", out, combine)
 
     if "shared_up" in p:
         shared_up = _einsum("td,ds->ts", tokens, p["shared_up"])
