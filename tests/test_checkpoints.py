@@ -683,7 +683,7 @@ CHILD = textwrap.dedent(
     """
     import importlib.util, json, sys
     import jax, numpy as np
-    import moegen.checkpoints as checkpoints
+    import moegen.checkpoints.loading as checkpoints
     from moegen.checkpoints import reader
 
     reads, calls, per_param = [], [], {}

@@ -172,7 +172,9 @@ def test_a_nan_gradient_fails_verification(in_repo, monkeypatch):
     assert generated.source.count(original) == 1
     real_render = moegen.verify.verification.render
     monkeypatch.setattr(
-        moegen.verify, "render", lambda plan: real_render(plan).replace(original, mutant)
+        moegen.verify.verification,
+        "render",
+        lambda plan: real_render(plan).replace(original, mutant),
     )
     with pytest.raises(VerifyError, match="relative error inf"):
         verify(generated.loaded, generated.source.replace(original, mutant))
