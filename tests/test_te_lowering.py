@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from moegen.kernels.te import TeConfig
 from moegen.render import _environment
 from moegen.verify import cuda
 
@@ -236,10 +237,11 @@ def test_template_helper_renders_and_lowers_like_the_hand_written_one():
     for quantization, sm in CASES:
         cuda.prepare_te(sm)
         align = ALIGN[quantization]
-        te = types.SimpleNamespace(
+        te = TeConfig(
             quantization=quantization,
             group_align=align,
             aligned_rows=-(-(ROWS + GROUPS * (align - 1)) // align) * align,
+            cuda_sm=sm,
         )
         p = types.SimpleNamespace(kernel=types.SimpleNamespace(te=te))
         call = template.grouped_matmul(p, "lhs", "rhs", "group_sizes", "None")
