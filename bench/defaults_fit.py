@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +30,13 @@ import yaml
 from bench.ledger_population import STORE, _load, recorded
 from bench.population import population
 from moegen.diagnostics import SpecError
-from moegen.load import LoadedSpec, load_spec_bytes
+from moegen.load import load_spec_bytes
 from moegen.pipeline import refuse_unfit
 from moegen.plan import make_plan
 from moegen.plan.fit import cannot_fit, peak
 from moegen.render import render
 from moegen.validate import validate
+from moegen.variants import unchecked
 
 MAX_DOUBLINGS = 6
 GiB = 2**30
@@ -81,14 +81,12 @@ def _whole_verdict(tree: dict[str, Any], batch: int) -> str:
         loaded = validate(load_spec_bytes(text.encode(), "probe.yaml", "probe"))
     except SpecError as err:
         return "too big" if "cannot fit" in str(err) else "refused"
-    whole = make_plan(_whole(loaded), options=False)
+    whole = make_plan(unchecked(loaded, WHOLE), options=False)
     return "too big" if cannot_fit(whole) else "fits"
 
 
-def _whole(loaded: LoadedSpec) -> LoadedSpec:
-    """The spec run whole: one token chunk, the FFN unsliced (the layer as first written)."""
-    memory = loaded.spec.memory.model_copy(update={"token_chunks": 1, "ffn_chunks": 1})
-    return replace(loaded, spec=loaded.spec.model_copy(update={"memory": memory}))
+# The spec run whole: one token chunk, the FFN unsliced (the layer as first written).
+WHOLE = {("memory", "token_chunks"): 1, ("memory", "ffn_chunks"): 1}
 
 
 def judge(
@@ -96,7 +94,7 @@ def judge(
 ) -> str:
     """One row: the plan's choice for the spec and what the compiler made of it."""
     loaded = validate(load_spec_bytes(text.encode(), f"{label}.yaml", label))
-    whole = make_plan(_whole(loaded), options=False)
+    whole = make_plan(unchecked(loaded, WHOLE), options=False)
     plan = make_plan(loaded)
     try:
         refuse_unfit(loaded, plan)
