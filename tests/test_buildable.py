@@ -28,7 +28,7 @@ from spec_builder import spec_yaml, validated
 from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.plan import Plan, make_plan
-from moegen.tiling import Tile, projection_out_dtypes, tile_problems
+from moegen.kernels.tiling import Tile, projection_out_dtypes, tile_problems
 
 # The shapes of MaxText's MoE comparisons: 8 sequences of 4096 tokens on a v5e 2x4 slice.
 V5E_2X4 = {

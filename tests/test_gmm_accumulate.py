@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from moegen.plan import make_plan
 from moegen.render import render
-from moegen.tiling import LANES, Tile, accumulate_tile
+from moegen.kernels.tiling import LANES, Tile, accumulate_tile
 from moegen.verify.twin import twin_of
 
 ROWS, GROUPS = 64, 3

@@ -15,11 +15,12 @@ it (at the top, in a function, under TYPE_CHECKING: each is a dependency) become
 the module it names. Base modules stand outside the stages: the package itself (its
 version), moegen.interrupts (signals and process lifetimes, used by verify's worker, the emit
 swap and the CLI alike) and the facts both validation and the plan consult: the chip
-catalogue (hardware), integer arithmetic (sizes) and the megablox kernel model (tiling: what
-a tile costs and whether it fits VMEM; validation refuses pinned tiles by it, the plan chooses
-tiles by it). They import only each other, so they cannot carry a stage's dependency
-backwards. Runtime libraries stand outside the pipeline too: moegen.checkpoints loads published
-weights into a generated module (reading only the module's constants) and imports no stage.
+catalogue (hardware) and integer arithmetic (sizes). They import only each other, so they
+cannot carry a stage's dependency backwards. (The megablox kernel model, what a tile costs
+and whether it fits VMEM, is the pallas kernel's: moegen.kernels.tiling, in the kernels
+stage, which validation and the plan both come after.) Runtime libraries stand outside the
+pipeline too: moegen.checkpoints loads published weights into a generated module (reading only
+the module's constants) and imports no stage.
 """
 
 from __future__ import annotations
@@ -64,7 +65,6 @@ BASE = {
     "moegen.provenance",
     "moegen.hardware",
     "moegen.sizes",
-    "moegen.tiling",
 }
 # packages used at run time beside generated modules, not by the pipeline: no stage, and they
 # import nothing of moegen outside themselves

@@ -14,7 +14,7 @@ from moegen.load import LoadedSpec, load_spec_bytes
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
 from moegen.render import render
-from moegen.tiling import (
+from moegen.kernels.tiling import (
     LANES,
     ROW_MULTIPLE,
     Tile,

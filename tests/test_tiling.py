@@ -1,11 +1,11 @@
-"""`moegen.tiling` arithmetic: VMEM per grid step of each kernel, the dtypes each call writes, the tile problems and shrink_to_fit behind the VMEM advice, padded rows."""
+"""`moegen.kernels.tiling` arithmetic: VMEM per grid step of each kernel, the dtypes each call writes, the tile problems and shrink_to_fit behind the VMEM advice, padded rows."""
 
 from __future__ import annotations
 
 import pytest
 from tiling_cases import BUDGETS, DTYPES, MIB
 
-from moegen.tiling import (
+from moegen.kernels.tiling import (
     DEFAULT_TILE,
     DTYPE_BYTES,
     KERNELS,

@@ -1,4 +1,4 @@
-"""`moegen.tiling.choose_tile` over realistic MoE projections (gate/up D -> F and down F -> D), routed row counts from 1 to 100k, both compute dtypes and every TPU's VMEM budget, against the kernel cost model."""
+"""`moegen.kernels.tiling.choose_tile` over realistic MoE projections (gate/up D -> F and down F -> D), routed row counts from 1 to 100k, both compute dtypes and every TPU's VMEM budget, against the kernel cost model."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from tiling_cases import BUDGETS, DTYPES, MIB, choose
 
 from moegen.hardware import CATALOGUE
-from moegen.tiling import (
+from moegen.kernels.tiling import (
     DEFAULT_TILE,
     DTYPE_BYTES,
     GRID_STEP_SECONDS,

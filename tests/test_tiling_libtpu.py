@@ -1,4 +1,4 @@
-"""libtpu against `moegen.tiling`'s VMEM model: each megablox kernel the plan runs (forward gmm,
+"""libtpu against `moegen.kernels.tiling`'s VMEM model: each megablox kernel the plan runs (forward gmm,
 input-gradient gmm, weight-gradient tgmm), compiled for a compile-only TPU chip (no TPU needed),
 allocates no more scoped VMEM than `kernel_vmem` says; a tile the model refuses for its VMEM is
 refused by the compiler too (CompileTimeScopedVmemOom), and the tiles the plan chooses compile.
@@ -27,7 +27,7 @@ from tiling_cases import MIB
 from moegen.hardware import CATALOGUE
 from moegen.load import LoadedSpec, load_spec
 from moegen.plan import make_plan
-from moegen.tiling import Tile, kernel_vmem, projection_out_dtypes, tile_problems
+from moegen.kernels.tiling import Tile, kernel_vmem, projection_out_dtypes, tile_problems
 from moegen.validate import validate
 
 pytestmark = [

@@ -11,7 +11,7 @@ from tiling_cases import choose
 from moegen.hardware import CATALOGUE
 from moegen.load import load_spec_bytes
 from moegen.plan import Plan, make_plan
-from moegen.tiling import DTYPE_BYTES, ROW_MULTIPLE, Tile, tile_problems
+from moegen.kernels.tiling import DTYPE_BYTES, ROW_MULTIPLE, Tile, tile_problems
 from moegen.validate import check_rules
 
 

@@ -257,7 +257,7 @@ def test_pallas_on_cpu_with_tiles_reports_only_the_kernel() -> None:
 def test_pinned_tile_whose_weight_gradient_overflows_vmem_is_refused(
     tile: str, gmm_mib: float, tgmm_mib: float
 ) -> None:
-    from moegen.tiling import Tile, kernel_vmem, scratch_bytes
+    from moegen.kernels.tiling import Tile, kernel_vmem, scratch_bytes
 
     m, k, n = (int(v) for v in tile.strip("[]").split(", "))
     b = 2  # bfloat16

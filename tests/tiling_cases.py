@@ -1,9 +1,9 @@
-"""The VMEM budgets, dtypes and the choose_tile call shared by the tests of `moegen.tiling`."""
+"""The VMEM budgets, dtypes and the choose_tile call shared by the tests of `moegen.kernels.tiling`."""
 
 from __future__ import annotations
 
 from moegen.hardware import CATALOGUE
-from moegen.tiling import Tile, choose_tile
+from moegen.kernels.tiling import Tile, choose_tile
 
 MIB = 2**20
 DTYPES = ["bfloat16", "float32"]

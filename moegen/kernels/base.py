@@ -16,7 +16,7 @@ from typing import Any
 
 from moegen.diagnostics import Diagnostic
 from moegen.load import FieldPath, LoadedSpec
-from moegen.tiling import Tile
+from moegen.kernels.tiling import Tile
 
 KernelRule = Callable[[LoadedSpec], list[Diagnostic]]
 

@@ -1,8 +1,8 @@
 """Kernel pallas: megablox gmm/tgmm, Pallas TPU kernels.
 
 It owns the pinned tiles (target.tiles) and the megablox kernel model's use: the tile
-arithmetic itself stays in moegen.tiling, a base module, because integer helpers below the
-stages (moegen.sizes) read its lane width too. Its config lays out the tiles the plan chose
+arithmetic itself is moegen.kernels.tiling (what a tile costs, whether it fits VMEM), which
+the plan also asks when it slices the FFN. Its config lays out the tiles the plan chose
 and the row padding they force; its CPU twin runs megablox interpreted with small tiles.
 """
 
@@ -18,7 +18,7 @@ from moegen.hardware import hardware
 from moegen.kernels.base import Kernel, MatmulQuantities, TileRequest
 from moegen.load import LoadedSpec
 from moegen.spec import Tiles
-from moegen.tiling import (
+from moegen.kernels.tiling import (
     LANES,
     Tile,
     accumulate_tile,

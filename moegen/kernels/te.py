@@ -17,7 +17,7 @@ from moegen.hardware import CATALOGUE, hardware
 from moegen.kernels.base import CudaLowering, Kernel, MatmulQuantities, Preflight
 from moegen.kernels.widths import widths_multiple_of
 from moegen.load import LoadedSpec
-from moegen.tiling import round_up
+from moegen.kernels.tiling import round_up
 
 TE_VERSION = "2.20.2"
 TE_GROUPED_GEMM = "te_grouped_gemm_ffi"  # one Transformer Engine grouped GEMM

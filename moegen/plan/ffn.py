@@ -24,7 +24,7 @@ from moegen.plan.params import ParamPlan, side_by_side
 from moegen.sizes import ffn_slice_problem
 from moegen.spec import GATED_ACTIVATIONS, Layer, Spec
 from moegen.strategies import strategy
-from moegen.tiling import (
+from moegen.kernels.tiling import (
     LANES,
     Tile,
     padded_rows,

@@ -23,7 +23,7 @@ from moegen.load import FieldPath, LoadedSpec
 from moegen.plan import MAIN_SHAPE, Plan, make_plan
 from moegen.sizes import axes_product
 from moegen.spec import ShapeVariant
-from moegen.tiling import LANES
+from moegen.kernels.tiling import LANES
 from moegen.variants import derive
 
 TWIN_SEQUENCES_PER_SHARD = 2
