@@ -50,7 +50,7 @@ check: $(STAMP)
 
 te: $(TE_STAMP)
 
-$(TE_STAMP): $(STAMP) scripts/install-te moegen/verify/libcuda_stub.c
+$(TE_STAMP): $(STAMP) scripts/install-te moegen/kernels/libcuda_stub.c
 	./scripts/install-te $(VENV)
 	touch $(TE_STAMP)
 

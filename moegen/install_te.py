@@ -2,7 +2,7 @@
 scripts/install-te, for a moegen installed from its wheel, which ships the script as
 moegen/_scripts/install-te. In a checkout it runs scripts/install-te itself (what `make te`
 runs). The default venv is the one this Python runs in; the script builds TE's JAX extension
-(no GPU needed), installs it and a stub libcuda compiled from moegen/verify/libcuda_stub.c.
+(no GPU needed), installs it and a stub libcuda compiled from moegen/kernels/libcuda_stub.c.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ and the subclasses in step.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -96,7 +97,11 @@ class KernelSuite:
         declared = self.kernel.preflight
         assert (declared.package if declared else None) == self.preflight_package
         monkeypatch.setattr(preflight, "module_installed", lambda name: True)
-        monkeypatch.setattr(preflight, "missing_package", lambda package: [f"{package}==0"])
+        # the kernel as the registry holds it, its package reported missing
+        if declared:
+            missing = dataclasses.replace(declared, missing=lambda: [f"{declared.package}==0"])
+            reported = dataclasses.replace(self.kernel, preflight=missing)
+            monkeypatch.setattr(preflight, "kernel", lambda name: reported)
         problems = preflight.preflight_problems(loaded, plan)
         if self.preflight_package is None:
             assert problems == []

@@ -26,9 +26,9 @@ from conftest import assert_no_traceback, run_moegen
 from spec_builder import spec_yaml, validated
 
 from moegen.hardware import hardware
+from moegen.kernels.tiling import Tile, projection_out_dtypes, tile_problems
 from moegen.load import LoadedSpec
 from moegen.plan import Plan, make_plan
-from moegen.kernels.tiling import Tile, projection_out_dtypes, tile_problems
 
 # The shapes of MaxText's MoE comparisons: 8 sequences of 4096 tokens on a v5e 2x4 slice.
 V5E_2X4 = {
@@ -147,7 +147,7 @@ def test_validates_and_plans(name: str) -> None:
             plan.compute_dtype, plan.experts.overlap_chunks, plan.ffn.chunks
         )
         for tile, out in zip(
-            (plan.kernel.pallas.gate_up_tile, plan.kernel.pallas.down_tile), outs, strict=True
+            (plan.kernel.config.gate_up_tile, plan.kernel.config.down_tile), outs, strict=True
         ):
             assert (
                 tile_problems(Tile(*tile), plan.compute_dtype, chip.vmem_bytes_for_tiles, out) == []
@@ -158,8 +158,8 @@ def test_the_sliced_down_projection_gets_a_narrower_tile() -> None:
     """The Mixtral layer's down projection writes float32 in slices: the 1024-wide contraction
     tile megablox uses by default would need 16.5 MiB in the weight gradient."""
     plan = LAYERS["mixtral_2_slices"].plan()
-    assert plan.kernel.pallas.gate_up_tile == (512, 1024, 1024)
-    assert plan.kernel.pallas.down_tile == (512, 896, 1024)
+    assert plan.kernel.config.gate_up_tile == (512, 1024, 1024)
+    assert plan.kernel.config.down_tile == (512, 896, 1024)
 
 
 COMPILED = re.compile(
@@ -208,6 +208,6 @@ def test_the_plan_slices_only_where_pinned_tiles_fit() -> None:
     base = V5E_2X4 | GROK1 | {"axes": {"fsdp": 2, "expert": 4}, "kernel": "pallas", "batch": 16}
     assert Layer(base, "").plan().ffn.chunks == 16
     pinned = Layer(base | {"tiles": {"down": [512, 1024, 1024]}}, "").plan()
-    assert pinned.ffn.chunks == 1 and pinned.kernel.pallas.down_tile == (512, 1024, 1024)
+    assert pinned.ffn.chunks == 1 and pinned.kernel.config.down_tile == (512, 1024, 1024)
     narrower = Layer(base | {"tiles": {"down": [512, 1024, 512]}}, "").plan()
-    assert narrower.ffn.chunks == 16 and narrower.kernel.pallas.down_tile == (512, 1024, 512)
+    assert narrower.ffn.chunks == 16 and narrower.kernel.config.down_tile == (512, 1024, 512)

@@ -236,7 +236,7 @@ def test_pallas_ring_twin_matches_the_dense_reference_with_gradients(
         kernel="pallas",
     )
     twin = make_plan(twin_of(case.load("ring_pallas_overlap")), interpret=True)
-    assert twin.kernel.pallas.interpret and twin.experts.overlap_chunks == chunks
+    assert twin.kernel.config.interpret and twin.experts.overlap_chunks == chunks
     assert twin.experts.ffn_calls == (4 if chunks > 1 else 1)
     module = tmp_path / "twin.py"
     module.write_text(render(twin), encoding="utf-8")

@@ -111,7 +111,7 @@ def test_rows_and_calls_per_strategy(shape) -> None:
     assert overlap.experts.receive_rows == 0
     assert (overlap.experts.overlap_chunks, overlap.experts.chunk_width) == (4, 32 // 4)
     # kernel xla: nothing padded
-    assert a2a.kernel.pallas is None and ring.kernel.pallas is None  # no row padding
+    assert a2a.kernel.config is None and ring.kernel.config is None  # no row padding
     src = render(a2a)
     assert f"RECEIVE_ROWS = {group * per_token}" in src
     assert f"FFN_ROWS = {group * per_token}" in src
@@ -212,8 +212,8 @@ def test_plan_of_a_ring_overlap_spec_uses_chunk_wide_gate_up_tiles() -> None:
         ).load()
     )  # fmt: skip
     assert plan.experts.chunk_width == 256
-    assert plan.kernel.pallas.gate_up_tile is not None and plan.kernel.pallas.down_tile is not None
+    assert plan.kernel.config.gate_up_tile is not None and plan.kernel.config.down_tile is not None
     # gate/up contract over one chunk of the embedding; down over the whole ffn dimension.
-    assert plan.kernel.pallas.gate_up_tile[1] <= 256
-    assert plan.kernel.pallas.padded_rows % plan.kernel.pallas.row_alignment == 0
-    assert plan.kernel.pallas.padded_rows >= plan.experts.ffn_rows
+    assert plan.kernel.config.gate_up_tile[1] <= 256
+    assert plan.kernel.config.padded_rows % plan.kernel.config.row_alignment == 0
+    assert plan.kernel.config.padded_rows >= plan.experts.ffn_rows

@@ -17,9 +17,9 @@ from expert_parallel_cases import Case
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from moegen.kernels.tiling import LANES, Tile, accumulate_tile
 from moegen.plan import make_plan
 from moegen.render import render
-from moegen.kernels.tiling import LANES, Tile, accumulate_tile
 from moegen.verify.twin import twin_of
 
 ROWS, GROUPS = 64, 3
@@ -178,6 +178,6 @@ def test_only_the_overlapped_pallas_ring_plans_in_place_sums(tmp_path: Path) -> 
 
     tpu = {"hardware": "tpu-v5e", "topology": "2x2", "kernel": "pallas"}
     # one 128-lane chunk of the embedding; gate and up side by side, 2 x 128 lanes
-    assert kernel_of(chunks=2, **tpu).pallas.accumulate_tile == (16, 128, 256)
+    assert kernel_of(chunks=2, **tpu).config.accumulate_tile == (16, 128, 256)
     assert not kernel_of(chunks=1, **tpu).accumulates_in_kernel
     assert not kernel_of(chunks=2).accumulates_in_kernel  # xla: total + ragged_dot

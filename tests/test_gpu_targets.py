@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from moegen.kernels.te import missing_te
 from moegen.load import LoadedSpec
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
 from moegen.render import render
 from moegen.verify import VerifyError, verify
-from moegen.verify.cuda import missing_te
 from moegen.verify.twin import twin_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -50,12 +50,12 @@ def _require_te() -> None:
 def test_plan_of_a_gpu_spec(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     sm, quantization, *_ = GPU_SPECS[name]
     plan = make_plan(_load(name, monkeypatch))
-    assert (plan.kernel.name, plan.kernel.te.cuda_sm, plan.kernel.te.quantization) == (
+    assert (plan.kernel.name, plan.kernel.config.cuda_sm, plan.kernel.config.quantization) == (
         "te",
         sm,
         quantization,
     )
-    assert plan.mesh.tpu_topology_name is None and plan.kernel.pallas is None
+    assert plan.mesh.tpu_topology_name is None and plan.kernel.row_padding is None
     assert plan.kernel.vma_unchecked_reason.startswith("Transformer Engine")
     source = render(plan)
     assert "from transformer_engine.jax import dense as te_dense" in source

@@ -13,8 +13,8 @@ import typing
 import pytest
 
 from moegen.hardware import CATALOGUE, hardware
-from moegen.spec import Target
 from moegen.kernels.tiling import DEFAULT_TILE, Tile, usable_vmem, vmem_bytes
+from moegen.spec import Target
 
 TPUS = [name for name, hw in CATALOGUE.items() if hw.platform == "tpu"]
 PLANAR = {"tpu-v5e", "tpu-v6e"}  # 2-D torus slices

@@ -186,7 +186,7 @@ def test_the_wheel_ships_the_installer_the_stub_and_the_starters(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = {
         "moegen/_scripts/install-te",
-        "moegen/verify/libcuda_stub.c",
+        "moegen/kernels/libcuda_stub.c",
         "moegen/templates/module.py.jinja",
         *(f"moegen/starters/{name}.yaml" for name in starter_names()),
     }

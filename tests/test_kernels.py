@@ -3,6 +3,8 @@ the registry agrees with the spec's schema."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import typing
 
 from kernel_suite import KernelSuite
@@ -45,8 +47,8 @@ class TestPallas(KernelSuite):
         from moegen.verify.twin import plan_twin, twin_of
 
         twin = plan_twin(twin_of(loaded, plan), plan)
-        assert twin.kernel.pallas.interpret
-        assert twin.kernel.pallas.gate_up_tile == tuple(TWIN_TILE)
+        assert twin.kernel.config.interpret
+        assert twin.kernel.config.gate_up_tile == tuple(TWIN_TILE)
 
 
 class TestTe(KernelSuite):
@@ -112,13 +114,15 @@ def test_a_kernel_twin_is_its_own_or_one_that_runs_on_cpu() -> None:
 def test_a_cuda_lowering_prepares_its_kernels_package(monkeypatch) -> None:
     """The worker prepares what the kernel's registry entry names, for the target's SM; a
     kernel lowered for CUDA names a package and what its lowering holds."""
-    from moegen.verify import cuda, worker
+    from moegen.verify import worker
     from moegen.verify.messages import CudaTarget
 
     prepared = []
-    monkeypatch.setattr(cuda, "prepare_te", lambda sm: prepared.append(("te", sm)))
-    monkeypatch.setattr(cuda, "prepare_tokamax", lambda sm: prepared.append(("tokamax", sm)))
     lowered = [name for name, k in KERNELS.items() if k.cuda_lowering is not None]
+    for name in lowered:  # each module's own preparation, replaced where it is looked up
+        prepare = f"prepare_{name}"
+        record = functools.partial(lambda name, sm: prepared.append((name, sm)), name)
+        monkeypatch.setattr(importlib.import_module(f"moegen.kernels.{name}"), prepare, record)
     for name in lowered:
         worker.prepare_cuda(CudaTarget(sm=90, quantization="none", call_sites=2, kernel=name))
     assert prepared == [(name, 90) for name in lowered] and lowered

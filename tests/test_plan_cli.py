@@ -115,13 +115,13 @@ def test_cli_plan_json_tpu_example(monkeypatch: pytest.MonkeyPatch) -> None:
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     kernel, mesh = data["kernel"], data["mesh"]
-    assert kernel["pallas"]["gate_up_tile"] == kernel["pallas"]["down_tile"] == [512, 1024, 1024]
+    assert kernel["config"]["gate_up_tile"] == kernel["config"]["down_tile"] == [512, 1024, 1024]
     assert mesh["tpu_topology_name"] == "v5e:2x4"
     assert mesh["chips_per_host_bounds"] == [2, 4, 1]
-    assert (kernel["pallas"]["interpret"], kernel["check_vma"], kernel["te"]) == (
+    assert (kernel["name"], kernel["config"]["interpret"], kernel["check_vma"]) == (
+        "pallas",
         False,
         False,
-        None,
     )
     assert sum(size for _, size in data["memory"]["ledger"]) == data["memory"]["train_peak"]
 
@@ -151,7 +151,7 @@ def test_plan_text_says_what_is_padded() -> None:
 def test_xla_plan_text_does_not_speak_of_row_tiles() -> None:
     name, topology, axes, *_ = TPU_TARGETS["v5e-2x4"]
     plan = make_plan(tpu_spec(name, topology, axes, kernel="xla"))
-    assert (plan.kernel.pallas, plan.experts.ffn_rows) == (None, plan.routed_rows)
+    assert (plan.kernel.config, plan.experts.ffn_rows) == (None, plan.routed_rows)
     text = format_plan(plan)
     assert "row tiles" not in text
     assert "padded to" not in text
@@ -164,6 +164,6 @@ def test_plan_text_says_padded_only_when_rows_are_padded(experts: str) -> None:
     target = {"hardware": "tpu-v5e", "topology": "2x4", "kernel": "pallas"}
     raw = spec_text(SHAPES["mixtral-8x7b"], axes, None, strategy=experts, **target)
     plan = make_plan(validate(load_spec_bytes(raw.encode(), "specs/plan_case.yaml", "plan_case")))
-    assert plan.kernel.pallas.row_alignment > 1 and not plan.kernel.pallas.pads_rows
-    assert plan.kernel.pallas.padded_rows == plan.experts.ffn_rows
+    assert plan.kernel.config.row_alignment > 1 and not plan.kernel.config.pads_rows
+    assert plan.kernel.config.padded_rows == plan.experts.ffn_rows
     assert "padded to" not in tokens_line(plan)

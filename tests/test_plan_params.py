@@ -230,7 +230,7 @@ def test_memory_ledger_with_shared_expert_by_hand() -> None:
         compute="bfloat16",
     )
     # ragged_all_to_all: 2 devices' 512 tokens x min(top 2, 4 local experts) = 1024 rows
-    assert (plan.experts.ffn_rows, plan.kernel.pallas) == (1024, None)
+    assert (plan.experts.ffn_rows, plan.kernel.config) == (1024, None)
     row_block = 1024 * 64 * 2  # [rows, D] bfloat16
     activation = 1024 * 32 * 2  # [rows, F] bfloat16
     x = 256 * 64 * 2

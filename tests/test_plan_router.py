@@ -35,7 +35,7 @@ def test_capacity_replicated(factor: float, expected_capacity: int, expected_row
     plan = feature_plan(router=capacity(factor, "position"))
     assert plan.router.capacity == plan.experts.capacity == expected_capacity
     assert plan.router.drop_policy == "position"
-    assert (plan.experts.ffn_rows, plan.kernel.pallas) == (expected_rows, None)  # no padding
+    assert (plan.experts.ffn_rows, plan.kernel.config) == (expected_rows, None)  # no padding
     # routed_rows counts every chosen copy, before dropping; so do the FLOPs (an upper bound)
     assert plan.routed_rows == 1024
     assert plan.cost.expert_flops == 6 * 1024 * 64 * 32
@@ -74,7 +74,7 @@ def test_capacity_ragged_all_to_all(
     assert (plan.local_tokens, e.local_experts, e.group_tokens) == (128, 2, 512)
     assert e.capacity == expected_capacity
     assert (e.ffn_rows, e.receive_rows, e.ffn_calls) == (expected_rows, expected_rows, 1)
-    assert (plan.experts.ffn_rows, plan.kernel.pallas) == (expected_rows, None)
+    assert (plan.experts.ffn_rows, plan.kernel.config) == (expected_rows, None)
 
 
 @pytest.mark.parametrize(

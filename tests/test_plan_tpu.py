@@ -10,10 +10,6 @@ from plan_cases import BYTES, REPO_ROOT, SHAPES, TPU_EXAMPLE, TPU_TARGETS, tpu_s
 from spec_builder import spec_yaml
 
 from moegen.hardware import CATALOGUE
-from moegen.load import LoadedSpec, load_spec_bytes
-from moegen.pipeline import load_valid
-from moegen.plan import make_plan
-from moegen.render import render
 from moegen.kernels.tiling import (
     LANES,
     ROW_MULTIPLE,
@@ -25,6 +21,10 @@ from moegen.kernels.tiling import (
     vmem_bytes,
     widest_lane_tile,
 )
+from moegen.load import LoadedSpec, load_spec_bytes
+from moegen.pipeline import load_valid
+from moegen.plan import make_plan
+from moegen.render import render
 from moegen.validate import validate
 
 
@@ -41,10 +41,10 @@ def test_tpu_target_fields(target: str) -> None:
     assert plan.memory.hbm_bytes_per_device == hardware(name).hbm_bytes_per_device > 0
     assert plan.summary.endswith(f", kernel pallas, target {name} {topology}.")
     # pallas: tiles chosen, shard_map's varying-axes check off, compiled (not interpreted)
-    assert plan.kernel.pallas.gate_up_tile is not None and plan.kernel.pallas.down_tile is not None
+    assert plan.kernel.config.gate_up_tile is not None and plan.kernel.config.down_tile is not None
     assert plan.kernel.check_vma is False
-    assert plan.kernel.pallas.interpret is False
-    assert make_plan(tpu_spec(name, topology, axes), interpret=True).kernel.pallas.interpret is True
+    assert plan.kernel.config.interpret is False
+    assert make_plan(tpu_spec(name, topology, axes), interpret=True).kernel.config.interpret is True
 
 
 @pytest.mark.parametrize("target", list(TPU_TARGETS))
@@ -56,7 +56,7 @@ def test_xla_kernel_on_tpu(target: str) -> None:
         host_bounds,
     )
     # no tiles, no padding, nothing to interpret: ragged_dot is XLA's own
-    assert (plan.kernel.name, plan.kernel.pallas, plan.kernel.te) == ("xla", None, None)
+    assert (plan.kernel.name, plan.kernel.config) == ("xla", None)
     assert plan.kernel.check_vma is True
     assert plan.experts.ffn_rows == plan.routed_rows
 
@@ -66,7 +66,7 @@ def test_pallas_tiles_chosen_for_the_v5e_example(monkeypatch: pytest.MonkeyPatch
     plan = make_plan(load_valid(Path(TPU_EXAMPLE)))
     # megablox's default fits v5e exactly: its tgmm (weight-gradient) step needs
     # 2*(0.5 + 0.5) Mi*2 B + 2*1 Mi*2 B + 4*1 Mi = 12 MiB = 0.75 * 16 MiB (gmm step 10 MiB)
-    pallas = plan.kernel.pallas
+    pallas = plan.kernel.config
     assert (pallas.gate_up_tile, pallas.down_tile) == ((512, 1024, 1024), (512, 1024, 1024))
     assert (plan.routed_rows, pallas.padded_rows, pallas.row_alignment) == (8192, 8192, 512)
     assert pallas.pads_rows is False
@@ -78,7 +78,7 @@ def test_pinned_tiles_are_used_and_rows_padded() -> None:
     tiles = {"gate_up": [256, 512, 512], "down": [384, 256, 512]}
     shape = dataclasses.replace(SHAPES["qwen3-30b-a3b"], batch=8, seq=1000)
     plan = make_plan(tpu_spec("tpu-v5e", "2x4", {"fsdp": 8}, shape=shape, tiles=tiles))
-    pallas = plan.kernel.pallas
+    pallas = plan.kernel.config
     assert (pallas.gate_up_tile, pallas.down_tile) == ((256, 512, 512), (384, 256, 512))
     # 1000 tokens x top-8 = 8000 rows, padded to a multiple of lcm(256, 384) = 768
     assert (plan.routed_rows, pallas.row_alignment, pallas.padded_rows) == (8000, 768, 8448)
@@ -204,8 +204,8 @@ def test_gate_and_up_side_by_side_are_tiled_as_one_call_of_twice_the_width() -> 
         peak_flops=chip.peak_bf16_flops_per_chip,
         hbm_bytes_per_s=chip.hbm_bytes_per_s_per_chip,
     )
-    assert plan.kernel.pallas.gate_up_tile == expected.as_tuple() == (512, 1024, 2048)
-    assert plan.kernel.pallas.gate_up_tile[2] > plan.ffn_dim  # wider than gate or up alone
+    assert plan.kernel.config.gate_up_tile == expected.as_tuple() == (512, 1024, 2048)
+    assert plan.kernel.config.gate_up_tile[2] > plan.ffn_dim  # wider than gate or up alone
 
 
 # ---------------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def test_widest_layers_plan_runnable_tiles(embed: int, ffn: int, compute: str) -
     text = _one_chip_pallas(embed, ffn, compute)
     plan = make_plan(validate(load_spec_bytes(text.encode(), "wide.yaml", "wide")))
     budget = CATALOGUE["tpu-v5e"].vmem_bytes_for_tiles
-    for tile in (plan.kernel.pallas.gate_up_tile, plan.kernel.pallas.down_tile):
+    for tile in (plan.kernel.config.gate_up_tile, plan.kernel.config.down_tile):
         assert tile_problems(Tile(*tile), compute, budget) == [], tile
     assert plan.ffn.chunks == 1  # too large for HBM in any number of slices: whole
     assert len(render(plan)) > 0

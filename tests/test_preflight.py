@@ -9,6 +9,7 @@ import pytest
 from conftest import REPO_ROOT, assert_no_traceback
 
 import moegen.verify.verification
+from moegen.kernels import te as te_kernel
 from moegen.pipeline import generate
 from moegen.verify import preflight
 
@@ -34,7 +35,7 @@ def no_libtpu(monkeypatch):
 @pytest.fixture
 def no_te(monkeypatch):
     monkeypatch.setattr(
-        preflight, "missing_te", lambda: ["transformer_engine_jax==2.20.2 (found none)"]
+        te_kernel, "missing_te", lambda: ["transformer_engine_jax==2.20.2 (found none)"]
     )
 
 

@@ -35,7 +35,7 @@ def test_v5e_swiglu_ragged_all_to_all_by_hand() -> None:
     t, d, f, e, k, m = 128, 256, 512, 8, 2, 3
     # worst-case rows of the grouped matmul: every token of the 2-device expert group sends
     # min(top_k 2, 4 local experts) = 2 copies here -> 256 x 2 = 512; xla: no tile padding
-    assert (plan.experts.ffn_rows, plan.kernel.pallas, plan.experts.ffn_calls) == (512, None, 1)
+    assert (plan.experts.ffn_rows, plan.kernel.config, plan.experts.ffn_calls) == (512, None, 1)
     kernel_rows = 512
 
     router = 2 * t * d * e  # 524,288
@@ -118,7 +118,7 @@ def test_cpu_replicated_gelu_shared_by_hand() -> None:
     assert plan.local_tokens == 128
     t, d, f, s, e, k, m = 128, 256, 512, 128, 8, 2, 2
     # replicated: the grouped matmul sees this device's t x K copies, no padding
-    assert (plan.experts.ffn_rows, plan.kernel.pallas, plan.experts.ffn_calls) == (256, None, 1)
+    assert (plan.experts.ffn_rows, plan.kernel.config, plan.experts.ffn_calls) == (256, None, 1)
 
     router = 2 * t * d * e
     routed = 2 * m * t * k * d * f
@@ -182,7 +182,7 @@ def test_tpu7x_gelu_shared_ragged_all_to_all_by_hand() -> None:
     assert plan.local_tokens == 64
     t, d, f, s, e, k, m = 64, 256, 512, 128, 8, 2, 2
     # worst case: 4 x 64 group tokens, each sending min(2, 2 local experts) = 2 copies here
-    assert (plan.experts.ffn_rows, plan.kernel.pallas, plan.experts.ffn_calls) == (512, None, 1)
+    assert (plan.experts.ffn_rows, plan.kernel.config, plan.experts.ffn_calls) == (512, None, 1)
 
     router = 2 * t * d * e
     routed = 2 * m * t * k * d * f

@@ -46,7 +46,7 @@ def test_overlap_chunks_expose_less_forward(regime: str) -> None:
         t.ici_bytes for t in four.network.transfers
     ]
     for plan in (one, four):
-        assert plan.kernel.pallas is None and plan.experts.ffn_rows * plan.experts.ffn_calls == rows
+        assert plan.kernel.config is None and plan.experts.ffn_rows * plan.experts.ffn_calls == rows
     c = RING_BYTES / ICI_V5E
     p = 2 * 3 * rows * 256 * ffn / PEAK_V5E  # the forward routed matmuls
     assert (c < p) == (regime == "comm-hidden")

@@ -49,17 +49,17 @@ def test_narrow_ffn_slices_run_the_forward_pass_as_the_whole_layout(label: str) 
     assert sliced.ffn.whole_forward and not whole.ffn.whole_forward
     assert sliced.memory.forward_peak == whole.memory.forward_peak  # that pass's estimate
     assert sliced.memory.train_peak < whole.memory.train_peak  # the backward pass in slices
-    forward = (sliced.kernel.pallas.forward_gate_up_tile, sliced.kernel.pallas.forward_down_tile)
-    assert forward == (whole.kernel.pallas.gate_up_tile, whole.kernel.pallas.down_tile)
+    forward = (sliced.kernel.config.forward_gate_up_tile, sliced.kernel.config.forward_down_tile)
+    assert forward == (whole.kernel.config.gate_up_tile, whole.kernel.config.down_tile)
     assert sliced.ffn.forward_fuses_gate_up == whole.ffn.fuses_gate_up
-    assert sliced.kernel.pallas.padded_rows == whole.kernel.pallas.padded_rows
+    assert sliced.kernel.config.padded_rows == whole.kernel.config.padded_rows
 
 
 def test_wide_ffn_slices_keep_their_sliced_forward() -> None:
     reference = (REPO_ROOT / "specs/mixtral_8x7b_ep_a2a_v5e.yaml").read_text()
     for plan in (_plan(reference), _anchor("a_mixtral_s4096", 16)):
         assert plan.ffn.chunks > 1 and not plan.ffn.whole_forward
-        assert plan.kernel.pallas.forward_gate_up_tile is None
+        assert plan.kernel.config.forward_gate_up_tile is None
         assert plan.ffn.forward_params == ()
         source = render(plan)
         assert "_whole_forward" not in source and "FORWARD_GATE_UP_TILING" not in source

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import assert_no_traceback, run_moegen
 
-from moegen.verify import cuda
+from moegen.kernels import te as te_kernel
 
 GPU = {"hardware": "gpu-h100", "topology": 8, "kernel": "te"}
 LAYER = {"num_experts": 16, "embed_dim": 512, "ffn_dim": 512}
@@ -62,9 +62,9 @@ FAMILIES = {
 
 @pytest.fixture(autouse=True)
 def _require_te() -> None:
-    if cuda.te_available():
+    if te_kernel.te_available():
         return
-    reason = f"Transformer Engine {cuda.TE_VERSION} (JAX) is not installed: make te"
+    reason = f"Transformer Engine {te_kernel.TE_VERSION} (JAX) is not installed: make te"
     if os.environ.get("MOEGEN_REQUIRE_TE") == "1":
         pytest.fail(f"MOEGEN_REQUIRE_TE=1 but {reason}")
     pytest.skip(reason)

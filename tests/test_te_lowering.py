@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from moegen.kernels import te as te_kernel
 from moegen.kernels.te import TeConfig
 from moegen.render import _environment
 from moegen.verify import cuda
@@ -46,15 +47,15 @@ CASES = {
 
 def require_te(sm: int) -> types.ModuleType:
     """transformer_engine.jax prepared for `sm`; skip (fail under MOEGEN_REQUIRE_TE=1) without TE."""
-    if not cuda.te_available():
+    if not te_kernel.te_available():
         reason = (
-            f"Transformer Engine {cuda.TE_VERSION} (JAX) is not installed here "
-            f"({'; '.join(cuda.missing_te())}): run scripts/install-te"
+            f"Transformer Engine {te_kernel.TE_VERSION} (JAX) is not installed here "
+            f"({'; '.join(te_kernel.missing_te())}): run scripts/install-te"
         )
         if REQUIRE_TE:
             pytest.fail(f"MOEGEN_REQUIRE_TE=1 but {reason}")
         pytest.skip(reason)
-    return cuda.prepare_te(sm)
+    return te_kernel.prepare_te(sm)
 
 
 def te_ragged_dot(lhs, rhs, group_sizes, quantization, out_dtype=None):
@@ -136,19 +137,21 @@ def test_count_custom_calls_reads_pretty_and_generic_stablehlo():
 
 
 def test_missing_te_raises_with_the_install_command(monkeypatch):
-    monkeypatch.setattr(cuda, "missing_te", lambda: ["transformer_engine_jax==2.20.2 (found none)"])
-    assert not cuda.te_available()
-    with pytest.raises(cuda.TENotInstalled) as caught:
-        cuda.prepare_te(90)
+    monkeypatch.setattr(
+        te_kernel, "missing_te", lambda: ["transformer_engine_jax==2.20.2 (found none)"]
+    )
+    assert not te_kernel.te_available()
+    with pytest.raises(te_kernel.TENotInstalled) as caught:
+        te_kernel.prepare_te(90)
     message = str(caught.value)
     assert "transformer_engine_jax==2.20.2 (found none)" in message
     assert "scripts/install-te" in message and "moegen[te]" in message
 
 
 def test_missing_stub_libcuda_makes_te_unavailable(monkeypatch, tmp_path):
-    monkeypatch.setenv(cuda.STUB_ENV, str(tmp_path / "libcuda.so.1"))
-    assert any("stub libcuda.so.1" in item for item in cuda.missing_te())
-    assert not cuda.te_available()
+    monkeypatch.setenv(te_kernel.STUB_ENV, str(tmp_path / "libcuda.so.1"))
+    assert any("stub libcuda.so.1" in item for item in te_kernel.missing_te())
+    assert not te_kernel.te_available()
 
 
 def test_absent_distributions_raise_the_clear_error(monkeypatch):
@@ -158,22 +161,22 @@ def test_absent_distributions_raise_the_clear_error(monkeypatch):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", not_found)
-    with pytest.raises(cuda.TENotInstalled, match="scripts/install-te"):
-        cuda.require_te()
+    with pytest.raises(te_kernel.TENotInstalled, match="scripts/install-te"):
+        te_kernel.require_te()
 
 
 def test_te_that_fails_to_import_raises_the_clear_error(monkeypatch):
     """Installed as far as metadata goes, but the import fails (a half-finished install)."""
-    monkeypatch.setattr(cuda, "missing_te", lambda: [])
+    monkeypatch.setattr(te_kernel, "missing_te", lambda: [])
     monkeypatch.setattr(cuda, "_load_libraries", lambda: None)
     monkeypatch.setitem(sys.modules, "transformer_engine.jax", None)
-    with pytest.raises(cuda.TENotInstalled, match="does not load") as caught:
-        cuda.prepare_te(90)
+    with pytest.raises(te_kernel.TENotInstalled, match="does not load") as caught:
+        te_kernel.prepare_te(90)
     assert "scripts/install-te" in str(caught.value)
 
 
 def test_te_tests_skip_without_te_or_fail_when_ci_requires_it(monkeypatch):
-    monkeypatch.setattr(cuda, "missing_te", lambda: ["transformer_engine_jax==2.20.2"])
+    monkeypatch.setattr(te_kernel, "missing_te", lambda: ["transformer_engine_jax==2.20.2"])
     monkeypatch.setattr(sys.modules[__name__], "REQUIRE_TE", False)
     with pytest.raises(pytest.skip.Exception, match="scripts/install-te"):
         require_te(90)
@@ -235,7 +238,7 @@ def test_template_helper_renders_and_lowers_like_the_hand_written_one():
     require_te(90)
     template = _environment().get_template("kernels/te.jinja").make_module()
     for quantization, sm in CASES:
-        cuda.prepare_te(sm)
+        te_kernel.prepare_te(sm)
         align = ALIGN[quantization]
         te = TeConfig(
             quantization=quantization,
@@ -273,11 +276,11 @@ def test_template_helper_renders_and_lowers_like_the_hand_written_one():
 def test_te_sm_rules():
     """TE's own rule: MXFP8 needs Blackwell (SM 100); FP8 current scaling runs on Hopper."""
     require_te(90)
-    assert cuda.te_supports("fp8") == (True, "")
-    supported, reason = cuda.te_supports("mxfp8")
+    assert te_kernel.te_supports("fp8") == (True, "")
+    supported, reason = te_kernel.te_supports("mxfp8")
     assert not supported and "9.9 or higher" in reason
-    cuda.prepare_te(100)
-    assert cuda.te_supports("mxfp8") == (True, "")
+    te_kernel.prepare_te(100)
+    assert te_kernel.te_supports("mxfp8") == (True, "")
 
 
 SHARD_MAP_CHILD = textwrap.dedent(
@@ -285,7 +288,7 @@ SHARD_MAP_CHILD = textwrap.dedent(
     import json, sys
     sys.path.insert(0, {tests!r})
     from moegen.verify import cuda
-    cuda.prepare_te({sm})
+    te_kernel.prepare_te({sm})
     import jax, jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
     from test_te_lowering import GROUPS, ROWS, EMBED, FFN, forward_and_backward, te_calls, te_ragged_dot

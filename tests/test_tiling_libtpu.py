@@ -25,9 +25,9 @@ from test_buildable import LAYERS
 from tiling_cases import MIB
 
 from moegen.hardware import CATALOGUE
+from moegen.kernels.tiling import Tile, kernel_vmem, projection_out_dtypes, tile_problems
 from moegen.load import LoadedSpec, load_spec
 from moegen.plan import make_plan
-from moegen.kernels.tiling import Tile, kernel_vmem, projection_out_dtypes, tile_problems
 from moegen.validate import validate
 
 pytestmark = [
@@ -136,9 +136,9 @@ def plan_kernels(loaded: LoadedSpec) -> tuple[str, list[tuple[list, int]]]:
         plan.compute_dtype, plan.experts.overlap_chunks, plan.ffn.chunks
     )
     width = plan.ffn.chunk_width * (2 if plan.ffn.fuses_gate_up else 1)
-    rows, groups, dtype = plan.kernel.pallas.padded_rows, plan.local_experts, plan.compute_dtype
-    gate_up = Tile(*plan.kernel.pallas.gate_up_tile)
-    down = Tile(*plan.kernel.pallas.down_tile)
+    rows, groups, dtype = plan.kernel.config.padded_rows, plan.local_experts, plan.compute_dtype
+    gate_up = Tile(*plan.kernel.config.gate_up_tile)
+    down = Tile(*plan.kernel.config.down_tile)
     chunk = plan.experts.chunk_width
     return plan.hardware, [
         *projection_kernels(rows, chunk, width, groups, gate_up, dtype, gate_up_out),
@@ -209,7 +209,7 @@ def test_a_tile_the_model_refuses_the_compiler_refuses() -> None:
     plan's choice compiles, every kernel, gradients included."""
     default, chosen = (
         Tile(512, 1024, 1024),
-        LAYERS["mixtral_2_slices"].plan().kernel.pallas.down_tile,
+        LAYERS["mixtral_2_slices"].plan().kernel.config.down_tile,
     )
     assert chosen == (512, 896, 1024)
     assert tile_problems(default, "bfloat16", 16 * MIB, "float32")

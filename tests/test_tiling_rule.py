@@ -9,9 +9,9 @@ from spec_builder import spec_yaml
 from tiling_cases import choose
 
 from moegen.hardware import CATALOGUE
+from moegen.kernels.tiling import DTYPE_BYTES, ROW_MULTIPLE, Tile, tile_problems
 from moegen.load import load_spec_bytes
 from moegen.plan import Plan, make_plan
-from moegen.kernels.tiling import DTYPE_BYTES, ROW_MULTIPLE, Tile, tile_problems
 from moegen.validate import check_rules
 
 
@@ -119,7 +119,7 @@ def test_the_tile_rule(name: str) -> None:
     kwargs, plan = tile_rule_plan(name)
     devices = math.prod(kwargs["axes"].values())
     assert plan.routed_rows == kwargs["batch"] // devices * kwargs["seq"] * kwargs["top_k"]
-    pallas = plan.kernel.pallas
+    pallas = plan.kernel.config
     assert pallas is not None
     # The custom VJP reuses each projection's tiling for gmm (forward and input gradient)
     # and tgmm (weight gradient): every row tile used must divide the padded row count.
@@ -143,11 +143,11 @@ def test_the_tile_rule(name: str) -> None:
         or choose(rows, embed, gate_up_width, dtype, hw, groups).as_tuple(),
         "down": kwargs.get("down") or choose(rows, ffn, embed, dtype, hw, groups).as_tuple(),
     }
-    assert (plan.kernel.pallas.gate_up_tile, plan.kernel.pallas.down_tile) == (
+    assert (plan.kernel.config.gate_up_tile, plan.kernel.config.down_tile) == (
         expected["gate_up"],
         expected["down"],
     )
-    for tile in (plan.kernel.pallas.gate_up_tile, plan.kernel.pallas.down_tile):
+    for tile in (plan.kernel.config.gate_up_tile, plan.kernel.config.down_tile):
         assert tile_problems(Tile(*tile), dtype, budget) == []
 
 
@@ -169,19 +169,19 @@ def test_the_tile_rule(name: str) -> None:
 )
 def test_the_tile_rule_known_values(name: str, routed: int, padded: int, alignment: int):
     _, plan = tile_rule_plan(name)
-    assert (plan.routed_rows, plan.kernel.pallas.padded_rows, plan.kernel.pallas.row_alignment) == (
+    assert (plan.routed_rows, plan.kernel.config.padded_rows, plan.kernel.config.row_alignment) == (
         routed,
         padded,
         alignment,
     )
-    assert plan.kernel.pallas.pads_rows == (padded != routed)
+    assert plan.kernel.config.pads_rows == (padded != routed)
 
 
 def test_xla_plans_do_not_tile_or_pad() -> None:
     kwargs = dict(TILE_RULE_CASES["mixtral-v5e-2x4-odd-seq"])
     text = pallas_spec(**kwargs, kernel="xla")
     plan = make_plan(load_spec_bytes(text.encode(), "xla.yaml", "xla"))
-    assert (plan.kernel.pallas, plan.experts.ffn_rows) == (None, plan.routed_rows)
+    assert (plan.kernel.config, plan.experts.ffn_rows) == (None, plan.routed_rows)
 
 
 def test_dtype_tables_agree() -> None:

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from moegen.kernels import tokamax as tokamax_kernel
+from moegen.kernels.tokamax import missing_tokamax
 from moegen.load import LoadedSpec
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
 from moegen.render import render
-from moegen.verify import VerifyError, preflight, verify
-from moegen.verify.cuda import missing_tokamax
+from moegen.verify import VerifyError, verify
 from moegen.verify.twin import twin_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -45,8 +46,12 @@ def _require_tokamax() -> None:
 
 def test_plan_and_module_of_the_tokamax_spec(monkeypatch) -> None:
     plan = make_plan(_load(monkeypatch))
-    assert plan.kernel.name == "tokamax" and plan.kernel.te is None and plan.kernel.pallas is None
-    assert (plan.kernel.tokamax.implementation, plan.kernel.tokamax.cuda_sm) == ("mosaic_gpu", 90)
+    assert (
+        plan.kernel.name == "tokamax"
+        and plan.kernel.tiles is None
+        and plan.kernel.row_padding is None
+    )
+    assert (plan.kernel.config.implementation, plan.kernel.config.cuda_sm) == ("mosaic_gpu", 90)
     assert plan.kernel.vma_unchecked_reason.startswith("tokamax's Pallas Mosaic GPU")
     source = render(plan)
     assert "\nimport tokamax\n" in source and 'TOKAMAX_IMPLEMENTATION = "mosaic_gpu"' in source
@@ -70,7 +75,7 @@ def test_twin_runs_the_portable_kernel(monkeypatch) -> None:
 
 def test_missing_tokamax_is_located_with_the_fix(monkeypatch) -> None:
     loaded = _load(monkeypatch)
-    monkeypatch.setattr(preflight, "missing_tokamax", lambda: ["tokamax==0.0.17 (found none)"])
+    monkeypatch.setattr(tokamax_kernel, "missing_tokamax", lambda: ["tokamax==0.0.17 (found none)"])
     with pytest.raises(VerifyError) as info:
         verify(loaded, render(make_plan(loaded)), run_twins=False)
     message = str(info.value)
@@ -104,8 +109,8 @@ INTERPRET_SCRIPT = """
 import importlib.util, json, sys
 import jax, jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from moegen.verify import cuda
-cuda.prepare_tokamax(90)
+from moegen.kernels import tokamax as tokamax_kernel
+tokamax_kernel.prepare_tokamax(90)
 spec = importlib.util.spec_from_file_location("tokamax_module", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)

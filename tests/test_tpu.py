@@ -56,7 +56,7 @@ def test_twin_pads_ragged_rows_and_runs_megablox_interpreted(small_pallas):
     top_k = VARIANTS[variant]["top_k"]
     twin = make_plan(twin_of(generated.loaded), interpret=True)
 
-    pallas = twin.kernel.pallas
+    pallas = twin.kernel.config
     assert twin.kernel.name == "pallas" and pallas.interpret
     assert pallas.gate_up_tile == pallas.down_tile == tuple(TWIN_TILE)
     assert twin.local_tokens == TWIN_SEQUENCES_PER_SHARD * TWIN_SEQ_LEN
@@ -78,8 +78,8 @@ def test_twin_pads_ragged_rows_and_runs_megablox_interpreted(small_pallas):
     assert "jnp.pad(" in twin_source  # what the padding rows do: the padding test below
 
     # The module that ships is never interpreted.
-    assert not generated.plan.kernel.pallas.interpret
-    assert make_plan(generated.loaded).kernel.pallas.interpret is False
+    assert not generated.plan.kernel.config.interpret
+    assert make_plan(generated.loaded).kernel.config.interpret is False
     assert "megablox.gmm(" in generated.source
     assert "interpret" not in generated.source
 
@@ -210,15 +210,15 @@ def test_padding_rows_never_reach_outputs_or_gradients(tmp_path):
         )
     )
     plans = [make_plan(twin_of(twin_spec), interpret=True), make_plan(pinned_spec, interpret=True)]
-    assert (plans[0].routed_rows, plans[0].kernel.pallas.padded_rows) == (20, 32)
+    assert (plans[0].routed_rows, plans[0].kernel.config.padded_rows) == (20, 32)
     assert (
         plans[1].routed_rows,
-        plans[1].kernel.pallas.padded_rows,
-        plans[1].kernel.pallas.row_alignment,
+        plans[1].kernel.config.padded_rows,
+        plans[1].kernel.config.row_alignment,
     ) == (20, 96, 96)
     modules = []
     for i, plan in enumerate(plans):
-        assert plan.kernel.pallas.pads_rows and plan.mesh.num_devices == 4
+        assert plan.kernel.config.pads_rows and plan.mesh.num_devices == 4
         path = tmp_path / f"padded_{i}.py"
         path.write_text(render(plan), encoding="utf-8")
         modules.append([str(path), i == 0])
@@ -240,12 +240,12 @@ def test_padding_rows_never_reach_outputs_or_gradients(tmp_path):
     for plan, got in zip(plans, results, strict=True):
         assert (got["routed_rows"], got["padded_rows"]) == (
             plan.routed_rows,
-            plan.kernel.pallas.padded_rows,
+            plan.kernel.config.padded_rows,
         )
         # The poisoned pad was really used: the padding rows exist and hold NaN.
         assert got["pads"], "the module never padded its routed rows"
         assert all(
-            p == [[0, plan.kernel.pallas.padded_rows - plan.routed_rows], [0, 0]]
+            p == [[0, plan.kernel.config.padded_rows - plan.routed_rows], [0, 0]]
             for p in got["pads"]
         )
         # y, grad_x and the four parameter gradients, per case: all finite...

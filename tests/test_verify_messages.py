@@ -214,7 +214,7 @@ def test_a_vmem_out_of_memory_is_a_plan_defect_never_an_hbm_verdict(pallas_plan)
     ), message
     assert VMEM_OOM.splitlines()[0] in message
     assert "tgmm, a weight-gradient grouped matmul" in message  # which call
-    gate_up, down = pallas_plan.kernel.pallas.gate_up_tile, pallas_plan.kernel.pallas.down_tile
+    gate_up, down = pallas_plan.kernel.config.gate_up_tile, pallas_plan.kernel.config.down_tile
     assert f"gate_up {list(gate_up)} and down {list(down)}" in message
     assert "pin smaller tiles in target.tiles" in message  # what to change
     assert "defect in moegen's plan, not in the spec" in message

@@ -9,10 +9,14 @@ from __future__ import annotations
 from moegen.kernels.base import (
     CudaLowering,
     Kernel,
+    KernelConfig,
+    KernelNotInstalled,
     KernelRule,
     MatmulQuantities,
     Preflight,
+    RowPadding,
     TileRequest,
+    TileShape,
 )
 from moegen.kernels.registry import KERNEL_NAMES, KERNEL_RULES, KERNELS, kernel, kernels_on
 
@@ -22,10 +26,14 @@ __all__ = [
     "KERNEL_RULES",
     "CudaLowering",
     "Kernel",
+    "KernelConfig",
+    "KernelNotInstalled",
     "KernelRule",
     "MatmulQuantities",
     "Preflight",
+    "RowPadding",
     "TileRequest",
+    "TileShape",
     "kernel",
     "kernels_on",
 ]

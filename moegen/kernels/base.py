@@ -15,8 +15,8 @@ from types import MappingProxyType
 from typing import Any
 
 from moegen.diagnostics import Diagnostic
-from moegen.load import FieldPath, LoadedSpec
 from moegen.kernels.tiling import Tile
+from moegen.load import FieldPath, LoadedSpec
 
 KernelRule = Callable[[LoadedSpec], list[Diagnostic]]
 
@@ -37,6 +37,39 @@ class MatmulQuantities:
     interpret: bool  # kernels interpreted on CPU (the shrunken twin only)
 
 
+TileShape = tuple[int, int, int]  # (rows, contraction, output)
+
+
+@dataclass(frozen=True)
+class RowPadding:
+    """How a kernel that runs in row tiles pads each call's rows."""
+
+    padded_rows: int  # rows of one call, padding included
+    row_alignment: int  # the row count is a multiple of this (every row tile)
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """What the plan hands a kernel's template, built by the kernel's module from the plan's
+    numbers. Each kernel with a config subclasses it; the defaults below are a kernel's that
+    takes groups of any size, untiled, summing nothing inside itself."""
+
+    @property
+    def call_tiles(self) -> tuple[TileShape, TileShape] | None:
+        """The (gate/up, down) tiles of a kernel that runs in tiles."""
+        return None
+
+    @property
+    def row_padding(self) -> RowPadding | None:
+        """The row padding of a kernel that pads each call to whole row tiles."""
+        return None
+
+    @property
+    def accumulates_in_kernel(self) -> bool:
+        """The overlapped ring's partial sums are added inside the kernel, in place."""
+        return False
+
+
 @dataclass(frozen=True)
 class TileRequest:
     """What a tiled kernel's tiles are chosen for: one call's rows and groups, and the widths
@@ -54,8 +87,18 @@ class TileRequest:
 class Preflight:
     """What verification of the kernel needs installed, checked before any twin runs."""
 
-    package: str  # the Python distribution that lowers the kernel (verify knows how to probe it)
+    package: str  # the Python distribution that lowers the kernel
     fix: str  # how to install it: appended to the located message
+    # what is missing for it, found without importing anything (empty: nothing)
+    missing: Callable[[], list[str]] = lambda: []
+
+
+class KernelNotInstalled(RuntimeError):
+    """A kernel's package is missing or does not load; the message says how to install it."""
+
+
+def _nothing_to_prepare(sm: int) -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -70,13 +113,16 @@ class CudaLowering:
     call_prefix: str = ""
     # XLA's own ragged dot beside it means an expert matmul bypassed the kernel
     excludes_ragged_dot: bool = False
+    # imports its package as if every device had compute capability `sm` (process-wide: the
+    # verify worker calls it in a process of its own); KernelNotInstalled where it cannot
+    prepare: Callable[[int], Any] = _nothing_to_prepare
 
 
 def _no_config(loaded: LoadedSpec, quantities: MatmulQuantities) -> None:
     return None
 
 
-def _no_report_lines(config: Any) -> list[str]:
+def _no_report_lines(config: KernelConfig) -> list[str]:
     return []
 
 
@@ -96,8 +142,8 @@ class Kernel:
     # located refusals of specs it cannot run; validation runs every kernel's rules on every
     # spec (a rule may concern other kernels: the fields this one owns)
     rules: tuple[KernelRule, ...] = ()
-    # its plan config (None: it needs none); plan.kernel.<name> holds it
-    config: Callable[[LoadedSpec, MatmulQuantities], Any] = _no_config
+    # its plan config (None: it needs none); plan.kernel.config holds it
+    config: Callable[[LoadedSpec, MatmulQuantities], KernelConfig | None] = _no_config
     # the lines `moegen plan` prints about its config (none: nothing beyond its name)
     report_lines: Callable[[Any], list[str]] = _no_report_lines
     # its calls run in tiles: the plan asks for them (pinned by target.tiles, else chosen)

@@ -15,9 +15,14 @@ from types import MappingProxyType
 
 from moegen.diagnostics import Diagnostic
 from moegen.hardware import hardware
-from moegen.kernels.base import Kernel, MatmulQuantities, TileRequest
-from moegen.load import LoadedSpec
-from moegen.spec import Tiles
+from moegen.kernels.base import (
+    Kernel,
+    KernelConfig,
+    MatmulQuantities,
+    RowPadding,
+    TileRequest,
+    TileShape,
+)
 from moegen.kernels.tiling import (
     LANES,
     Tile,
@@ -26,6 +31,8 @@ from moegen.kernels.tiling import (
     projection_out_dtypes,
     tile_problems,
 )
+from moegen.load import LoadedSpec
+from moegen.spec import Tiles
 
 # The twin runs megablox interpreted with small tiles: rows padded past a ragged last tile,
 # contraction and output dimensions smaller than one tile (both masked by the kernel).
@@ -33,7 +40,7 @@ TWIN_TILE = [32, 128, 128]
 
 
 @dataclass(frozen=True)
-class PallasConfig:
+class PallasConfig(KernelConfig):
     """megablox gmm/tgmm (kernel pallas)."""
 
     gate_up_tile: tuple[int, int, int]  # (rows, contraction, output)
@@ -48,6 +55,18 @@ class PallasConfig:
     # the overlapped ring's kernel that adds a chunk's gate/up product into the float32 sum in
     # place (input_output_aliases); None where nothing is summed over chunks
     accumulate_tile: tuple[int, int, int] | None = None
+
+    @property
+    def call_tiles(self) -> tuple[TileShape, TileShape]:
+        return self.gate_up_tile, self.down_tile
+
+    @property
+    def row_padding(self) -> RowPadding:
+        return RowPadding(self.padded_rows, self.row_alignment)
+
+    @property
+    def accumulates_in_kernel(self) -> bool:
+        return self.accumulate_tile is not None
 
 
 def pallas_config(loaded: LoadedSpec, quantities: MatmulQuantities) -> PallasConfig:

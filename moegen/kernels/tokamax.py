@@ -8,12 +8,20 @@ kernel on CPU but not its weight-gradient kernel).
 
 from __future__ import annotations
 
+import importlib.metadata
 from dataclasses import dataclass
-from types import MappingProxyType
+from types import MappingProxyType, ModuleType
 
 from moegen.diagnostics import Diagnostic
 from moegen.hardware import CATALOGUE, hardware
-from moegen.kernels.base import CudaLowering, Kernel, MatmulQuantities, Preflight
+from moegen.kernels.base import (
+    CudaLowering,
+    Kernel,
+    KernelConfig,
+    KernelNotInstalled,
+    MatmulQuantities,
+    Preflight,
+)
 from moegen.kernels.widths import widths_multiple_of
 from moegen.load import LoadedSpec
 
@@ -34,7 +42,7 @@ TOKAMAX_WIDTH_MULTIPLE = 128
 
 
 @dataclass(frozen=True)
-class TokamaxConfig:
+class TokamaxConfig(KernelConfig):
     """tokamax's ragged_dot (kernel tokamax, CUDA GPUs): its Pallas Mosaic GPU kernels, forward
     and both backward products (tokamax's own VJP), in the compute dtype."""
 
@@ -100,6 +108,55 @@ def tokamax_widths_fit(loaded: LoadedSpec) -> list[Diagnostic]:
     return widths_multiple_of(loaded, TOKAMAX_WIDTH_MULTIPLE, "kernel tokamax's tiles need")
 
 
+# --- lowering for CUDA without a GPU (verification)
+
+
+class TokamaxNotInstalled(KernelNotInstalled):
+    """tokamax is missing or of another version; the message says how to install it."""
+
+
+def missing_tokamax() -> list[str]:
+    """What keeps kernel tokamax from lowering here, without importing it (empty: nothing)."""
+    try:
+        found = importlib.metadata.version("tokamax")
+    except importlib.metadata.PackageNotFoundError:
+        found = None
+    return (
+        []
+        if found == TOKAMAX_VERSION
+        else [f"tokamax=={TOKAMAX_VERSION} (found {found or 'none'})"]
+    )
+
+
+def tokamax_available() -> bool:
+    """Whether `prepare_tokamax` can work here; cheap: reads package metadata."""
+    return not missing_tokamax()
+
+
+def prepare_tokamax(sm: int) -> ModuleType:
+    """Import tokamax to trace its GPU kernels here, as if every device had compute capability
+    `sm` (90: Hopper). Process-wide, like `prepare_te`: call it in a process of its own.
+
+    tokamax picks the kernel family by the default device's compute capability (private
+    `gpu_utils._compute_capability`, None on CPU) and refuses devices without Mosaic GPU unless
+    its `cross_compile` option is on (the backward kernels are built without a device bypass).
+    """
+    missing = missing_tokamax()
+    if missing:
+        raise TokamaxNotInstalled(f"missing: {'; '.join(missing)}.\n{TOKAMAX_INSTALL_HINT}")
+    try:
+        import tokamax
+        from tokamax._src import gpu_utils
+    except ImportError as error:
+        raise TokamaxNotInstalled(
+            f"tokamax is installed but does not load: {error}\n{TOKAMAX_INSTALL_HINT}"
+        ) from error
+    capability = sm / 10
+    gpu_utils._compute_capability = lambda device=None: capability
+    tokamax.config.cross_compile.config.set_global(True)
+    return tokamax
+
+
 TOKAMAX = Kernel(
     name="tokamax",
     summary="tokamax's Pallas Mosaic GPU ragged_dot (Hopper: H100, H200; bfloat16)",
@@ -111,7 +168,11 @@ TOKAMAX = Kernel(
         {("target", "kernel"): "xla", ("target", "quantization"): "none"}
     ),
     vma_unchecked_reason="tokamax's Pallas Mosaic GPU kernels carry no varying-axes types",
-    preflight=Preflight("tokamax", TOKAMAX_INSTALL_HINT),
+    preflight=Preflight(
+        "tokamax",
+        TOKAMAX_INSTALL_HINT,
+        missing=lambda: missing_tokamax(),  # looked up at each call (tests replace it)
+    ),
     # one Mosaic GPU kernel per site forward, three with tokamax's own VJP
     cuda_lowering=CudaLowering(
         custom_call=TOKAMAX_CUSTOM_CALL,
@@ -120,5 +181,6 @@ TOKAMAX = Kernel(
         distributions=("tokamax",),
         call_prefix=TOKAMAX_CUSTOM_CALL,
         excludes_ragged_dot=True,
+        prepare=lambda sm: prepare_tokamax(sm),
     ),
 )

@@ -10,7 +10,7 @@ from moegen.plan.costs import CostPlan
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.ffn import FfnChunkOption, FfnPlan, GluPlan
 from moegen.plan.fit import LEDGER_OVERESTIMATE, cannot_fit, fit_problems
-from moegen.plan.kernel import KernelPlan, PallasConfig, TeConfig
+from moegen.plan.kernel import KernelPlan
 from moegen.plan.memory import MemoryPlan
 from moegen.plan.mesh import MeshPlan
 from moegen.plan.model import ChunkCandidates, Plan, TokenChunkOption
@@ -34,14 +34,12 @@ __all__ = [
     "MemoryPlan",
     "MeshPlan",
     "NetworkPlan",
-    "PallasConfig",
     "ParamPlan",
     "PartitionSpec",
     "PassRoofline",
     "Plan",
     "Roofline",
     "RouterPlan",
-    "TeConfig",
     "TokenChunkOption",
     "Transfer",
     "VariantPlan",

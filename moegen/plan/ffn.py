@@ -16,6 +16,11 @@ from dataclasses import dataclass, replace
 
 from moegen.hardware import hardware
 from moegen.kernels import TileRequest, kernel
+from moegen.kernels.tiling import (
+    LANES,
+    Tile,
+    padded_rows,
+)
 from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES, CostPlan
 from moegen.plan.experts import ExpertPlan
@@ -24,11 +29,6 @@ from moegen.plan.params import ParamPlan, side_by_side
 from moegen.sizes import ffn_slice_problem
 from moegen.spec import GATED_ACTIVATIONS, Layer, Spec
 from moegen.strategies import strategy
-from moegen.kernels.tiling import (
-    LANES,
-    Tile,
-    padded_rows,
-)
 
 # Slice counts `moegen plan` lists (beside the chosen one), and the most the plan picks itself.
 LISTED_CHUNKS = (1, 2, 4, 8, 16)

@@ -1,17 +1,13 @@
 """The kernel's plan: which grouped matmul runs the experts, with its typed config (built by the
-kernel's module from the plan's numbers: megablox tiles and row padding for pallas,
-quantization and group alignment for Transformer Engine, the Mosaic GPU implementation and SM
-of tokamax; the portable xla kernel has none), and whether shard_map checks varying axes
+kernel's module from the plan's numbers: tiles and row padding, quantization, the GPU it is
+traced for; a kernel without any has none), and whether shard_map checks varying axes
 around it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moegen.kernels import MatmulQuantities, kernel
-from moegen.kernels.pallas import PallasConfig
-from moegen.kernels.te import TeConfig
-from moegen.kernels.tokamax import TokamaxConfig
+from moegen.kernels import KernelConfig, MatmulQuantities, RowPadding, TileShape, kernel
 from moegen.load import LoadedSpec
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.ffn import FfnLayout, local_ffn_dim
@@ -20,15 +16,12 @@ from moegen.plan.prose import vma_unchecked_reason
 
 @dataclass(frozen=True)
 class KernelPlan:
-    """The grouped-matmul kernel; exactly the config of its backend is set (the field named as
-    the kernel; templates read p.kernel.<name>)."""
+    """The grouped-matmul kernel and its module's config (templates read p.kernel.config)."""
 
     name: str  # a registered kernel (moegen.kernels.KERNEL_NAMES)
     check_vma: bool  # shard_map's varying-axes check; off around Pallas calls and erf
     vma_unchecked_reason: str  # why it is off ('' when on)
-    pallas: PallasConfig | None = None
-    te: TeConfig | None = None
-    tokamax: TokamaxConfig | None = None
+    config: KernelConfig | None = None  # None: the kernel needs none
     # megablox leaves the rows past its groups unwritten, in the input gradient too (stale
     # memory on a TPU, NaN interpreted): nothing of those rows may reach a gradient. Rows
     # gathered from the tokens are selected away, and the rows' biases are gathered with an
@@ -37,25 +30,20 @@ class KernelPlan:
     leaves_rows_unwritten: bool = False
 
     @property
-    def config(self) -> PallasConfig | TeConfig | TokamaxConfig | None:
-        """The config of the plan's kernel, in the field named as it (None: it needs none)."""
-        return getattr(self, self.name, None)
-
-    @property
-    def tiles(self) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
+    def tiles(self) -> tuple[TileShape, TileShape] | None:
         """The (gate/up, down) tiles of a kernel that runs in tiles (None: groups of any size)."""
-        return (self.pallas.gate_up_tile, self.pallas.down_tile) if self.pallas else None
+        return self.config.call_tiles if self.config else None
 
     @property
-    def row_padding(self) -> PallasConfig | None:
-        """The config of a kernel that pads each call's rows to whole row tiles (its
-        padded_rows and row_alignment); None where the kernel takes groups of any size."""
-        return self.pallas
+    def row_padding(self) -> RowPadding | None:
+        """How a kernel that pads each call's rows to whole row tiles pads them; None where
+        the kernel takes groups of any size."""
+        return self.config.row_padding if self.config else None
 
     @property
     def accumulates_in_kernel(self) -> bool:
         """The overlapped ring's partial sums are added inside the kernel, in place."""
-        return self.pallas is not None and self.pallas.accumulate_tile is not None
+        return self.config is not None and self.config.accumulates_in_kernel
 
 
 def kernel_plan(
@@ -69,7 +57,7 @@ def kernel_plan(
         name=chosen.name,
         check_vma=not reason,
         vma_unchecked_reason=reason,
-        **({chosen.name: config} if config is not None else {}),
+        config=config,
         leaves_rows_unwritten=chosen.leaves_rows_unwritten,
     )
 

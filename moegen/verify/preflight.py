@@ -16,7 +16,6 @@ from moegen.hardware import hardware
 from moegen.kernels import kernel
 from moegen.load import LoadedSpec
 from moegen.plan import Plan
-from moegen.verify import cuda
 from moegen.verify.verdict import VerifyError
 
 LIBTPU_PIN = "libtpu==0.0.51"
@@ -36,23 +35,6 @@ def module_installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def missing_te() -> list[str]:
-    """What keeps Transformer Engine from loading (moegen.verify.cuda; a seam for tests)."""
-    return cuda.missing_te()
-
-
-def missing_tokamax() -> list[str]:
-    """What keeps kernel tokamax from lowering (moegen.verify.cuda; a seam for tests)."""
-    return cuda.missing_tokamax()
-
-
-def missing_package(package: str) -> list[str]:
-    """What keeps the package a kernel lowers through from loading (empty: nothing); looked up
-    at each call, so that tests may replace either seam."""
-    probes = {"transformer_engine": missing_te, "tokamax": missing_tokamax}
-    return probes[package]()
-
-
 def preflight_problems(
     loaded: LoadedSpec, plan: Plan, *, compiles: bool = True
 ) -> list[Diagnostic]:
@@ -69,7 +51,7 @@ def preflight_problems(
     chosen = kernel(plan.kernel.name)
     on_gpu = hardware(loaded.spec.target.hardware).platform == "gpu"
     if compiles and chosen.preflight is not None and on_gpu:
-        missing = missing_package(chosen.preflight.package)
+        missing = chosen.preflight.missing()
         if missing:
             problems.append(
                 loaded.diagnostic(

@@ -19,11 +19,11 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from moegen.kernels import kernel
+from moegen.kernels.tiling import LANES
 from moegen.load import FieldPath, LoadedSpec
 from moegen.plan import MAIN_SHAPE, Plan, make_plan
 from moegen.sizes import axes_product
 from moegen.spec import ShapeVariant
-from moegen.kernels.tiling import LANES
 from moegen.variants import derive
 
 TWIN_SEQUENCES_PER_SHARD = 2

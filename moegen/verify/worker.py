@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from moegen.kernels import kernel
+from moegen.kernels import KernelNotInstalled, kernel
 from moegen.verify.compiled import (
     CheckFailed,
     OutOfMemory,
@@ -174,13 +174,12 @@ def compile_full(
 
 
 def prepare_cuda(want: CudaTarget) -> None:
-    """Load what lowering the kernel for CUDA needs (its package, by the registry's preflight)."""
+    """Load what lowering the kernel for CUDA needs (its package, prepared by its module)."""
     from moegen.verify import cuda
 
-    package = kernel(want.kernel).preflight.package
     try:
-        cuda.prepare_package(package, want.sm)
-    except (cuda.TENotInstalled, cuda.TokamaxNotInstalled) as err:
+        cuda.prepare_kernel(want.kernel, want.sm)
+    except KernelNotInstalled as err:
         raise CheckFailed(f"kernel {want.kernel}: {err}") from None
 
 

@@ -2,7 +2,7 @@
  *
  * Transformer Engine's libraries (libnccl_ep.so) and cuDNN's runtime-compiled engines name
  * libcuda.so.1 as a dependency, so `import transformer_engine.jax` fails where no driver is
- * installed. Loaded RTLD_GLOBAL first (moegen.verify.cuda.prepare_te), this library satisfies
+ * installed. Loaded RTLD_GLOBAL first (moegen.kernels.te.prepare_te), this library satisfies
  * the loader; every driver call fails with CUDA_ERROR_STUB_LIBRARY, so nothing can run on a GPU,
  * which is all that tracing and lowering for CUDA need.
  *
