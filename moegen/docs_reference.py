@@ -131,9 +131,9 @@ def field_table(schema: dict, root: dict, sections: dict[str, str]) -> list[str]
 
 def spec_fields() -> list[str]:
     """The spec's top level, then one table per section, in the order a spec meets them."""
-    from moegen.spec import Spec
+    from moegen.schema import spec_json_schema
 
-    root = Spec.model_json_schema()
+    root = spec_json_schema()  # the kernels registry's names in target.kernel
     paths = section_paths(root)
     sections = {name: f"{path} ({name})" for name, path in paths.items()}
     out = ["## The spec (top level)", "", cell(root.get("description", "")), ""]

@@ -235,23 +235,23 @@ class Target(_Section):
         description="TPU slices of this topology joined by the data-center network "
         "(multi-slice); mesh.dcn_axes says which axes cross them.",
     )
-    # the kernels' registry (moegen.kernels) is a later stage than this schema: its names and
-    # summaries are written out here, and tests/test_kernels.py holds them in step
-    kernel: Literal["xla", "pallas", "te", "tokamax"] = Field(
+    # Which kernels exist is the kernels stage's knowledge (moegen.kernels.registry, after
+    # this schema): it refuses a name it does not hold, located, and `moegen schema` writes
+    # its names and summaries into the JSON schema.
+    kernel: Annotated[str, Field(min_length=1, max_length=32)] = Field(
         "xla",
-        description="Grouped matmul: xla = jax.lax.ragged_dot (anywhere); "
-        "pallas = megablox gmm/tgmm (TPU); te = Transformer Engine grouped GEMM (NVIDIA GPU); "
-        "tokamax = tokamax's Pallas Mosaic GPU ragged_dot (Hopper: H100, H200; bfloat16).",
+        description="The grouped-matmul kernel that runs the experts, by its registered name.",
     )
     quantization: Literal["none", "fp8", "mxfp8"] = Field(
         "none",
-        description="kernel te: expert matmuls in fp8 (current scaling, Hopper or newer) or "
-        "mxfp8 (block scaling, Blackwell); none = the compute dtype.",
+        description="Expert matmuls in fp8 (current scaling, Hopper or newer) or mxfp8 (block "
+        "scaling, Blackwell), on a kernel that quantizes (Transformer Engine's); none = the "
+        "compute dtype.",
     )
     tiles: Tiles | Literal["auto"] | None = Field(
         None,
-        description="Pin the pallas kernel's tiles (omit: moegen picks them; auto: `moegen tune` "
-        "compiles candidates and writes the best here).",
+        description="Pin a tiled kernel's tiles (megablox's; omit: moegen picks them; auto: "
+        "`moegen tune` compiles candidates and writes the best here).",
     )
 
 

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import functools
 import importlib
-import typing
 
+import pytest
 from kernel_suite import KernelSuite
+from spec_builder import spec_positions, spec_yaml, tiny
 
 from moegen.kernels import KERNEL_NAMES, KERNELS
 from moegen.kernels.pallas import TWIN_TILE, PallasConfig
 from moegen.kernels.te import TeConfig
 from moegen.kernels.tokamax import TokamaxConfig
+from moegen.load import load_spec_bytes
+from moegen.schema import spec_json_schema
 from moegen.spec import Target, Tiles
+from moegen.validate import check_rules
 
 
 class TestXla(KernelSuite):
@@ -89,19 +93,38 @@ def test_every_kernel_has_a_suite() -> None:
     assert suites == set(KERNELS)
 
 
-def test_the_schema_names_the_registered_kernels() -> None:
-    """spec.py keeps its own Literal of kernel names: the schema is stage load, and the
-    registry (stage kernels, after load: its rules read a LoadedSpec) cannot be imported
-    there. This holds the two in step, in order."""
-    hints = typing.get_type_hints(Target)
-    assert typing.get_args(hints["kernel"]) == KERNEL_NAMES
+def test_the_schema_offers_the_registered_kernels() -> None:
+    """The spec's model (stage load, before the registry) types target.kernel as a name; the
+    JSON schema an editor reads (moegen schema) offers the registry's names, in order, and
+    describes each as its module does."""
+    field = spec_json_schema()["$defs"]["Target"]["properties"]["kernel"]
+    assert tuple(field["enum"]) == KERNEL_NAMES
+    for name, k in KERNELS.items():
+        assert f"{name} = {k.summary}" in field["description"]
+    assert Target.model_fields["kernel"].default == KERNEL_NAMES[0]
 
 
-def test_the_schema_describes_each_kernel_as_its_module_does() -> None:
-    """The schema's description of target.kernel (specs/moegen.schema.json) is the kernels'
-    summaries, written out in spec.py for the same reason as the Literal."""
-    described = "; ".join(f"{name} = {k.summary}" for name, k in KERNELS.items())
-    assert Target.model_fields["kernel"].description == f"Grouped matmul: {described}."
+@pytest.mark.parametrize(
+    ("written", "guess"),
+    [
+        ("megablox", "pallas"),  # other tools' names for a kernel (its module's aliases)
+        ("ragged_dot", "xla"),
+        ("mosaic-gpu", "tokamax"),
+        ("transformer_engine", "te"),
+        ("palas", "pallas"),  # typos
+        ("xal", "xla"),
+        ("triton", None),  # no kernel of that name or like it
+    ],
+)
+def test_an_unregistered_kernel_is_refused_alone_with_the_names(written, guess) -> None:
+    """Validation asks the registry first: an unknown name is reported alone (every other
+    rule may ask the table about it), at its value's line and column, with the guess."""
+    text = spec_yaml(tiny(kernel=written))
+    (problem,) = check_rules(load_spec_bytes(text.encode(), "spec.yaml", "spec"))
+    position = spec_positions(tiny(kernel=written))["target.kernel"]
+    assert (problem.field, (problem.line, problem.column)) == ("target.kernel", position.value)
+    message = f"must be 'xla', 'pallas', 'te' or 'tokamax', got '{written}'"
+    assert problem.message == (f"{message}; did you mean '{guess}'?" if guess else message)
 
 
 def test_a_kernel_twin_is_its_own_or_one_that_runs_on_cpu() -> None:

@@ -168,7 +168,7 @@ def test_absent_distributions_raise_the_clear_error(monkeypatch):
 def test_te_that_fails_to_import_raises_the_clear_error(monkeypatch):
     """Installed as far as metadata goes, but the import fails (a half-finished install)."""
     monkeypatch.setattr(te_kernel, "missing_te", lambda: [])
-    monkeypatch.setattr(cuda, "_load_libraries", lambda: None)
+    monkeypatch.setattr(te_kernel, "_load_libraries", lambda: None)
     monkeypatch.setitem(sys.modules, "transformer_engine.jax", None)
     with pytest.raises(te_kernel.TENotInstalled, match="does not load") as caught:
         te_kernel.prepare_te(90)
@@ -246,7 +246,7 @@ def test_template_helper_renders_and_lowers_like_the_hand_written_one():
             aligned_rows=-(-(ROWS + GROUPS * (align - 1)) // align) * align,
             cuda_sm=sm,
         )
-        p = types.SimpleNamespace(kernel=types.SimpleNamespace(te=te))
+        p = types.SimpleNamespace(kernel=types.SimpleNamespace(config=te))
         call = template.grouped_matmul(p, "lhs", "rhs", "group_sizes", "None")
         widened = template.grouped_matmul(p, "lhs", "rhs", "group_sizes", "None", "jnp.float32")
         source = "\n".join(
@@ -287,6 +287,7 @@ SHARD_MAP_CHILD = textwrap.dedent(
     """
     import json, sys
     sys.path.insert(0, {tests!r})
+    from moegen.kernels import te as te_kernel
     from moegen.verify import cuda
     te_kernel.prepare_te({sm})
     import jax, jax.numpy as jnp

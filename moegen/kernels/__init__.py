@@ -18,10 +18,19 @@ from moegen.kernels.base import (
     TileRequest,
     TileShape,
 )
-from moegen.kernels.registry import KERNEL_NAMES, KERNEL_RULES, KERNELS, kernel, kernels_on
+from moegen.kernels.registry import (
+    KERNEL_ALIASES,
+    KERNEL_NAMES,
+    KERNEL_RULES,
+    KERNELS,
+    kernel,
+    kernel_is_registered,
+    kernels_on,
+)
 
 __all__ = [
     "KERNELS",
+    "KERNEL_ALIASES",
     "KERNEL_NAMES",
     "KERNEL_RULES",
     "CudaLowering",
@@ -35,5 +44,6 @@ __all__ = [
     "TileRequest",
     "TileShape",
     "kernel",
+    "kernel_is_registered",
     "kernels_on",
 ]

@@ -137,6 +137,8 @@ class Kernel:
     name: str  # the value of target.kernel
     summary: str  # what it is, in a few words
     platforms: frozenset[str]  # hardware platforms it runs on ("cpu", "tpu", "gpu")
+    # other tools' names for it: a spec that writes one is told this kernel's name
+    aliases: tuple[str, ...] = ()
     # GPU compute capabilities (x10) it is built for; None: any the platforms allow
     cuda_sms: frozenset[int] | None = None
     # located refusals of specs it cannot run; validation runs every kernel's rules on every

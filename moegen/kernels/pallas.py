@@ -213,6 +213,7 @@ def pinned_tiles_run(loaded: LoadedSpec) -> list[Diagnostic]:
 PALLAS = Kernel(
     name="pallas",
     summary="megablox gmm/tgmm (TPU)",
+    aliases=("megablox",),
     platforms=frozenset({"tpu"}),
     rules=(kernel_runs_on_target, pinned_tiles_run),
     config=pallas_config,

@@ -339,6 +339,7 @@ def te_supports(quantization: str) -> tuple[bool, str]:
 TE = Kernel(
     name="te",
     summary="Transformer Engine grouped GEMM (NVIDIA GPU)",
+    aliases=("transformer_engine", "transformer-engine"),
     platforms=frozenset({"gpu"}),
     rules=(
         te_runs_on_nvidia_gpus,

@@ -160,6 +160,7 @@ def prepare_tokamax(sm: int) -> ModuleType:
 TOKAMAX = Kernel(
     name="tokamax",
     summary="tokamax's Pallas Mosaic GPU ragged_dot (Hopper: H100, H200; bfloat16)",
+    aliases=("mosaic_gpu", "mosaic-gpu"),
     platforms=frozenset({"gpu"}),
     cuda_sms=frozenset({TOKAMAX_SM}),
     rules=(tokamax_runs_on_hopper, tokamax_multiplies_bfloat16, tokamax_widths_fit),

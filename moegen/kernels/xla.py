@@ -8,5 +8,6 @@ from moegen.kernels.base import Kernel
 XLA = Kernel(
     name="xla",
     summary="jax.lax.ragged_dot (anywhere)",
+    aliases=("ragged_dot",),
     platforms=frozenset({"cpu", "tpu", "gpu"}),
 )

@@ -14,7 +14,7 @@ from moegen.load.loader import (
     load_spec_bytes,
     module_name_problem,
 )
-from moegen.load.schema_errors import describe
+from moegen.load.schema_errors import choice_message, describe
 from moegen.load.source import FieldPath, Locations, SpecSource, dotted
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "MAX_NAME_CHARACTERS",
     "MAX_SPEC_BYTES",
     "SpecSource",
+    "choice_message",
     "describe",
     "display_path",
     "dotted",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import heapq
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
@@ -23,10 +25,9 @@ _COMMON_SPELLINGS = {
     "bf16": "bfloat16", "fp32": "float32", "f32": "float32", "float": "float32",
     "v5e": "tpu-v5e", "tpu-v5lite": "tpu-v5e", "v5litepod": "tpu-v5e", "v5p": "tpu-v5p",
     "v6e": "tpu-v6e", "trillium": "tpu-v6e", "v7x": "tpu7x", "tpu-v7x": "tpu7x",
-    "tpu-v7": "tpu7x", "ironwood": "tpu7x", "megablox": "pallas", "ragged_dot": "xla",
+    "tpu-v7": "tpu7x", "ironwood": "tpu7x",
     "a100": "gpu-a100", "h100": "gpu-h100", "h200": "gpu-h200", "b200": "gpu-b200",
-    "transformer_engine": "te", "transformer-engine": "te", "float8": "fp8", "mx_fp8": "mxfp8",
-    "mosaic_gpu": "tokamax", "mosaic-gpu": "tokamax",
+    "float8": "fp8", "mx_fp8": "mxfp8",
 }  # fmt: skip
 
 
@@ -121,11 +122,34 @@ def _unknown_key_message(key: str, model: type[BaseModel] | None, written: set) 
     return message
 
 
-def _suggest(written: str, options: list[str]) -> list[str]:
+def choice_message(
+    value: Any,
+    options: list[str],
+    *,
+    spellings: Mapping[str, str] = MappingProxyType({}),
+    expected: str = "",
+) -> str:
+    """ "must be 'a', 'b' or 'c', got 'x'", with the option `value` was probably meant to be
+    (`spellings`: other tools' names for the options, beside the common ones)."""
+    expected = expected or _one_of(options)
+    message = f"must be {expected}, got {describe(value)}"
+    close = _suggest(value, options, spellings) if isinstance(value, str) else []
+    return f"{message}; did you mean '{close[0]}'?" if close and close[0] != value else message
+
+
+def _one_of(options: list[str]) -> str:
+    quoted = [f"'{option}'" for option in options]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def _suggest(
+    written: str, options: list[str], spellings: Mapping[str, str] = MappingProxyType({})
+) -> list[str]:
     """The option `written` was probably meant to be: a known other spelling, a close typo,
     the same letters swapped, or a longer name that contains it ('experts' -> 'num_experts')."""
-    if _COMMON_SPELLINGS.get(written) in options:
-        return [_COMMON_SPELLINGS[written]]
+    for known in (spellings, _COMMON_SPELLINGS):
+        if known.get(written) in options:
+            return [known[written]]
     close = difflib.get_close_matches(written, options, n=1, cutoff=_DID_YOU_MEAN_CUTOFF)
     if close:
         return close
@@ -183,10 +207,8 @@ def _value_message(error: Any) -> str:
     if kind == "literal_error":
         expected = ctx.get("expected", "")
         options = [part.strip(" '") for part in expected.replace(" or ", ",").split(",")]
-        message = f"must be {expected}, got {got}"
         refused = isinstance(value, str) and UNSUPPORTED_CHOICES.get((error["loc"], value))
         if refused:
-            return f"{message}: {refused}"
-        close = _suggest(value, options) if isinstance(value, str) else []
-        return f"{message}; did you mean '{close[0]}'?" if close and close[0] != value else message
+            return f"must be {expected}, got {got}: {refused}"
+        return choice_message(value, options, expected=expected)
     return f"{error['msg'][0].lower()}{error['msg'][1:]}, got {got}"

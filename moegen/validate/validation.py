@@ -8,7 +8,7 @@ is wrong, the values involved, and the nearest valid value where one exists.
 from __future__ import annotations
 
 from moegen.diagnostics import Diagnostic, SpecError
-from moegen.kernels import KERNEL_RULES
+from moegen.kernels import KERNEL_RULES, kernel_is_registered
 from moegen.load import LoadedSpec
 from moegen.strategies import STRATEGY_RULES
 from moegen.validate.activation import ACTIVATION_RULES
@@ -71,8 +71,9 @@ RULES: tuple[Rule, ...] = (
 
 
 def check_rules(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Run every rule; return all diagnostics (empty when the spec is valid)."""
-    return [diagnostic for rule in RULES for diagnostic in rule(loaded)]
+    """Run every rule; return all diagnostics (empty when the spec is valid). A kernel the
+    registry does not hold is reported alone, like a schema error: the rules ask about it."""
+    return kernel_is_registered(loaded) or [d for rule in RULES for d in rule(loaded)]
 
 
 def choices_left_to_tune(loaded: LoadedSpec) -> list[Diagnostic]:
