@@ -1,6 +1,7 @@
 """The shared test suite every grouped-matmul kernel passes (moegen.kernels).
 
-A kernel's tests subclass `KernelSuite` (tests/test_kernels.py) and say only what is its own:
+A kernel's tests subclass `KernelSuite` (`CpuKernelSuite` where its own code runs in the CPU
+twin, which adds twin parity) in tests/test_kernels.py and say only what is its own:
 a realistic spec that runs it, what its config and twin must be, the package its preflight
 names, and a change of that spec its rules refuse, at which field. The tests themselves are
 written once, here, and run on every kernel; test_every_kernel_has_a_suite keeps the registry
@@ -20,9 +21,10 @@ from moegen.hardware import hardware
 from moegen.kernels import KERNEL_RULES, Kernel, kernel
 from moegen.load import FieldPath, LoadedSpec, load_spec
 from moegen.plan import Plan, make_plan
+from moegen.render import render
 from moegen.validate import check_rules, validate
 from moegen.variants import unchecked
-from moegen.verify import preflight
+from moegen.verify import preflight, verify
 from moegen.verify.twin import twin_of
 
 REPO = Path(__file__).resolve().parent.parent
@@ -114,6 +116,22 @@ class KernelSuite:
     def test_it_runs_where_its_spec_targets(self, plan: Plan) -> None:
         chip = hardware(plan.hardware)
         assert self.kernel.runs_on(chip.platform, chip.sm)
+
+
+class CpuKernelSuite(KernelSuite):
+    """The suite of a kernel whose own code runs in the CPU twin (natively or interpreted):
+    its grouped matmuls, rendered into the shrunken twin, match the dense reference, outputs
+    and every gradient, on random and starved routings."""
+
+    def test_its_twin_matches_the_dense_reference(self, loaded: LoadedSpec, plan: Plan) -> None:
+        assert self.twin_kernel == self.name  # the twin runs this kernel's own template
+        report = verify(loaded, render(plan), plan=plan, run_compiles=False)
+        parity = [step for step in report.steps if step["step"].startswith("twin parity")]
+        assert parity, report.steps
+        for step in parity:  # float32: 1e-5; a twin in the bfloat16 compute dtype: 5e-2
+            bound = 1e-5 if step["step"].startswith("twin parity (float32") else 5e-2
+            errors = [case["max_relative_error"] for case in step["cases"]]
+            assert errors and max(errors) < bound, step
 
 
 def _runs_on_cpu(twin: Kernel) -> bool:
