@@ -129,7 +129,8 @@ def test_an_unregistered_kernel_is_refused_alone_with_the_names(written, guess) 
     (problem,) = check_rules(load_spec_bytes(text.encode(), "spec.yaml", "spec"))
     position = spec_positions(tiny(kernel=written))["target.kernel"]
     assert (problem.field, (problem.line, problem.column)) == ("target.kernel", position.value)
-    message = f"must be 'xla', 'pallas', 'te' or 'tokamax', got '{written}'"
+    names = [f"'{name}'" for name in KERNEL_NAMES]  # the registry's, in order
+    message = f"must be {', '.join(names[:-1])} or {names[-1]}, got '{written}'"
     assert problem.message == (f"{message}; did you mean '{guess}'?" if guess else message)
 
 
