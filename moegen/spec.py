@@ -169,16 +169,18 @@ class Router(_Section):
 class Parallelism(_Section):
     """How experts are spread over devices and how communication overlaps compute."""
 
-    experts: Literal["replicated", "ragged_all_to_all", "ring_of_experts", "auto"] = Field(
+    # Which strategies exist is the strategies stage's knowledge (moegen.strategies.registry,
+    # after this schema): it refuses a name it does not hold, located, and `moegen schema`
+    # writes its names and summaries into the JSON schema.
+    experts: Annotated[str, Field(min_length=1, max_length=32)] = Field(
         "replicated",
-        description="replicated: every device holds every expert. ragged_all_to_all: each "
-        "token copy travels to the device of its expert and back. ring_of_experts: tokens are "
-        "all-gathered over the expert axis, each device runs its experts, results are "
-        "reduce-scattered. auto: chosen by `moegen tune`.",
+        description="How the experts are spread over the devices: an expert-parallel "
+        "strategy, by its registered name, or auto: chosen by `moegen tune`.",
     )
     overlap_chunks: Size | Literal["auto"] = Field(
         1,
-        description="ring_of_experts: split the embedding into this many chunks and overlap "
+        description="A strategy that overlaps its transfers (the ring of experts): split the "
+        "embedding into this many chunks and overlap "
         "each chunk's token transfer with the previous chunk's grouped matmul (1 = no overlap). "
         "auto: chosen by `moegen tune`.",
     )

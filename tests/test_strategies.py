@@ -5,19 +5,20 @@ For a realistic sharded layer (Mixtral-sized widths, cut down to build quickly o
 experts per device over expert 2) each strategy: validates with its expert axis and is
 refused, located, without it (or with one it cannot use); plans the rows and calls its
 module counts from the registry's `rows`; moves the bytes its `traffic` says; has the
-template its name promises; and the schema's Literal lists exactly the registry's names.
+template its name promises; and the schema offers exactly the registry's names.
 """
 
 from __future__ import annotations
 
-import typing
 from pathlib import Path
 
 import pytest
-from spec_builder import spec_yaml, tiny, validated
+from spec_builder import spec_positions, spec_yaml, tiny, validated
 
 from moegen.diagnostics import SpecError
+from moegen.load import load_spec_bytes
 from moegen.plan import make_plan
+from moegen.schema import spec_json_schema
 from moegen.spec import Parallelism
 from moegen.strategies import (
     STRATEGIES,
@@ -27,6 +28,7 @@ from moegen.strategies import (
     overlapping_strategies,
     sharding_strategies,
 )
+from moegen.validate import check_rules
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "strategies"
 SHARDED_AXES = {"data": 2, "expert": 2}
@@ -45,10 +47,38 @@ def _valid(name: str):
     return loaded
 
 
-def test_the_schema_lists_the_registry() -> None:
-    literal = Parallelism.model_fields["experts"].annotation
-    names = [a for a in typing.get_args(literal) if a != "auto"]
-    assert tuple(names) == STRATEGY_NAMES
+def test_the_schema_offers_the_registry() -> None:
+    """The spec's model types parallelism.experts as a name; the JSON schema an editor reads
+    offers the registry's names (and auto), each described as its module does."""
+    field = spec_json_schema()["$defs"]["Parallelism"]["properties"]["experts"]
+    assert field["enum"] == [*STRATEGY_NAMES, "auto"]
+    for name, chosen in STRATEGIES.items():
+        assert f"{name} = {chosen.summary}" in field["description"]
+    assert Parallelism.model_fields["experts"].default == STRATEGY_NAMES[0]
+
+
+@pytest.mark.parametrize(
+    ("written", "guess"),
+    [
+        ("ring", "ring_of_experts"),  # a shorter name the intended one contains
+        ("replicate", "replicated"),
+        ("all_to_all", "ragged_all_to_all"),
+        ("ep", None),  # too far from every strategy: the choices only
+    ],
+)
+def test_an_unregistered_strategy_is_refused_alone_with_the_names(written, guess) -> None:
+    """Validation asks the registry first: an unknown name is reported alone, at its value."""
+    choices = tiny(strategy=written)
+    text = spec_yaml(choices)
+    (problem,) = check_rules(load_spec_bytes(text.encode(), "spec.yaml", "spec"))
+    position = spec_positions(choices)["parallelism.experts"]
+    assert (problem.field, (problem.line, problem.column)) == (
+        "parallelism.experts",
+        position.value,
+    )
+    names = [f"'{name}'" for name in (*STRATEGY_NAMES, "auto")]
+    message = f"must be {', '.join(names[:-1])} or {names[-1]}, got '{written}'"
+    assert problem.message == (f"{message}; did you mean '{guess}'?" if guess else message)
 
 
 @pytest.mark.parametrize("name", STRATEGY_NAMES)

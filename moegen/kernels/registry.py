@@ -1,7 +1,7 @@
 """The table of grouped-matmul kernels, by the name a spec's target.kernel gives.
 
-The stages ask it what a kernel needs instead of comparing names: validation runs
-`KERNEL_RULES` (the first refuses a name the table does not hold), the plan builds
+The stages ask it what a kernel needs instead of comparing names: validation asks
+`kernel_is_registered` first, then runs `KERNEL_RULES`; the plan builds
 `kernel(name).config`, verification reads a kernel's twin substitute, preflight and CUDA
 lowering, and `moegen schema` writes the names into the JSON schema. A kernel is added by one
 module beside these, one line below, its template (templates/kernels/<name>.jinja) and its

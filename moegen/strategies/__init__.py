@@ -14,6 +14,7 @@ from moegen.strategies.registry import (
     overlapping_strategies,
     sharding_strategies,
     strategy,
+    strategy_is_registered,
 )
 
 __all__ = [
@@ -27,4 +28,5 @@ __all__ = [
     "overlapping_strategies",
     "sharding_strategies",
     "strategy",
+    "strategy_is_registered",
 ]

@@ -1,9 +1,10 @@
 """The table of expert-parallel strategies, by the name a spec's parallelism.experts gives,
 and the rules that hold between a strategy and the rest of the spec.
 
-The stages ask it what a strategy does instead of comparing names: validation runs
-`STRATEGY_RULES`, the plan counts rows, bytes and buffers by `strategy(name)`. A strategy is
-added by one module beside these, one line below and its template.
+The stages ask it what a strategy does instead of comparing names: validation asks
+`strategy_is_registered` first, then runs `STRATEGY_RULES`; the plan counts rows,
+bytes and buffers by `strategy(name)`, and `moegen schema` writes the names into the JSON
+schema. A strategy is added by one module beside these, one line below and its template.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from moegen.diagnostics import Diagnostic
-from moegen.load import LoadedSpec
+from moegen.load import LoadedSpec, choice_message
 from moegen.strategies.base import Strategy, StrategyRule
 from moegen.strategies.ragged_all_to_all import RAGGED_ALL_TO_ALL
 from moegen.strategies.replicated import REPLICATED
 from moegen.strategies.ring_of_experts import RING_OF_EXPERTS
 
-# in the order the spec's schema lists them (spec.py's Literal, checked by the strategy tests)
+# in the order the spec's schema lists them; the first is the schema's default
 STRATEGIES: Mapping[str, Strategy] = MappingProxyType(
     {s.name: s for s in (REPLICATED, RAGGED_ALL_TO_ALL, RING_OF_EXPERTS)}
 )
@@ -26,8 +27,17 @@ STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGIES)
 
 
 def strategy(name: str) -> Strategy:
-    """The strategy a validated spec names (KeyError for a name the schema would refuse)."""
+    """The strategy a validated spec names (KeyError for one strategy_is_registered refuses)."""
     return STRATEGIES[name]
+
+
+def strategy_is_registered(loaded: LoadedSpec) -> list[Diagnostic]:
+    """parallelism.experts names a strategy of the table, or auto (left to `moegen tune`)."""
+    name = loaded.spec.parallelism.experts
+    if name in STRATEGIES or name == "auto":
+        return []
+    message = choice_message(name, [*STRATEGY_NAMES, "auto"])
+    return [loaded.diagnostic(("parallelism", "experts"), message)]
 
 
 def sharding_strategies() -> tuple[str, ...]:

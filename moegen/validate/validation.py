@@ -10,7 +10,7 @@ from __future__ import annotations
 from moegen.diagnostics import Diagnostic, SpecError
 from moegen.kernels import KERNEL_RULES, kernel_is_registered
 from moegen.load import LoadedSpec
-from moegen.strategies import STRATEGY_RULES
+from moegen.strategies import STRATEGY_RULES, strategy_is_registered
 from moegen.validate.activation import ACTIVATION_RULES
 from moegen.validate.bounds import (
     chunks_within_limit,
@@ -71,9 +71,11 @@ RULES: tuple[Rule, ...] = (
 
 
 def check_rules(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Run every rule; return all diagnostics (empty when the spec is valid). A kernel the
-    registry does not hold is reported alone, like a schema error: the rules ask about it."""
-    return kernel_is_registered(loaded) or [d for rule in RULES for d in rule(loaded)]
+    """Run every rule; return all diagnostics (empty when the spec is valid). A kernel or a
+    strategy its registry does not hold is reported alone, like a schema error: the rules ask
+    the registries about them."""
+    unknown = kernel_is_registered(loaded) + strategy_is_registered(loaded)
+    return unknown or [d for rule in RULES for d in rule(loaded)]
 
 
 def choices_left_to_tune(loaded: LoadedSpec) -> list[Diagnostic]:
