@@ -7,7 +7,6 @@ import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
-from typing import get_args
 
 import jinja2
 import pytest
@@ -18,7 +17,7 @@ from spec_builder import spec_yaml
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
 from moegen.render import RenderError, render, templates_dir
-from moegen.spec import Target
+from moegen.schema import spec_json_schema
 
 # ---------------------------------------------------------------------------------------
 # StrictUndefined and the template directory
@@ -87,11 +86,16 @@ def test_templates_are_found_via_templates_dir(repo_root):
     assert [Path(p).resolve() for p in env.loader.searchpath] == [directory.resolve()]
 
 
-def test_every_schema_kernel_has_a_template():
-    kernels = get_args(Target.model_fields["kernel"].annotation)
-    assert kernels
-    for kernel in kernels:
-        assert (templates_dir() / "kernels" / f"{kernel}.jinja").is_file(), kernel
+def test_every_kernel_and_strategy_the_schema_offers_has_a_template():
+    definitions = spec_json_schema()["$defs"]
+    offered = {
+        "kernels": definitions["Target"]["properties"]["kernel"]["enum"],
+        "strategies": definitions["Parallelism"]["properties"]["experts"]["enum"][:-1],  # auto
+    }
+    for folder, names in offered.items():
+        assert names
+        for name in names:
+            assert (templates_dir() / folder / f"{name}.jinja").is_file(), name
 
 
 def test_templates_do_no_arithmetic_on_spec_text():
