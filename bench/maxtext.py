@@ -7,7 +7,7 @@ MaxText's figures are ../shared/reference/maxtext-anchor.md's (maxtext 0.2.5, ja
 compute, softmax top-k renormalised, SwiGLU, no bias, tokens over every mesh axis), copied
 into ANCHOR below. For each row this builds the same layer as a moegen spec and compiles its
 forward and forward+backward programs for the row's slice (moegen's own verify path, compile
-only: `moegen plan --compile`), four times:
+only: `moegen plan --compile`), five times:
 
 - whole: the FFN whole, one token chunk (moegen's default for a layer that fits);
 - sliced: the fewest FFN slices (memory.ffn_chunks), and
@@ -17,7 +17,11 @@ only: `moegen plan --compile`), four times:
 - sliced chunks: the sliced trade's FFN slices in each of the fewest token chunks whose
   planned peak meets the bar with the ledger's margin (at most BAR / (1 + LEDGER_LOW) of
   MaxText's): under fsdp each chunk gathers every slice's weights again, so the fewest
-  chunks cost the least communication.
+  chunks cost the least communication;
+- sliced chunks, casts per slice: the same slices with memory.weight_casts: per_slice (each
+  slice's weights rounded to bfloat16 as it is used, so no bfloat16 copy of every weight is
+  live), in the fewest token chunks whose planned peak meets issue 27's 0.4x (CASTS_BAR)
+  with the ledger's margin.
 
 It prints, and writes as markdown, the compiled peaks and FLOPs and their ratios to MaxText's,
 and checks issue 20's bar on each row's best trade (sliced, chunked or both): forward+backward
@@ -45,6 +49,8 @@ from moegen.verify.messages import Compiled
 GB = 1e9
 PLANNED_SHARE = 0.3
 BAR = {"train_peak": 0.6, "flops": 1.25, "forward_peak": 1.0}
+# issue 27's forward+backward share, which the trade with casts per slice is chosen for
+CASTS_BAR = 0.4
 # How far below the compiled peak the ledger may be (tests/test_ledger.py: 10% both ways).
 LEDGER_LOW = 0.10
 
@@ -85,7 +91,7 @@ ANCHOR = (
 )  # fmt: skip
 
 
-def spec_text(row: Row, token_chunks: int, ffn_chunks: int = 1) -> str:
+def spec_text(row: Row, token_chunks: int, ffn_chunks: int = 1, casts: str = "once") -> str:
     axes = ", ".join(f"{name}: {size}" for name, size in row.axes.items())
     return (
         "version: 1\n"
@@ -96,12 +102,13 @@ def spec_text(row: Row, token_chunks: int, ffn_chunks: int = 1) -> str:
         "dtypes: {params: float32, compute: bfloat16}\n"
         f"mesh: {{axes: {{{axes}}}}}\n"
         f"parallelism: {{experts: {row.strategy}}}\n"
-        f"memory: {{token_chunks: {token_chunks}, ffn_chunks: {ffn_chunks}}}\n"
+        f"memory: {{token_chunks: {token_chunks}, ffn_chunks: {ffn_chunks}, "
+        f"weight_casts: {casts}}}\n"
         f"target: {{hardware: {row.hardware}, topology: {row.topology}, kernel: pallas}}\n"
     )
 
 
-def candidates(row: Row, folder: Path) -> list[tuple[str, int, int]]:
+def candidates(row: Row, folder: Path) -> list[tuple[str, int, int, str]]:
     """(label, token chunks, FFN slices): whole; the fewest slices and the fewest token
     chunks whose planned forward+backward peak is at most PLANNED_SHARE of MaxText's (the
     most listed when none is); and those slices in the fewest token chunks whose planned
@@ -116,17 +123,24 @@ def candidates(row: Row, folder: Path) -> list[tuple[str, int, int]]:
     chunks = fewest([o for o in plan.chunk_candidates.token_chunks if o.chunks > 1], PLANNED_SHARE)
     sliced_chunks = [o for o in plan.chunk_candidates.sliced_token_chunks if o.ffn_chunks == slices]
     both = fewest(sliced_chunks, BAR["train_peak"] / (1 + LEDGER_LOW))
+    # the same slices, their weights rounded per slice: planned from such a spec
+    per_slice = generate(write_spec(row, 1, slices, folder, "per_slice")).plan
+    rounded = [o for o in per_slice.chunk_candidates.sliced_token_chunks if o.ffn_chunks == slices]
+    both_rounded = fewest(rounded, CASTS_BAR / (1 + LEDGER_LOW))
     return [
-        ("whole", 1, 1),
-        ("sliced", 1, slices),
-        ("chunked", chunks, 1),
-        ("sliced chunks", both, slices),
+        ("whole", 1, 1, "once"),
+        ("sliced", 1, slices, "once"),
+        ("chunked", chunks, 1, "once"),
+        ("sliced chunks", both, slices, "once"),
+        ("sliced chunks, casts per slice", both_rounded, slices, "per_slice"),
     ]
 
 
-def write_spec(row: Row, token_chunks: int, ffn_chunks: int, folder: Path) -> Path:
-    path = folder / f"{row.label}_c{token_chunks}_s{ffn_chunks}.yaml"
-    path.write_text(spec_text(row, token_chunks, ffn_chunks))
+def write_spec(
+    row: Row, token_chunks: int, ffn_chunks: int, folder: Path, casts: str = "once"
+) -> Path:
+    path = folder / f"{row.label}_c{token_chunks}_s{ffn_chunks}_{casts}.yaml"
+    path.write_text(spec_text(row, token_chunks, ffn_chunks, casts))
     return path
 
 
@@ -139,9 +153,9 @@ def compiled(path: Path) -> dict[str, Compiled]:
 
 def measure(row: Row, folder: Path) -> list[dict]:
     out = []
-    for label, chunks, slices in candidates(row, folder):
+    for label, chunks, slices, casts in candidates(row, folder):
         start = time.perf_counter()
-        steps = compiled(write_spec(row, chunks, slices, folder))
+        steps = compiled(write_spec(row, chunks, slices, folder, casts))
         forward, train = steps["compile forward"], steps["compile forward+backward"]
         out.append(
             {

@@ -280,6 +280,15 @@ class Memory(_Section):
         "fits the target's memory (FFN slices included), else the fewest chunks that leave the "
         "ledger's headroom (30% of HBM) free, else the fewest that fit.",
     )
+    weight_casts: Literal["once", "per_slice"] = Field(
+        "once",
+        description="How FFN slices cast float32 expert weights to bfloat16. once: XLA casts "
+        "the stored weights once, before the slices' loop (it moves each slice's cast there), "
+        "and a bfloat16 copy of every expert weight stays live. per_slice: each slice's "
+        "weights are rounded as the slice uses them (the same bits, in integer arithmetic "
+        "that XLA does not move), so only one slice's copy is live. Needs ffn_chunks > 1, "
+        "dtypes.params float32 and dtypes.compute bfloat16.",
+    )
 
 
 # Choices people reach for that moegen refuses on purpose: (field, value) -> why.

@@ -73,6 +73,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "tiles": ("target", "tiles"),
     "ffn_chunks": ("memory", "ffn_chunks"),
     "token_chunks": ("memory", "token_chunks"),
+    "weight_casts": ("memory", "weight_casts"),
 }
 
 # Choices given as tuples, written as the mapping the schema expects.

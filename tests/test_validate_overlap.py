@@ -51,6 +51,32 @@ CASES: Cases = {
             ],
         ),
     ],
+    "weight_casts_per_slice_cast_slices": [
+        ({"weight_casts": "once"}, []),
+        ({"weight_casts": "per_slice", "ffn_chunks": 2, "params_dtype": "float32"}, []),
+        (
+            {"weight_casts": "per_slice", "params_dtype": "float32"},  # the FFN runs whole
+            [
+                (
+                    "memory.weight_casts",
+                    VALUE,
+                    "per_slice needs memory.ffn_chunks > 1 (write the slices: whole, nothing "
+                    "is sliced); or write once",
+                )
+            ],
+        ),
+        (
+            {"weight_casts": "per_slice", "ffn_chunks": 2, "params_dtype": "bfloat16"},
+            [
+                (
+                    "memory.weight_casts",
+                    VALUE,
+                    "per_slice needs dtypes params float32 and compute bfloat16 (here bfloat16 "
+                    "and bfloat16: no float32 weight is cast to bfloat16); or write once",
+                )
+            ],
+        ),
+    ],
     "token_chunks_fit": [
         ({}, []),
         ({"token_chunks": 1}, []),

@@ -72,6 +72,7 @@ class FfnPlan:
     chunk_options: tuple[FfnChunkOption, ...]  # valid slice counts (powers of 2) and costs
     recompute_flops_text: str  # cost.recompute_flops to 3 significant digits, for the docstring
     regathers_weights: bool  # sliced weights are fsdp-gathered per slice, again in the backward
+    casts_per_slice: bool  # sliced weights rounded to the compute dtype per slice (in integers)
     whole_forward: bool  # sliced: the forward pass runs the FFN whole, the backward in slices
     forward_fuses_gate_up: bool  # that whole forward pass: gate and up side by side
     forward_params: tuple[ParamPlan, ...]  # the parameters as it uses them (empty: no such pass)
@@ -167,7 +168,10 @@ def layouts(
             chunks=chunks,
             matmuls=matmuls,
             gate_up_calls=len(outputs),
-            sliced_cast_bytes=sum(
+            # cast slice by slice, only the slice's copy is live (counted as gathered)
+            sliced_cast_bytes=0
+            if casts_per_slice(spec, chunks)
+            else sum(
                 math.prod(p.local_shape) * compute_bytes for p in params if p.ffn_axis is not None
             ),
             sliced_param_bytes=sum(
@@ -242,6 +246,7 @@ def ffn_plan(
         chunk_options=ffn_chunk_options(loaded, chunks, layout),
         recompute_flops_text=f"{chosen.cost.recompute_flops:.3g}",
         regathers_weights=regathers_weights(loaded, chunks),
+        casts_per_slice=casts_per_slice(spec, chunks),
         whole_forward=forward is not None,
         forward_fuses_gate_up=forward is not None and forward.fused,
         forward_params=() if forward is None else side_by_side(params, forward.fused),
@@ -250,6 +255,12 @@ def ffn_plan(
         gate_up_outputs=chosen.gate_up_outputs,
         grouped_matmul_sites=len(chosen.gate_up_outputs) + 1,  # and down
     )
+
+
+def casts_per_slice(spec: Spec, chunks: int) -> bool:
+    """FFN slices round their weights to the compute dtype one slice at a time
+    (memory.weight_casts: per_slice), where XLA would cast all of them once."""
+    return chunks > 1 and spec.memory.weight_casts == "per_slice"
 
 
 def regathers_weights(loaded: LoadedSpec, chunks: int) -> bool:

@@ -335,6 +335,8 @@ def _sliced(
         # One row gradient per grouped-matmul call that reads the rows.
         "the slice's row gradients": ffn.gate_up_calls * row_block,
     }
+    if not ffn.sliced_cast_bytes:  # each slice is cast as it is used: no such copy
+        del items["stored expert weights cast to the compute dtype once"]
     if shared:
         items["shared expert activations and their gradients"] = 2 * shared
     if ffn.token_chunks == 1:  # in chunks, the sum over the chunks is counted below

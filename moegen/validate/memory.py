@@ -85,4 +85,32 @@ def local_tokens(loaded: LoadedSpec) -> int:
     return spec.shapes.batch // max(shards, 1) * (spec.shapes.seq_len // spec.sequence_shards)
 
 
-MEMORY_RULES = (ffn_chunks_fit, ffn_chunks_without_overlap, token_chunks_fit)
+def weight_casts_per_slice_cast_slices(loaded: LoadedSpec) -> list[Diagnostic]:
+    """weight_casts: per_slice rounds float32 FFN slices to bfloat16: it needs pinned FFN
+    slices and those two dtypes."""
+    spec = loaded.spec
+    if spec.memory.weight_casts != "per_slice":
+        return []
+    problems = []
+    if (spec.memory.ffn_chunks or 1) == 1:
+        problems.append("memory.ffn_chunks > 1 (write the slices: whole, nothing is sliced)")
+    dtypes = (spec.dtypes.params, spec.dtypes.compute)
+    if dtypes != ("float32", "bfloat16"):
+        problems.append(
+            f"dtypes params float32 and compute bfloat16 (here {dtypes[0]} and {dtypes[1]}: "
+            "no float32 weight is cast to bfloat16)"
+        )
+    if not problems:
+        return []
+    needs = "; and ".join(problems)
+    return [
+        loaded.diagnostic(("memory", "weight_casts"), f"per_slice needs {needs}; or write once")
+    ]
+
+
+MEMORY_RULES = (
+    ffn_chunks_fit,
+    ffn_chunks_without_overlap,
+    token_chunks_fit,
+    weight_casts_per_slice_cast_slices,
+)

@@ -160,4 +160,6 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
     if dtype is not None:
         overrides[("dtypes", "params")] = dtype
         overrides[("dtypes", "compute")] = dtype
+        if dtype != spec.dtypes.compute or dtype != spec.dtypes.params:
+            overrides[("memory", "weight_casts")] = "once"  # nothing is cast in one dtype
     return overrides
