@@ -16,7 +16,7 @@ import numpy as np
 from conftest import assert_twin_parity
 from spec_builder import spec_positions, spec_yaml, tiny, validated
 
-from moegen.plan import make_plan
+from moegen.plan import format_plan, make_plan
 from moegen.render import render
 from moegen.verify import verify
 
@@ -38,6 +38,8 @@ def test_the_ledger_drops_the_hoisted_copy_and_nothing_else() -> None:
     assert ledger_a[hoisted] > 0 and hoisted not in ledger_b
     assert a.memory.train_peak - b.memory.train_peak == ledger_a[hoisted]
     assert a.cost == b.cost  # the same FLOPs: the same rounding, elsewhere
+    said = "each slice's weights cast as it runs"  # moegen plan says which
+    assert said not in format_plan(a) and said in format_plan(b)
 
 
 def _rounding(source: str):

@@ -90,7 +90,8 @@ def _ffn_slice_lines(plan: Plan) -> list[str]:
     ffn = plan.ffn
     if len(ffn.chunk_options) < 2:
         return []
-    chosen = f"{ffn.chunks} ({ffn.chunk_width} columns each)"
+    chosen = f"{ffn.chunks} ({ffn.chunk_width} columns each"
+    chosen += ", each slice's weights cast as it runs)" if ffn.casts_per_slice else ")"
     lines = [f"  FFN slices      {chosen}; memory.ffn_chunks options, forward+backward:"]
     for option in ffn.chunk_options:
         mark = "  <- this spec" if option.chunks == ffn.chunks else ""
