@@ -160,6 +160,5 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
     if dtype is not None:
         overrides[("dtypes", "params")] = dtype
         overrides[("dtypes", "compute")] = dtype
-        if dtype != spec.dtypes.compute or dtype != spec.dtypes.params:
-            overrides[("memory", "weight_casts")] = "once"  # nothing is cast in one dtype
+        overrides[("memory", "weight_casts")] = "once"  # one dtype: nothing is cast
     return overrides
