@@ -156,7 +156,19 @@ class Router(_Section):
         "models) or its input (Llama 4: the expert runs on x * weight).",
     )
     load_balance_loss: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] = Field(
-        0.0, description="Weight of the switch-style load-balancing loss in aux (0 = none)."
+        0.0,
+        description="Weight of the load-balancing loss in aux (0 = none); its form: "
+        "load_balance_form.",
+    )
+    load_balance_form: Literal["switch", "transformers"] = Field(
+        "switch",
+        description="How load_balance_loss is defined. switch: NUM_EXPERTS * sum over experts "
+        "of (share of the token copies it takes) * (its mean probability: the softmax, or the "
+        "scores normalised to sum to 1), the Switch Transformer's form. transformers: Hugging "
+        "Face transformers' load_balancing_loss_func for this layer, the convention of the "
+        "models that train with router_aux_loss_coef (Mixtral, Qwen-MoE, OLMoE, ...): counts "
+        "from the top-k of softmax(logits) per token, not per copy, times the mean softmax "
+        "probability, i.e. top_k times the switch form where both pick the same experts.",
     )
     z_loss: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] = Field(
         0.0, description="Weight of the router z-loss in aux (0 = none)."

@@ -118,6 +118,31 @@ CASES = {
         ),
         shared=6,
     ),
+    # transformers' load_balancing_loss_func: on the layer's own selection (Mixtral), and
+    # beside a selection bias with groups (the loss counts the logits' top-k, not the layer's)
+    "balance_transformers_mixtral": Case(
+        S8,
+        C(
+            top_k=2,
+            score="softmax",
+            score_after_top_k=True,
+            load_balance_weight=0.3,
+            load_balance_form="transformers",
+        ),
+    ),
+    "balance_transformers_biased_groups": Case(
+        S16,
+        C(
+            top_k=4,
+            score="sigmoid",
+            renormalize=True,
+            num_groups=4,
+            top_groups=2,
+            load_balance_weight=0.2,
+            load_balance_form="transformers",
+        ),
+        routing_bias=True,
+    ),
     "geglu": Case(S4, C(top_k=2, score="softmax", activation="geglu")),
     "gelu": Case(S4, C(top_k=2, score="softmax", activation="gelu")),
     "relu_biases_shared": Case(

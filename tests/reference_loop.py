@@ -160,10 +160,17 @@ def slow_moe(params: dict[str, np.ndarray], x: np.ndarray, cfg: ReferenceConfig)
             y[t] += slow_shared(tokens[t], p, cfg)
 
     fraction = counts / (num_tokens * cfg.top_k)
+    transformers_form = cfg.load_balance_form == "transformers"
+    if transformers_form:  # each token's top-k logits, per token, whatever the layer selects
+        fraction = np.zeros(experts)
+        for logits, _, _, _ in routes:
+            for e in sorted(range(experts), key=lambda e: -logits[e])[: cfg.top_k]:
+                fraction[e] += 1 / num_tokens
     mean_prob = np.zeros(experts)
     z_loss = 0.0
     for logits, scores, _, _ in routes:
-        probs = slow_score(logits, "softmax") if cfg.score == "softmax" else scores
+        softmax = cfg.score == "softmax" or transformers_form
+        probs = slow_score(logits, "softmax") if softmax else scores
         mean_prob += np.array(probs) / sum(probs) / num_tokens
         peak = max(logits)
         z_loss += (peak + math.log(sum(math.exp(v - peak) for v in logits))) ** 2 / num_tokens

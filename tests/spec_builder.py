@@ -52,6 +52,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "routing_bias": ("router", "routing_bias"),
     "weighting": ("router", "weighting"),
     "load_balance_loss": ("router", "load_balance_loss"),
+    "load_balance_form": ("router", "load_balance_form"),
     "z_loss": ("router", "z_loss"),
     "capacity": ("router", "capacity"),
     "batch": ("shapes", "batch"),

@@ -96,6 +96,23 @@ def test_group_limit_and_bias_change_the_routing():
     assert not np.allclose(ys[0], ys[1]) and not np.allclose(ys[0], ys[2])
 
 
+def test_transformers_balance_form_is_top_k_times_switch_on_the_same_selection():
+    """What the spec's load_balance_form says: where the layer chooses the logits' top-k
+    (softmax), transformers' form is top_k times the switch form; with a selection bias and
+    groups it counts other experts than the layer chose, so it is not."""
+    case, params, x = case_data("balance_transformers_mixtral")
+    switch = replace(case.cfg, load_balance_form="switch")
+    both = [float(dense_moe(params, x, c)[1].load_balance_loss) for c in (case.cfg, switch)]
+    np.testing.assert_allclose(both[0], case.cfg.top_k * both[1], rtol=1e-6)
+    case, params, x = case_data("balance_transformers_biased_groups")
+    as_switch = replace(case.cfg, load_balance_form="switch", score="softmax")
+    as_transformers = replace(case.cfg, score="softmax")
+    losses = [
+        float(dense_moe(params, x, c)[1].load_balance_loss) for c in (as_transformers, as_switch)
+    ]
+    assert abs(losses[0] - case.cfg.top_k * losses[1]) > 1e-4 * losses[0]
+
+
 def test_ties_break_towards_lower_ids_and_earlier_tokens():
     case, params, x = case_data("ties")
     # Zero router columns give exactly equal scores (lower id first); each odd token repeats the

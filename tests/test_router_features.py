@@ -150,6 +150,38 @@ CASES: dict[str, tuple[dict, list[str]]] = {
         },
         ["SHARED_FFN_DIM = 48"],
     ),
+    # transformers' load_balancing_loss_func: the layer's top-k is the logits' (Mixtral-like),
+    # and beside a selection bias and groups, where the loss takes the logits' top-k itself
+    "balance_loss_transformers_form_ring": (
+        {
+            "router": {
+                "top_k": 2,
+                "score_after_top_k": True,
+                "load_balance_loss": 0.02,
+                "load_balance_form": "transformers",
+            },
+            "mesh": {"axes": {"expert": 2}},
+            **RING,
+        },
+        ["load_balancing_loss_func", "picks = tokens_per_expert"],
+    ),
+    "balance_loss_transformers_form_biased_groups_a2a": (
+        {
+            "layer": {"num_experts": 16, "embed_dim": 32, "ffn_dim": 48},
+            "router": {
+                "top_k": 4,
+                "score": "sigmoid",
+                "renormalize": True,
+                "group_limit": {"groups": 4, "keep": 2},
+                "routing_bias": True,
+                "load_balance_loss": 0.01,
+                "load_balance_form": "transformers",
+            },
+            "mesh": {"axes": {"data": 2, "expert": 2}},
+            **A2A,
+        },
+        ["_, picked = jax.lax.top_k(logits, TOP_K)"],
+    ),
     "bf16_compute_all_features": (
         {
             "layer": {

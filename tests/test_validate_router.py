@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from validate_cases import (
     DEEPSEEK_V3,
+    FORM_WITHOUT_LOSS,
     KEY,
     NOTHING_BALANCES,
     ROUTING_BIAS_ON_LOGITS,
@@ -174,6 +175,19 @@ CASES: Cases = {
                 "z_loss": 0.001,
             },
             [("router.capacity", KEY, NOTHING_BALANCES)],
+        ),
+    ],
+    "load_balance_form_has_a_loss": [
+        ({"load_balance_loss": 0.01, "load_balance_form": "transformers"}, []),
+        ({"load_balance_loss": 0.01, "load_balance_form": "switch"}, []),
+        ({"load_balance_form": "switch"}, []),  # the default written out, no loss: fine
+        (
+            {"load_balance_form": "transformers"},
+            [("router.load_balance_form", VALUE, FORM_WITHOUT_LOSS)],
+        ),
+        (
+            {"load_balance_form": "transformers", "load_balance_loss": 0, "z_loss": 0.001},
+            [("router.load_balance_form", VALUE, FORM_WITHOUT_LOSS)],
         ),
     ],
 }

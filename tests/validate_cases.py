@@ -146,6 +146,11 @@ NOTHING_BALANCES = (
     "routing; set router.load_balance_loss (e.g. 0.01) or router.routing_bias: true, "
     "or remove capacity (dropless)"
 )
+FORM_WITHOUT_LOSS = (
+    "load_balance_form: transformers defines a loss that is not computed "
+    "(router.load_balance_loss is 0); set router.load_balance_loss to its weight (a model "
+    "config's router_aux_loss_coef, e.g. 0.001), or remove load_balance_form"
+)
 
 
 def rule_params(cases: dict[str, list[tuple[dict, list]]]) -> list:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from moegen.hardware import hardware
 from moegen.kernels import kernel
 from moegen.load import LoadedSpec
+from moegen.spec import Router
 
 
 def vma_unchecked_reason(loaded: LoadedSpec) -> str:
@@ -39,7 +40,7 @@ def summary(loaded: LoadedSpec) -> str:
         "renormalised" if router.renormalize else "",
         f"scaled by {router.routed_scaling:g}" if router.routed_scaling != 1.0 else "",
         "balancing bias" if router.routing_bias else "",
-        f"load-balancing loss {router.load_balance_loss:g}" if router.load_balance_loss else "",
+        _balance_loss(router),
         f"z-loss {router.z_loss:g}" if router.z_loss else "",
         f"capacity factor {router.capacity.factor:g} (drop by {router.capacity.drop})"
         if router.capacity
@@ -59,3 +60,10 @@ def summary(loaded: LoadedSpec) -> str:
         f"on a {mesh} mesh, kernel {spec.target.kernel}, target {spec.target.hardware}"
         + _topology_text(spec.target.hardware, spec.target.topology)
     )
+
+
+def _balance_loss(router: Router) -> str:
+    if not router.load_balance_loss:
+        return ""
+    form = " (transformers' form)" if router.load_balance_form == "transformers" else ""
+    return f"load-balancing loss {router.load_balance_loss:g}{form}"

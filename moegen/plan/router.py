@@ -36,6 +36,10 @@ class RouterPlan:
     load_balance_weight: float
     z_loss_weight: float
     has_load_balance_loss: bool  # load_balance_weight > 0: aux has the loss
+    load_balance_form: str  # "switch" | "transformers" (spec router.load_balance_form)
+    # transformers' form counts the top-k of softmax(logits); where the layer selects
+    # otherwise (a selection bias, groups) the loss takes that top-k of its own
+    balance_counts_own_top_k: bool
     has_z_loss: bool  # z_loss_weight > 0: aux has the router z-loss
     capacity: int | None  # copies per expert per device; None: dropless
     drop_policy: str | None  # "probability" | "position" under a capacity
@@ -68,6 +72,9 @@ def router_plan(loaded: LoadedSpec, capacity: int | None) -> RouterPlan:
         load_balance_weight=router.load_balance_loss,
         z_loss_weight=router.z_loss,
         has_load_balance_loss=router.load_balance_loss > 0,
+        load_balance_form=router.load_balance_form,
+        balance_counts_own_top_k=router.load_balance_form == "transformers"
+        and bool(router.routing_bias or group_limit),
         has_z_loss=router.z_loss > 0,
         capacity=capacity,
         drop_policy=router.capacity.drop if router.capacity else None,

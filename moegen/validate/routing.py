@@ -154,9 +154,26 @@ def capacity_has_a_balancer(loaded: LoadedSpec) -> list[Diagnostic]:
     ]
 
 
+def load_balance_form_has_a_loss(loaded: LoadedSpec) -> list[Diagnostic]:
+    """A form chosen for a loss that is not computed says nothing: the spec meant a weight."""
+    router = loaded.spec.router
+    if router.load_balance_form == "switch" or router.load_balance_loss > 0:
+        return []
+    return [
+        loaded.diagnostic(
+            ("router", "load_balance_form"),
+            message=f"load_balance_form: {router.load_balance_form} defines a loss that is not "
+            "computed (router.load_balance_loss is 0); set router.load_balance_loss to its "
+            "weight (a model config's router_aux_loss_coef, e.g. 0.001), or remove "
+            "load_balance_form",
+        )
+    ]
+
+
 ROUTING_RULES = (
     routing_bias_chooses_by_scores,
     score_after_top_k_is_meaningful,
     group_limit_can_pick_top_k,
     capacity_has_a_balancer,
+    load_balance_form_has_a_loss,
 )

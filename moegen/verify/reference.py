@@ -43,6 +43,7 @@ class ReferenceConfig:
     drop_policy: str = "probability"  # "probability" | "position"
     token_shards: int = 1  # contiguous equal token groups, each drops independently
     load_balance_weight: float = 0.0
+    load_balance_form: str = "switch"  # "switch" | "transformers" (load_balancing_loss_func)
     z_loss_weight: float = 0.0
     activation: str = "swiglu"  # "swiglu" | "geglu" | "gelu" | "relu"
     group_top_n: int = 2  # a group's score: the sum of its best n selection scores
@@ -245,7 +246,6 @@ def dense_moe(
     _check(cfg, params, num_tokens)
     tokens = x.reshape(num_tokens, embed).astype(jnp.float32)
     p = {name: value.astype(jnp.float32) for name, value in params.items()}
-    experts = p["router"].shape[1]
     gated = cfg.activation in GATED_ACTIVATIONS
     biased = "b_up" in p
 
@@ -278,18 +278,31 @@ def dense_moe(
     dropped = (r.chosen & ~r.kept).sum(axis=0).astype(jnp.int32)
     load_balance = jnp.zeros((), jnp.float32)
     if cfg.load_balance_weight:
-        if cfg.score == "softmax":
-            probs = jax.nn.softmax(r.logits, axis=-1)
-        else:
-            probs = r.scores / r.scores.sum(axis=-1, keepdims=True)
-        fraction = counts.astype(jnp.float32) / (num_tokens * cfg.top_k)  # constant: no gradient
-        load_balance = cfg.load_balance_weight * experts * jnp.sum(fraction * probs.mean(axis=0))
+        load_balance = cfg.load_balance_weight * _balance_term(cfg, r, counts, num_tokens)
     z_loss = jnp.zeros((), jnp.float32)
     if cfg.z_loss_weight:
         z_loss = cfg.z_loss_weight * jnp.mean(jax.nn.logsumexp(r.logits, axis=-1) ** 2)
 
     aux = ReferenceAux(counts, dropped, load_balance.astype(jnp.float32), z_loss)
     return y.reshape(batch, seq, embed), aux
+
+
+def _balance_term(cfg: ReferenceConfig, r: Routing, counts: jax.Array, tokens: int) -> jax.Array:
+    """E * sum_e f_e * P_e, the counts constant (no gradient). switch: f_e the share of the
+    copies, P_e the mean softmax (or normalised score); transformers: f_e the top-k of the
+    softmax of the logits per token (whatever the layer selects), P_e the mean softmax."""
+    experts = r.logits.shape[-1]
+    if cfg.load_balance_form == "transformers":
+        probs = jax.nn.softmax(r.logits, axis=-1)
+        _, picked = jax.lax.top_k(r.logits, cfg.top_k)
+        picks = jax.nn.one_hot(picked, experts).sum(axis=(0, 1))
+        return experts * jnp.sum(picks / tokens * probs.mean(axis=0))
+    if cfg.score == "softmax":
+        probs = jax.nn.softmax(r.logits, axis=-1)
+    else:
+        probs = r.scores / r.scores.sum(axis=-1, keepdims=True)
+    fraction = counts.astype(jnp.float32) / (tokens * cfg.top_k)
+    return experts * jnp.sum(fraction * probs.mean(axis=0))
 
 
 def tokens_per_expert(

@@ -248,6 +248,7 @@ def reference_config(plan: Plan) -> dict[str, Any]:
         "drop_policy": plan.router.drop_policy or "probability",
         "token_shards": plan.batch_shards,
         "load_balance_weight": plan.router.load_balance_weight,
+        "load_balance_form": plan.router.load_balance_form,
         "z_loss_weight": plan.router.z_loss_weight,
         "activation": plan.ffn.activation,
         "group_top_n": plan.router.group_top_k or 2,

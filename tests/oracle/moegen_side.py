@@ -99,3 +99,27 @@ def runner(module: ModuleType, weights: dict[str, np.ndarray]) -> Runner:
         return np.asarray(y), np.asarray(grad)
 
     return run
+
+
+def loss_runner(module: ModuleType, weights: dict[str, np.ndarray], loss: str) -> Runner:
+    """x -> (aux.<loss>, d aux.<loss> / dx) of the module with these parameters."""
+    mesh = module.make_mesh(jax.devices()[: module.NUM_DEVICES])
+    params = {
+        name: jax.device_put(
+            jnp.asarray(value, jnp.float32), NamedSharding(mesh, module.PARAM_SPECS[name])
+        )
+        for name, value in weights.items()
+    }
+
+    def value(x: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
+        _y, aux = module.moe_layer(p, x)
+        return getattr(aux, loss)
+
+    step = jax.jit(jax.value_and_grad(value))
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        placed = jax.device_put(jnp.asarray(x, jnp.float32), module.input_sharding(mesh))
+        got, grad = step(placed, params)
+        return np.asarray(got), np.asarray(grad)
+
+    return run

@@ -1,0 +1,65 @@
+"""The losses a transformers family trains its MoE layers with, computed by transformers itself.
+
+A family whose modeling module defines `load_balancing_loss_func` adds it to the causal-LM
+loss (times `router_aux_loss_coef`) over the router logits its model records: the recorder
+in the family's `_can_record_outputs["router_logits"]` names the router class and which of its
+outputs are the logits. Here a forward hook on that router inside the block catches them, so
+the loss is transformers' own function on transformers' own logits, for one layer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def _modeling(block: nn.Module | type[nn.Module]) -> Any:
+    """The block's modeling module (a block or its class)."""
+    cls = block if isinstance(block, type) else type(block)
+    return importlib.import_module(cls.__module__)
+
+
+def router_recorder(block: nn.Module) -> Any | None:
+    """The family's OutputRecorder of router logits (None: its model records none)."""
+    for value in vars(_modeling(block)).values():
+        outputs = getattr(value, "_can_record_outputs", None)
+        if isinstance(outputs, dict) and "router_logits" in outputs:
+            return outputs["router_logits"]
+    return None
+
+
+def balance_loss_function(block: nn.Module | type[nn.Module]) -> Callable[..., torch.Tensor] | None:
+    """The family's load_balancing_loss_func, where its model trains with one."""
+    return getattr(_modeling(block), "load_balancing_loss_func", None)
+
+
+def run_balance_loss(
+    block: nn.Module, x: np.ndarray, num_experts: int, top_k: int
+) -> tuple[float, np.ndarray]:
+    """transformers' balance loss of this block on x (coefficient 1) and its gradient w.r.t. x."""
+    loss_function, recorder = balance_loss_function(block), router_recorder(block)
+    assert loss_function is not None and recorder is not None
+    routers = [m for m in block.modules() if isinstance(m, recorder.target_class)]
+    assert len(routers) == 1, f"{len(routers)} {recorder.target_class.__name__} in the block"
+    caught: list[torch.Tensor] = []
+
+    def catch(_module: nn.Module, _inputs: Any, output: Any) -> None:
+        caught.append(output[recorder.index] if isinstance(output, tuple | list) else output)
+
+    hook = routers[0].register_forward_hook(catch)
+    try:
+        inputs = torch.tensor(x, dtype=torch.float32, requires_grad=True)
+        block(inputs)
+    finally:
+        hook.remove()
+    assert len(caught) == 1, f"the router ran {len(caught)} times"
+    logits = caught[0].reshape(-1, num_experts)
+    loss = loss_function((logits,), num_experts, top_k)
+    loss.backward()
+    assert inputs.grad is not None
+    return float(loss.detach()), inputs.grad.numpy()

@@ -1,0 +1,95 @@
+"""transformers as the oracle of the training losses (issue 29): for every family of the
+oracle table whose model trains its MoE layers with transformers' `load_balancing_loss_func`,
+moegen's `aux.load_balance_loss` with `load_balance_form: transformers` (weight 1) equals that
+function on the block's own router logits, value and gradient w.r.t. the input, at the normal
+and the large input scale, replicated and over the ragged all-to-all. The families that define
+no balance loss are listed, so a family gaining one is noticed; none of the table's families
+defines a router z-loss (transformers' is Switch Transformers' and NLLB-MoE's).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+if os.environ.get("MOEGEN_REQUIRE_ORACLE"):
+    import torch  # noqa: F401  (CI: a missing oracle is a failure, not a skip)
+    import transformers  # noqa: F401
+else:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+
+import jax  # noqa: E402
+from oracle import moegen_side  # noqa: E402
+from oracle.families import BATCH, EMBED, FAMILIES, SEQ_LEN, Family  # noqa: E402
+from oracle.hf_blocks import as_numpy, build_block, load  # noqa: E402
+from oracle.hf_losses import balance_loss_function, run_balance_loss  # noqa: E402
+
+TOLERANCE = 1e-5
+SEED = 1
+STRATEGIES = {
+    "replicated": ({"data": 2}, "replicated"),
+    "a2a": ({"data": 2, "expert": 2}, "ragged_all_to_all"),
+}
+moegen_side.provide_cpu_devices(4)
+
+
+def _block(family: Family):
+    return build_block(
+        family.config, family.config_kwargs, family.block, family.block_args, family.init, SEED
+    )
+
+
+def _trains_with_balance_loss(family: Family) -> bool:
+    return balance_loss_function(load(family.block)) is not None
+
+
+BALANCED = [family for family in FAMILIES if _trains_with_balance_loss(family)]
+
+
+def test_which_families_train_with_the_balance_loss() -> None:
+    """The split the cases below rest on, read from transformers: a family that gains or
+    loses load_balancing_loss_func moves between the lists."""
+    names = {family.name for family in BALANCED}
+    assert {"mixtral", "qwen3_moe", "olmoe", "gpt_oss", "deepseek_v4", "ernie4_5_moe"} <= names
+    assert not names & {"deepseek_v3", "llama4", "hunyuan_v1_moe"}
+
+
+def _relative(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("family", BALANCED, ids=lambda family: family.name)
+def test_balance_loss_matches_transformers(family: Family, strategy: str) -> None:
+    axes, experts = STRATEGIES[strategy]
+    choices = family.spec | {
+        "batch": BATCH,
+        "seq_len": SEQ_LEN,
+        "params_dtype": "float32",
+        "compute_dtype": "float32",
+        "axes": axes,
+        "strategy": experts,
+        "hardware": "cpu",
+        "kernel": "xla",
+        "load_balance_loss": 1.0,
+        "load_balance_form": "transformers",
+    }
+    name = f"loss_{family.name}_{strategy}"
+    module = moegen_side.import_source(moegen_side.rendered_source(choices, name), name)
+    assert len(jax.devices()) >= module.NUM_DEVICES
+    block = _block(family)
+    run = moegen_side.loss_runner(module, as_numpy(family.weights(block)), "load_balance_loss")
+    x = np.random.default_rng(SEED).standard_normal((BATCH, SEQ_LEN, EMBED)).astype(np.float32)
+    errors = {}
+    for label, scale in {"normal": 1.0, "large": family.large_scale or 1.0}.items():
+        inputs = x * np.float32(scale)
+        want, want_grad = run_balance_loss(block, inputs, choices["experts"], choices["top_k"])
+        got, got_grad = run(inputs)
+        errors[f"{label} loss"] = abs(float(got) - want) / abs(want)
+        errors[f"{label} input grad"] = _relative(got_grad, want_grad)
+    report = ", ".join(f"{key} {value:.2e}" for key, value in errors.items())
+    print(f"{family.name} {strategy}: {report}")
+    assert all(value < TOLERANCE for value in errors.values()), report
