@@ -140,6 +140,11 @@ class Router(_Section):
         "router_bias (gpt-oss). Unlike routing_bias it moves both selection and weights.",
     )
     renormalize: bool = Field(False, description="Rescale the top-k weights to sum to 1.")
+    renormalize_epsilon: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = Field(
+        0.0,
+        description="renormalize only: divide by (sum + this) instead of the sum (LFM2-MoE: "
+        "1e-6); 0 = the exact sum.",
+    )
     routed_scaling: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = Field(
         1.0, description="Multiply the combine weights by this factor (DeepSeek-V3: 2.5)."
     )
@@ -149,6 +154,12 @@ class Router(_Section):
         description="Aux-loss-free balancing: a per-expert bias added to the scores (sigmoid "
         "type, or softmax probabilities as in ERNIE 4.5) for choosing experts only; the "
         "weights stay the unbiased scores. Update it with update_routing_bias.",
+    )
+    routing_bias_on: Literal["scores", "logits"] = Field(
+        "scores",
+        description="routing_bias only: what the selection bias is added to, the scores (DeepSeek-V3, "
+        "ERNIE 4.5) or the raw logits before the score function (Kolibri1); either way it "
+        "chooses experts only.",
     )
     weighting: Literal["output", "input"] = Field(
         "output",

@@ -143,6 +143,16 @@ CASES = {
         ),
         routing_bias=True,
     ),
+    # LFM2-MoE: renormalised by (sum + 1e-6), with a selection bias; Kolibri1: the bias on the
+    # logits before the sigmoid (an epsilon large enough to show in float32)
+    "lfm2_epsilon": Case(
+        S8,
+        C(top_k=2, score="sigmoid", renormalize=True, renormalize_epsilon=0.25, routed_scaling=2.0),
+        routing_bias=True,
+    ),
+    "kolibri1_bias_on_logits": Case(
+        S8, C(top_k=3, score="sigmoid", renormalize=True, bias_on_logits=True), routing_bias=True
+    ),
     "geglu": Case(S4, C(top_k=2, score="softmax", activation="geglu")),
     "gelu": Case(S4, C(top_k=2, score="softmax", activation="gelu")),
     "relu_biases_shared": Case(

@@ -34,7 +34,8 @@ def slow_route(token: np.ndarray, params: dict[str, np.ndarray], cfg: ReferenceC
     if cfg.score_after_top_k or (by_logit and cfg.num_groups == 1):
         selection = list(logits)
     elif "routing_bias" in params:
-        selection = [s + float(b) for s, b in zip(scores, params["routing_bias"], strict=True)]
+        biased = logits if cfg.bias_on_logits else scores
+        selection = [s + float(b) for s, b in zip(biased, params["routing_bias"], strict=True)]
     else:
         selection = list(scores)
 
@@ -58,7 +59,7 @@ def slow_route(token: np.ndarray, params: dict[str, np.ndarray], cfg: ReferenceC
     else:
         weights = [scores[e] for e in chosen]
     if cfg.renormalize:
-        total = sum(weights)
+        total = sum(weights) + cfg.renormalize_epsilon
         weights = [w / total for w in weights]
     weights = [w * cfg.routed_scaling for w in weights]
     return logits, scores, chosen, weights

@@ -47,6 +47,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "score_after_top_k": ("router", "score_after_top_k"),
     "linear_bias": ("router", "linear_bias"),
     "renormalize": ("router", "renormalize"),
+    "renormalize_epsilon": ("router", "renormalize_epsilon"),
+    "routing_bias_on": ("router", "routing_bias_on"),
     "routed_scaling": ("router", "routed_scaling"),
     "group_limit": ("router", "group_limit"),
     "routing_bias": ("router", "routing_bias"),

@@ -182,6 +182,22 @@ CASES: dict[str, tuple[dict, list[str]]] = {
         },
         ["_, picked = jax.lax.top_k(logits, TOP_K)"],
     ),
+    # LFM2-MoE's renormalisation epsilon and Kolibri1's selection bias on the logits
+    "renormalize_epsilon_bias_on_logits_a2a": (
+        {
+            "router": {
+                "top_k": 2,
+                "score": "sigmoid",
+                "renormalize": True,
+                "renormalize_epsilon": 0.01,
+                "routing_bias": True,
+                "routing_bias_on": "logits",
+            },
+            "mesh": {"axes": {"data": 2, "expert": 2}},
+            **A2A,
+        },
+        ["RENORMALIZE_EPSILON = 0.01", 'selection = logits + weights["routing_bias"]'],
+    ),
     "bf16_compute_all_features": (
         {
             "layer": {

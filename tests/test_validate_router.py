@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from validate_cases import (
     DEEPSEEK_V3,
+    BIAS_ON_WITHOUT_BIAS,
+    EPSILON_WITHOUT_RENORMALIZE,
     FORM_WITHOUT_LOSS,
     KEY,
     NOTHING_BALANCES,
@@ -175,6 +177,22 @@ CASES: Cases = {
                 "z_loss": 0.001,
             },
             [("router.capacity", KEY, NOTHING_BALANCES)],
+        ),
+    ],
+    "routing_options_have_their_feature": [
+        ({"renormalize": True, "renormalize_epsilon": 0.001}, []),
+        ({"score": "sigmoid", "routing_bias": True, "routing_bias_on": "logits"}, []),
+        ({"renormalize_epsilon": 0.0, "routing_bias_on": "scores"}, []),  # the defaults
+        (
+            {"renormalize_epsilon": 0.001},
+            [("router.renormalize_epsilon", VALUE, EPSILON_WITHOUT_RENORMALIZE)],
+        ),
+        (
+            {"score": "sigmoid", "routing_bias_on": "logits", "renormalize_epsilon": 0.001},
+            [
+                ("router.renormalize_epsilon", VALUE, EPSILON_WITHOUT_RENORMALIZE),
+                ("router.routing_bias_on", VALUE, BIAS_ON_WITHOUT_BIAS),
+            ],
         ),
     ],
     "load_balance_form_has_a_loss": [

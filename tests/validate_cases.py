@@ -146,6 +146,14 @@ NOTHING_BALANCES = (
     "routing; set router.load_balance_loss (e.g. 0.01) or router.routing_bias: true, "
     "or remove capacity (dropless)"
 )
+EPSILON_WITHOUT_RENORMALIZE = (
+    "renormalize_epsilon is added to the sum the top-k weights are divided by, and renormalize "
+    "is false, so nothing is divided; set renormalize: true or remove renormalize_epsilon"
+)
+BIAS_ON_WITHOUT_BIAS = (
+    "routing_bias_on says where the selection bias is added, and routing_bias is false; set "
+    "routing_bias: true or remove routing_bias_on"
+)
 FORM_WITHOUT_LOSS = (
     "load_balance_form: transformers defines a loss that is not computed "
     "(router.load_balance_loss is 0); set router.load_balance_loss to its weight (a model "

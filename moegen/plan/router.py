@@ -20,6 +20,7 @@ class RouterPlan:
     score: str
     score_after_top_k: bool
     renormalize: bool
+    renormalize_epsilon: float | None  # added to the sum renormalising divides by; None: 0
     routed_scaling: float
     scales_routing: bool  # routed_scaling != 1: the combine weights are scaled
     expert_groups: int | None  # group-limited routing, None when off
@@ -28,6 +29,7 @@ class RouterPlan:
     ranks_groups_by_max: bool  # group_top_k == 1: a group's score is its best one
     experts_per_group: int | None
     routing_bias: bool
+    bias_on_logits: bool  # the selection bias is added to the logits, not the scores
     linear_bias: bool  # logits = x @ router + router_bias
     weights_on_input: bool  # combine weights scale each copy's input (Llama 4), not its output
     selection_is_score: bool  # experts chosen by score alone: no bias, no groups, no after-top-k
@@ -55,6 +57,7 @@ def router_plan(loaded: LoadedSpec, capacity: int | None) -> RouterPlan:
         score=router.score,
         score_after_top_k=router.score_after_top_k,
         renormalize=router.renormalize,
+        renormalize_epsilon=router.renormalize_epsilon if router.renormalize_epsilon else None,
         routed_scaling=router.routed_scaling,
         scales_routing=router.routed_scaling != 1.0,
         expert_groups=group_limit.groups if group_limit else None,
@@ -63,6 +66,7 @@ def router_plan(loaded: LoadedSpec, capacity: int | None) -> RouterPlan:
         ranks_groups_by_max=group_limit is not None and group_limit.top_per_group == 1,
         experts_per_group=spec.layer.num_experts // group_limit.groups if group_limit else None,
         routing_bias=router.routing_bias,
+        bias_on_logits=router.routing_bias and router.routing_bias_on == "logits",
         linear_bias=router.linear_bias,
         weights_on_input=router.weighting == "input",
         selection_is_score=not (router.score_after_top_k or router.routing_bias or group_limit),

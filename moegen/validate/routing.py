@@ -154,6 +154,30 @@ def capacity_has_a_balancer(loaded: LoadedSpec) -> list[Diagnostic]:
     ]
 
 
+def routing_options_have_their_feature(loaded: LoadedSpec) -> list[Diagnostic]:
+    """An option of a feature that is off changes nothing: the spec meant the feature."""
+    router = loaded.spec.router
+    out = []
+    if router.renormalize_epsilon > 0 and not router.renormalize:
+        out.append(
+            loaded.diagnostic(
+                ("router", "renormalize_epsilon"),
+                "renormalize_epsilon is added to the sum the top-k weights are divided by, and "
+                "renormalize is false, so nothing is divided; set renormalize: true or remove "
+                "renormalize_epsilon",
+            )
+        )
+    if router.routing_bias_on != "scores" and not router.routing_bias:
+        out.append(
+            loaded.diagnostic(
+                ("router", "routing_bias_on"),
+                "routing_bias_on says where the selection bias is added, and routing_bias is "
+                "false; set routing_bias: true or remove routing_bias_on",
+            )
+        )
+    return out
+
+
 def load_balance_form_has_a_loss(loaded: LoadedSpec) -> list[Diagnostic]:
     """A form chosen for a loss that is not computed says nothing: the spec meant a weight."""
     router = loaded.spec.router
@@ -176,4 +200,5 @@ ROUTING_RULES = (
     group_limit_can_pick_top_k,
     capacity_has_a_balancer,
     load_balance_form_has_a_loss,
+    routing_options_have_their_feature,
 )

@@ -35,6 +35,8 @@ class ReferenceConfig:
     top_k: int
     score: str  # "softmax" | "sigmoid" | "sqrtsoftplus"
     renormalize: bool = False
+    renormalize_epsilon: float = 0.0  # renormalize divides by (sum + this)
+    bias_on_logits: bool = False  # the selection bias is added to the logits, not the scores
     score_after_top_k: bool = False  # softmax only: top-k on raw logits, softmax over the k chosen
     routed_scaling: float = 1.0
     num_groups: int = 1  # 1 = no group-limited routing
@@ -180,7 +182,8 @@ def route(
     if cfg.score_after_top_k or (elementwise and routing_bias is None and cfg.num_groups == 1):
         selection = logits  # an elementwise increasing score keeps the logits' order exactly
     elif routing_bias is not None:
-        selection = scores + routing_bias[None, :]
+        biased = logits if cfg.bias_on_logits else scores
+        selection = biased + routing_bias[None, :]
     else:
         selection = scores
     selection = jax.lax.stop_gradient(selection)
@@ -200,7 +203,7 @@ def route(
     else:
         weights = jnp.where(chosen, scores, 0.0)
     if cfg.renormalize:
-        weights = weights / weights.sum(axis=-1, keepdims=True)
+        weights = weights / (weights.sum(axis=-1, keepdims=True) + cfg.renormalize_epsilon)
     weights = weights * cfg.routed_scaling
 
     if cfg.capacity is None:
