@@ -16,12 +16,14 @@ import dataclasses
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from moegen.diagnostics import SpecError
 
 STARTERS_DIR = Path(__file__).resolve().parent / "starters"
 SCHEMA_NAME = "moegen.schema.json"  # what the starters' modeline names, beside the spec
 DEFAULT_STARTER = "cpu"
+DEFAULT_PATH = Path("specs/moe.yaml")
 
 
 class InitError(Exception):
@@ -50,11 +52,19 @@ def init_spec(path: Path, model: str = DEFAULT_STARTER, *, schema: bool = True) 
 
     Raises InitError for a path that cannot take it, SpecError when the spec would be invalid
     there (its file name must be a Python identifier: it names the generated module)."""
-    text = starter_text(model)
-    _check_target(path)
-    _validate_as(path, text)
-    schema_path = path.parent / SCHEMA_NAME
-    made_dirs = _make_parents(path.parent)
+    return write_specs({path: starter_text(model)}, schema=schema)
+
+
+def write_specs(texts: dict[Path, str], *, schema: bool = True) -> list[Path]:
+    """Write each spec text to its path, all in one folder, and the schema beside them; all
+    or nothing: every path checked and every spec validated before anything is written."""
+    for path, text in texts.items():
+        _check_target(path)
+        _validate_as(path, text)
+    folder = next(iter(texts)).parent
+    assert all(path.parent == folder for path in texts), "the specs share one folder"
+    schema_path = folder / SCHEMA_NAME
+    made_dirs = _make_parents(folder)
     written: list[Path] = []
     try:
         if schema and not os.path.lexists(schema_path):
@@ -62,15 +72,16 @@ def init_spec(path: Path, model: str = DEFAULT_STARTER, *, schema: bool = True) 
 
             _write_new(schema_path, schema_text())
             written.append(schema_path)
-        _write_new(path, text)
-        written.append(path)
+        for path, text in texts.items():
+            _write_new(path, text)
+            written.append(path)
     except BaseException:
         for done in reversed(written):
             done.unlink(missing_ok=True)
-        for folder in reversed(made_dirs):
-            _remove_empty(folder)
+        for made in reversed(made_dirs):
+            _remove_empty(made)
         raise
-    return list(reversed(written))
+    return written[1:] + written[:1] if written[0] == schema_path else written
 
 
 def stale_schema(path: Path) -> Path | None:
@@ -164,8 +175,18 @@ def _remove_empty(folder: Path) -> None:
         pass  # not empty any more: someone else's now
 
 
-def command(path: Path, model: str, *, schema: bool, list_only: bool) -> int:
-    """`moegen init`: its messages (stderr) and exit status; SpecError is the CLI's to show."""
+def command(
+    path: Path | None,
+    model: str,
+    *,
+    schema: bool,
+    list_only: bool,
+    from_hf: Path | None = None,
+    placement: Any = None,
+) -> int:
+    """`moegen init`: its messages (stderr) and exit status; SpecError is the CLI's to show.
+    With `from_hf` (a config.json), the specs of that model's MoE layers (moegen.hf) placed
+    as `placement` (a moegen.hf.Placement) says."""
     import click
 
     if list_only:
@@ -173,17 +194,34 @@ def command(path: Path, model: str, *, schema: bool, list_only: bool) -> int:
             click.echo(f"{name:<20} {starter_summary(name)}")
         return 0
     try:
-        written = init_spec(path, model, schema=schema)
+        if from_hf is None:
+            path = path or DEFAULT_PATH
+            written = init_spec(path, model, schema=schema)
+        else:
+            written = _from_hf(from_hf, path, placement, schema)
     except InitError as err:
         click.echo(f"moegen init: {err}; nothing written", err=True)
         return 2
+    specs = [done for done in written if done.name != SCHEMA_NAME]
     for done in written:
         click.echo(f"wrote {done}", err=True)
-    if schema and (stale := stale_schema(path)):
+    if schema and (stale := stale_schema(specs[0])):
         click.echo(
             f"note: {stale} is not this moegen's schema: `moegen schema --write "
             f"--path {stale}` updates it",
             err=True,
         )
-    click.echo(f"next: moegen validate {path}; moegen build {path} [--out DIR]", err=True)
+    listed = " ".join(map(str, specs))
+    click.echo(f"next: moegen validate {listed}; moegen build {listed} [--out DIR]", err=True)
     return 0
+
+
+def _from_hf(source: Path, path: Path | None, placement: Any, schema: bool) -> list[Path]:
+    """The specs of a transformers config's MoE layers, written (HfConfigError: InitError)."""
+    from moegen.hf import HfConfigError, Placement, specs_from_hf
+
+    try:
+        texts = specs_from_hf(source, path, placement or Placement())
+    except HfConfigError as err:
+        raise InitError(str(err)) from None
+    return write_specs(texts, schema=schema)

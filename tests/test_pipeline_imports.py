@@ -56,6 +56,7 @@ STAGE_OF = {
     "moegen.tune": "top",
     "moegen.schema": "top",
     "moegen.init": "top",  # a starter spec, validated before it is written
+    "moegen.hf": "top",  # init --from-hf: specs from a transformers config.json
     "moegen.install_te": "top",  # runs the shipped TE installer
     "moegen.docs_reference": "top",  # docs/reference/ written from the spec and the CLI
 }

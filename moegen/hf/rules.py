@@ -1,0 +1,243 @@
+"""The kinds of entry in the family table (moegen/hf/families.py): each reads some config.json
+keys of one decoder layer and gives spec choices, each with the key it came from.
+
+A value may be a per-layer list (Hunyuan's moe_topk): `at_layer` takes the layer's element.
+A key the table gives no default for must be in the file. A value the model family's
+transformers block would not run as the spec does is refused (HfConfigError), naming the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from moegen.hf.config_file import MISSING, ConfigView
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One spec field (dotted: "router.top_k") and the comment that says where it came from."""
+
+    field: str
+    value: Any
+    source: str
+
+
+def at_layer(view: ConfigView, key: str, layer: int) -> Any:
+    """The key's value for `layer`: a list holds one value per decoder layer."""
+    value = view.raw(key)
+    if type(value) is list:
+        if layer >= len(value):
+            raise view.fail(key, f"a per-layer list of {len(value)}, no value for layer {layer}")
+        return value[layer]
+    return value
+
+
+def lookup(view: ConfigView, keys: tuple[str, ...], layer: int, default: Any) -> tuple[Any, str]:
+    """(value, the key it came from) of the first present key, else (default, "default")."""
+    key = view.first_key(keys)
+    if key is not None:
+        return at_layer(view, key, layer), view.prefix + key
+    if default is MISSING:
+        raise view.fail(" or ".join(keys), "missing, and the family has no default for it")
+    return default, f"{keys[0]} (absent: the config class's default)"
+
+
+def _read(view: ConfigView, key: str, value: Any, kind: str) -> Any:
+    reader = {"flag": view.flag, "number": view.number, "size": view.size, "text": view.text}
+    return reader[kind](key, value)
+
+
+@dataclass(frozen=True)
+class Size:
+    """A size whose config keys moegen.checkpoints.layouts knows (list values per layer)."""
+
+    field: str
+    keys: tuple[str, ...]
+
+    def choices(self, view: ConfigView, layer: int) -> list[Choice]:
+        value, source = lookup(view, self.keys, layer, MISSING)
+        return [Choice(self.field, view.size(source, value), source)]
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A field that is the key's value, of `kind` flag, number, size or text."""
+
+    field: str
+    keys: tuple[str, ...]
+    default: Any
+    kind: str
+
+    def choices(self, view: ConfigView, layer: int) -> list[Choice]:
+        value, source = lookup(view, self.keys, layer, self.default)
+        return [Choice(self.field, _read(view, self.keys[0], value, self.kind), source)]
+
+
+@dataclass(frozen=True)
+class Choose:
+    """A field whose value the key's value picks from `table`; another value is refused."""
+
+    field: str
+    keys: tuple[str, ...]
+    table: Mapping[Any, Any]
+    default: Any = MISSING
+    why: str = ""  # what the family's block does with a value the table lacks
+
+    def choices(self, view: ConfigView, layer: int) -> list[Choice]:
+        value, source = lookup(view, self.keys, layer, self.default)
+        if isinstance(value, (list, dict)) or value not in self.table:
+            known = ", ".join(repr(v) for v in self.table)
+            raise view.fail(
+                self.keys[0], f"{value!r} is not mapped (moegen maps {known}){self.why}"
+            )
+        return [Choice(self.field, self.table[value], f"{source}: {value}")]
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """A field the family's block always sets, whatever the config says."""
+
+    field: str
+    value: Any
+    why: str
+
+    def choices(self, view: ConfigView, layer: int) -> list[Choice]:
+        return [Choice(self.field, self.value, self.why)]
+
+
+@dataclass(frozen=True)
+class Expect:
+    """A key the family's transformers block ignores or cannot run otherwise: refused unless
+    absent or one of `allowed` (per-layer lists: every element)."""
+
+    key: str
+    allowed: tuple[Any, ...]
+    why: str
+
+    def choices(self, view: ConfigView, layer: int) -> list[Choice]:
+        if not view.has(self.key):
+            return []
+        value = at_layer(view, self.key, layer)
+        if isinstance(value, (list, dict)) or value not in self.allowed:
+            wanted = " or ".join(repr(v) for v in self.allowed)
+            raise view.fail(self.key, f"is {value!r}, not {wanted}: {self.why}")
+        return []
+
+
+@dataclass(frozen=True)
+class SharedWidth:
+    """layer.shared_ffn_dim = count x width (count absent from `count`: one shared expert);
+    no shared expert when the count is 0 or null."""
+
+    count: tuple[str, ...]
+    width: tuple[str, ...]
+    count_default: Any = 1
+
+    def choices(self, view: ConfigView, layer: int) -> list[Choice]:
+        count, count_source = (
+            (1, "") if not self.count else lookup(view, self.count, layer, self.count_default)
+        )
+        if count is None or count == 0:
+            return []
+        count = view.size(self.count[0] if self.count else "", count)
+        width, width_source = lookup(view, self.width, layer, MISSING)
+        width = view.size(width_source, width)
+        source = f"{count_source} x {width_source}" if self.count else width_source
+        return [Choice("layer.shared_ffn_dim", view.size(source, count * width), source)]
+
+
+@dataclass(frozen=True)
+class Groups:
+    """router.group_limit from n_group and topk_group, when there is more than one group.
+    `methods` (DeepSeek-V2's topk_method): value -> top_per_group, None for no groups."""
+
+    groups: str
+    keep: str
+    groups_default: Any
+    keep_default: Any
+    top_per_group: int = 2  # DeepSeek-V3: the sum of each group's best 2 scores
+    method: str | None = None
+    methods: Mapping[str, int | None] | None = None
+    method_default: str = ""
+
+    def choices(self, view: ConfigView, layer: int) -> list[Choice]:
+        top_per_group, source = self.top_per_group, ""
+        if self.method is not None and self.methods is not None:
+            name, source = lookup(view, (self.method,), layer, self.method_default)
+            if name not in self.methods:
+                known = ", ".join(map(repr, self.methods))
+                raise view.fail(self.method, f"{name!r} is not mapped (moegen maps {known})")
+            if self.methods[name] is None:
+                return []
+            top_per_group, source = self.methods[name], f"{source}: {name}; "
+        groups, groups_source = lookup(view, (self.groups,), layer, self.groups_default)
+        if groups is None or groups == 1:
+            return []  # one group: every expert is in it, no limit
+        keep, keep_source = lookup(view, (self.keep,), layer, self.keep_default)
+        limit = {
+            "groups": view.size(self.groups, groups),
+            "keep": view.size(self.keep, keep),
+            "top_per_group": top_per_group,
+        }
+        return [Choice("router.group_limit", limit, f"{source}{groups_source}, {keep_source}")]
+
+
+@dataclass(frozen=True)
+class Clamp:
+    """layer.glu clamping both projections at the key's limit (DeepSeek-V4's swiglu_limit);
+    none when the limit is absent, null or 0."""
+
+    key: str
+
+    def choices(self, view: ConfigView, layer: int) -> list[Choice]:
+        limit = at_layer(view, self.key, layer) if view.has(self.key) else None
+        if limit is None or limit == 0:
+            return []
+        limit = view.number(self.key, limit)
+        if limit <= 0:
+            raise view.fail(self.key, f"must be positive, not {limit}")
+        glu = {"gate_limit": limit, "up_limit": limit}
+        return [Choice("layer.glu", glu, f"{view.prefix}{self.key} (gate and up)")]
+
+
+@dataclass(frozen=True)
+class GptOssGlu:
+    """gpt-oss's clamped SwiGLU: the gpt_oss preset when the limit and alpha are its own."""
+
+    limit: str
+    alpha: str
+
+    def choices(self, view: ConfigView, layer: int) -> list[Choice]:
+        limit = view.number(self.limit, lookup(view, (self.limit,), layer, 7.0)[0])
+        alpha = view.number(self.alpha, lookup(view, (self.alpha,), layer, 1.702)[0])
+        if limit <= 0 or alpha <= 0:
+            raise view.fail(f"{self.limit} / {self.alpha}", "must be positive")
+        source = f"{self.limit}: {limit:g}, {self.alpha}: {alpha:g}"
+        if (limit, alpha) == (7.0, 1.702):
+            return [Choice("layer.glu", "gpt_oss", source)]
+        glu = {"gate_limit": limit, "up_limit": limit, "sigmoid_scale": alpha, "up_offset": 1.0}
+        return [Choice("layer.glu", glu, source)]
+
+
+@dataclass(frozen=True)
+class LoadBalance:
+    """router.load_balance_loss from the coefficient the causal-LM model trains with; `form`
+    "transformers" where that model adds transformers' load_balancing_loss_func (the
+    spec's router.load_balance_form then says so; omitted when the loss is 0)."""
+
+    keys: tuple[str, ...]
+    default: Any
+    form: str | None = "transformers"
+
+    def choices(self, view: ConfigView, layer: int) -> list[Choice]:
+        value, source = lookup(view, self.keys, layer, self.default)
+        weight = view.number(self.keys[0], value)
+        if weight < 0:
+            raise view.fail(self.keys[0], f"must not be negative, not {weight}")
+        found = [Choice("router.load_balance_loss", weight, source)]
+        if self.form is not None and weight > 0:
+            why = "the causal LM adds load_balancing_loss_func (with output_router_logits)"
+            found.append(Choice("router.load_balance_form", self.form, why))
+        return found

@@ -1,0 +1,133 @@
+"""The YAML text of one spec written from config.json: each mapped value with a comment that
+names its source key, the placement (shapes, dtypes, mesh, target) from the command line or
+commented defaults that validate on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from moegen.hf.rules import Choice
+
+COMMENT_COLUMN = 30
+MAX_DESCRIPTION = 500  # the schema's limit
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the layer runs: None = the commented default."""
+
+    hardware: str | None = None
+    topology: str | None = None
+    mesh: Mapping[str, int] | None = None
+    batch: int | None = None
+    seq_len: int | None = None
+    defaults: Mapping[str, Any] = field(
+        default_factory=lambda: {
+            "hardware": "cpu",
+            "mesh": {"data": 2},
+            "batch": 8,
+            "seq_len": 128,
+        }
+    )
+
+    def get(self, name: str) -> tuple[Any, str]:
+        """(value, comment): the flag's value, or the default and the flag that sets it."""
+        value = getattr(self, name)
+        if value is not None:
+            return value, f"--{name.replace('_', '-')}"
+        return self.defaults[name], f"default; --{name.replace('_', '-')} sets it"
+
+
+def scalar(value: Any) -> str:
+    """A YAML scalar that reads back as `value` (floats always with a dot: PyYAML reads 1e-05
+    as a string)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        text = repr(value)
+        mantissa, e, exponent = text.partition("e")
+        return text if "." in mantissa or not e else f"{mantissa}.0e{exponent}"
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(str(value))  # a double-quoted YAML string
+
+
+def comment_safe(text: str) -> str:
+    """One line of comment text: no control characters (a key may come from the file)."""
+    return re.sub(r"[\x00-\x1f\x7f]", "?", text)
+
+
+def line(indent: int, key: str, value: str, comment: str = "") -> str:
+    text = f"{'  ' * indent}{key}:" + (f" {value}" if value else "")
+    if comment:
+        text = f"{text:<{COMMENT_COLUMN}}# {comment_safe(comment)}"
+    return text
+
+
+def section_lines(section: str, choices: list[Choice], order: list[str]) -> list[str]:
+    """The section's mapped fields in the schema's order, each with its source."""
+    found = {c.field.split(".", 1)[1]: c for c in choices if c.field.startswith(section + ".")}
+    lines = [f"{section}:"]
+    for name in [n for n in order if n in found]:
+        choice = found[name]
+        if isinstance(choice.value, Mapping):
+            lines.append(line(1, name, "", choice.source))
+            lines += [line(2, k, scalar(v)) for k, v in choice.value.items()]
+        elif isinstance(choice.value, str) and name in ("activation", "score", "glu", "weighting"):
+            lines.append(line(1, name, choice.value, choice.source))
+        else:
+            lines.append(line(1, name, scalar(choice.value), choice.source))
+    for name in [n for n in found if n not in order]:  # a field this moegen does not have yet
+        choice = found[name]
+        note = f"{choice.source} (commented out: this moegen's schema has no {section}.{name})"
+        lines.append("  # " + line(0, name, scalar(choice.value), note))
+    return lines
+
+
+def placement_lines(placement: Placement) -> list[str]:
+    hardware, hardware_note = placement.get("hardware")
+    batch, batch_note = placement.get("batch")
+    seq_len, seq_note = placement.get("seq_len")
+    axes, mesh_note = placement.get("mesh")
+    compute = "float32" if hardware == "cpu" else "bfloat16"
+    lines = [
+        "shapes:",
+        line(1, "batch", str(batch), f"global; {batch_note}"),
+        line(1, "seq_len", str(seq_len), seq_note),
+        "dtypes:",
+        line(1, "params", "float32", "storage"),
+        line(1, "compute", compute, "activations and expert matmuls"),
+        "mesh:",
+        line(1, "axes", "", f"major to minor; {mesh_note}"),
+        *[line(2, name, str(size)) for name, size in axes.items()],
+    ]
+    if "expert" in axes:
+        lines += [
+            "parallelism:",
+            line(1, "experts", "ragged_all_to_all", "the expert axis; or auto: moegen tune"),
+        ]
+    lines += ["target:", line(1, "hardware", hardware, hardware_note)]
+    if placement.topology is not None:
+        lines.append(line(1, "topology", json.dumps(placement.topology), "--topology"))
+    return lines
+
+
+def spec_text(
+    header: list[str], description: str, choices: list[Choice], placement: Placement
+) -> str:
+    from moegen.spec import Layer, Router
+
+    lines = ["# yaml-language-server: $schema=moegen.schema.json"]
+    lines += [f"# {comment_safe(text)}" for text in header]
+    if len(description) > MAX_DESCRIPTION:
+        description = description[: MAX_DESCRIPTION - 3] + "..."
+    lines += ["version: 1", f"description: {json.dumps(description)}"]
+    lines += section_lines("layer", choices, list(Layer.model_fields))
+    lines += section_lines("router", choices, list(Router.model_fields))
+    lines += placement_lines(placement)
+    return "\n".join(lines) + "\n"
