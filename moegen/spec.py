@@ -51,6 +51,12 @@ class Glu(_Section):
     up_offset: Annotated[float, Field(ge=-1e6, le=1e6, allow_inf_nan=False)] = Field(
         0.0, description="Added to the (clamped) up projection before the product (gpt-oss: 1)."
     )
+    gate_clamp: Literal["before_activation", "after_activation"] = Field(
+        "before_activation",
+        description="Where gate_limit clamps: the gate pre-activation, act(min(gate, limit)) "
+        "(gpt-oss, DeepSeek-V4, HY-V4), or the activated gate, min(act(gate), limit) "
+        "(Step 3.7).",
+    )
 
 
 # gpt-oss's experts (transformers models/gpt_oss: swiglu_limit 7.0, alpha 1.702, (up + 1)).
@@ -75,6 +81,13 @@ class Layer(_Section):
         "activation, for the routed and the shared experts (clamps after the biases). "
         "gpt_oss: gate_limit 7, up_limit 7, sigmoid_scale 1.702, up_offset 1. Omit: plain.",
     )
+    shared_glu: Glu | Literal["gpt_oss", "plain"] | None = Field(
+        None,
+        description="The shared expert's gated-activation parameters where they differ from "
+        "the routed experts' (glu): plain = none (HY-V4 clamps its routed experts only), or "
+        "its own (Step 3.7 clamps its shared expert at 16, its routed ones at 7). Omit: the "
+        "same as glu.",
+    )
     ffn_bias: bool = Field(
         False, description="Add a per-expert bias after each projection of the routed experts."
     )
@@ -94,6 +107,15 @@ class Layer(_Section):
     def glu_params(self) -> Glu | None:
         """The activation parameters with a preset resolved (None: the plain activation)."""
         return GLU_PRESETS[self.glu] if isinstance(self.glu, str) else self.glu
+
+    @property
+    def shared_glu_params(self) -> Glu | None:
+        """The shared expert's activation parameters, resolved (None: plain)."""
+        if self.shared_glu is None:
+            return self.glu_params
+        if self.shared_glu == "plain":
+            return None
+        return GLU_PRESETS[self.shared_glu] if isinstance(self.shared_glu, str) else self.shared_glu
 
 
 class GroupLimit(_Section):
@@ -157,9 +179,9 @@ class Router(_Section):
     )
     routing_bias_on: Literal["scores", "logits"] = Field(
         "scores",
-        description="routing_bias only: what the selection bias is added to, the scores (DeepSeek-V3, "
-        "ERNIE 4.5) or the raw logits before the score function (Kolibri1); either way it "
-        "chooses experts only.",
+        description="routing_bias only: what the selection bias is added to, the scores "
+        "(DeepSeek-V3, ERNIE 4.5) or the raw logits before the score function (Kolibri1); "
+        "either way it chooses experts only.",
     )
     weighting: Literal["output", "input"] = Field(
         "output",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moegen.verify.reference import ReferenceConfig
+from moegen.verify.reference import ReferenceConfig, SharedGlu
 
 GATED = ("swiglu", "geglu")
 
@@ -152,6 +152,27 @@ CASES = {
     ),
     "kolibri1_bias_on_logits": Case(
         S8, C(top_k=3, score="sigmoid", renormalize=True, bias_on_logits=True), routing_bias=True
+    ),
+    # Step 3.7: the gate clamped after the activation, the shared expert at its own limit;
+    # HY-V4: the routed experts clamped, the shared one plain
+    "step3p7_clamp_after_shared_limit": Case(
+        S8,
+        C(
+            top_k=2,
+            score="sigmoid",
+            renormalize=True,
+            gate_limit=0.3,
+            up_limit=0.4,
+            gate_clamp_after=True,
+            shared_glu=SharedGlu(gate_limit=0.5, up_limit=0.6, gate_clamp_after=True),
+        ),
+        routing_bias=True,
+        shared=6,
+    ),
+    "hy_v4_routed_clamped_shared_plain": Case(
+        S8,
+        C(top_k=2, score="sigmoid", gate_limit=0.3, up_limit=0.4, shared_glu=SharedGlu()),
+        shared=6,
     ),
     "geglu": Case(S4, C(top_k=2, score="softmax", activation="geglu")),
     "gelu": Case(S4, C(top_k=2, score="softmax", activation="gelu")),

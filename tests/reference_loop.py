@@ -75,16 +75,26 @@ def slow_act(name: str, v: np.ndarray) -> np.ndarray:
     raise AssertionError(name)
 
 
-def slow_glu(cfg: ReferenceConfig, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """act(gate) * (up + offset), with the clamps; swiglu's sigmoid scaled."""
-    gate = np.array([min(g, cfg.gate_limit) if cfg.gate_limit is not None else g for g in gate])
-    if cfg.up_limit is not None:
-        up = np.array([max(-cfg.up_limit, min(u, cfg.up_limit)) for u in up])
+def slow_glu(
+    cfg: ReferenceConfig, gate: np.ndarray, up: np.ndarray, shared: bool = False
+) -> np.ndarray:
+    """act(gate) * (up + offset), with the clamps (the gate's before or after the activation);
+    swiglu's sigmoid scaled. The shared expert's own parameters where it has them."""
+    own = cfg.shared_glu if shared and cfg.shared_glu is not None else None
+    glu = own if own is not None else cfg
+    gate_limit = glu.gate_limit
+    after = glu.gate_clamp_after
+    if gate_limit is not None and not after:
+        gate = np.array([min(g, gate_limit) for g in gate])
+    if glu.up_limit is not None:
+        up = np.array([max(-glu.up_limit, min(u, glu.up_limit)) for u in up])
     if cfg.activation == "swiglu":
-        activated = np.array([g / (1.0 + math.exp(-cfg.sigmoid_scale * g)) for g in gate])
+        activated = np.array([g / (1.0 + math.exp(-glu.sigmoid_scale * g)) for g in gate])
     else:
         activated = slow_act(cfg.activation, gate)
-    return activated * (up + cfg.up_offset)
+    if gate_limit is not None and after:
+        activated = np.array([min(a, gate_limit) for a in activated])
+    return activated * (up + glu.up_offset)
 
 
 def slow_expert(
@@ -110,7 +120,7 @@ def slow_expert(
 def slow_shared(token: np.ndarray, p: dict[str, np.ndarray], cfg: ReferenceConfig) -> np.ndarray:
     up = token @ p["shared_up"]
     if cfg.activation in GATED:
-        hidden = slow_glu(cfg, token @ p["shared_gate"], up)
+        hidden = slow_glu(cfg, token @ p["shared_gate"], up, shared=True)
     else:
         hidden = slow_act(cfg.activation, up)
     out = hidden @ p["shared_down"]

@@ -39,6 +39,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "ffn": ("layer", "ffn_dim"),
     "activation": ("layer", "activation"),
     "glu": ("layer", "glu"),
+    "shared_glu": ("layer", "shared_glu"),
     "ffn_bias": ("layer", "ffn_bias"),
     "shared_ffn": ("layer", "shared_ffn_dim"),
     "shared_expert_gate": ("layer", "shared_expert_gate"),

@@ -198,6 +198,50 @@ CASES: dict[str, tuple[dict, list[str]]] = {
         },
         ["RENORMALIZE_EPSILON = 0.01", 'selection = logits + weights["routing_bias"]'],
     ),
+    # Step 3.7's clamps: the activated gate clamped, the shared expert at its own limits; the
+    # limits low enough to bite on the twin's inputs (ring: the overlapped FFN's activation)
+    "step3p7_clamp_after_activation_shared_own_limits_ring": (
+        {
+            "layer": {
+                "num_experts": 8,
+                "embed_dim": 32,
+                "ffn_dim": 48,
+                "shared_ffn_dim": 40,
+                "glu": {"gate_limit": 0.05, "up_limit": 0.3, "gate_clamp": "after_activation"},
+                "shared_glu": {
+                    "gate_limit": 0.1,
+                    "up_limit": 0.5,
+                    "gate_clamp": "after_activation",
+                },
+            },
+            "router": {"top_k": 2, "score": "sigmoid", "renormalize": True},
+            "mesh": {"axes": {"expert": 2}},
+            "parallelism": {"experts": "ring_of_experts", "overlap_chunks": 2},
+        },
+        [
+            "SHARED_GATE_LIMIT = 0.1",
+            "def _shared_glu(",
+            "jnp.minimum(jax.nn.silu(gate), GATE_LIMIT)",
+        ],
+    ),
+    # HY-V4: the routed experts clamped, the shared expert plain; FFN slices
+    "hy_v4_routed_clamps_shared_plain_slices_a2a": (
+        {
+            "layer": {
+                "num_experts": 8,
+                "embed_dim": 32,
+                "ffn_dim": 48,
+                "shared_ffn_dim": 40,
+                "glu": {"gate_limit": 0.2, "up_limit": 0.3},
+                "shared_glu": "plain",
+            },
+            "router": {"top_k": 2},
+            "mesh": {"axes": {"data": 2, "expert": 2}},
+            "memory": {"ffn_chunks": 2},
+            **A2A,
+        },
+        ["hidden = jax.nn.silu(gate) * up", "def _glu("],
+    ),
     "bf16_compute_all_features": (
         {
             "layer": {

@@ -15,6 +15,15 @@ GLU_ON_RELU = (
     "offset) of swiglu or geglu; remove glu or use activation: swiglu"
 )
 
+CLAMP_WITHOUT_LIMIT = (
+    "gate_clamp says where gate_limit clamps, and this {} has no gate_limit; set gate_limit "
+    "or remove gate_clamp"
+)
+NO_SHARED = (
+    "there is no shared expert; set layer.shared_ffn_dim (its hidden width) or remove shared_glu"
+)
+SAME_GLU = "the shared expert already uses these parameters (those of layer.glu); remove shared_glu"
+
 # rule name -> [(spec choices over BASE, expected diagnostics: (field, KEY or VALUE, message))].
 CASES: Cases = {
     "glu_needs_a_gated_activation": [
@@ -39,6 +48,11 @@ CASES: Cases = {
                 )
             ],
         ),
+        ({"glu": {"gate_limit": 7.0, "gate_clamp": "after_activation"}}, []),
+        (
+            {"glu": {"up_limit": 7.0, "gate_clamp": "after_activation"}},
+            [("layer.glu.gate_clamp", VALUE, CLAMP_WITHOUT_LIMIT.format("glu"))],
+        ),
         (
             {"glu": {"sigmoid_scale": 1.0, "up_offset": 0.0}},
             [
@@ -51,6 +65,42 @@ CASES: Cases = {
                     ),
                 )
             ],
+        ),
+    ],
+    "shared_glu_has_a_shared_expert_to_change": [
+        ({"shared_ffn": 64, "glu": "gpt_oss", "shared_glu": "plain"}, []),  # HY-V4
+        (  # Step 3.7: routed at 7, shared at 16, both after the activation
+            {
+                "shared_ffn": 64,
+                "glu": {"gate_limit": 7.0, "up_limit": 7.0, "gate_clamp": "after_activation"},
+                "shared_glu": {
+                    "gate_limit": 16.0,
+                    "up_limit": 16.0,
+                    "gate_clamp": "after_activation",
+                },
+            },
+            [],
+        ),
+        ({"shared_ffn": 64, "shared_glu": {"up_limit": 3.0}}, []),  # the shared one alone
+        ({"glu": "gpt_oss", "shared_glu": "plain"}, [("layer.shared_glu", KEY, NO_SHARED)]),
+        ({"shared_ffn": 64, "shared_glu": "plain"}, [("layer.shared_glu", KEY, SAME_GLU)]),
+        (
+            {"shared_ffn": 64, "glu": "gpt_oss", "shared_glu": "gpt_oss"},
+            [("layer.shared_glu", KEY, SAME_GLU)],
+        ),
+        (
+            {"shared_ffn": 64, "activation": "relu", "shared_glu": {"up_limit": 3.0}},
+            [
+                (
+                    "layer.shared_glu",
+                    KEY,
+                    "activation relu has no gate to clamp or scale; remove shared_glu",
+                )
+            ],
+        ),
+        (
+            {"shared_ffn": 64, "shared_glu": {"gate_clamp": "after_activation"}},
+            [("layer.shared_glu.gate_clamp", VALUE, CLAMP_WITHOUT_LIMIT.format("shared_glu"))],
         ),
     ],
     "shared_expert_gate_needs_a_shared_expert": [

@@ -27,7 +27,7 @@ from moegen.plan.experts import ExpertPlan
 from moegen.plan.memory import TRADE_HEADROOM, FfnBuffers, MemoryPlan, fits, memory_plan
 from moegen.plan.params import ParamPlan, side_by_side
 from moegen.sizes import ffn_slice_problem
-from moegen.spec import GATED_ACTIVATIONS, Layer, Spec
+from moegen.spec import GATED_ACTIVATIONS, Glu, Spec
 from moegen.strategies import strategy
 
 # Slice counts `moegen plan` lists (beside the chosen one), and the most the plan picks itself.
@@ -53,6 +53,7 @@ class GluPlan:
     up_limit: float | None  # up clamped to [-up_limit, up_limit]
     sigmoid_scale: float | None  # swiglu: gate * sigmoid(sigmoid_scale * gate)
     up_offset: float | None  # added to up before the product
+    clamp_after: bool  # gate_limit clamps the activated gate, not the pre-activation
     preset: str | None  # the spec's preset name (gpt_oss), for the docstring
 
 
@@ -63,6 +64,8 @@ class FfnPlan:
     activation: str
     gated: bool  # swiglu, geglu: a gate projection beside up
     glu: GluPlan | None  # clamps, sigmoid scale, up offset; None: the plain activation
+    shared_glu: GluPlan | None  # the shared expert's (None: plain)
+    shared_glu_differs: bool  # the shared expert has its own function (or the plain one)
     bias: bool  # a bias after each projection
     shared_ffn_dim: int | None
     shared_expert_gate: bool  # the shared expert's output times sigmoid(x @ shared_expert_gate)
@@ -236,7 +239,10 @@ def ffn_plan(
     return FfnPlan(
         activation=layer.activation,
         gated=layer.activation in GATED_ACTIVATIONS,
-        glu=_glu_plan(layer),
+        glu=_glu_plan(layer.glu_params, layer.glu),
+        shared_glu=_glu_plan(layer.shared_glu_params, layer.shared_glu),
+        shared_glu_differs=layer.shared_glu is not None
+        and layer.shared_glu_params != layer.glu_params,
         bias=layer.ffn_bias,
         shared_ffn_dim=layer.shared_ffn_dim,
         shared_expert_gate=layer.shared_expert_gate,
@@ -268,8 +274,9 @@ def regathers_weights(loaded: LoadedSpec, chunks: int) -> bool:
     return chunks > 1 and loaded.spec.mesh.axes.get("fsdp", 1) > 1
 
 
-def _glu_plan(layer: Layer) -> GluPlan | None:
-    glu = layer.glu_params
+def _glu_plan(glu: Glu | None, written: Glu | str | None) -> GluPlan | None:
+    """The activation parameters `glu`, resolved from what the spec `written` (a preset's
+    name, for the docstring)."""
     if glu is None:
         return None
     return GluPlan(
@@ -277,7 +284,8 @@ def _glu_plan(layer: Layer) -> GluPlan | None:
         up_limit=glu.up_limit,
         sigmoid_scale=None if glu.sigmoid_scale == 1.0 else glu.sigmoid_scale,
         up_offset=None if glu.up_offset == 0.0 else glu.up_offset,
-        preset=layer.glu if isinstance(layer.glu, str) else None,
+        clamp_after=glu.gate_limit is not None and glu.gate_clamp == "after_activation",
+        preset=written if isinstance(written, str) else None,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from moegen.diagnostics import Diagnostic
 from moegen.load import LoadedSpec
-from moegen.spec import GATED_ACTIVATIONS
+from moegen.spec import GATED_ACTIVATIONS, Glu
 
 
 def glu_needs_a_gated_activation(loaded: LoadedSpec) -> list[Diagnostic]:
@@ -28,24 +28,59 @@ def glu_needs_a_gated_activation(loaded: LoadedSpec) -> list[Diagnostic]:
                 "use activation: swiglu",
             )
         ]
-    if layer.activation == "geglu" and glu.sigmoid_scale != 1.0:
+    return _glu_problems(loaded, ("layer", "glu"), glu)
+
+
+def _glu_problems(loaded: LoadedSpec, path: tuple[str, ...], glu: Glu) -> list[Diagnostic]:
+    """A glu (the routed experts' or the shared expert's) whose parameters do something."""
+    name = path[-1]
+    if loaded.spec.layer.activation == "geglu" and glu.sigmoid_scale != 1.0:
         return [
             loaded.diagnostic(
-                ("layer", "glu", "sigmoid_scale"),
+                (*path, "sigmoid_scale"),
                 "geglu's gelu has no sigmoid to scale (it is swiglu's silu(g) = g * "
                 "sigmoid(g)); remove sigmoid_scale or use activation: swiglu",
             )
         ]
-    if glu == type(glu)():
+    if glu.gate_clamp != "before_activation" and glu.gate_limit is None:
         return [
             loaded.diagnostic(
-                ("layer", "glu"),
+                (*path, "gate_clamp"),
+                f"gate_clamp says where gate_limit clamps, and this {name} has no gate_limit; "
+                "set gate_limit or remove gate_clamp",
+            )
+        ]
+    if glu.model_copy(update={"gate_clamp": "before_activation"}) == Glu():
+        return [
+            loaded.diagnostic(
+                path,
                 at_key=True,
-                message="this glu changes nothing (no clamp, sigmoid_scale 1, up_offset 0); "
-                "remove it, or set gate_limit, up_limit, sigmoid_scale or up_offset",
+                message=f"this {name} changes nothing (no clamp, sigmoid_scale 1, up_offset "
+                "0); remove it, or set gate_limit, up_limit, sigmoid_scale or up_offset",
             )
         ]
     return []
+
+
+def shared_glu_has_a_shared_expert_to_change(loaded: LoadedSpec) -> list[Diagnostic]:
+    """shared_glu gives the shared expert other activation parameters than the routed ones:
+    there must be a gated shared expert, and the parameters must differ."""
+    layer = loaded.spec.layer
+    if layer.shared_glu is None:
+        return []
+    path = ("layer", "shared_glu")
+    if not layer.shared_ffn_dim:
+        why = "there is no shared expert; set layer.shared_ffn_dim (its hidden width) or"
+    elif layer.activation not in GATED_ACTIVATIONS:
+        why = f"activation {layer.activation} has no gate to clamp or scale"
+    elif layer.shared_glu_params == layer.glu_params:
+        why = "the shared expert already uses these parameters (those of layer.glu)"
+    elif isinstance(layer.shared_glu, Glu):
+        return _glu_problems(loaded, path, layer.shared_glu)
+    else:
+        return []
+    fix = " remove shared_glu" if why.endswith(" or") else "; remove shared_glu"
+    return [loaded.diagnostic(path, at_key=True, message=why + fix)]
 
 
 def shared_expert_gate_needs_a_shared_expert(loaded: LoadedSpec) -> list[Diagnostic]:
@@ -62,4 +97,8 @@ def shared_expert_gate_needs_a_shared_expert(loaded: LoadedSpec) -> list[Diagnos
     ]
 
 
-ACTIVATION_RULES = (glu_needs_a_gated_activation, shared_expert_gate_needs_a_shared_expert)
+ACTIVATION_RULES = (
+    glu_needs_a_gated_activation,
+    shared_glu_has_a_shared_expert_to_change,
+    shared_expert_gate_needs_a_shared_expert,
+)

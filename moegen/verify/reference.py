@@ -31,6 +31,18 @@ ACTIVATIONS = (*GATED_ACTIVATIONS, "gelu", "relu")
 
 
 @dataclass(frozen=True)
+class SharedGlu:
+    """The shared expert's gated-activation parameters, where they are its own (all defaults:
+    the plain activation)."""
+
+    gate_limit: float | None = None
+    up_limit: float | None = None
+    sigmoid_scale: float = 1.0
+    up_offset: float = 0.0
+    gate_clamp_after: bool = False
+
+
+@dataclass(frozen=True)
 class ReferenceConfig:
     top_k: int
     score: str  # "softmax" | "sigmoid" | "sqrtsoftplus"
@@ -54,6 +66,13 @@ class ReferenceConfig:
     up_limit: float | None = None  # gated: up = clip(up, -limit, limit)
     sigmoid_scale: float = 1.0  # swiglu: gate * sigmoid(scale * gate)
     up_offset: float = 0.0  # gated: act(gate) * (up + offset)
+    gate_clamp_after: bool = False  # gated: min(act(gate), gate_limit), not act(min(...))
+    shared_glu: SharedGlu | None = None  # the shared expert's own; None: the routed experts'
+
+    def __post_init__(self) -> None:
+        # A config sent to a verify worker arrives as plain values: a mapping for shared_glu.
+        if isinstance(self.shared_glu, dict):
+            object.__setattr__(self, "shared_glu", SharedGlu(**self.shared_glu))
 
 
 RouterConfig = ReferenceConfig  # the older name
@@ -93,21 +112,36 @@ def _exact_gelu(v: jax.Array) -> jax.Array:
     return jax.nn.gelu(v, approximate=False)
 
 
-def _hidden(cfg: ReferenceConfig, gate: jax.Array | None, up: jax.Array) -> jax.Array:
+def glu_of(cfg: ReferenceConfig, shared: bool) -> SharedGlu:
+    """The gated activation's parameters of the routed experts, or of the shared expert."""
+    if shared and cfg.shared_glu is not None:
+        return cfg.shared_glu
+    return SharedGlu(
+        cfg.gate_limit, cfg.up_limit, cfg.sigmoid_scale, cfg.up_offset, cfg.gate_clamp_after
+    )
+
+
+def _hidden(
+    cfg: ReferenceConfig, gate: jax.Array | None, up: jax.Array, shared: bool = False
+) -> jax.Array:
     """The activation: act(up) plain; gated, with the clamps, sigmoid scale and up offset."""
     if cfg.activation == "gelu":
         return _exact_gelu(up)
     if cfg.activation == "relu":
         return jnp.maximum(up, 0.0)
-    if cfg.gate_limit is not None:
-        gate = jnp.where(gate > cfg.gate_limit, cfg.gate_limit, gate)
-    if cfg.up_limit is not None:
-        up = jnp.where(jnp.abs(up) > cfg.up_limit, jnp.sign(up) * cfg.up_limit, up)
+    glu = glu_of(cfg, shared)
+    clamp_gate = glu.gate_limit is not None
+    if clamp_gate and not glu.gate_clamp_after:
+        gate = jnp.where(gate > glu.gate_limit, glu.gate_limit, gate)
+    if glu.up_limit is not None:
+        up = jnp.where(jnp.abs(up) > glu.up_limit, jnp.sign(up) * glu.up_limit, up)
     if cfg.activation == "swiglu":
-        activated = gate * jax.nn.sigmoid(cfg.sigmoid_scale * gate)
+        activated = gate * jax.nn.sigmoid(glu.sigmoid_scale * gate)
     else:
         activated = _exact_gelu(gate)
-    return activated * (up + cfg.up_offset)
+    if clamp_gate and glu.gate_clamp_after:
+        activated = jnp.where(activated > glu.gate_limit, glu.gate_limit, activated)
+    return activated * (up + glu.up_offset)
 
 
 def _check(cfg: ReferenceConfig, params: dict, num_tokens: int) -> None:
@@ -271,7 +305,8 @@ def dense_moe(
     if "shared_up" in p:
         shared_up = _einsum("td,ds->ts", tokens, p["shared_up"])
         shared_gate = _einsum("td,ds->ts", tokens, p["shared_gate"]) if gated else None
-        shared = _einsum("ts,sd->td", _hidden(cfg, shared_gate, shared_up), p["shared_down"])
+        shared_hidden = _hidden(cfg, shared_gate, shared_up, shared=True)
+        shared = _einsum("ts,sd->td", shared_hidden, p["shared_down"])
         if "shared_expert_gate" in p:
             share = jax.nn.sigmoid(_einsum("td,d->t", tokens, p["shared_expert_gate"]))
             shared = shared * share[:, None]

@@ -29,7 +29,7 @@ from typing import Any
 from moegen import interrupts, provenance
 from moegen.kernels import kernel
 from moegen.load import LoadedSpec
-from moegen.plan import Plan, make_plan
+from moegen.plan import GluPlan, Plan, make_plan
 from moegen.render import render
 from moegen.verify import record
 from moegen.verify.evidence import judge
@@ -260,12 +260,20 @@ def reference_config(plan: Plan) -> dict[str, Any]:
 
 
 def _glu_reference(plan: Plan) -> dict[str, Any]:
-    glu = plan.ffn.glu
-    if glu is None:
-        return {}
+    """The activation parameters as ReferenceConfig's fields (the shared expert's, where they
+    are its own, as a mapping of SharedGlu's)."""
+    out: dict[str, Any] = _glu_values(plan.ffn.glu) if plan.ffn.glu else {}
+    if plan.ffn.shared_glu_differs:
+        shared = plan.ffn.shared_glu
+        out["shared_glu"] = _glu_values(shared) if shared else {}
+    return out
+
+
+def _glu_values(glu: GluPlan) -> dict[str, Any]:
     return {
         "gate_limit": glu.gate_limit,
         "up_limit": glu.up_limit,
         "sigmoid_scale": glu.sigmoid_scale or 1.0,
         "up_offset": glu.up_offset or 0.0,
+        "gate_clamp_after": glu.clamp_after,
     }
