@@ -18,23 +18,26 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from families_deepseek import DEEPSEEK_FAMILIES
+from families_keys import (  # EMBED and the FFN widths: the harnesses read them from here
+    CF,
+    CHECKPOINT_FFN,  # noqa: F401
+    EMBED,  # noqa: F401
+    LOCAL,
+    NUM,
+    NUM_MOE,
+    ORACLE_FFN,  # noqa: F401
+    RENORMALIZED,
+    ROUTED,
+    SIGMOID_BIAS,
+    SOFTMAX,
+    F,
+)
+from families_more import MORE_FAMILIES
 from family_model import Keys, ModelFamily, Tiny
 
-EMBED = 32  # D, both harnesses
-ORACLE_FFN = 48  # F of each routed expert in the oracle's blocks
-CHECKPOINT_FFN = 16  # F in the checkpoint tests' models
 # DeepSeek's multi-head latent attention, as small as the checkpoint models go
 MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
-
-
-LOCAL = Keys("num_local_experts", "num_experts_per_tok", "intermediate_size")
-NUM = Keys("num_experts", "num_experts_per_tok", "intermediate_size")
-NUM_MOE = Keys("num_experts", "num_experts_per_tok", "moe_intermediate_size")
-ROUTED = Keys("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
-SOFTMAX = {"score": "softmax"}
-RENORMALIZED = SOFTMAX | {"renormalize": True}
-SIGMOID_BIAS = {"score": "sigmoid", "renormalize": True, "routing_bias": True}
-F, CF = ORACLE_FFN, CHECKPOINT_FFN
 # the dense layer 0 of the DeepSeek-style checkpoint models
 DENSE_FIRST = dict(intermediate_size=64, first_k_dense_replace=1)
 DEEPSEEK_V2_CHECKPOINT = DENSE_FIRST | dict(n_shared_experts=2, q_lora_rank=None, **MLA)
@@ -385,5 +388,7 @@ FAMILIES.append(
         _V3, name="deepseek_v3_top6_keep4", oracle=replace(_V3.oracle, top_k=6), checkpoint=None
     )
 )
+# the families the oracle alone checks, in tests/families_*.py to keep each file short
+FAMILIES += DEEPSEEK_FAMILIES + MORE_FAMILIES
 BY_NAME = {family.name: family for family in FAMILIES}
 assert len(BY_NAME) == len(FAMILIES)

@@ -35,6 +35,8 @@ and, with the spec features of issue 18:
                      scaling 16, not renormalised, 2 shared
   (synthetic)        DeepSeek-V3's router with top-6 of 4 kept groups: still ranked by
                      the sum of each group's top 2
+and the families the oracle alone checks, tests/families_deepseek.py and
+tests/families_more.py, each with its published settings in a comment.
 """
 
 from __future__ import annotations
@@ -51,8 +53,10 @@ from oracle.hf_blocks import (
     Tensor,
     Weights,
     concatenated,
+    concatenated_biased_experts,
     dbrx_experts,
     fused_experts,
+    fused_shared_mlp,
     gpt_oss_experts,
     interleaved,
     linear_t,
@@ -103,6 +107,45 @@ def _shared(block: nn.Module) -> Weights:
     return {**_fused(block), **shared_mlp(block.shared_experts)}
 
 
+def _biased(block: nn.Module) -> Weights:
+    """The gate's selection bias, no shared expert (MiMo-V2-Flash, Beam)."""
+    return {**_fused(block), "routing_bias": block.gate.e_score_correction_bias}
+
+
+def _block_biased(block: nn.Module) -> Weights:
+    """A selection bias the block holds and hands to its gate (MiniMax-M2, HY3), and the
+    shared experts where there are some."""
+    shared = getattr(block, "shared_experts", None)
+    return {
+        **_fused(block),
+        "routing_bias": block.e_score_correction_bias,
+        **(shared_mlp(shared) if shared is not None else {}),
+    }
+
+
+def _ungated_shared(block: nn.Module) -> Weights:
+    """Qwen's names, the shared expert added in full (Lara-Mini, Flint)."""
+    return {**_fused(block), **shared_mlp(block.shared_expert)}
+
+
+def _gated_shared(block: nn.Module) -> Weights:
+    """Qwen's shared expert scaled by sigmoid(x @ shared_expert_gate)."""
+    return {
+        **_ungated_shared(block),
+        "shared_expert_gate": block.shared_expert_gate.weight[0],  # nn.Linear(D, 1): [1, D]
+    }
+
+
+def _router_fused(block: nn.Module) -> Weights:
+    """A `router` (its weight [E, D]) beside the common experts (Jamba, Granite)."""
+    return {"router": linear_t(block.router.weight), **fused_experts(block.experts)}
+
+
+def _ernie(block: nn.Module) -> Weights:
+    """ERNIE's gate: the softmax's selection bias is moe_statics' [1, E]."""
+    return {**_fused(block), "routing_bias": block.gate.moe_statics.e_score_correction_bias[0]}
+
+
 # family -> the block's tensors as moegen's parameters
 WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     "mixtral": _fused,
@@ -113,8 +156,8 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     "dots1": _biased_shared,
     "deepseek_v2_lite": _shared,
     "dbrx": lambda b: {"router": linear_t(b.router.layer.weight), **dbrx_experts(b.experts)},
-    "jamba": lambda b: {"router": linear_t(b.router.weight), **fused_experts(b.experts)},
-    "granitemoe": lambda b: {"router": linear_t(b.router.weight), **fused_experts(b.experts)},
+    "jamba": _router_fused,
+    "granitemoe": _router_fused,
     "hunyuan_v1_moe": lambda b: {
         "router": linear_t(b.gate.wg.weight),
         **fused_experts(b.experts),
@@ -132,24 +175,69 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
         **llama4_experts(b.experts),
         **shared_mlp(b.shared_expert),
     },
-    "qwen2_moe": lambda b: {
-        **_fused(b),
-        **shared_mlp(b.shared_expert),
-        "shared_expert_gate": b.shared_expert_gate.weight[0],  # nn.Linear(D, 1): [1, D]
-    },
-    "ernie4_5_moe": lambda b: {
-        **_fused(b),
-        "routing_bias": b.gate.moe_statics.e_score_correction_bias[0],  # [1, E]
-        **shared_mlp(b.shared_experts),
-    },
+    "qwen2_moe": _gated_shared,
+    "ernie4_5_moe": lambda b: {**_ernie(b), **shared_mlp(b.shared_experts)},
     "deepseek_v2": _shared,
     "deepseek_v3_top6_keep4": _biased_shared,
+    # ---- tests/families_deepseek.py ----
+    **dict.fromkeys(
+        ("deepseek_v32", "bailing_hybrid", "axk2", "glm4_moe_lite", "glm4v_moe", "glm_moe_dsa"),
+        _biased_shared,
+    ),
+    **dict.fromkeys(
+        ("glm5_next", "kimi_linear", "solar_open", "dots3_note", "exaone_moe"), _biased_shared
+    ),
+    "mimo_v2_flash": _biased,
+    "beam": _biased,
+    "hy_v3": _block_biased,
+    "minimax_m2": _block_biased,
+    "afmoe": lambda b: {
+        "router": linear_t(b.router.gate.weight),
+        "routing_bias": b.expert_bias,
+        **fused_experts(b.experts),
+        **shared_mlp(b.shared_experts),
+    },
+    "minimax_m3_vl": lambda b: {
+        **_fused(b),
+        "routing_bias": b.gate.e_score_correction_bias,
+        **fused_shared_mlp(b.shared_experts),
+    },
+    **dict.fromkeys(("mistral4", "mistral_large4", "deepseek_ocr2", "unlimited_ocr"), _shared),
+    # ---- tests/families_more.py ----
+    **dict.fromkeys(("flex_olmo", "mellum", "qwen3_vl_moe", "qwen3_omni_moe"), _fused),
+    **dict.fromkeys(("qwen3_omni_moe_talker", "qwen3_5_moe", "qwen3_next"), _gated_shared),
+    "qwen4_exp": _gated_shared,
+    "lara_mini": _ungated_shared,
+    "flint": _ungated_shared,
+    **dict.fromkeys(("granitemoe_swa", "granitemoehybrid", "granitemoeshared"), _router_fused),
+    "cohere2_moe": _fused,
+    "aria": lambda b: {  # Aria's experts have Llama 4's layout (x @ W, gate then up)
+        "router": linear_t(b.router.weight),
+        **llama4_experts(b.experts),
+        **shared_mlp(b.shared_experts),
+    },
+    "openai_privacy_filter": lambda b: {
+        "router": linear_t(b.router.weight),
+        "router_bias": b.router.bias,
+        **concatenated_biased_experts(b.experts),
+    },
+    "ernie4_5_vl_moe": lambda b: {**_ernie(b.text_moe), **shared_mlp(b.shared_experts)},
+    "ernie4_5_vl_moe_modality": _ernie,
 }
 # softmax probabilities are about 1 / 16 each: a bias of that order steers ERNIE's selection
-INITS = {"ernie4_5_moe": Init(selection_bias=0.03)}
-# the SwiGLU clamps: DeepSeek-V4's swiglu_limit on a concatenated gate_up, gpt-oss's preset
-# on an interleaved one
-CLAMPS = {"deepseek_v4": (10.0, concatenated), "gpt_oss": (7.0, interleaved)}
+INITS = dict.fromkeys(
+    ("ernie4_5_moe", "ernie4_5_vl_moe", "ernie4_5_vl_moe_modality"), Init(selection_bias=0.03)
+)
+# the SwiGLU clamps: DeepSeek-V4's and GLM-5-Next's swiglu_limit on a concatenated gate_up,
+# gpt-oss's preset on an interleaved one, and on a concatenated one (MiniMax-M3, OpenAI's
+# privacy filter)
+CLAMPS = {
+    "deepseek_v4": (10.0, concatenated),
+    "glm5_next": (10.0, concatenated),
+    "gpt_oss": (7.0, interleaved),
+    "minimax_m3_vl": (7.0, concatenated),
+    "openai_privacy_filter": (7.0, concatenated),
+}
 
 
 def _oracle_family(entry: families.ModelFamily) -> Family:

@@ -213,6 +213,23 @@ def llama4_experts(experts: nn.Module) -> Weights:
     return {"w_gate": gate, "w_up": up, "w_down": experts.down_proj}
 
 
+def concatenated_biased_experts(experts: nn.Module) -> Weights:
+    """gpt-oss's experts with gate and up concatenated (OpenAI's privacy filter):
+    gate_up_proj [E, D, 2F] applied as x @ W, gate then up (`chunk(2, dim=-1)`),
+    gate_up_proj_bias [E, 2F] the same way; down_proj [E, F, D] applied as h @ W,
+    down_proj_bias [E, D]."""
+    gate, up = experts.gate_up_proj.chunk(2, dim=-1)
+    gate_bias, up_bias = experts.gate_up_proj_bias.chunk(2, dim=-1)
+    return {
+        "w_gate": gate,
+        "w_up": up,
+        "w_down": experts.down_proj,
+        "b_gate": gate_bias,
+        "b_up": up_bias,
+        "b_down": experts.down_proj_bias,
+    }
+
+
 def dbrx_experts(experts: nn.Module) -> Weights:
     """DbrxExperts: mlp.w1 (gate), v1 (up), w2 (down) each [E * F, D]; w1 and v1 applied as
     x @ W.T, w2 as h @ W (not transposed)."""
@@ -233,6 +250,19 @@ def shared_mlp(mlp: nn.Module) -> Weights:
     return {
         "shared_gate": linear_t(mlp.gate_proj.weight),
         "shared_up": linear_t(mlp.up_proj.weight),
+        "shared_down": linear_t(mlp.down_proj.weight),
+    }
+
+
+def fused_shared_mlp(mlp: nn.Module) -> Weights:
+    """A gated MLP of two nn.Linear (MiniMax-M3's dense MLP): gate_up_proj [2S, D], gate
+    then up (`chunk(2, dim=-1)` of its output), down_proj [D, S]; no biases."""
+    for projection in (mlp.gate_up_proj, mlp.down_proj):
+        assert projection.bias is None, "moegen's shared expert has no biases"
+    gate, up = mlp.gate_up_proj.weight.chunk(2, dim=0)  # [S, D] each
+    return {
+        "shared_gate": linear_t(gate),
+        "shared_up": linear_t(up),
         "shared_down": linear_t(mlp.down_proj.weight),
     }
 

@@ -1,0 +1,290 @@
+"""The model-family table, continued (tests/families.py concatenates it): the families whose
+MoE block is DeepSeek's, or a close relative of it, checked by the oracle alone (no checkpoint
+case). Each keeps the published model's routing as its transformers config sets it by
+default (top-k, groups, scaling, shared experts), on up to 32 experts.
+
+Most are DeepSeek-V3's block under another name: a sigmoid router with a selection-only bias
+(e_score_correction_bias), optional groups ranked by the sum of their top 2, renormalised,
+scaled, plus shared experts of moe_intermediate_size each. The others differ as noted.
+"""
+
+from __future__ import annotations
+
+from families_keys import LOCAL, LOCAL_MOE, NUM_MOE, RENORMALIZED, ROUTED, SIGMOID_BIAS, SOFTMAX, F
+from family_model import ModelFamily, Tiny
+
+ONE_SHARED = dict(n_shared_experts=1, norm_topk_prob=True)
+ONE_GROUP = dict(n_group=1, topk_group=1)  # the published configs': no group limit
+
+
+def _v3_like(
+    name: str, folder: str, config: str, block: str, model: str, oracle: Tiny
+) -> ModelFamily:
+    """A family whose block is DeepSeek-V3's (n_routed_experts, moe_intermediate_size)."""
+    return ModelFamily(name, folder, config, block, model, ROUTED, SIGMOID_BIAS, oracle=oracle)
+
+
+DEEPSEEK_FAMILIES: list[ModelFamily] = [
+    # DeepSeek-V3.2: V3's MoE (256 experts, 8 groups keep 4, top-8, scaling 2.5, 1 shared)
+    _v3_like(
+        "deepseek_v32",
+        "deepseek_v32",
+        "DeepseekV32Config",
+        "DeepseekV32MoE",
+        "DeepseekV32ForCausalLM",
+        Tiny(32, 8, shared=F, scaling=2.5, groups=(8, 4), config=ONE_SHARED),
+    ),
+    # Ling/Ring hybrid: 512 experts, 8 groups keep 4, top-8, scaling 2.5, 1 shared
+    ModelFamily(
+        "bailing_hybrid",
+        "bailing_hybrid",
+        "BailingHybridConfig",
+        "BailingHybridMoE",
+        "BailingHybridForCausalLM",
+        LOCAL_MOE,
+        SIGMOID_BIAS,
+        oracle=Tiny(32, 8, shared=F, scaling=2.5, groups=(8, 4), config=ONE_SHARED),
+    ),
+    # A.X-K2-Light routes without groups (n_group None): 128 experts, top-8, scaling 2.5
+    _v3_like(
+        "axk2",
+        "axk2",
+        "AXK2Config",
+        "AXK2MoE",
+        "AXK2ForCausalLM",
+        Tiny(16, 8, shared=F, scaling=2.5, config=ONE_SHARED),
+    ),
+    # GLM-4.7-Flash: 64 experts, top-4, scaling 1.8
+    _v3_like(
+        "glm4_moe_lite",
+        "glm4_moe_lite",
+        "Glm4MoeLiteConfig",
+        "Glm4MoeLiteMoE",
+        "Glm4MoeLiteForCausalLM",
+        Tiny(16, 4, shared=F, scaling=1.8, config=ONE_GROUP | ONE_SHARED),
+    ),
+    # GLM-4.5V's text model: 128 experts, top-8, scaling 1
+    _v3_like(
+        "glm4v_moe",
+        "glm4v_moe",
+        "Glm4vMoeTextConfig",
+        "Glm4vMoeTextMoE",
+        "Glm4vMoeForConditionalGeneration",
+        Tiny(16, 8, shared=F, scaling=1.0, config=ONE_GROUP | ONE_SHARED),
+    ),
+    # GLM-5 (DSA attention): 256 experts, top-8, scaling 2.5
+    _v3_like(
+        "glm_moe_dsa",
+        "glm_moe_dsa",
+        "GlmMoeDsaConfig",
+        "GlmMoeDsaMoE",
+        "GlmMoeDsaForCausalLM",
+        Tiny(16, 8, shared=F, scaling=2.5, config=ONE_GROUP | ONE_SHARED),
+    ),
+    # GLM-5-Next's text model: 288 experts, top-8, scaling 2.5, and its SwiGLU clamped at
+    # swiglu_limit 10 (gate at most 10, up within +-10), routed and shared experts alike
+    _v3_like(
+        "glm5_next",
+        "glm5_next",
+        "Glm5NextTextConfig",
+        "Glm5NextTextMoE",
+        "Glm5NextForConditionalGeneration",
+        Tiny(
+            16,
+            8,
+            shared=F,
+            scaling=2.5,
+            config=ONE_GROUP | ONE_SHARED | dict(swiglu_limit=10.0),
+            spec={"glu": {"gate_limit": 10.0, "up_limit": 10.0}},
+        ),
+    ),
+    # Kimi Linear: 256 experts, top-8, scaling 2.446
+    ModelFamily(
+        "kimi_linear",
+        "kimi_linear",
+        "KimiLinearConfig",
+        "KimiLinearMoE",
+        "KimiLinearForCausalLM",
+        LOCAL_MOE,
+        SIGMOID_BIAS,
+        oracle=Tiny(16, 8, shared=F, scaling=2.446, config=ONE_GROUP | ONE_SHARED),
+    ),
+    # Solar Open: 128 experts, top-8, scaling 1
+    _v3_like(
+        "solar_open",
+        "solar_open",
+        "SolarOpenConfig",
+        "SolarOpenMoE",
+        "SolarOpenForCausalLM",
+        Tiny(16, 8, shared=F, scaling=1.0, config=ONE_GROUP | ONE_SHARED),
+    ),
+    # dots3 note's text model: its shared experts are shared_experts_intermediate_size wide
+    # each; 256 experts, top-8, scaling 1
+    _v3_like(
+        "dots3_note",
+        "dots3_note",
+        "Dots3NoteTextConfig",
+        "Dots3NoteTextMoE",
+        "Dots3NoteForCausalLM",
+        Tiny(
+            16,
+            8,
+            shared=F,
+            scaling=1.0,
+            config=ONE_GROUP | ONE_SHARED | dict(shared_experts_intermediate_size=F),
+        ),
+    ),
+    # EXAONE MoE: 64 experts, top-8, scaling 2.5, 1 shared (num_shared_experts)
+    ModelFamily(
+        "exaone_moe",
+        "exaone_moe",
+        "ExaoneMoeConfig",
+        "ExaoneMoeSparseMoEBlock",
+        "ExaoneMoeForCausalLM",
+        NUM_MOE,
+        SIGMOID_BIAS,
+        oracle=Tiny(
+            16,
+            8,
+            shared=F,
+            scaling=2.5,
+            config=ONE_GROUP | dict(num_shared_experts=1, norm_topk_prob=True),
+        ),
+    ),
+    # MiMo-V2-Flash: no shared expert; 256 experts, top-8, scaling 1
+    _v3_like(
+        "mimo_v2_flash",
+        "mimo_v2_flash",
+        "MiMoV2FlashConfig",
+        "MiMoV2FlashMoE",
+        "MiMoV2FlashForCausalLM",
+        Tiny(16, 8, scaling=1.0, config=ONE_GROUP | dict(norm_topk_prob=True)),
+    ),
+    # Beam: no shared expert, the scaling applied to the experts' sum (the same product);
+    # 256 experts, 8 groups keep 4, top-8, scaling 2.5
+    ModelFamily(
+        "beam",
+        "beam",
+        "BeamConfig",
+        "BeamMoE",
+        "BeamForCausalLM",
+        NUM_MOE,
+        SIGMOID_BIAS,
+        oracle=Tiny(32, 8, scaling=2.5, groups=(8, 4), config=dict(norm_topk_prob=True)),
+    ),
+    # HY3: the selection bias is the block's buffer, the scaling router_scaling_factor;
+    # 192 experts, top-8, scaling 2.826, 1 shared
+    ModelFamily(
+        "hy_v3",
+        "hy_v3",
+        "HYV3Config",
+        "HYV3MoE",
+        "HYV3ForCausalLM",
+        NUM_MOE,
+        SIGMOID_BIAS,
+        oracle=Tiny(
+            16,
+            8,
+            shared=F,
+            config=dict(num_shared_experts=1, router_scaling_factor=2.826),
+            spec={"routed_scaling": 2.826},
+        ),
+    ),
+    # AFMoE (Trinity): the selection bias is the block's expert_bias, the scaling
+    # route_scale; 64 experts, top-6, scale 1, 2 shared
+    ModelFamily(
+        "afmoe",
+        "afmoe",
+        "AfmoeConfig",
+        "AfmoeSparseMoeBlock",
+        "AfmoeForCausalLM",
+        NUM_MOE,
+        SIGMOID_BIAS,
+        oracle=Tiny(16, 6, shared=2 * F, config=dict(num_shared_experts=2, route_scale=1.0)),
+    ),
+    # MiniMax-M2: the selection bias is the block's buffer; no scaling, no shared expert;
+    # 256 experts, top-8
+    ModelFamily(
+        "minimax_m2",
+        "minimax_m2",
+        "MiniMaxM2Config",
+        "MiniMaxM2SparseMoeBlock",
+        "MiniMaxM2ForCausalLM",
+        LOCAL,
+        SIGMOID_BIAS,
+        oracle=Tiny(16, 8),
+    ),
+    # MiniMax-M3-VL's text model: 128 experts, top-4, scaling 2.0 on the experts' sum, one
+    # shared expert (shared_intermediate_size) whose gate and up are one Linear, and
+    # gpt-oss's SwiGLU (limit 7, alpha 1.702, up + 1) on a concatenated gate_up, routed
+    # and shared alike
+    ModelFamily(
+        "minimax_m3_vl",
+        "minimax_m3_vl",
+        "MiniMaxM3VLTextConfig",
+        "MiniMaxM3VLSparseMoeBlock",
+        "MiniMaxM3VLForCausalLM",
+        LOCAL,
+        SIGMOID_BIAS | {"glu": "gpt_oss"},
+        oracle=Tiny(
+            16,
+            4,
+            shared=F,
+            scaling=2.0,
+            config=dict(shared_intermediate_size=F, swiglu_limit=7.0, swiglu_alpha=1.702),
+        ),
+    ),
+    # Mistral Small 4: softmax, no bias, the group limit of 1 group (all kept),
+    # renormalised; 128 experts, top-4, scaling 1, 1 shared
+    ModelFamily(
+        "mistral4",
+        "mistral4",
+        "Mistral4Config",
+        "Mistral4MoE",
+        "Mistral4ForCausalLM",
+        ROUTED,
+        RENORMALIZED,
+        oracle=Tiny(16, 4, shared=F, scaling=1.0, config=ONE_GROUP | ONE_SHARED),
+    ),
+    # Mistral Large 3's text model: Mistral 4's router, always renormalised
+    ModelFamily(
+        "mistral_large4",
+        "mistral_large4",
+        "MistralLarge4TextConfig",
+        "MistralLarge4TextMoE",
+        "MistralLarge4ForConditionalGeneration",
+        ROUTED,
+        RENORMALIZED,
+        oracle=Tiny(16, 4, shared=F, scaling=1.0, config=ONE_GROUP | dict(n_shared_experts=1)),
+    ),
+    # DeepSeek-OCR 2's and Unlimited-OCR's text models: DeepSeek-V2-Lite's MoE (softmax,
+    # greedy top-6 of 64, not renormalised, scaling 1, 2 shared)
+    ModelFamily(
+        "deepseek_ocr2",
+        "deepseek_ocr2",
+        "DeepseekOcr2TextConfig",
+        "DeepseekOcr2TextMoe",
+        "DeepseekOcr2ForConditionalGeneration",
+        ROUTED,
+        SOFTMAX,
+        oracle=Tiny(
+            16, 6, shared=2 * F, scaling=1.0, config=dict(topk_method="greedy", n_shared_experts=2)
+        ),
+    ),
+    ModelFamily(
+        "unlimited_ocr",
+        "unlimited_ocr",
+        "UnlimitedOcrTextConfig",
+        "UnlimitedOcrTextMoe",
+        "UnlimitedOcrForConditionalGeneration",
+        ROUTED,
+        SOFTMAX,
+        oracle=Tiny(  # its config checks that D splits over the (10) attention heads
+            16,
+            6,
+            shared=2 * F,
+            scaling=1.0,
+            config=dict(topk_method="greedy", n_shared_experts=2, num_attention_heads=4),
+        ),
+    ),
+]
