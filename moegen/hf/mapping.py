@@ -138,10 +138,10 @@ def specs_from_hf(source: Path, target: Path | None, placement: Placement) -> di
         listed = ranges(list(kind.layers))
         header = [
             f"Written by `moegen init --from-hf` from {model.file} (model_type "
-            f"{model.model_type}: {model.family.title}). Each mapped value names its "
-            "config.json key.",
-            f"MoE layers: {model.layers_how}. This spec: layers {listed} "
-            f"({len(kind.layers)} of {total} decoder layers).",
+            f"{model.model_type}: {model.family.title}).",
+            "Each mapped value names its config.json key, or the block that fixes it.",
+            f"MoE layers: {model.layers_how}.",
+            f"This spec: layers {listed} ({len(kind.layers)} of {total} decoder layers).",
         ]
         if len(model.kinds) > 1:
             header.append(f"The model's MoE layers differ: {len(model.kinds)} specs, one a kind.")

@@ -15,6 +15,8 @@ from moegen.hf.rules import Choice
 
 COMMENT_COLUMN = 30
 MAX_DESCRIPTION = 500  # the schema's limit
+# a string YAML reads back as itself unquoted (its booleans and nulls are words of letters)
+PLAIN = re.compile(r"(?!(?:true|false|yes|no|on|off|null)\Z)[a-z][a-z0-9_]*", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,8 @@ def comment_safe(text: str) -> str:
 
 def line(indent: int, key: str, value: str, comment: str = "") -> str:
     text = f"{'  ' * indent}{key}:" + (f" {value}" if value else "")
-    if comment:
-        text = f"{text:<{COMMENT_COLUMN}}# {comment_safe(comment)}"
+    if comment:  # a comment needs a space before its # (YAML)
+        text = f"{text + ' ':<{COMMENT_COLUMN}}# {comment_safe(comment)}"
     return text
 
 
@@ -78,7 +80,7 @@ def section_lines(section: str, choices: list[Choice], order: list[str]) -> list
         if isinstance(choice.value, Mapping):
             lines.append(line(1, name, "", choice.source))
             lines += [line(2, k, scalar(v)) for k, v in choice.value.items()]
-        elif isinstance(choice.value, str) and name in ("activation", "score", "glu", "weighting"):
+        elif isinstance(choice.value, str) and PLAIN.fullmatch(choice.value):
             lines.append(line(1, name, choice.value, choice.source))
         else:
             lines.append(line(1, name, scalar(choice.value), choice.source))
