@@ -202,6 +202,29 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
         SIGMOID_BIAS,
         oracle=Tiny(16, 6, shared=2 * F, config=dict(num_shared_experts=2, route_scale=1.0)),
     ),
+    # dots3 note's vision MoE: the selection bias is the block's buffer, no shared expert;
+    # experts per layer from pyramid_num_routed (up to 64), top-2 (capacity_factor),
+    # router_scaling_factor 1
+    ModelFamily(
+        "dots3_note_vision",
+        "dots3_note",
+        "Dots3NoteVisionConfig",
+        "Dots3NoteVisionMoE",
+        "Dots3NoteForConditionalGeneration",
+        LOCAL_MOE,
+        SIGMOID_BIAS,
+        oracle=Tiny(
+            16,
+            2,
+            config=dict(
+                pyramid_num_routed=[16],  # layer 0: 16 experts
+                router_scaling_factor=1.0,
+                adapter_in_dim=32,  # = D, as its config checks
+                num_attention_heads=4,
+            ),
+            block_args=(0,),
+        ),
+    ),
     # MiniMax-M2: the selection bias is the block's buffer; no scaling, no shared expert;
     # 256 experts, top-8
     ModelFamily(

@@ -201,6 +201,19 @@ MORE_FAMILIES: list[ModelFamily] = [
         AFTER_TOP_K | {"glu": "gpt_oss", "ffn_bias": True, "linear_bias": True},
         oracle=Tiny(16, 4, config=dict(swiglu_limit=7.0, swiglu_alpha=1.702)),
     ),
+    # JetMoE: softmax over the chosen logits, 8 experts, top-2, and one output bias added
+    # after the combine: as those weights sum to 1, the same bias as every expert's b_down
+    # adds it once (the experts' gate and up biases are zero)
+    ModelFamily(
+        "jetmoe",
+        "jetmoe",
+        "JetMoeConfig",
+        "JetMoeMoE",
+        "JetMoeForCausalLM",
+        LOCAL,
+        AFTER_TOP_K | {"ffn_bias": True},
+        oracle=Tiny(8, 2),
+    ),
     # ERNIE-4.5-VL's MoE layer on text tokens (no token types given): the text experts and
     # 2 shared experts; softmax + moe_statics selection bias, top-6 of 64, renormalised.
     # moe_intermediate_size is [text, vision]

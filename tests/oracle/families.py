@@ -59,6 +59,7 @@ from oracle.hf_blocks import (
     fused_shared_mlp,
     gpt_oss_experts,
     interleaved,
+    jetmoe_experts,
     linear_t,
     llama4_experts,
     shared_mlp,
@@ -187,6 +188,7 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     **dict.fromkeys(
         ("glm5_next", "kimi_linear", "solar_open", "dots3_note", "exaone_moe"), _biased_shared
     ),
+    "dots3_note_vision": _block_biased,
     "mimo_v2_flash": _biased,
     "beam": _biased,
     "hy_v3": _block_biased,
@@ -221,6 +223,7 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
         "router_bias": b.router.bias,
         **concatenated_biased_experts(b.experts),
     },
+    "jetmoe": lambda b: {"router": linear_t(b.router.layer.weight), **jetmoe_experts(b)},
     "ernie4_5_vl_moe": lambda b: {**_ernie(b.text_moe), **shared_mlp(b.shared_experts)},
     "ernie4_5_vl_moe_modality": _ernie,
 }

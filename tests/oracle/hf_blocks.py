@@ -230,6 +230,23 @@ def concatenated_biased_experts(experts: nn.Module) -> Weights:
     }
 
 
+def jetmoe_experts(block: nn.Module) -> Weights:
+    """JetMoeMoE: input_linear [E, 2F, D] and output_linear [E, D, F] (JetMoeParallelExperts,
+    each applied as F.linear: x @ W.T), gate then up (`chunk(2, dim=-1)` of the output);
+    one output bias [D] added after the combine, as each expert's down bias (the combine
+    weights sum to 1), the gate and up biases zero."""
+    gate, up = block.input_linear.weight.chunk(2, dim=1)  # [E, F, D] each
+    num_experts, ffn = gate.shape[:2]
+    return {
+        "w_gate": gate.transpose(1, 2),
+        "w_up": up.transpose(1, 2),
+        "w_down": block.output_linear.weight.transpose(1, 2),  # [E, D, F] -> [E, F, D]
+        "b_gate": torch.zeros(num_experts, ffn),
+        "b_up": torch.zeros(num_experts, ffn),
+        "b_down": block.bias.expand(num_experts, -1),
+    }
+
+
 def dbrx_experts(experts: nn.Module) -> Weights:
     """DbrxExperts: mlp.w1 (gate), v1 (up), w2 (down) each [E * F, D]; w1 and v1 applied as
     x @ W.T, w2 as h @ W (not transposed)."""
