@@ -138,6 +138,25 @@ _LLAMA4 = HfFamily(
     ),
 )
 
+_QWEN3_VL = HfFamily(
+    "Qwen3-VL-MoE",
+    "qwen3_moe",
+    SparseStep(),
+    (
+        ACTIVATION,
+        softmax("Qwen3VLMoeTextSparseMoeBlock"),
+        renormalized("Qwen3VLMoeTextSparseMoeBlock"),
+        balance(0.001),
+    ),
+    {"experts": ("num_local_experts",)},  # what transformers 5 writes for num_experts
+)
+_GRANITE = (
+    ACTIVATION,
+    Fixed("router.score", "softmax", "GraniteMoeTopKGating: softmax"),
+    Fixed("router.score_after_top_k", True, "over the top-k logits alone"),
+    balance(0.001),
+)
+
 FAMILIES: Mapping[str, HfFamily] = {
     "mixtral": HfFamily(
         "Mixtral",
@@ -214,17 +233,16 @@ FAMILIES: Mapping[str, HfFamily] = {
             balance(0.001),
         ),
     ),
-    "granitemoe": HfFamily(
-        "Granite-MoE",
+    "granitemoe": HfFamily("Granite-MoE", "granitemoe", AllLayers(), _GRANITE),
+    "granitemoeshared": HfFamily(
+        "Granite-MoE-Shared",
         "granitemoe",
         AllLayers(),
-        (
-            ACTIVATION,
-            Fixed("router.score", "softmax", "GraniteMoeTopKGating: softmax"),
-            Fixed("router.score_after_top_k", True, "over the top-k logits alone"),
-            balance(0.001),
-        ),
+        (*_GRANITE, SharedWidth((), ("shared_intermediate_size",))),
     ),
+    "flex_olmo": HfFamily("FlexOlmo", "olmoe", AllLayers(), _qwen("FlexOlmoSparseMoeBlock", 0.01)),
+    "qwen3_vl_moe_text": _QWEN3_VL,
+    "qwen3_vl_moe": replace(_QWEN3_VL, text_config=True),
     "hunyuan_v1_moe": HfFamily(
         "Hunyuan-A13B",
         "hunyuan_v1_moe",

@@ -143,6 +143,8 @@ class SharedWidth:
             return []
         count = view.size(self.count[0] if self.count else "", count)
         width, width_source = lookup(view, self.width, layer, MISSING)
+        if width == 0:  # Granite-MoE-Shared's shared_intermediate_size 0: no shared MLP
+            return []
         width = view.size(width_source, width)
         source = f"{count_source} x {width_source}" if self.count else width_source
         return [Choice("layer.shared_ffn_dim", view.size(source, count * width), source)]
