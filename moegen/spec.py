@@ -69,11 +69,12 @@ class Layer(_Section):
     num_experts: Size = Field(description="Number of routed experts.")
     embed_dim: Size = Field(description="Model (embedding) width D.")
     ffn_dim: Size = Field(description="Hidden width F of each expert's FFN.")
-    activation: Literal["swiglu", "geglu", "gelu", "relu"] = Field(
+    activation: Literal["swiglu", "geglu", "gelu", "relu", "relu2"] = Field(
         "swiglu",
         description="Expert FFN. Gated: swiglu = down(silu(x @ gate) * (x @ up)), "
         "geglu = down(gelu(x @ gate) * (x @ up)); plain: gelu = down(gelu(x @ up)), "
-        "relu = down(relu(x @ up)). gelu is the exact (erf) form.",
+        "relu = down(relu(x @ up)), relu2 = down(relu(x @ up)^2) (Nemotron-H). gelu is the "
+        "exact (erf) form.",
     )
     glu: Glu | Literal["gpt_oss"] | None = Field(
         None,

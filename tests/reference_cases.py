@@ -147,11 +147,20 @@ CASES = {
     # logits before the sigmoid (an epsilon large enough to show in float32)
     "lfm2_epsilon": Case(
         S8,
-        C(top_k=2, score="sigmoid", renormalize=True, renormalize_epsilon=0.25, routed_scaling=2.0),
+        C(
+            top_k=2,
+            score="sigmoid",
+            renormalize=True,
+            renormalize_epsilon=0.25,
+            routed_scaling=2.0,
+            z_loss_weight=0.02,
+        ),
         routing_bias=True,
     ),
     "kolibri1_bias_on_logits": Case(
-        S8, C(top_k=3, score="sigmoid", renormalize=True, bias_on_logits=True), routing_bias=True
+        S8,
+        C(top_k=3, score="sigmoid", renormalize=True, bias_on_logits=True, load_balance_weight=0.2),
+        routing_bias=True,
     ),
     # Step 3.7: the gate clamped after the activation, the shared expert at its own limit;
     # HY-V4: the routed experts clamped, the shared one plain
@@ -165,6 +174,7 @@ CASES = {
             up_limit=0.4,
             gate_clamp_after=True,
             shared_glu=SharedGlu(gate_limit=0.5, up_limit=0.6, gate_clamp_after=True),
+            z_loss_weight=0.01,
         ),
         routing_bias=True,
         shared=6,
@@ -172,6 +182,21 @@ CASES = {
     "hy_v4_routed_clamped_shared_plain": Case(
         S8,
         C(top_k=2, score="sigmoid", gate_limit=0.3, up_limit=0.4, shared_glu=SharedGlu()),
+        shared=6,
+    ),
+    # Nemotron-H: ungated relu^2 experts and shared expert, sigmoid with a selection bias
+    "nemotron_h_relu2": Case(
+        S8,
+        C(
+            top_k=2,
+            score="sigmoid",
+            renormalize=True,
+            routed_scaling=2.5,
+            activation="relu2",
+            load_balance_weight=0.1,
+            load_balance_form="transformers",
+        ),
+        routing_bias=True,
         shared=6,
     ),
     "geglu": Case(S4, C(top_k=2, score="softmax", activation="geglu")),
@@ -266,6 +291,10 @@ GRADIENT_CASES = [
     "capacity_probability",
     "relu_biases_shared",
     "sqrtsoftplus",
+    "nemotron_h_relu2",
+    "step3p7_clamp_after_shared_limit",
+    "lfm2_epsilon",
+    "kolibri1_bias_on_logits",
 ]
 
 

@@ -70,6 +70,8 @@ def slow_act(name: str, v: np.ndarray) -> np.ndarray:
         return v / (1.0 + np.exp(-v))
     if name in ("geglu", "gelu"):
         return np.array([0.5 * u * (1.0 + math.erf(u / math.sqrt(2.0))) for u in v])
+    if name == "relu2":
+        return np.maximum(v, 0.0) ** 2
     if name == "relu":
         return np.maximum(v, 0.0)
     raise AssertionError(name)

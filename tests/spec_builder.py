@@ -96,6 +96,9 @@ def scalar(value: Any) -> str:
         return str(value)
     if isinstance(value, float):
         text = repr(value)
+        if re.fullmatch(r"-?[0-9]+e[-+][0-9]+", text):  # 1e-06: YAML 1.1 needs the point
+            mantissa, exponent = text.split("e")
+            text = f"{mantissa}.0e{exponent}"
         assert re.fullmatch(r"-?[0-9]+\.[0-9]+(e[-+][0-9]+)?", text), text
         return text
     if isinstance(value, str):

@@ -83,7 +83,7 @@ def layers(draw: st.DrawFn, tiny_only: bool = False) -> dict:
         embed, ffn = draw(st.sampled_from(TINY_EMBED)), draw(st.sampled_from(TINY_FFN))
         top_k = draw(st.integers(1, min(experts, 8)))
     out = {"experts": experts, "embed": embed, "ffn": ffn, "top_k": top_k}
-    activation = draw(st.sampled_from([None, "swiglu", "geglu", "gelu", "relu"]))
+    activation = draw(st.sampled_from([None, "swiglu", "geglu", "gelu", "relu", "relu2"]))
     if activation is not None:
         out["activation"] = activation
     if activation in (None, "swiglu", "geglu") and draw(st.booleans()):

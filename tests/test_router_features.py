@@ -242,6 +242,22 @@ CASES: dict[str, tuple[dict, list[str]]] = {
         },
         ["hidden = jax.nn.silu(gate) * up", "def _glu("],
     ),
+    # Nemotron-H: ungated relu^2 routed and shared experts, on the ragged all-to-all
+    "nemotron_h_relu2_shared_a2a": (
+        {
+            "layer": {
+                "num_experts": 8,
+                "embed_dim": 32,
+                "ffn_dim": 48,
+                "activation": "relu2",
+                "shared_ffn_dim": 40,
+            },
+            "router": {"top_k": 2, "score": "sigmoid", "renormalize": True, "routing_bias": True},
+            "mesh": {"axes": {"data": 2, "expert": 2}},
+            **A2A,
+        },
+        ["jnp.square(jax.nn.relu(up))"],
+    ),
     "bf16_compute_all_features": (
         {
             "layer": {

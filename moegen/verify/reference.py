@@ -27,7 +27,7 @@ import jax.numpy as jnp
 SCORES = ("softmax", "sigmoid", "sqrtsoftplus")
 DROP_POLICIES = ("probability", "position")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
-ACTIVATIONS = (*GATED_ACTIVATIONS, "gelu", "relu")
+ACTIVATIONS = (*GATED_ACTIVATIONS, "gelu", "relu", "relu2")
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class ReferenceConfig:
     load_balance_weight: float = 0.0
     load_balance_form: str = "switch"  # "switch" | "transformers" (load_balancing_loss_func)
     z_loss_weight: float = 0.0
-    activation: str = "swiglu"  # "swiglu" | "geglu" | "gelu" | "relu"
+    activation: str = "swiglu"  # "swiglu" | "geglu" | "gelu" | "relu" | "relu2"
     group_top_n: int = 2  # a group's score: the sum of its best n selection scores
     weights_on_input: bool = False  # the weight scales the expert's input, not its output
     gate_limit: float | None = None  # gated: gate = min(gate, limit)
@@ -129,6 +129,8 @@ def _hidden(
         return _exact_gelu(up)
     if cfg.activation == "relu":
         return jnp.maximum(up, 0.0)
+    if cfg.activation == "relu2":
+        return jnp.maximum(up, 0.0) ** 2
     glu = glu_of(cfg, shared)
     clamp_gate = glu.gate_limit is not None
     if clamp_gate and not glu.gate_clamp_after:
