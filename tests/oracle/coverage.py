@@ -1,0 +1,103 @@
+"""The MoE blocks of transformers the oracle does not check, and why
+(tests/test_transformers_coverage.py holds every block of the installed transformers to this
+table and to the families of tests/families.py).
+
+Keys are `folder.Class`: transformers/models/<folder>/modeling_*.py defines the class.
+
+REFUSED   what moegen does not express, concretely, as the block differs from the nearest
+          spec (a refusal on purpose, or a difference no spec option is planned for);
+PENDING   blocks waiting for spec options issue 29 plans: the row of its table they wait
+          for, and the difference that row removes.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Pending(NamedTuple):
+    row: str  # the issue-29 table row (its model)
+    differs: str
+
+
+REFUSED: dict[str, str] = {
+    "phimoe.PhimoeSparseMoeBlock": "sparsemixer routing, refused on purpose (moegen/spec.py "
+    "UNSUPPORTED_CHOICES): the chosen expert's weight is a softmax over the logits within "
+    "2 * jitter_eps of the best, trained with Gumbel sampling and a Heun-method gradient",
+    "axk1.AXK1MoE": "DeepSeek-V3's MoE followed by an RMSNorm of the block's output "
+    "(post_mlp_layernorm, its weight in the block): a moegen layer ends at the sum of the "
+    "routed and shared experts",
+    "muse_spark.MuseSparkMoE": "experts in a latent width: pre_expert_proj and a centred "
+    "RMSNorm before them, post_expert_proj after, an RMSNorm of each expert's output before "
+    "its weight; router logits times output_multiplier",
+    "doge.DogeCDMoE": "product-key retrieval experts: two top-k's over sqrt(E) keys summed "
+    "pairwise choose the experts, each one embedding row in and one out (rank 1, the "
+    "activation on a scalar), added to a dense gated MLP",
+    "zaya.ZayaSparseMoeBlock": "the router is an MLP (a biased down_proj, RMSNorm, MLP) with "
+    "an extra skip class, a fixed -1 balancing bias on it, and router states carried from the "
+    "previous layer's router (EDA), which the block takes and returns",
+    "jetmoe.JetMoeMoA": "a mixture of attention heads: the experts are the query and output "
+    "projections around attention (map, reduce), not an FFN",
+    "vitpose_backbone.VitPoseBackboneMoeMLP": "no router: each sample's expert is its dataset "
+    "index, an input; the experts are one part of a split fc2 beside a shared part",
+}
+
+_GEMMA4 = (
+    "the router normalises its input (RMSNorm without scale, then scale * D^-0.5) and "
+    "multiplies each chosen weight by a learned per_expert_scale; router and experts live in "
+    "the decoder layer"
+)
+_SOFTCAPPED_SWIGLU = "soft-capped SwiGLU experts (its SoftcappedSwiGLU activation)"
+
+PENDING: dict[str, Pending] = {
+    "step3p7.Step3p7SparseMoeBlock": Pending(
+        "step3p7",
+        "per-layer swiglu_limits clamp the routed experts, the shared expert's clamp is set "
+        "apart (is_shared_expert); the routed scaling multiplies the experts' sum",
+    ),
+    "hy_v4.HYV4MoE": Pending(
+        "hy_v4",
+        "swiglu_limit clamps the routed experts only, the shared MLP is unclamped (moegen's "
+        "glu clamps both)",
+    ),
+    "hy_v4_vl.HYV4VLMoE": Pending("hy_v4_vl", "HY-V4's MoE: routed experts clamped alone"),
+    "kolibri1.Kolibri1SparseMoeBlock": Pending(
+        "kolibri1",
+        "the selection bias is added to the logits, not the scores, and the weights are the "
+        "sigmoid of the chosen logits",
+    ),
+    "lfm2_moe.Lfm2MoeSparseMoeBlock": Pending(
+        "lfm2_moe",
+        "sigmoid + expert_bias renormalised by the sum plus 1e-6 (moegen: by the sum)",
+    ),
+    "laguna.LagunaSparseMoeBlock": Pending(
+        "laguna", "tanh soft-capping of the router logits (router_logit_softcapping)"
+    ),
+    "gemma4.Gemma4TextDecoderLayer": Pending("gemma4", _GEMMA4),
+    "diffusion_gemma.DiffusionGemmaEncoderTextLayer": Pending("diffusion gemma", _GEMMA4),
+    "diffusion_gemma.DiffusionGemmaDecoderTextLayer": Pending("diffusion gemma", _GEMMA4),
+    "nemotron_h.NemotronHMoE": Pending(
+        "nemotron_h", "ungated relu^2 experts with latent projections (fc1/fc2_latent_proj)"
+    ),
+    "longcat_flash.LongcatFlashMoE": Pending(
+        "longcat_flash", "zero-computation experts: identity experts among the routed ones"
+    ),
+    "switch_transformers.SwitchTransformersSparseMLP": Pending(
+        "switch_transformers",
+        "top-1 router with an expert capacity (tokens over it skip the experts) and jitter "
+        "noise; ungated relu experts",
+    ),
+    "nllb_moe.NllbMoeSparseMLP": Pending(
+        "nllb_moe",
+        "top-2 router with an expert capacity and a second_expert_policy; ungated relu "
+        "experts with biases",
+    ),
+    "inkling.InklingMoE": Pending(
+        "inkling",
+        "the shared experts take part in the routing: one normalisation (logsigmoid, "
+        "logsumexp) over the chosen routed logits and the shared ones, times route_scale and "
+        "a learned global_scale",
+    ),
+    "inkling2.Inkling2SparseMoeBlock": Pending("inkling2", _SOFTCAPPED_SWIGLU),
+    "inkling2_loop.Inkling2LoopSparseMoeBlock": Pending("inkling2_loop", _SOFTCAPPED_SWIGLU),
+}
