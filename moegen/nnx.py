@@ -23,7 +23,9 @@ zeros where the scale is 0. `routing_bias` (specs with router.routing_bias) is a
 rate)` applies the module's aux-loss-free balancing step to it.
 
 Pretrained weights replace the initial ones with `layer.load_params(params)`, e.g. params =
-`moegen.checkpoints.load_layer_params(moe, path, layer=3, mesh=mesh)`.
+`moegen.checkpoints.load_layer_params(moe, path, layer=3, mesh=mesh)`, or make the layer
+from them without drawing initial values: one per MoE layer of a model,
+`{i: MoELayer.from_params(moe, p, mesh=mesh) for i, p in load_model_params(moe, path).items()}`.
 
 The mesh is the one passed, or else the one set by `jax.set_mesh` (the usual NNX pattern:
 create the model inside `nnx.jit` under the mesh, and every parameter is created already
@@ -112,6 +114,22 @@ class MoELayer(nnx.Module):
         values = _initializer(self._generated, self.mesh)(rngs.params())
         for name, value in values.items():
             setattr(self, name, _variable(module, name, value, self.mesh))
+
+    @classmethod
+    def from_params(
+        cls, module: ModuleType, params: Mapping[str, Any], *, mesh: Mesh | None = None
+    ) -> MoELayer:
+        """A layer holding `params` (as `load_params` takes them, e.g. one layer of
+        `moegen.checkpoints.load_model_params`), made without drawing initial values: the
+        layer is built abstractly (`nnx.eval_shape`), then given `params`. Call it outside
+        `nnx.jit`; mesh as for `MoELayer(...)`."""
+        _check_module(module)
+        mesh = _check_mesh(module, mesh)
+        if mesh is None:  # only the abstract mesh is known: inside jit, nothing to place on
+            raise ValueError("from_params places concrete values: call it outside nnx.jit")
+        layer = nnx.eval_shape(lambda: cls(module, rngs=nnx.Rngs(0), mesh=mesh))
+        layer.load_params(params)
+        return layer
 
     @property
     def module(self) -> ModuleType:

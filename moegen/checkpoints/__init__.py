@@ -1,12 +1,14 @@
-"""Load one layer of a published MoE checkpoint into a generated module's parameters.
+"""Load a published MoE checkpoint's layers into a generated module's parameters.
 
-The logic lives in moegen.checkpoints.loading; this package face only re-exports.
+The logic lives in moegen.checkpoints.loading (one layer) and moegen.checkpoints.model (every
+MoE layer of a model); this package face only re-exports.
 """
 
 from __future__ import annotations
 
 from moegen.checkpoints.layouts import FAMILIES, Family, Layout
 from moegen.checkpoints.loading import MAX_LAYER, load_layer_params, match_checkpoint, module_target
+from moegen.checkpoints.model import StackedParams, find_moe_layers, load_model_params
 from moegen.checkpoints.reader import CheckpointError
 
 __all__ = [
@@ -15,7 +17,10 @@ __all__ = [
     "Family",
     "Layout",
     "MAX_LAYER",
+    "StackedParams",
+    "find_moe_layers",
     "load_layer_params",
+    "load_model_params",
     "match_checkpoint",
     "module_target",
 ]

@@ -21,7 +21,7 @@ neither torch nor transformers; it needs safetensors (the `checkpoints` extra).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -135,13 +135,42 @@ def module_target(module: Any) -> Target:
 def _build(
     ckpt: Checkpoint, block: str, name: str, source: Source, target: Target, mesh: Mesh
 ) -> jax.Array:
-    shape, axes = target.shapes[name], PARAM_AXES[name]
-    cache: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
+    sharding = NamedSharding(mesh, target.specs[name])
+    read = region_reader(ckpt, block, name, source, target)
+    return array_from_regions(target.shapes[name], sharding, read, name)
+
+
+Region = tuple[tuple[int, int], ...]  # (start, stop) along each axis of a parameter
+
+
+def region_reader(
+    ckpt: Checkpoint, block: str, name: str, source: Source, target: Target
+) -> Callable[[Region], np.ndarray]:
+    """region -> that region of params[name], read from the checkpoint and cast to the
+    module's dtype: only the matching region of each source tensor is read."""
+    axes = PARAM_AXES[name]
 
     def fetch(key: str, index: tuple[slice, ...]) -> np.ndarray:
         return ckpt.read(block + key, index)
 
-    def region_of(index: tuple[slice, ...]) -> tuple[tuple[int, int], ...]:
+    def read(region: Region) -> np.ndarray:
+        found = source.read(fetch, dict(zip(axes, region, strict=True)), target.sizes, axes)
+        return np.ascontiguousarray(found.astype(target.dtype, copy=False))
+
+    return read
+
+
+def array_from_regions(
+    shape: tuple[int, ...],
+    sharding: NamedSharding,
+    read: Callable[[Region], np.ndarray],
+    name: str,
+) -> jax.Array:
+    """A global array of `shape` placed by `sharding`, each device's shard `read` from its
+    own region; devices that hold the same region (replicas) read it once."""
+    cache: dict[Region, np.ndarray] = {}
+
+    def region_of(index: tuple[slice, ...]) -> Region:
         region = []
         for part, size in zip(index, shape, strict=True):
             start, stop, step = part.indices(size)
@@ -152,12 +181,10 @@ def _build(
 
     def callback(index: tuple[slice, ...]) -> np.ndarray:
         region = region_of(index)
-        if region not in cache:  # devices that hold the same region read it once
-            block_ = source.read(fetch, dict(zip(axes, region, strict=True)), target.sizes, axes)
-            cache[region] = np.ascontiguousarray(block_.astype(target.dtype, copy=False))
+        if region not in cache:
+            cache[region] = read(region)
         return cache[region]
 
-    sharding = NamedSharding(mesh, target.specs[name])
     try:
         return jax.make_array_from_callback(shape, sharding, callback)
     finally:

@@ -94,14 +94,7 @@ def check_config(family: Family, ckpt: Checkpoint, target: Target, layer: int) -
     config, path = ckpt.config, ckpt.config_path
     if config is None:
         return
-    model_type = config.get("model_type")
-    if isinstance(model_type, str) and model_type not in family.model_types:
-        other = _by_model_type(model_type)
-        fix = f"pass family={other.name!r}" if other else f"covered families: {covered()}"
-        raise CheckpointError(
-            f"{path}: model_type is {model_type[:80]!r}, not {family.title}'s "
-            f"({', '.join(family.model_types)}); {fix}"
-        )
+    check_model_type(family, config, path)
     for field, constant, spec_key in _SIZES:
         found = _config_value(config, getattr(family, field), layer, path)
         if found is None:
@@ -113,6 +106,18 @@ def check_config(family: Family, ckpt: Checkpoint, target: Target, layer: int) -
                 f"{target.constants[constant]}; a module for this checkpoint needs "
                 f"{spec_key}: {value} in its spec"
             )
+
+
+def check_model_type(family: Family, config: Mapping[str, Any], path: Any) -> None:
+    """config.json's model_type, when it has one, is one of `family`'s."""
+    model_type = config.get("model_type")
+    if isinstance(model_type, str) and model_type not in family.model_types:
+        other = _by_model_type(model_type)
+        fix = f"pass family={other.name!r}" if other else f"covered families: {covered()}"
+        raise CheckpointError(
+            f"{path}: model_type is {model_type[:80]!r}, not {family.title}'s "
+            f"({', '.join(family.model_types)}); {fix}"
+        )
 
 
 def _config_value(
@@ -175,21 +180,7 @@ def find_block(family: Family, ckpt: Checkpoint, layer: int) -> tuple[Layout, st
             under = [key for key in ckpt.files if key.startswith(block)]
             _refuse_quantized(ckpt, under, f"{ckpt.description}, layer {layer} (under {block})")
     markers = [(layout, layout.params["w_down"].key_of(0)) for layout in family.layouts]
-    moe_layers = sorted(
-        {
-            int(match.group(1))
-            for key in ckpt.files
-            for layer_prefix in family.layers
-            for layout, marker in markers
-            if (
-                match := re.fullmatch(
-                    re.escape(layer_prefix).replace(re.escape("{L}"), r"([0-9]+)")
-                    + re.escape(f"{layout.block}.{marker}"),
-                    key,
-                )
-            )
-        }
-    )
+    moe_layers = moe_layers_in(family, ckpt)
     layer_keys = sorted(
         k for k in ckpt.files for p in family.layers if k.startswith(p.format(L=layer))
     )
@@ -197,7 +188,7 @@ def find_block(family: Family, ckpt: Checkpoint, layer: int) -> tuple[Layout, st
         f"{family.layers[0].format(L=layer)}{layout.block}.{marker}" for layout, marker in markers
     )
     if moe_layers:
-        where = f"its {family.title} MoE layers are {_ranges(moe_layers)}"
+        where = f"its {family.title} MoE layers are {ranges(moe_layers)}"
     else:
         where = (
             f"it has no {family.title} MoE layer at all (is it another family? covered: "
@@ -210,7 +201,27 @@ def find_block(family: Family, ckpt: Checkpoint, layer: int) -> tuple[Layout, st
     )
 
 
-def _ranges(numbers: Sequence[int]) -> str:
+def moe_layers_in(family: Family, ckpt: Checkpoint) -> list[int]:
+    """The layers whose first expert's down projection is in the checkpoint, in any layout
+    (the marker find_block looks for), sorted."""
+    patterns = [
+        re.compile(
+            re.escape(layer_prefix).replace(re.escape("{L}"), r"(0|[1-9][0-9]*)")
+            + re.escape(f"{layout.block}.{layout.params['w_down'].key_of(0)}")
+        )
+        for layer_prefix in family.layers
+        for layout in family.layouts
+    ]
+    found = {
+        int(match.group(1))
+        for key in ckpt.files
+        for pattern in patterns
+        if (match := pattern.fullmatch(key))
+    }
+    return sorted(found)
+
+
+def ranges(numbers: Sequence[int]) -> str:
     runs, start = [], numbers[0]
     for previous, current in zip(numbers, [*numbers[1:], None], strict=True):
         if current != previous + 1:
