@@ -98,6 +98,11 @@ class Layer(_Section):
         "(same activation, no bias; n shared experts of width F are one of width n*F). "
         "Omit for none.",
     )
+    shared_ffn_bias: bool = Field(
+        False,
+        description="Add a bias after each projection of the shared expert (ERNIE 4.5 with "
+        "use_bias).",
+    )
     shared_expert_gate: bool = Field(
         False,
         description="Scale the shared expert's output per token by sigmoid(x @ "

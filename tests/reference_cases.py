@@ -21,6 +21,7 @@ class Case:
     ffn_biases: bool = False
     shared: int = 0  # shared expert width; 0 = none
     shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate on the shared expert
+    shared_biases: bool = False  # a bias after each shared projection (ERNIE 4.5 use_bias)
     zero_router_columns: tuple[int, ...] = ()  # experts whose logits are exactly 0 (ties)
     repeat_tokens: bool = False  # every odd token repeats the one before it (ties)
     drops: bool | None = None  # capacity really drops something (True) or nothing (False)
@@ -199,6 +200,14 @@ CASES = {
         routing_bias=True,
         shared=6,
     ),
+    # ERNIE 4.5 with use_bias: the shared experts' projections have biases
+    "ernie_shared_biases": Case(
+        S8,
+        C(top_k=2, score="softmax", renormalize=True, z_loss_weight=0.01),
+        routing_bias=True,
+        shared=6,
+        shared_biases=True,
+    ),
     "geglu": Case(S4, C(top_k=2, score="softmax", activation="geglu")),
     "gelu": Case(S4, C(top_k=2, score="softmax", activation="gelu")),
     "relu_biases_shared": Case(
@@ -295,6 +304,7 @@ GRADIENT_CASES = [
     "step3p7_clamp_after_shared_limit",
     "lfm2_epsilon",
     "kolibri1_bias_on_logits",
+    "ernie_shared_biases",
 ]
 
 
@@ -329,6 +339,10 @@ def make_params(case: Case, seed: int) -> tuple[dict[str, np.ndarray], np.ndarra
         params["shared_down"] = normal(case.shared**-0.5, (case.shared, embed))
         if case.shared_expert_gate:
             params["shared_expert_gate"] = normal(embed**-0.5, (embed,))
+        if case.shared_biases:
+            for name in ("gate", "up") if gated else ("up",):
+                params[f"shared_b_{name}"] = normal(0.1, (case.shared,))
+            params["shared_b_down"] = normal(0.1, (embed,))
     x = normal(1.0, (batch, seq, embed))
     if case.repeat_tokens:
         flat = x.reshape(batch * seq, embed)

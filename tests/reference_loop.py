@@ -120,12 +120,14 @@ def slow_expert(
 
 
 def slow_shared(token: np.ndarray, p: dict[str, np.ndarray], cfg: ReferenceConfig) -> np.ndarray:
-    up = token @ p["shared_up"]
+    biases = "shared_b_up" in p
+    up = token @ p["shared_up"] + (p["shared_b_up"] if biases else 0.0)
     if cfg.activation in GATED:
-        hidden = slow_glu(cfg, token @ p["shared_gate"], up, shared=True)
+        gate = token @ p["shared_gate"] + (p["shared_b_gate"] if biases else 0.0)
+        hidden = slow_glu(cfg, gate, up, shared=True)
     else:
         hidden = slow_act(cfg.activation, up)
-    out = hidden @ p["shared_down"]
+    out = hidden @ p["shared_down"] + (p["shared_b_down"] if biases else 0.0)
     if "shared_expert_gate" in p:
         out = out / (1.0 + math.exp(-float(token @ p["shared_expert_gate"])))
     return out

@@ -258,6 +258,22 @@ CASES: dict[str, tuple[dict, list[str]]] = {
         },
         ["jnp.square(jax.nn.relu(up))"],
     ),
+    # ERNIE 4.5 with use_bias: the shared expert's biases, over a tensor axis (its down bias
+    # added on one tensor shard) and fsdp
+    "ernie_shared_biases_tensor_fsdp": (
+        {
+            "layer": {
+                "num_experts": 8,
+                "embed_dim": 32,
+                "ffn_dim": 48,
+                "shared_ffn_dim": 40,
+                "shared_ffn_bias": True,
+            },
+            "router": {"top_k": 2, "renormalize": True, "routing_bias": True},
+            "mesh": {"axes": {"fsdp": 2, "tensor": 2}},
+        },
+        ['weights["shared_b_gate"]', 'weights["shared_b_down"] = jnp.where('],
+    ),
     "bf16_compute_all_features": (
         {
             "layer": {

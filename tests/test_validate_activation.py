@@ -107,6 +107,20 @@ CASES: Cases = {
         ({}, []),
         ({"shared_ffn": 64, "shared_expert_gate": True}, []),
         ({"shared_expert_gate": False}, []),
+        ({"shared_ffn": 64, "shared_ffn_bias": True}, []),
+        (
+            {"shared_ffn_bias": True},
+            [
+                (
+                    "layer.shared_ffn_bias",
+                    VALUE,
+                    (
+                        "there is no shared expert to give biases to; set layer.shared_ffn_dim "
+                        "(its hidden width) or remove shared_ffn_bias"
+                    ),
+                )
+            ],
+        ),
         (
             {"shared_expert_gate": True},
             [

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from validate_cases import (
-    DEEPSEEK_V3,
     BIAS_ON_WITHOUT_BIAS,
+    DEEPSEEK_V3,
     EPSILON_WITHOUT_RENORMALIZE,
     FORM_WITHOUT_LOSS,
     KEY,

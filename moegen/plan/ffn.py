@@ -69,6 +69,9 @@ class FfnPlan:
     bias: bool  # a bias after each projection
     shared_ffn_dim: int | None
     shared_expert_gate: bool  # the shared expert's output times sigmoid(x @ shared_expert_gate)
+    shared_bias: bool  # a bias after each projection of the shared expert
+    # down biases kept on tensor shard 0 only (the shards' outputs are summed)
+    down_biases_once: tuple[str, ...]
     layout: str  # "whole" | "sliced" (chunks > 1) | "ring_overlapped" (overlap_chunks > 1)
     chunks: int  # slices of the expert FFN width run one at a time (1: whole)
     chunk_width: int  # FFN_DIM / chunks
@@ -246,6 +249,8 @@ def ffn_plan(
         bias=layer.ffn_bias,
         shared_ffn_dim=layer.shared_ffn_dim,
         shared_expert_gate=layer.shared_expert_gate,
+        shared_bias=layer.shared_ffn_bias,
+        down_biases_once=_down_biases_once(spec),
         layout=_layout_name(experts, chunks),
         chunks=chunks,
         chunk_width=local_ffn_dim(spec) // chunks,
@@ -272,6 +277,15 @@ def casts_per_slice(spec: Spec, chunks: int) -> bool:
 def regathers_weights(loaded: LoadedSpec, chunks: int) -> bool:
     """Sliced weights sharded over fsdp are gathered slice by slice, again in the backward."""
     return chunks > 1 and loaded.spec.mesh.axes.get("fsdp", 1) > 1
+
+
+def _down_biases_once(spec: Spec) -> tuple[str, ...]:
+    """With a tensor axis each shard computes its FFN columns' share of the output, and the
+    shares are summed: a down bias is added on one shard only."""
+    if "tensor" not in spec.mesh.axes:
+        return ()
+    routed = ("b_down",) if spec.layer.ffn_bias else ()
+    return routed + (("shared_b_down",) if spec.layer.shared_ffn_bias else ())
 
 
 def _glu_plan(glu: Glu | None, written: Glu | str | None) -> GluPlan | None:

@@ -51,6 +51,7 @@ class LayerShape:
     routing_bias: bool
     router_bias: bool = False  # the router is a linear layer with a bias
     shared_expert_gate: bool = False  # a sigmoid gate [D] on the shared expert's output
+    shared_ffn_bias: bool = False  # a bias after each projection of the shared expert
 
 
 def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
@@ -73,6 +74,10 @@ def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
         S = layer.shared_ffn
         out += [(f"shared_{p}", (d, s), (D, S), 0, dt, D) for p in projections]
         out.append(("shared_down", (s, d), (S, D), 1, dt, S))
+        if layer.shared_ffn_bias:
+            out += [(f"shared_b_{p}", (s,), (S,), None, dt, 0) for p in projections]
+            # Replicated like the output it is added to (on one tensor shard only).
+            out.append(("shared_b_down", (d,), (D,), None, dt, 0))
         if layer.shared_expert_gate:
             # Replicated: a [D] vector is not worth an fsdp gather.
             out.append(("shared_expert_gate", (d,), (D,), None, ROUTER_DTYPE, D))

@@ -187,6 +187,7 @@ def _param_plans(loaded: LoadedSpec, experts: ExpertPlan) -> tuple[ParamPlan, ..
             routing_bias=spec.router.routing_bias,
             router_bias=spec.router.linear_bias,
             shared_expert_gate=layer.shared_expert_gate,
+            shared_ffn_bias=layer.shared_ffn_bias,
         ),
         "fsdp" if "fsdp" in axes else None,
         axes.get("fsdp", 1),

@@ -84,16 +84,20 @@ def shared_glu_has_a_shared_expert_to_change(loaded: LoadedSpec) -> list[Diagnos
 
 
 def shared_expert_gate_needs_a_shared_expert(loaded: LoadedSpec) -> list[Diagnostic]:
-    """The gate scales the shared expert's output: without one it gates nothing."""
+    """The gate scales the shared expert's output, the biases follow its projections: without
+    a shared expert they do nothing."""
     layer = loaded.spec.layer
-    if not layer.shared_expert_gate or layer.shared_ffn_dim:
+    if layer.shared_ffn_dim:
         return []
+    wanted = [("shared_expert_gate", "gate"), ("shared_ffn_bias", "give biases to")]
     return [
         loaded.diagnostic(
-            ("layer", "shared_expert_gate"),
-            "there is no shared expert to gate; set layer.shared_ffn_dim (its hidden width) "
-            "or remove shared_expert_gate",
+            ("layer", field),
+            f"there is no shared expert to {verb}; set layer.shared_ffn_dim (its hidden width) "
+            f"or remove {field}",
         )
+        for field, verb in wanted
+        if getattr(layer, field)
     ]
 
 

@@ -178,6 +178,7 @@ def _check(cfg: ReferenceConfig, params: dict, num_tokens: int) -> None:
         {"routing_bias"},
         {"b_up", "b_down"} | ({"b_gate"} if gated else set()),
         {"shared_up", "shared_down"} | ({"shared_gate"} if gated else set()),
+        {"shared_b_up", "shared_b_down"} | ({"shared_b_gate"} if gated else set()),
     ]
     keys = set(params)
     if not expected <= keys:
@@ -185,8 +186,9 @@ def _check(cfg: ReferenceConfig, params: dict, num_tokens: int) -> None:
     for group in optional:
         if keys & group and not group <= keys:
             raise ValueError(f"parameters {sorted(group)} come all together or not at all")
-    if "shared_expert_gate" in keys and "shared_up" not in keys:
-        raise ValueError("shared_expert_gate needs a shared expert")
+    for extra in ("shared_expert_gate", "shared_b_up"):
+        if extra in keys and "shared_up" not in keys:
+            raise ValueError(f"{extra} needs a shared expert")
     unknown = keys - expected - set().union(*optional) - {"shared_expert_gate"}
     if unknown:
         raise ValueError(f"unexpected parameters for {cfg.activation}: {sorted(unknown)}")
@@ -305,14 +307,7 @@ def dense_moe(
     y = _einsum("txd,tx->td", out, combine)
 
     if "shared_up" in p:
-        shared_up = _einsum("td,ds->ts", tokens, p["shared_up"])
-        shared_gate = _einsum("td,ds->ts", tokens, p["shared_gate"]) if gated else None
-        shared_hidden = _hidden(cfg, shared_gate, shared_up, shared=True)
-        shared = _einsum("ts,sd->td", shared_hidden, p["shared_down"])
-        if "shared_expert_gate" in p:
-            share = jax.nn.sigmoid(_einsum("td,d->t", tokens, p["shared_expert_gate"]))
-            shared = shared * share[:, None]
-        y = y + shared
+        y = y + _shared_expert(cfg, tokens, p, gated)
 
     counts = r.chosen.sum(axis=0).astype(jnp.int32)
     dropped = (r.chosen & ~r.kept).sum(axis=0).astype(jnp.int32)
@@ -325,6 +320,26 @@ def dense_moe(
 
     aux = ReferenceAux(counts, dropped, load_balance.astype(jnp.float32), z_loss)
     return y.reshape(batch, seq, embed), aux
+
+
+def _shared_expert(
+    cfg: ReferenceConfig, tokens: jax.Array, p: dict[str, jax.Array], gated: bool
+) -> jax.Array:
+    """The always-on shared expert, with its biases and output gate where it has them."""
+    biased = "shared_b_up" in p
+
+    def projection(name: str) -> jax.Array:
+        value = _einsum("td,ds->ts", tokens, p[f"shared_{name}"])
+        return value + p[f"shared_b_{name}"][None] if biased else value
+
+    hidden = _hidden(cfg, projection("gate") if gated else None, projection("up"), shared=True)
+    shared = _einsum("ts,sd->td", hidden, p["shared_down"])
+    if biased:
+        shared = shared + p["shared_b_down"][None]
+    if "shared_expert_gate" in p:
+        share = jax.nn.sigmoid(_einsum("td,d->t", tokens, p["shared_expert_gate"]))
+        shared = shared * share[:, None]
+    return shared
 
 
 def _balance_term(cfg: ReferenceConfig, r: Routing, counts: jax.Array, tokens: int) -> jax.Array:
