@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import families
@@ -111,6 +111,13 @@ CASES: dict[str, Case] = {
     if entry.checkpoint is not None and entry.name != "deepseek_v2"
 }
 DEEPSEEK_V2_GROUPS = _case(families.BY_NAME["deepseek_v2"], "deepseek_v2")
+# ERNIE 4.5 with use_bias: its shared experts' projections have biases
+_ERNIE = families.BY_NAME["ernie4_5_moe"]
+ERNIE_SHARED_BIASES = replace(
+    _case(_ERNIE, "ernie4_5_moe"),
+    config=functools.partial(_config, _ERNIE, use_bias=True),
+    spec=_case(_ERNIE, "ernie4_5_moe").spec | {"shared_ffn_bias": True},
+)
 
 
 # family -> (config arguments of a model mixing dense and MoE layers, the MoE layers they make)

@@ -148,6 +148,12 @@ _GRANITE_PUBLISHED = {
     "w_down": Source("output_linear.weight", ("e", "d", "f")),
 }
 _V4_SHARED = _shared("shared_experts", "w1", "w3", "w2")
+# ERNIE 4.5's shared experts have biases where the config says use_bias (nn.Linear's)
+_ERNIE_SHARED_BIASES = {
+    "shared_b_gate": Source("shared_experts.gate_proj.bias", ("s",)),
+    "shared_b_up": Source("shared_experts.up_proj.bias", ("s",)),
+    "shared_b_down": Source("shared_experts.down_proj.bias", ("d",)),
+}
 _ERNIE_BIAS_FUSED = {"routing_bias": Source("gate.moe_statics.e_score_correction_bias", ("1", "e"))}
 _ERNIE_BIAS_PUBLISHED = {"routing_bias": Source("moe_statics.e_score_correction_bias", ("1", "e"))}
 _HASH = (
@@ -302,6 +308,7 @@ FAMILIES: Mapping[str, Family] = {
                         **_ERNIE_BIAS_FUSED,
                         **_fused(),
                         **_shared("shared_experts"),
+                        **_ERNIE_SHARED_BIASES,
                     },
                 ),
                 Layout(
@@ -312,6 +319,7 @@ FAMILIES: Mapping[str, Family] = {
                         **_ERNIE_BIAS_PUBLISHED,
                         **_QWEN_PUBLISHED,
                         **_shared("shared_experts"),
+                        **_ERNIE_SHARED_BIASES,
                     },
                 ),
             ),
@@ -338,6 +346,9 @@ SPEC_FIELD: Mapping[str, str] = {
     "shared_up": "layer.shared_ffn_dim",
     "shared_down": "layer.shared_ffn_dim",
     "shared_expert_gate": "layer.shared_expert_gate: true",
+    "shared_b_gate": "layer.shared_ffn_bias: true",
+    "shared_b_up": "layer.shared_ffn_bias: true",
+    "shared_b_down": "layer.shared_ffn_bias: true",
 }
 
 # Key endings of quantized weights, which this loader does not dequantize.

@@ -265,6 +265,8 @@ def match_layer(family: Family, ckpt: Checkpoint, target: Target, layer: int) ->
 
 
 def _fix_for_missing_param(name: str, ckpt: Checkpoint, key: str, source: Source) -> str:
+    if name.startswith("shared_b_"):
+        return "the shared expert has biases; the spec must say layer.shared_ffn_bias: true"
     if name.startswith("shared_") and name != "shared_expert_gate":
         axis = source.axes.index("s")
         width = ckpt.shape(key)[axis] if len(ckpt.shape(key)) == len(source.axes) else "?"

@@ -39,6 +39,9 @@ PARAM_AXES: Mapping[str, str] = {
     "shared_up": "ds",
     "shared_down": "sd",
     "shared_expert_gate": "d",
+    "shared_b_gate": "s",
+    "shared_b_up": "s",
+    "shared_b_down": "d",
 }
 
 AXIS_NAMES = {"e": "NUM_EXPERTS", "d": "EMBED_DIM", "f": "FFN_DIM", "s": "SHARED_FFN_DIM"}
