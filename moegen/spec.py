@@ -162,6 +162,11 @@ class Router(_Section):
         description="softmax only: choose the top-k experts by logit and take the softmax over "
         "the chosen logits alone (Mixtral, gpt-oss), instead of over all experts.",
     )
+    logit_softcap: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = Field(
+        None,
+        description="Soft-cap the router logits: logits = cap * tanh(logits / cap), before the "
+        "score function and the losses (Laguna's moe_router_logit_softcapping). Omit: none.",
+    )
     linear_bias: bool = Field(
         False,
         description="The router is a linear layer with a bias: logits = x @ router + "

@@ -208,6 +208,19 @@ CASES = {
         shared=6,
         shared_biases=True,
     ),
+    # Laguna: router logits soft-capped (low enough to bend these logits), sigmoid + bias
+    "laguna_logit_softcap": Case(
+        S8,
+        C(
+            top_k=2,
+            score="sigmoid",
+            renormalize=True,
+            logit_softcap=0.5,
+            load_balance_weight=0.1,
+            z_loss_weight=0.02,
+        ),
+        routing_bias=True,
+    ),
     "geglu": Case(S4, C(top_k=2, score="softmax", activation="geglu")),
     "gelu": Case(S4, C(top_k=2, score="softmax", activation="gelu")),
     "relu_biases_shared": Case(
@@ -305,6 +318,7 @@ GRADIENT_CASES = [
     "lfm2_epsilon",
     "kolibri1_bias_on_logits",
     "ernie_shared_biases",
+    "laguna_logit_softcap",
 ]
 
 

@@ -29,6 +29,9 @@ def slow_route(token: np.ndarray, params: dict[str, np.ndarray], cfg: ReferenceC
     logits = [float(sum(token[d] * router[d, e] for d in range(embed))) for e in range(experts)]
     if "router_bias" in params:
         logits = [v + float(b) for v, b in zip(logits, params["router_bias"], strict=True)]
+    if cfg.logit_softcap is not None:
+        cap = cfg.logit_softcap
+        logits = [cap * math.tanh(v / cap) for v in logits]
     scores = slow_score(logits, cfg.score)
     by_logit = cfg.score in ("sigmoid", "sqrtsoftplus") and "routing_bias" not in params
     if cfg.score_after_top_k or (by_logit and cfg.num_groups == 1):

@@ -48,6 +48,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "score": ("router", "score"),
     "score_after_top_k": ("router", "score_after_top_k"),
     "linear_bias": ("router", "linear_bias"),
+    "logit_softcap": ("router", "logit_softcap"),
     "renormalize": ("router", "renormalize"),
     "renormalize_epsilon": ("router", "renormalize_epsilon"),
     "routing_bias_on": ("router", "routing_bias_on"),

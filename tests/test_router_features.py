@@ -274,6 +274,23 @@ CASES: dict[str, tuple[dict, list[str]]] = {
         },
         ['weights["shared_b_gate"]', 'weights["shared_b_down"] = jnp.where('],
     ),
+    # Laguna: soft-capped router logits, with the balance and z losses over them
+    "laguna_logit_softcap_losses_a2a": (
+        {
+            "router": {
+                "top_k": 2,
+                "score": "sigmoid",
+                "renormalize": True,
+                "routing_bias": True,
+                "logit_softcap": 0.5,
+                "load_balance_loss": 0.01,
+                "z_loss": 0.001,
+            },
+            "mesh": {"axes": {"data": 2, "expert": 2}},
+            **A2A,
+        },
+        ["logits = LOGIT_SOFTCAP * jnp.tanh(logits / LOGIT_SOFTCAP)"],
+    ),
     "bf16_compute_all_features": (
         {
             "layer": {

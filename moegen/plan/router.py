@@ -31,6 +31,7 @@ class RouterPlan:
     routing_bias: bool
     bias_on_logits: bool  # the selection bias is added to the logits, not the scores
     linear_bias: bool  # logits = x @ router + router_bias
+    logit_softcap: float | None  # logits = cap * tanh(logits / cap); None: as they are
     weights_on_input: bool  # combine weights scale each copy's input (Llama 4), not its output
     selection_is_score: bool  # experts chosen by score alone: no bias, no groups, no after-top-k
     chooses_by_logit: bool  # so, by an elementwise increasing score: top-k of the logits
@@ -68,6 +69,7 @@ def router_plan(loaded: LoadedSpec, capacity: int | None) -> RouterPlan:
         routing_bias=router.routing_bias,
         bias_on_logits=router.routing_bias and router.routing_bias_on == "logits",
         linear_bias=router.linear_bias,
+        logit_softcap=router.logit_softcap,
         weights_on_input=router.weighting == "input",
         selection_is_score=not (router.score_after_top_k or router.routing_bias or group_limit),
         chooses_by_logit=router.score in ELEMENTWISE_SCORES

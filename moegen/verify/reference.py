@@ -49,6 +49,7 @@ class ReferenceConfig:
     renormalize: bool = False
     renormalize_epsilon: float = 0.0  # renormalize divides by (sum + this)
     bias_on_logits: bool = False  # the selection bias is added to the logits, not the scores
+    logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
     score_after_top_k: bool = False  # softmax only: top-k on raw logits, softmax over the k chosen
     routed_scaling: float = 1.0
     num_groups: int = 1  # 1 = no group-limited routing
@@ -206,6 +207,8 @@ def route(
     logits = _einsum("td,dx->tx", tokens, router)  # x: the experts
     if router_bias is not None:
         logits = logits + router_bias[None, :]
+    if cfg.logit_softcap is not None:
+        logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
     if cfg.score == "softmax":
         scores = jax.nn.softmax(logits, axis=-1)
     elif cfg.score == "sigmoid":

@@ -242,6 +242,7 @@ def reference_config(plan: Plan) -> dict[str, Any]:
         "renormalize": plan.router.renormalize,
         "renormalize_epsilon": plan.router.renormalize_epsilon or 0.0,
         "bias_on_logits": plan.router.bias_on_logits,
+        "logit_softcap": plan.router.logit_softcap,
         "score_after_top_k": plan.router.score_after_top_k,
         "routed_scaling": plan.router.routed_scaling,
         "num_groups": plan.router.expert_groups or 1,
