@@ -103,6 +103,25 @@ LAYER_LISTS = [
         },
         {"moe_top8.yaml": ("0-1", 8), "moe_top4.yaml": ("2-3", 4)},
     ),
+    LayerList(
+        "dots3 note moe_layer_freq without mlp_layer_types",
+        {"model_type": "dots3_note_text", **DEEPSEEK, "num_hidden_layers": 6, "moe_layer_freq": 2}
+        | {"shared_experts_intermediate_size": 16},
+        {"moe.yaml": ("2, 4", 4)},
+    ),
+    LayerList(
+        "dots3 note vision per_layer_config experts: a spec each",
+        {
+            "model_type": "dots3_note_vision_encoder",
+            **{k: MIXTRAL[k] for k in ("hidden_size", "num_experts_per_tok")},
+            "num_local_experts": 8,
+            "moe_intermediate_size": 16,
+            "num_hidden_layers": 3,
+            "mlp_layer_types": ["dense", "sparse", "sparse"],
+            "per_layer_config": {"1": {"num_local_experts": 4, "num_experts_per_tok": 3}},
+        },
+        {"moe_experts4_top3.yaml": ("1", 3), "moe_experts8_top2.yaml": ("2", 2)},
+    ),
 ]
 
 
@@ -158,6 +177,21 @@ REFUSALS = [
         ("scoring_func", "always scores with sigmoid"),
     ),
     Refused("router jitter", {**MIXTRAL, "router_jitter_noise": 0.1}, ("router_jitter_noise",)),
+    Refused(
+        "axk2 groups masked to 0",
+        {"model_type": "axk2", **DEEPSEEK, "n_group": 4, "topk_group": 2},
+        ("n_group", "masks dropped groups to 0"),
+    ),
+    Refused(
+        "cohere2 averaged shared expert",
+        {**QWEN2, "model_type": "cohere2_moe", "intermediate_size": 16, "num_shared_experts": 1},
+        ("num_shared_experts", "'average' halves"),
+    ),
+    Refused(
+        "deepseek-ocr2 null mlp_layer_types",
+        {"model_type": "deepseek_ocr2_text", **DEEPSEEK, "mlp_layer_types": None},
+        ("mlp_layer_types", "null"),
+    ),
     Refused(
         "no MoE layer",
         {**QWEN2, "mlp_only_layers": list(range(8))},

@@ -104,12 +104,12 @@ def _balance_coefficient(data: dict) -> float | None:
     """What the config trains the router with where its causal LM adds an aux loss."""
     if data["model_type"] == "dbrx":
         return data["ffn_config"]["moe_loss_weight"]
+    if data["model_type"] == "jetmoe":  # JetMoeForCausalLM's key for it
+        return data["aux_loss_coef"]
     loss_free = {"deepseek_v3", "glm4_moe", "dots1", "deepseek_v2", "hunyuan_v1_moe"}
-    return (
-        None
-        if data["model_type"] in loss_free | {"llama4_text"}
-        else data.get("router_aux_loss_coef")
-    )
+    # a token classifier whose config keeps the key but adds no router loss
+    loss_free |= {"llama4_text", "openai_privacy_filter"}
+    return None if data["model_type"] in loss_free else data.get("router_aux_loss_coef")
 
 
 def test_the_balance_loss_is_transformers_form_with_its_key_named(tmp_path, invoke_main):

@@ -87,13 +87,31 @@ class ConfigView:
         return self.raw(key) is not MISSING
 
     def raw(self, key: str) -> Any:
-        """The value at a dotted key (dbrx's ffn_config.moe_top_k), MISSING when absent."""
+        """The value at a dotted key (dbrx's ffn_config.moe_top_k), MISSING when absent; a
+        part may index a list (ERNIE-4.5-VL's moe_intermediate_size[0], the text experts')."""
         value: Any = self.data
         for part in key.split("."):
-            if not isinstance(value, Mapping) or part not in value:
+            name, _, index = part.partition("[")
+            if not isinstance(value, Mapping) or name not in value:
                 return MISSING
-            value = value[part]
+            value = value[name]
+            if index:
+                position = int(index.rstrip("]"))
+                if type(value) is not list or position >= len(value):
+                    return MISSING
+                value = value[position]
         return value
+
+    def layer_override(self, key: str, layer: int) -> Any:
+        """transformers' per_layer_config (a heterogeneous config): {layer index, written
+        zero-padded: {attribute: value}} overrides the key for that layer; MISSING if not."""
+        table = self.data.get("per_layer_config")
+        if not isinstance(table, Mapping):
+            return MISSING
+        for index, overrides in table.items():
+            if isinstance(overrides, Mapping) and index.isdigit() and int(index) == layer:
+                return overrides.get(key, MISSING)
+        return MISSING
 
     def first_key(self, keys: tuple[str, ...]) -> str | None:
         return next((key for key in keys if self.has(key)), None)

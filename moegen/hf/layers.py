@@ -117,17 +117,55 @@ class Listed:
 
 
 @dataclass(frozen=True)
+class DenseFirst:
+    """The list a config class derives where mlp_layer_types is not given: the first
+    `first` layers dense (that key's value, else `default`; no key: the class fixes
+    `default`), then, with `freq`, only layers i with i % freq == 0 or, a list, freq[i] true
+    (dots3 note's and A.X K2's moe_layer_freq)."""
+
+    first: str | None
+    default: int
+    freq: str | None = None
+
+    def moe_layers(self, view: ConfigView) -> tuple[list[int], str]:
+        total = layer_count(view, LAYERS)
+        dense = _int(view, self.first, self.default) if self.first else self.default
+        how = f"layers from {self.first or 'the fixed'} {dense} on"
+        freq = view.raw(self.freq) if self.freq and view.has(self.freq) else 1
+        if type(freq) is list:
+            flags = [bool(f) for f in freq]
+            if len(flags) < total:
+                raise view.fail(self.freq, f"a per-layer list of {len(flags)}, not {total}")
+            return [i for i in range(dense, total) if flags[i]], f"{how} where {self.freq}"
+        step = view.size(self.freq or "", freq)
+        layers = [i for i in range(dense, total) if i % step == 0]
+        return layers, how + (f", i % {self.freq} = 0" if self.freq else "")
+
+
+@dataclass(frozen=True)
 class Typed:
     """DeepSeek-V4: the layers whose `mlp_layer_types` entry is `moe`; the other types are
-    left out, each for the reason given in `others` (an unknown type is refused)."""
+    left out, each for the reason given in `others` (an unknown type is refused). Without
+    the list (absent or null), `fallback` derives it as the config class does; no fallback:
+    refused, the decoder layers index the list."""
 
     key: str
     moe: str
     others: tuple[tuple[str, str], ...]
+    fallback: LayerRule | None = None
 
     def moe_layers(self, view: ConfigView) -> tuple[list[int], str]:
         total = layer_count(view, LAYERS)
+        if self.fallback is not None and view.raw(self.key) in (MISSING, None):
+            layers, how = self.fallback.moe_layers(view)
+            return layers, f"{how} ({self.key} not given: the config class derives it so)"
         lookup(view, (self.key,), 0, MISSING)  # refused when absent
+        if view.raw(self.key) is None:
+            raise view.fail(
+                self.key,
+                "null: the config class derives no list from it, and "
+                "its decoder layers read one entry per layer",
+            )
         types = view.text_list(self.key, view.raw(self.key))
         reasons = dict(self.others)
         for i, kind in enumerate(types):
@@ -140,7 +178,7 @@ class Typed:
         return layers, f"{self.key} '{self.moe}'" + (f" ({notes})" if notes else "")
 
 
-LayerRule = AllLayers | FirstDense | SparseStep | Period | Window | Listed | Typed
+LayerRule = AllLayers | FirstDense | SparseStep | Period | Window | Listed | Typed | DenseFirst
 
 
 def ranges(layers: list[int]) -> str:

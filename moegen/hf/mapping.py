@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from moegen.hf.config_file import ConfigView, HfConfigError, config_file, read_json
-from moegen.hf.families import FAMILIES, REFUSED, HfFamily
+from moegen.hf.families import FAMILIES, REFUSED
+from moegen.hf.family_base import HfFamily
 from moegen.hf.layers import LAYERS, layer_count, ranges
 from moegen.hf.rules import Choice, Size
 from moegen.hf.spec_text import Placement, spec_text
@@ -84,10 +85,13 @@ def _size_rules(family: HfFamily) -> list[Size]:
     from moegen.checkpoints.layouts import FAMILIES as LAYOUTS  # the size keys, known there
 
     layout = LAYOUTS[family.sizes]
-    return [
-        Size(spec_field, (*getattr(layout, name), *family.size_aliases.get(name, ())))
-        for name, spec_field in SIZE_FIELDS.items()
-    ]
+
+    def keys(name: str) -> tuple[str, ...]:
+        if name in family.size_keys:
+            return family.size_keys[name]
+        return (*getattr(layout, name), *family.size_aliases.get(name, ()))
+
+    return [Size(spec_field, keys(name)) for name, spec_field in SIZE_FIELDS.items()]
 
 
 def layer_choices(family: HfFamily, view: ConfigView, layer: int) -> tuple[Choice, ...]:

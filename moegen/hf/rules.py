@@ -35,7 +35,12 @@ def at_layer(view: ConfigView, key: str, layer: int) -> Any:
 
 
 def lookup(view: ConfigView, keys: tuple[str, ...], layer: int, default: Any) -> tuple[Any, str]:
-    """(value, the key it came from) of the first present key, else (default, "default")."""
+    """(value, the key it came from) of the first present key, else (default, "default");
+    a per_layer_config entry for the layer comes first, as transformers applies it last."""
+    for key in keys:
+        override = view.layer_override(key, layer)
+        if override is not MISSING:
+            return override, f"{view.prefix}per_layer_config[{layer}].{key}"
     key = view.first_key(keys)
     if key is not None:
         return at_layer(view, key, layer), view.prefix + key
@@ -192,9 +197,10 @@ class Clamp:
     none when the limit is absent, null or 0."""
 
     key: str
+    default: float | None = None  # the config class's, where the key is absent
 
     def choices(self, view: ConfigView, layer: int) -> list[Choice]:
-        limit = at_layer(view, self.key, layer) if view.has(self.key) else None
+        limit = lookup(view, (self.key,), layer, self.default)[0]
         if limit is None or limit == 0:
             return []
         limit = view.number(self.key, limit)
@@ -243,3 +249,21 @@ class LoadBalance:
             why = "the causal LM adds load_balancing_loss_func (with output_router_logits)"
             found.append(Choice("router.load_balance_form", self.form, why))
         return found
+
+
+@dataclass(frozen=True)
+class Switch:
+    """Rules the key's value picks (Cohere2-MoE's expert_selection_fn sets the score, where
+    the softmax is taken and whether norm_topk_prob applies); another value is refused."""
+
+    key: str
+    cases: Mapping[Any, tuple[Any, ...]]  # value -> rules of this module
+    default: Any
+
+    def choices(self, view: ConfigView, layer: int) -> list[Choice]:
+        value, source = lookup(view, (self.key,), layer, self.default)
+        if isinstance(value, (list, dict)) or value not in self.cases:
+            known = ", ".join(repr(v) for v in self.cases)
+            raise view.fail(self.key, f"{value!r} is not mapped (moegen maps {known})")
+        found = [choice for rule in self.cases[value] for choice in rule.choices(view, layer)]
+        return [Choice(c.field, c.value, f"{c.source} ({source}: {value})") for c in found]

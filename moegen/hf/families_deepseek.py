@@ -1,0 +1,252 @@
+"""The family table, continued (moegen/hf/families.py merges it): the families whose MoE block
+is DeepSeek's or a close relative of it (transformers 5.24's modeling_<family>.py), most of
+them DeepSeek-V3's block under another name: a sigmoid router with a selection-only bias,
+optional groups ranked by the sum of their best two, renormalised, scaled, and shared experts
+of moe_intermediate_size each. The defaults are each config class's.
+
+Most choose their MoE layers by `mlp_layer_types` ("sparse"; "dense" layers run an MLP),
+which the config class derives when a config.json does not give it, each in its own way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from moegen.hf.family_base import (
+    ACTIVATION,
+    DEEPSEEK_V2,
+    NO_JITTER,
+    SELECTION_BIAS,
+    HfFamily,
+    Rule,
+    balance,
+    deepseek_v3_style,
+    norm_topk,
+    renormalized,
+    scaling,
+    sigmoid,
+    silu_experts,
+    softmax,
+    v3_router,
+)
+from moegen.hf.layers import AllLayers, DenseFirst, FirstDense, LayerRule, Typed
+from moegen.hf.rules import Clamp, Expect, GptOssGlu, Groups, SharedWidth
+
+
+def mlp_types(fallback: LayerRule | None) -> Typed:
+    """The decoder layer builds the MoE block where mlp_layer_types[i] is "sparse"."""
+    return Typed("mlp_layer_types", "sparse", (("dense", "a dense MLP"),), fallback)
+
+
+def _shared(count: str, default: int | None, width: str = "moe_intermediate_size") -> SharedWidth:
+    return SharedWidth((count,), (width,), default)
+
+
+def _linear_attention_v3(norm: bool, scale: float, groups: tuple[int, int]) -> tuple[Rule, ...]:
+    """Bailing-hybrid's and Kimi Linear's block: DeepSeek-V3's, its keys named as their
+    config classes save them (n_group is num_expert_group, norm_topk_prob moe_renormalize)."""
+    return (
+        ACTIVATION,
+        sigmoid("DeepSeek-V3's TopkRouter"),
+        norm_topk(norm, "moe_renormalize"),
+        scaling(scale),
+        Groups("num_expert_group", "topk_group", groups[0], groups[1]),
+        SELECTION_BIAS,
+        _shared("num_shared_experts", 1),
+    )
+
+
+# a router that takes its top-k by sigmoid score plus a selection bias and renormalises
+# (MiniMax-M2's, HY3's, AFMoE's, dots3 note's vision router)
+def _biased_sigmoid(block: str) -> tuple[Rule, ...]:
+    return (sigmoid(block), renormalized(block), SELECTION_BIAS)
+
+
+# A.X K2 masks the scores of dropped groups to 0, not -inf: with a negative selection bias an
+# expert of a dropped group can still be chosen, which moegen's group limit never does
+_AXK2 = (
+    *v3_router("AXK2TopkRouter", True, 2.5, (1, 1))[:-2],
+    Expect("n_group", (None, 1), "AXK2TopkRouter masks dropped groups to 0, not -inf"),
+    SELECTION_BIAS,
+    _shared("n_shared_experts", 1),
+)
+# Mistral 4: softmax scores, no bias, groups ranked by their best two (their 0.0 mask is
+# -inf's: a softmax score is positive)
+_MISTRAL4 = (
+    ACTIVATION,
+    softmax("Mistral4TopkRouter"),
+    scaling(1.0),
+    Groups("n_group", "topk_group", 1, 1),
+    _shared("n_shared_experts", 1),
+)
+_QWEN_SIZES = {"experts": ("num_experts", "num_local_experts")}
+_LOCAL_EXPERTS = {"experts": ("num_local_experts", "num_experts")}
+
+DEEPSEEK_FAMILIES: Mapping[str, HfFamily] = {
+    "deepseek_v32": HfFamily(
+        "DeepSeek-V3.2",
+        "deepseek_v3",
+        mlp_types(FirstDense("first_k_dense_replace", 3)),
+        deepseek_v3_style("DeepseekV32MoE", True, 2.5, (8, 4), 1),
+    ),
+    "glm_moe_dsa": HfFamily(
+        "GLM-5",
+        "deepseek_v3",
+        mlp_types(FirstDense("first_k_dense_replace", 3)),
+        deepseek_v3_style("GlmMoeDsaMoE", True, 2.5, (1, 1), 1),
+    ),
+    "glm4_moe_lite": HfFamily(
+        "GLM-4.7-Flash",
+        "deepseek_v3",
+        mlp_types(DenseFirst(None, 1)),
+        deepseek_v3_style("Glm4MoeLiteMoE", True, 1.8, (1, 1), 1),
+    ),
+    "glm4v_moe_text": HfFamily(
+        "GLM-4.5V text",
+        "deepseek_v3",
+        FirstDense("first_k_dense_replace", 1),  # its decoder layer reads this, not a list
+        (*deepseek_v3_style("Glm4vMoeTextMoE", True, 1.0, (1, 1), 1), balance(0.0001)),
+    ),
+    "glm5_next_text": HfFamily(
+        "GLM-5-Next text",
+        "deepseek_v3",
+        mlp_types(DenseFirst(None, 3)),
+        (
+            *silu_experts("Glm5NextTextExperts"),
+            *deepseek_v3_style("Glm5NextTextMoE", True, 2.5, (1, 1), 1)[1:],
+            Clamp("swiglu_limit", 10.0),  # routed and shared experts alike
+            balance(0.001),
+        ),
+    ),
+    "bailing_hybrid": HfFamily(
+        "Ling/Ring hybrid",
+        "deepseek_v3",
+        mlp_types(FirstDense("first_k_dense_replace", 2)),
+        _linear_attention_v3(True, 2.5, (8, 4)),
+        size_keys={**_QWEN_SIZES, "top_k": ("num_experts_per_token", "num_experts_per_tok")},
+    ),
+    "kimi_linear": HfFamily(
+        "Kimi Linear",
+        "deepseek_v3",
+        mlp_types(FirstDense("first_k_dense_replace", 1)),
+        _linear_attention_v3(True, 2.446, (1, 1)),
+        size_keys={**_QWEN_SIZES, "top_k": ("num_experts_per_token", "num_experts_per_tok")},
+    ),
+    "axk2": HfFamily(
+        "A.X K2",
+        "deepseek_v3",
+        mlp_types(DenseFirst("first_k_dense_replace", 1, "moe_layer_freq")),
+        _AXK2,
+    ),
+    "solar_open": HfFamily(
+        "Solar Open",
+        "deepseek_v3",
+        AllLayers(),  # SolarOpenDecoderLayer always builds the MoE block
+        deepseek_v3_style("SolarOpenMoE", True, 1.0, (1, 1), 1),
+    ),
+    "dots3_note_text": HfFamily(
+        "dots3 note text",
+        "deepseek_v3",
+        mlp_types(DenseFirst("first_k_dense_replace", 1, "moe_layer_freq")),
+        (
+            *v3_router("Dots3NoteTextTopkRouter", True, 1.0, (1, 1)),
+            _shared("n_shared_experts", 1, "shared_experts_intermediate_size"),
+        ),
+    ),
+    "exaone_moe": HfFamily(
+        "EXAONE MoE",
+        "qwen3_moe",
+        mlp_types(FirstDense("first_k_dense_replace", 1)),
+        (*v3_router("ExaoneMoeTopkRouter", True, 2.5, (1, 1)), _shared("num_shared_experts", 1)),
+    ),
+    "mimo_v2_flash": HfFamily(
+        "MiMo-V2-Flash",
+        "deepseek_v3",
+        mlp_types(DenseFirst(None, 1)),
+        v3_router("MiMoV2FlashTopkRouter", True, 1.0, (1, 1)),  # no shared expert
+    ),
+    "beam": HfFamily(
+        "Beam",
+        "qwen3_moe",
+        mlp_types(DenseFirst(None, 3)),
+        # BeamMoE scales the experts' sum, not each weight: the same product
+        v3_router("BeamTopKRouter", True, 2.5, (8, 4)),
+    ),
+    "hy_v3": HfFamily(
+        "HY3",
+        "qwen3_moe",
+        mlp_types(DenseFirst(None, 1)),
+        (
+            ACTIVATION,
+            *_biased_sigmoid("HYV3TopKRouter"),
+            scaling(2.826, "router_scaling_factor"),
+            _shared("num_shared_experts", 1),
+        ),
+    ),
+    "afmoe": HfFamily(
+        "AFMoE (Trinity)",
+        "qwen3_moe",
+        FirstDense("num_dense_layers", 1),
+        (
+            ACTIVATION,
+            *_biased_sigmoid("AfmoeTokenChoiceRouter"),
+            scaling(1.0, "route_scale"),
+            _shared("num_shared_experts", 2),
+        ),
+    ),
+    "dots3_note_vision_encoder": HfFamily(
+        "dots3 note vision",
+        "qwen3_moe",
+        # absent, the class derives it from pyramid_num_routed, which config.json does not keep
+        mlp_types(None),
+        (
+            ACTIVATION,
+            *_biased_sigmoid("Dots3NoteVisionTopKRouter"),
+            scaling(1.0, "router_scaling_factor"),
+        ),
+        size_keys=_LOCAL_EXPERTS,
+    ),
+    "minimax_m2": HfFamily(
+        "MiniMax-M2",
+        "mixtral",
+        AllLayers(),
+        (ACTIVATION, *_biased_sigmoid("MiniMaxM2TopKRouter"), NO_JITTER, balance(0.001)),
+    ),
+    "minimax_m3_vl_text": HfFamily(
+        "MiniMax-M3-VL text",
+        "mixtral",
+        mlp_types(DenseFirst(None, 0, "moe_layer_freq")),
+        (
+            # gpt-oss's clamped SwiGLU on routed and shared experts, whatever hidden_act says
+            *silu_experts("MiniMaxM3VLExperts")[:1],
+            GptOssGlu("swiglu_limit", "swiglu_alpha"),
+            *_biased_sigmoid("MiniMaxM3VLTopKRouter"),
+            scaling(2.0),  # on the experts' sum: the same product
+            SharedWidth((), ("shared_intermediate_size",)),
+            balance(0.001),
+        ),
+    ),
+    "mistral4": HfFamily(
+        "Mistral Small 4",
+        "deepseek_v3",
+        FirstDense("first_k_dense_replace", 0),  # its decoder layer reads this, not a list
+        (*_MISTRAL4, norm_topk(True)),
+    ),
+    "mistral_large4_text": HfFamily(
+        "Mistral Large 3 text",
+        "deepseek_v3",
+        mlp_types(FirstDense("first_k_dense_replace", 1)),
+        (*_MISTRAL4, renormalized("MistralLarge4TextTopkRouter")),
+    ),
+    # DeepSeek-V2's block; their config classes derive no list for a null mlp_layer_types
+    # but Unlimited-OCR's, and the decoder layers index it
+    "deepseek_ocr2_text": HfFamily(
+        "DeepSeek-OCR 2 text", "deepseek_v3", mlp_types(None), DEEPSEEK_V2
+    ),
+    "unlimited_ocr_text": HfFamily(
+        "Unlimited-OCR text",
+        "deepseek_v3",
+        mlp_types(FirstDense("first_k_dense_replace", 1)),
+        DEEPSEEK_V2,
+    ),
+}

@@ -1,0 +1,184 @@
+"""The family table, continued (moegen/hf/families.py merges it): the Qwen-, Granite-, gpt-oss-
+and ERNIE-like families of transformers 5.24 (modeling_<family>.py), and the multimodal
+models' text models (a top-level config maps its text_config's model_type). The defaults are
+each config class's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from moegen.hf.families_deepseek import mlp_types
+from moegen.hf.family_base import (
+    ACTIVATION,
+    GATED,
+    GPT_OSS_EXPERTS,
+    GRANITE_SHARED,
+    HfFamily,
+    Rule,
+    after_top_k,
+    balance,
+    norm_topk,
+    renormalized,
+    sigmoid,
+    silu_experts,
+    softmax,
+)
+from moegen.hf.layers import AllLayers, DenseFirst, FirstDense, SparseStep
+from moegen.hf.rules import Choose, Copy, Expect, Fixed, SharedWidth, Switch
+
+_SHARED = SharedWidth((), ("shared_expert_intermediate_size",))
+
+
+def _gated_shared(block: str) -> tuple[SharedWidth, Fixed]:
+    """Qwen2-MoE's shared expert, scaled by sigmoid(x @ shared_expert_gate)."""
+    return (_SHARED, Fixed("layer.shared_expert_gate", True, f"{block}.shared_expert_gate"))
+
+
+_QWEN3_NEXT = (
+    ACTIVATION,
+    softmax("Qwen3NextTopKRouter"),
+    norm_topk(True),
+    *_gated_shared("Qwen3NextSparseMoeBlock"),
+    balance(0.001),
+)
+# Cohere2-MoE: top-k by logit, then a softmax over those (sigmoid: the same experts, as
+# sigmoid keeps the order, each weight sigmoid(logit), renormalised by norm_topk_prob)
+_COHERE2_SCORE = Switch(
+    "expert_selection_fn",
+    {
+        "softmax": after_top_k("Cohere2MoeTopKRouter"),
+        "sigmoid": (sigmoid("Cohere2MoeTopKRouter"), norm_topk(True)),
+    },
+    "softmax",
+)
+_COHERE2_SHARED = Switch(
+    "shared_expert_combination_strategy",
+    {
+        "sum": (SharedWidth(("num_shared_experts",), ("intermediate_size",), 0),),
+        "average": (
+            Expect(
+                "num_shared_experts",
+                (0, None),
+                "'average' halves the routed and shared sum, which moegen's layer does not do",
+            ),
+        ),
+    },
+    "average",
+)
+_ERNIE_VL: tuple[Rule, ...] = (
+    ACTIVATION,
+    softmax("Ernie4_5_VLMoeMoeTopKRouter"),
+    renormalized("Ernie4_5_VLMoeMoeTopKRouter"),
+    Fixed("router.routing_bias", True, "moe_statics: chooses, does not weigh"),
+    # the shared experts are moe_num_shared_experts text experts wide
+    SharedWidth(("moe_num_shared_experts",), ("moe_intermediate_size[0]",), 2),
+    Expect("use_bias", (False,), "the shared experts would have biases; moegen's have none"),
+    balance(0.001),
+)
+_LOCAL = {"experts": ("num_local_experts",)}  # what these configs save for num_experts
+
+MORE_FAMILIES: Mapping[str, HfFamily] = {
+    "mellum": HfFamily(
+        "Mellum",
+        "qwen3_moe",
+        mlp_types(AllLayers()),
+        (ACTIVATION, softmax("MellumTopKRouter"), norm_topk(True), balance(0.001)),
+        _LOCAL,
+    ),
+    "qwen3_omni_moe_text": HfFamily(
+        "Qwen3-Omni thinker",
+        "qwen3_moe",
+        SparseStep(),
+        (ACTIVATION, softmax("Qwen3OmniMoeThinkerTextTopKRouter"), norm_topk(True), balance(0.001)),
+    ),
+    "qwen3_omni_moe_talker_text": HfFamily(
+        "Qwen3-Omni talker",
+        "qwen3_moe",
+        AllLayers(),  # Qwen3OmniMoeTalkerDecoderLayer always builds the talker's block
+        (
+            ACTIVATION,
+            softmax("Qwen3OmniMoeTalkerTextTopKRouter"),
+            norm_topk(False),
+            *_gated_shared("Qwen3OmniMoeTalkerTextSparseMoeBlock"),
+            balance(0.001),
+        ),
+        _LOCAL,
+    ),
+    "qwen3_5_moe_text": HfFamily(
+        "Qwen3.5-MoE",
+        "qwen3_moe",
+        AllLayers(),
+        (
+            ACTIVATION,
+            softmax("Qwen3_5MoeTopKRouter"),
+            renormalized("Qwen3_5MoeTopKRouter"),
+            *_gated_shared("Qwen3_5MoeSparseMoeBlock"),
+            balance(0.001),
+        ),
+    ),
+    "qwen3_next": HfFamily("Qwen3-Next", "qwen3_moe", SparseStep(), _QWEN3_NEXT),
+    # Qwen3-Next's block in every decoder layer
+    "qwen4_exp_text": HfFamily("Qwen4-Exp text", "qwen3_moe", AllLayers(), _QWEN3_NEXT),
+    "lara_mini": HfFamily(
+        "Lara-Mini",
+        "qwen3_moe",
+        AllLayers(),
+        (ACTIVATION, softmax("LaraMiniTopKRouter"), norm_topk(True), _SHARED, balance(0.001)),
+    ),
+    "flint": HfFamily(
+        "Flint",
+        "qwen3_moe",
+        SparseStep(),
+        # sigmoid scores without a selection bias; the shared expert added in full
+        (ACTIVATION, sigmoid("FlintTopKRouter"), norm_topk(True), _SHARED, balance(0.0005)),
+    ),
+    "granitemoe_swa": HfFamily("Granite-MoE SWA", "granitemoe", AllLayers(), GRANITE_SHARED),
+    # its decoder layer always adds its shared MLP (shared_intermediate_size) to the block's
+    "granitemoehybrid": HfFamily("Granite-MoE hybrid", "granitemoe", AllLayers(), GRANITE_SHARED),
+    "cohere2_moe": HfFamily(
+        "Cohere2-MoE",
+        "olmoe",
+        mlp_types(FirstDense("first_k_dense_replace", 0)),
+        (ACTIVATION, _COHERE2_SCORE, _COHERE2_SHARED),
+    ),
+    "aria_text": HfFamily(
+        "Aria text",
+        "ernie4_5_moe",
+        AllLayers(),
+        (
+            *silu_experts("AriaExperts"),
+            *after_top_k("AriaTextTopKRouter"),
+            SharedWidth(("moe_num_shared_experts",), ("intermediate_size",), 2),
+            Copy("layer.shared_ffn_bias", ("mlp_bias",), False, "flag"),
+        ),
+        size_keys={"ffn": ("intermediate_size",), "top_k": ("moe_topk",)},
+    ),
+    # gpt-oss's experts with gate and up concatenated; its router's division by top_k is
+    # undone by the block's product with it. A token classifier: no balancing loss
+    "openai_privacy_filter": HfFamily(
+        "OpenAI privacy filter", "gpt_oss", AllLayers(), GPT_OSS_EXPERTS
+    ),
+    "jetmoe": HfFamily(
+        "JetMoE",
+        "mixtral",
+        AllLayers(),
+        (
+            Choose("layer.activation", ("activation_function",), GATED, "silu"),
+            *after_top_k("JetMoeTopKGating"),
+            # one output bias after the combine: the top-k softmax weights sum to 1, so the
+            # same bias as each expert's down bias adds it once
+            Fixed("layer.ffn_bias", True, "JetMoeMoE.bias, added once after the combine"),
+            balance(0.01, "aux_loss_coef"),
+        ),
+    ),
+    # the MoE layer on text tokens: the text experts (moe_intermediate_size[0] wide) and
+    # the shared experts; image and video tokens go to the vision experts instead
+    "ernie4_5_vl_moe_text": HfFamily(
+        "ERNIE-4.5-VL text tokens",
+        "ernie4_5_moe",
+        mlp_types(DenseFirst(None, 1)),
+        _ERNIE_VL,
+        size_keys={"ffn": ("moe_intermediate_size[0]",)},
+    ),
+}

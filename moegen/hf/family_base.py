@@ -1,0 +1,158 @@
+"""What an entry of the family table (moegen/hf/families.py and its continuations,
+moegen/hf/families_*.py) is, and the rules many entries share: a block that several model
+families run keeps one rule list here, which each of them names."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from moegen.hf.layers import LayerRule
+from moegen.hf.rules import (
+    Choose,
+    Clamp,
+    Copy,
+    Expect,
+    Fixed,
+    GptOssGlu,
+    Groups,
+    LoadBalance,
+    SharedWidth,
+    Switch,
+)
+
+Rule = (
+    Choose | Clamp | Copy | Expect | Fixed | GptOssGlu | Groups | LoadBalance | SharedWidth | Switch
+)
+
+
+@dataclass(frozen=True)
+class HfFamily:
+    title: str
+    sizes: str  # the moegen.checkpoints.layouts family whose size keys this one reads
+    layers: LayerRule
+    rules: tuple[Rule, ...]
+    size_aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    text_config: bool = False  # multimodal: the text model's keys are under text_config
+    # size name -> the only keys read for it, where the layout's keys mean something else
+    # here (ERNIE-4.5-VL's moe_intermediate_size is [text, vision], not per layer)
+    size_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+# The experts' act_fn(gate) * up: silu is SwiGLU, exact gelu GeGLU. gelu_pytorch_tanh and the
+# others have no moegen activation.
+GATED = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu"}
+ACTIVATION = Choose(
+    "layer.activation", ("hidden_act",), GATED, "silu", "; the experts run act(gate) * up"
+)
+NO_JITTER = Expect(
+    "router_jitter_noise",
+    (0, 0.0, None),
+    "moegen's router adds no noise (transformers multiplies the input by it in training)",
+)
+SELECTION_BIAS = Fixed("router.routing_bias", True, "e_score_correction_bias: chooses, not weighs")
+
+
+def softmax(block: str) -> Fixed:
+    return Fixed("router.score", "softmax", f"{block}: softmax over all experts")
+
+
+def sigmoid(block: str) -> Fixed:
+    return Fixed("router.score", "sigmoid", f"{block}: sigmoid scores")
+
+
+def after_top_k(block: str) -> tuple[Fixed, Fixed]:
+    """Softmax over the chosen logits alone (Mixtral's form as Granite and JetMoE write it)."""
+    return (
+        Fixed("router.score", "softmax", f"{block}: softmax"),
+        Fixed("router.score_after_top_k", True, "over the top-k logits alone"),
+    )
+
+
+def renormalized(block: str, value: bool = True) -> Fixed:
+    how = "rescales the top-k weights to sum to 1" if value else "keeps the top-k weights as are"
+    return Fixed("router.renormalize", value, f"{block} always {how}")
+
+
+def norm_topk(default: bool, key: str = "norm_topk_prob") -> Copy:
+    return Copy("router.renormalize", (key,), default, "flag")
+
+
+def balance(default: float, key: str = "router_aux_loss_coef") -> LoadBalance:
+    return LoadBalance((key,), default)
+
+
+def scaling(default: float, key: str = "routed_scaling_factor") -> Copy:
+    return Copy("router.routed_scaling", (key,), default, "number")
+
+
+def qwen(block: str, balance_default: float) -> tuple[Rule, ...]:
+    return (ACTIVATION, softmax(block), norm_topk(False), balance(balance_default))
+
+
+def silu_experts(block: str) -> tuple[Fixed, Expect]:
+    """Routed experts that always run SiLU while the shared ones run hidden_act: one
+    activation for both only where hidden_act is SiLU too."""
+    return (
+        Fixed("layer.activation", "swiglu", f"{block}: always silu(gate) * up"),
+        Expect("hidden_act", ("silu", "swish"), "the shared experts would run another act"),
+    )
+
+
+def v3_router(block: str, norm: bool, scale: float, groups: tuple[int, int]) -> tuple[Rule, ...]:
+    """DeepSeek-V3's router (GLM-4.5 and dots.llm1 copy it): sigmoid scores, a selection
+    bias, groups ranked by the sum of their best two."""
+    return (
+        ACTIVATION,
+        sigmoid(block),
+        Expect("scoring_func", ("sigmoid",), f"{block} always scores with sigmoid"),
+        Expect("topk_method", ("noaux_tc",), f"{block} always routes as noaux_tc"),
+        norm_topk(norm),
+        scaling(scale),
+        Groups("n_group", "topk_group", groups[0], groups[1]),
+        SELECTION_BIAS,
+    )
+
+
+def deepseek_v3_style(
+    block: str, norm: bool, scale: float, groups: tuple[int, int], shared: int | None
+) -> tuple[Rule, ...]:
+    """DeepSeek-V3's block: its router, the shared experts beside."""
+    return (
+        *v3_router(block, norm, scale, groups),
+        Expect("moe_layer_freq", (1,), "transformers makes every layer after the dense ones MoE"),
+        SharedWidth(("n_shared_experts",), ("moe_intermediate_size",), shared),
+    )
+
+
+DEEPSEEK_V2 = (
+    ACTIVATION,
+    softmax("DeepseekV2Moe"),
+    Expect("scoring_func", ("softmax",), "DeepseekV2Moe always scores with softmax"),
+    Expect("moe_layer_freq", (1,), "transformers makes every layer after the dense ones MoE"),
+    renormalized("DeepseekV2Moe", False),
+    Expect("norm_topk_prob", (False,), "DeepseekV2Moe never renormalises"),
+    scaling(1.0),
+    # group_limited_greedy ranks each group by its best score; greedy has no groups
+    Groups(
+        "n_group",
+        "topk_group",
+        None,
+        None,
+        method="topk_method",
+        methods={"greedy": None, "group_limited_greedy": 1},
+        method_default="greedy",
+    ),
+    SharedWidth(("n_shared_experts",), ("moe_intermediate_size",), 2),
+)
+GRANITE = (*after_top_k("GraniteMoeTopKGating"), ACTIVATION, balance(0.001))
+# Granite-MoE-Shared's decoder layer adds its shared MLP (shared_intermediate_size wide, 0:
+# none) to the block's output on the same input: a shared expert
+GRANITE_SHARED = (*GRANITE, SharedWidth((), ("shared_intermediate_size",)))
+GPT_OSS_EXPERTS = (
+    Fixed("layer.activation", "swiglu", "GptOssExperts: clamped SwiGLU (not hidden_act)"),
+    GptOssGlu("swiglu_limit", "swiglu_alpha"),
+    Fixed("layer.ffn_bias", True, "GptOssExperts: a bias on each projection"),
+    *after_top_k("GptOssTopKRouter"),
+    Fixed("router.linear_bias", True, "GptOssTopKRouter: a linear layer with a bias"),
+)
