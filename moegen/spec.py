@@ -76,6 +76,11 @@ class Layer(_Section):
         "relu = down(relu(x @ up)), relu2 = down(relu(x @ up)^2) (Nemotron-H). gelu is the "
         "exact (erf) form.",
     )
+    gelu_approximation: Literal["none", "tanh"] = Field(
+        "none",
+        description="gelu and geglu: none = the exact (erf) GELU; tanh = its tanh "
+        "approximation (Gemma's gelu_pytorch_tanh).",
+    )
     glu: Glu | Literal["gpt_oss"] | None = Field(
         None,
         description="Gated activations only: clamps, sigmoid scale and up offset of the "
@@ -97,6 +102,12 @@ class Layer(_Section):
         description="Hidden width of the always-on shared expert beside the routed ones "
         "(same activation, no bias; n shared experts of width F are one of width n*F). "
         "Omit for none.",
+    )
+    expert_input_norm_eps: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
+        None,
+        description="The experts (routed and shared) run on rms_norm(x) * "
+        "expert_input_norm, a learned [embed_dim] weight (ones at init), with this epsilon, "
+        "while the router sees x (Gemma 4's pre_feedforward_layernorm_2). Omit: x.",
     )
     shared_ffn_bias: bool = Field(
         False,
@@ -161,6 +172,17 @@ class Router(_Section):
         False,
         description="softmax only: choose the top-k experts by logit and take the softmax over "
         "the chosen logits alone (Mixtral, gpt-oss), instead of over all experts.",
+    )
+    input_norm_eps: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
+        None,
+        description="RMS-normalise the router's input with this epsilon (Gemma 4): logits = "
+        "(rms_norm(x) * router_input_scale / sqrt(embed_dim)) @ router, router_input_scale a "
+        "learned [embed_dim] parameter (ones at init). Omit: the router sees x.",
+    )
+    per_expert_scale: bool = Field(
+        False,
+        description="Multiply each chosen weight by its expert's learned scale, a [num_experts] "
+        "parameter (ones at init), after renormalising (Gemma 4).",
     )
     logit_softcap: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = Field(
         None,

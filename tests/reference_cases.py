@@ -22,6 +22,7 @@ class Case:
     shared: int = 0  # shared expert width; 0 = none
     shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate on the shared expert
     shared_biases: bool = False  # a bias after each shared projection (ERNIE 4.5 use_bias)
+    gemma4_norms: bool = False  # router_input_scale, per_expert_scale, expert_input_norm
     zero_router_columns: tuple[int, ...] = ()  # experts whose logits are exactly 0 (ties)
     repeat_tokens: bool = False  # every odd token repeats the one before it (ties)
     drops: bool | None = None  # capacity really drops something (True) or nothing (False)
@@ -221,6 +222,23 @@ CASES = {
         ),
         routing_bias=True,
     ),
+    # Gemma 4: the router's input RMS-normalised and scaled, per-expert scales on the weights,
+    # the experts on their own normalised input (epsilons large enough to matter)
+    "gemma4_norms": Case(
+        S8,
+        C(
+            top_k=2,
+            score="softmax",
+            renormalize=True,
+            router_norm_eps=0.01,
+            expert_norm_eps=0.02,
+            activation="geglu",
+            gelu_tanh=True,
+            z_loss_weight=0.02,
+        ),
+        gemma4_norms=True,
+        shared=6,
+    ),
     "geglu": Case(S4, C(top_k=2, score="softmax", activation="geglu")),
     "gelu": Case(S4, C(top_k=2, score="softmax", activation="gelu")),
     "relu_biases_shared": Case(
@@ -319,6 +337,7 @@ GRADIENT_CASES = [
     "kolibri1_bias_on_logits",
     "ernie_shared_biases",
     "laguna_logit_softcap",
+    "gemma4_norms",
 ]
 
 
@@ -353,6 +372,10 @@ def make_params(case: Case, seed: int) -> tuple[dict[str, np.ndarray], np.ndarra
         params["shared_down"] = normal(case.shared**-0.5, (case.shared, embed))
         if case.shared_expert_gate:
             params["shared_expert_gate"] = normal(embed**-0.5, (embed,))
+        if case.gemma4_norms:  # around one, as trained norms and scales are
+            params["router_input_scale"] = 1.0 + normal(0.3, (embed,))
+            params["per_expert_scale"] = 1.0 + normal(0.3, (experts,))
+            params["expert_input_norm"] = 1.0 + normal(0.3, (embed,))
         if case.shared_biases:
             for name in ("gate", "up") if gated else ("up",):
                 params[f"shared_b_{name}"] = normal(0.1, (case.shared,))

@@ -64,13 +64,26 @@ def slow_route(token: np.ndarray, params: dict[str, np.ndarray], cfg: ReferenceC
     if cfg.renormalize:
         total = sum(weights) + cfg.renormalize_epsilon
         weights = [w / total for w in weights]
+    if "per_expert_scale" in params:
+        weights = [
+            w * float(params["per_expert_scale"][e]) for w, e in zip(weights, chosen, strict=True)
+        ]
     weights = [w * cfg.routed_scaling for w in weights]
     return logits, scores, chosen, weights
+
+
+def act_name(cfg: ReferenceConfig) -> str:
+    """The activation's name, with _tanh where GELU is the tanh approximation."""
+    tanh = cfg.gelu_tanh and cfg.activation in ("geglu", "gelu")
+    return f"{cfg.activation}_tanh" if tanh else cfg.activation
 
 
 def slow_act(name: str, v: np.ndarray) -> np.ndarray:
     if name == "swiglu":
         return v / (1.0 + np.exp(-v))
+    if name in ("geglu_tanh", "gelu_tanh"):  # GELU's tanh approximation
+        inner = math.sqrt(2.0 / math.pi)
+        return np.array([0.5 * u * (1.0 + math.tanh(inner * (u + 0.044715 * u**3))) for u in v])
     if name in ("geglu", "gelu"):
         return np.array([0.5 * u * (1.0 + math.erf(u / math.sqrt(2.0))) for u in v])
     if name == "relu2":
@@ -96,7 +109,7 @@ def slow_glu(
     if cfg.activation == "swiglu":
         activated = np.array([g / (1.0 + math.exp(-glu.sigmoid_scale * g)) for g in gate])
     else:
-        activated = slow_act(cfg.activation, gate)
+        activated = slow_act(act_name(cfg), gate)
     if gate_limit is not None and after:
         activated = np.array([min(a, gate_limit) for a in activated])
     return activated * (up + glu.up_offset)
@@ -115,7 +128,7 @@ def slow_expert(
             gate = gate + p["b_gate"][e]
         hidden = slow_glu(cfg, gate, up)
     else:
-        hidden = slow_act(act, up)
+        hidden = slow_act(act_name(cfg), up)
     out = hidden @ p["w_down"][e]
     if "b_down" in p:
         out = out + p["b_down"][e]
@@ -129,11 +142,23 @@ def slow_shared(token: np.ndarray, p: dict[str, np.ndarray], cfg: ReferenceConfi
         gate = token @ p["shared_gate"] + (p["shared_b_gate"] if biases else 0.0)
         hidden = slow_glu(cfg, gate, up, shared=True)
     else:
-        hidden = slow_act(cfg.activation, up)
+        hidden = slow_act(act_name(cfg), up)
     out = hidden @ p["shared_down"] + (p["shared_b_down"] if biases else 0.0)
     if "shared_expert_gate" in p:
         out = out / (1.0 + math.exp(-float(token @ p["shared_expert_gate"])))
     return out
+
+
+def slow_rms_norm(token: np.ndarray, eps: float) -> np.ndarray:
+    return token / math.sqrt(sum(v * v for v in token) / len(token) + eps)
+
+
+def slow_router_input(token: np.ndarray, p: dict[str, np.ndarray], cfg: ReferenceConfig):
+    """The token as the router sees it (Gemma 4: normalised, scaled, over sqrt(D))."""
+    if cfg.router_norm_eps is None:
+        return token
+    scaled = slow_rms_norm(token, cfg.router_norm_eps) * p["router_input_scale"]
+    return scaled / math.sqrt(len(token))
 
 
 def slow_moe(params: dict[str, np.ndarray], x: np.ndarray, cfg: ReferenceConfig) -> dict:
@@ -142,7 +167,10 @@ def slow_moe(params: dict[str, np.ndarray], x: np.ndarray, cfg: ReferenceConfig)
     batch, seq, embed = x.shape
     tokens = np.asarray(x, np.float64).reshape(batch * seq, embed)
     num_tokens, experts = len(tokens), p["router"].shape[1]
-    routes = [slow_route(token, p, cfg) for token in tokens]
+    routes = [slow_route(slow_router_input(token, p, cfg), p, cfg) for token in tokens]
+    if cfg.expert_norm_eps is not None:  # the experts run on the normalised tokens
+        tokens = np.array([slow_rms_norm(t, cfg.expert_norm_eps) for t in tokens])
+        tokens = tokens * p["expert_input_norm"]
     copies = [  # (token, k-slot, expert, weight)
         (t, k, e, w)
         for t, (_, _, chosen, weights) in enumerate(routes)

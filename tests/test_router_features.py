@@ -291,6 +291,30 @@ CASES: dict[str, tuple[dict, list[str]]] = {
         },
         ["logits = LOGIT_SOFTCAP * jnp.tanh(logits / LOGIT_SOFTCAP)"],
     ),
+    # Gemma 4: the router's normalised input, per-expert scales, the experts' own input norm;
+    # token chunks over fsdp x expert
+    "gemma4_norms_token_chunks_a2a": (
+        {
+            "layer": {
+                "num_experts": 8,
+                "embed_dim": 32,
+                "ffn_dim": 48,
+                "activation": "geglu",
+                "gelu_approximation": "tanh",
+                "expert_input_norm_eps": 1e-06,
+            },
+            "router": {
+                "top_k": 2,
+                "renormalize": True,
+                "input_norm_eps": 1e-06,
+                "per_expert_scale": True,
+            },
+            "mesh": {"axes": {"fsdp": 2, "expert": 2}},
+            "memory": {"token_chunks": 2},
+            **A2A,
+        },
+        ['weights["per_expert_scale"][expert_ids]', "INIT_ONES = (", "approximate=True"],
+    ),
     "bf16_compute_all_features": (
         {
             "layer": {

@@ -103,6 +103,22 @@ CASES: Cases = {
             [("layer.shared_glu.gate_clamp", VALUE, CLAMP_WITHOUT_LIMIT.format("shared_glu"))],
         ),
     ],
+    "gelu_approximation_needs_a_gelu": [
+        ({"activation": "geglu", "gelu_approximation": "tanh"}, []),
+        ({"activation": "gelu", "gelu_approximation": "tanh"}, []),
+        ({"gelu_approximation": "none"}, []),
+        (
+            {"gelu_approximation": "tanh"},
+            [
+                (
+                    "layer.gelu_approximation",
+                    VALUE,
+                    "activation swiglu has no GELU to approximate; use activation: geglu (or "
+                    "gelu) with it, or remove gelu_approximation",
+                )
+            ],
+        ),
+    ],
     "shared_expert_gate_needs_a_shared_expert": [
         ({}, []),
         ({"shared_ffn": 64, "shared_expert_gate": True}, []),

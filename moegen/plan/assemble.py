@@ -21,7 +21,7 @@ from moegen.load import LoadedSpec
 from moegen.plan.ffn import ffn_plan
 from moegen.plan.kernel import kernel_plan
 from moegen.plan.mesh import mesh_plan
-from moegen.plan.model import ChunkCandidates, Plan, Trade
+from moegen.plan.model import ChunkCandidates, InitPlan, Plan, Trade
 from moegen.plan.params import ROUTER_DTYPE, side_by_side
 from moegen.plan.prose import summary
 from moegen.plan.router import router_plan
@@ -135,7 +135,10 @@ def _plan(basis: ShapeBasis, traded: Traded) -> Plan:
         compute_dtype=spec.dtypes.compute,
         router_dtype=ROUTER_DTYPE,
         input_partition=(spec.batch_axes or None, _sequence_axis(spec.mesh.axes), None),
-        zero_initialised=any(param.init_scale == 0.0 for param in basis.params),
+        init=InitPlan(
+            zeros=any(param.init_scale == 0.0 and not param.init_ones for param in basis.params),
+            ones=tuple(param.name for param in basis.params if param.init_ones),
+        ),
         router=router_plan(loaded, experts.capacity),
         ffn=ffn,
         mesh=mesh_plan(loaded, experts.axis, traded.network),

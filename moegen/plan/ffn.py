@@ -70,6 +70,8 @@ class FfnPlan:
     shared_ffn_dim: int | None
     shared_expert_gate: bool  # the shared expert's output times sigmoid(x @ shared_expert_gate)
     shared_bias: bool  # a bias after each projection of the shared expert
+    input_norm_eps: float | None  # the experts run on rms_norm(x) * expert_input_norm
+    gelu_tanh: bool  # gelu / geglu use GELU's tanh approximation
     # down biases kept on tensor shard 0 only (the shards' outputs are summed)
     down_biases_once: tuple[str, ...]
     layout: str  # "whole" | "sliced" (chunks > 1) | "ring_overlapped" (overlap_chunks > 1)
@@ -250,6 +252,8 @@ def ffn_plan(
         shared_ffn_dim=layer.shared_ffn_dim,
         shared_expert_gate=layer.shared_expert_gate,
         shared_bias=layer.shared_ffn_bias,
+        input_norm_eps=layer.expert_input_norm_eps,
+        gelu_tanh=layer.gelu_approximation == "tanh",
         down_biases_once=_down_biases_once(spec),
         layout=_layout_name(experts, chunks),
         chunks=chunks,

@@ -62,6 +62,14 @@ class TokenChunkOption:
 
 
 @dataclass(frozen=True)
+class InitPlan:
+    """init_params beyond the normal draws: what starts at zero, what at one."""
+
+    zeros: bool  # some parameters (biases) start at zero (INIT_SCALES 0.0)
+    ones: tuple[str, ...]  # parameters that start at one (norm weights, scales): INIT_ONES
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything static about one generated module."""
 
@@ -91,7 +99,7 @@ class Plan:
     compute_dtype: str
     router_dtype: str
     input_partition: PartitionSpec
-    zero_initialised: bool  # some parameters (biases) start at zero
+    init: InitPlan  # which parameters start at zero or at one, not random
 
     router: RouterPlan
     ffn: FfnPlan

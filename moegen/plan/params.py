@@ -11,6 +11,7 @@ PartitionSpec = tuple[str | tuple[str, ...] | None, ...]
 
 # The FFN widths the tensor axis shards: the routed experts' and the shared expert's.
 FFN_WIDTHS = ("FFN_DIM", "SHARED_FFN_DIM")
+ONES = -1  # a layout's fan-in that says: starts at one
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class ParamPlan:
     ffn_axis: int | None  # the routed experts' FFN_DIM dimension (what FFN slices cut)
     use_dtype: str  # dtype it is cast to before use (and before the gather)
     init_scale: float  # std of its normal initialiser: 1/sqrt(fan_in); 0.0: starts at zero
+    init_ones: bool = False  # starts at one (a norm weight or a scale), not random
     use_name: str | None = None  # its key among the weights the layer uses; None: used through
     # another's (w_up beside w_gate); set by side_by_side
     joined_with: str | None = None  # the parameter put beside it along the FFN axis
@@ -52,6 +54,9 @@ class LayerShape:
     router_bias: bool = False  # the router is a linear layer with a bias
     shared_expert_gate: bool = False  # a sigmoid gate [D] on the shared expert's output
     shared_ffn_bias: bool = False  # a bias after each projection of the shared expert
+    router_input_scale: bool = False  # the router's RMSNorm weight [D] (Gemma 4)
+    per_expert_scale: bool = False  # each chosen weight times its expert's scale [E]
+    expert_input_norm: bool = False  # the experts' input RMSNorm weight [D]
 
 
 def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
@@ -64,6 +69,14 @@ def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
         out.append(("router_bias", (e,), (E,), None, ROUTER_DTYPE, 0))
     if layer.routing_bias:
         out.append(("routing_bias", (e,), (E,), None, ROUTER_DTYPE, 0))
+    # Norm weights and scales start at one (fan-in ONES); replicated: [D] and [E] vectors
+    # are not worth an fsdp gather.
+    if layer.router_input_scale:
+        out.append(("router_input_scale", (d,), (D,), None, ROUTER_DTYPE, ONES))
+    if layer.per_expert_scale:
+        out.append(("per_expert_scale", (e,), (E,), None, ROUTER_DTYPE, ONES))
+    if layer.expert_input_norm:
+        out.append(("expert_input_norm", (d,), (D,), None, ROUTER_DTYPE, ONES))
     projections = ["gate", "up"] if layer.gated else ["up"]
     out += [(f"w_{p}", (e, d, f), (E, D, F), 1, dt, D) for p in projections]
     out.append(("w_down", (e, f, d), (E, F, D), 2, dt, F))
@@ -123,7 +136,8 @@ def param_plans(
                 gather_axis=embed_axis if fsdp_axis else None,
                 ffn_axis=names.index("FFN_DIM") if "FFN_DIM" in names else None,
                 use_dtype=use_dtype,
-                init_scale=1.0 / math.sqrt(fan_in) if fan_in else 0.0,
+                init_scale=1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0,
+                init_ones=fan_in == ONES,
                 use_name=name,
             )
         )

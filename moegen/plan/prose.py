@@ -15,7 +15,7 @@ def vma_unchecked_reason(loaded: LoadedSpec) -> str:
     reason = kernel(spec.target.kernel).vma_unchecked_reason
     if reason:
         return reason
-    if spec.layer.activation in ("geglu", "gelu"):
+    if spec.layer.activation in ("geglu", "gelu") and spec.layer.gelu_approximation == "none":
         return "XLA's erf polynomial carries no varying-axes types"
     return ""
 

@@ -32,6 +32,10 @@ class RouterPlan:
     bias_on_logits: bool  # the selection bias is added to the logits, not the scores
     linear_bias: bool  # logits = x @ router + router_bias
     logit_softcap: float | None  # logits = cap * tanh(logits / cap); None: as they are
+    input_norm_eps: float | None  # the router's input RMS-normalised (Gemma 4); None: x
+    input_multiplier: float | None  # 1 / sqrt(EMBED_DIM), after that norm
+    rms_norm: bool  # the router's or the experts' input is RMS-normalised: _rms_norm exists
+    per_expert_scale: bool  # each chosen weight times its expert's learned scale
     weights_on_input: bool  # combine weights scale each copy's input (Llama 4), not its output
     selection_is_score: bool  # experts chosen by score alone: no bias, no groups, no after-top-k
     chooses_by_logit: bool  # so, by an elementwise increasing score: top-k of the logits
@@ -70,6 +74,10 @@ def router_plan(loaded: LoadedSpec, capacity: int | None) -> RouterPlan:
         bias_on_logits=router.routing_bias and router.routing_bias_on == "logits",
         linear_bias=router.linear_bias,
         logit_softcap=router.logit_softcap,
+        input_norm_eps=router.input_norm_eps,
+        input_multiplier=spec.layer.embed_dim**-0.5 if router.input_norm_eps else None,
+        rms_norm=router.input_norm_eps is not None or spec.layer.expert_input_norm_eps is not None,
+        per_expert_scale=router.per_expert_scale,
         weights_on_input=router.weighting == "input",
         selection_is_score=not (router.score_after_top_k or router.routing_bias or group_limit),
         chooses_by_logit=router.score in ELEMENTWISE_SCORES

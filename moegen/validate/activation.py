@@ -62,6 +62,20 @@ def _glu_problems(loaded: LoadedSpec, path: tuple[str, ...], glu: Glu) -> list[D
     return []
 
 
+def gelu_approximation_needs_a_gelu(loaded: LoadedSpec) -> list[Diagnostic]:
+    """The tanh approximation is of GELU: other activations have nothing to approximate."""
+    layer = loaded.spec.layer
+    if layer.gelu_approximation == "none" or layer.activation in ("gelu", "geglu"):
+        return []
+    return [
+        loaded.diagnostic(
+            ("layer", "gelu_approximation"),
+            f"activation {layer.activation} has no GELU to approximate; use activation: geglu "
+            "(or gelu) with it, or remove gelu_approximation",
+        )
+    ]
+
+
 def shared_glu_has_a_shared_expert_to_change(loaded: LoadedSpec) -> list[Diagnostic]:
     """shared_glu gives the shared expert other activation parameters than the routed ones:
     there must be a gated shared expert, and the parameters must differ."""
@@ -103,6 +117,7 @@ def shared_expert_gate_needs_a_shared_expert(loaded: LoadedSpec) -> list[Diagnos
 
 ACTIVATION_RULES = (
     glu_needs_a_gated_activation,
+    gelu_approximation_needs_a_gelu,
     shared_glu_has_a_shared_expert_to_change,
     shared_expert_gate_needs_a_shared_expert,
 )

@@ -44,9 +44,16 @@ def random_case(
 ) -> tuple[dict, np.ndarray, np.ndarray]:
     input_shape = module.INPUT_SHAPE if input_shape is None else input_shape
     rng = np.random.default_rng(seed)
-    # Parameters that start at zero (biases) get small random values: zeros would hide them.
+    # Parameters that start at zero (biases) get small random values: zeros would hide them;
+    # those that start at one (norm weights, scales) random values around one, for the same
+    # reason, positive.
+    ones = getattr(module, "INIT_ONES", ())
     params = {
-        name: rng.normal(0.0, module.INIT_SCALES[name] or 0.1, shape).astype(np.float32)
+        name: (
+            rng.uniform(0.5, 1.5, shape)
+            if name in ones
+            else rng.normal(0.0, module.INIT_SCALES[name] or 0.1, shape)
+        ).astype(np.float32)
         for name, shape in module.PARAM_SHAPES.items()
     }
     x = rng.normal(0.0, 1.0, input_shape).astype(np.float32)

@@ -18,6 +18,7 @@ Features follow from `ReferenceConfig` and from which keys `params` holds:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -50,6 +51,9 @@ class ReferenceConfig:
     renormalize_epsilon: float = 0.0  # renormalize divides by (sum + this)
     bias_on_logits: bool = False  # the selection bias is added to the logits, not the scores
     logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
+    router_norm_eps: float | None = None  # router input: rms_norm * router_input_scale / sqrt(D)
+    expert_norm_eps: float | None = None  # expert input: rms_norm * expert_input_norm
+    gelu_tanh: bool = False  # gelu / geglu: GELU's tanh approximation, not erf
     score_after_top_k: bool = False  # softmax only: top-k on raw logits, softmax over the k chosen
     routed_scaling: float = 1.0
     num_groups: int = 1  # 1 = no group-limited routing
@@ -109,6 +113,14 @@ def _rank(values: jax.Array) -> jax.Array:
     return before.sum(axis=-1)
 
 
+def _gelu(cfg: ReferenceConfig, v: jax.Array) -> jax.Array:
+    """GELU: exact, or its tanh approximation where the spec asks for it."""
+    if cfg.gelu_tanh:
+        inner = math.sqrt(2.0 / math.pi) * (v + 0.044715 * v**3)
+        return 0.5 * v * (1.0 + jnp.tanh(inner))
+    return _exact_gelu(v)
+
+
 def _exact_gelu(v: jax.Array) -> jax.Array:
     return jax.nn.gelu(v, approximate=False)
 
@@ -127,7 +139,7 @@ def _hidden(
 ) -> jax.Array:
     """The activation: act(up) plain; gated, with the clamps, sigmoid scale and up offset."""
     if cfg.activation == "gelu":
-        return _exact_gelu(up)
+        return _gelu(cfg, up)
     if cfg.activation == "relu":
         return jnp.maximum(up, 0.0)
     if cfg.activation == "relu2":
@@ -141,7 +153,7 @@ def _hidden(
     if cfg.activation == "swiglu":
         activated = gate * jax.nn.sigmoid(glu.sigmoid_scale * gate)
     else:
-        activated = _exact_gelu(gate)
+        activated = _gelu(cfg, gate)
     if clamp_gate and glu.gate_clamp_after:
         activated = jnp.where(activated > glu.gate_limit, glu.gate_limit, activated)
     return activated * (up + glu.up_offset)
@@ -180,6 +192,9 @@ def _check(cfg: ReferenceConfig, params: dict, num_tokens: int) -> None:
         {"b_up", "b_down"} | ({"b_gate"} if gated else set()),
         {"shared_up", "shared_down"} | ({"shared_gate"} if gated else set()),
         {"shared_b_up", "shared_b_down"} | ({"shared_b_gate"} if gated else set()),
+        {"router_input_scale"},
+        {"per_expert_scale"},
+        {"expert_input_norm"},
     ]
     keys = set(params)
     if not expected <= keys:
@@ -187,6 +202,12 @@ def _check(cfg: ReferenceConfig, params: dict, num_tokens: int) -> None:
     for group in optional:
         if keys & group and not group <= keys:
             raise ValueError(f"parameters {sorted(group)} come all together or not at all")
+    for name, eps in (
+        ("router_input_scale", cfg.router_norm_eps),
+        ("expert_input_norm", cfg.expert_norm_eps),
+    ):
+        if (name in keys) != (eps is not None):
+            raise ValueError(f"params[{name!r}] and its epsilon come together or not at all")
     for extra in ("shared_expert_gate", "shared_b_up"):
         if extra in keys and "shared_up" not in keys:
             raise ValueError(f"{extra} needs a shared expert")
@@ -201,6 +222,7 @@ def route(
     cfg: ReferenceConfig,
     routing_bias: jax.Array | None = None,
     router_bias: jax.Array | None = None,
+    per_expert_scale: jax.Array | None = None,
 ) -> Routing:
     """Dense routing of float32 tokens [T, D]: every decision a [T, E] mask."""
     num_tokens, experts = tokens.shape[0], router.shape[1]
@@ -245,6 +267,8 @@ def route(
         weights = jnp.where(chosen, scores, 0.0)
     if cfg.renormalize:
         weights = weights / (weights.sum(axis=-1, keepdims=True) + cfg.renormalize_epsilon)
+    if per_expert_scale is not None:
+        weights = weights * per_expert_scale[None, :]
     weights = weights * cfg.routed_scaling
 
     if cfg.capacity is None:
@@ -265,6 +289,18 @@ def route(
         competing = ahead & same_shard[:, :, None] & chosen[None, :, :]
         kept = chosen & (competing.sum(axis=1) < cfg.capacity)
     return Routing(logits, scores, chosen, weights, kept)
+
+
+def _rms_norm(tokens: jax.Array, eps: float) -> jax.Array:
+    return tokens * (jnp.mean(tokens**2, axis=-1, keepdims=True) + eps) ** -0.5
+
+
+def _router_input(cfg: ReferenceConfig, tokens: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
+    """The tokens as the router sees them: normalised, scaled and over sqrt(D) (Gemma 4)."""
+    if cfg.router_norm_eps is None:
+        return tokens
+    normed = _rms_norm(tokens, cfg.router_norm_eps) * p["router_input_scale"][None]
+    return normed * tokens.shape[-1] ** -0.5
 
 
 def router_combine(
@@ -293,8 +329,17 @@ def dense_moe(
     gated = cfg.activation in GATED_ACTIVATIONS
     biased = "b_up" in p
 
-    r = route(tokens, p["router"], cfg, p.get("routing_bias"), p.get("router_bias"))
+    r = route(
+        _router_input(cfg, tokens, p),
+        p["router"],
+        cfg,
+        p.get("routing_bias"),
+        p.get("router_bias"),
+        p.get("per_expert_scale"),
+    )
     weights = jnp.where(r.kept, r.weights, 0.0)
+    if cfg.expert_norm_eps is not None:  # the experts run on the normalised tokens
+        tokens = _rms_norm(tokens, cfg.expert_norm_eps) * p["expert_input_norm"][None]
     # Weighting the input scales x before the bias of each projection: w * (x @ W) + b.
     input_scale = weights[:, :, None] if cfg.weights_on_input else 1.0
 
@@ -369,6 +414,7 @@ def tokens_per_expert(
     """How many token copies the router sends each expert (before dropping), [experts] int32."""
     _check(cfg, params, x.shape[0] * x.shape[1])
     tokens = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
-    biases = [params.get(name) for name in ("routing_bias", "router_bias")]
-    biases = [None if bias is None else bias.astype(jnp.float32) for bias in biases]
-    return router_combine(tokens, params["router"].astype(jnp.float32), cfg, *biases)[1]
+    p = {name: value.astype(jnp.float32) for name, value in params.items()}
+    tokens = _router_input(cfg, tokens, p)
+    biases = [p.get(name) for name in ("routing_bias", "router_bias")]
+    return router_combine(tokens, p["router"], cfg, *biases)[1]
