@@ -83,3 +83,6 @@ class ModelFamily:
     checkpoint: Tiny | None = None  # None: the oracle alone checks this family
     checkpoint_block: str = "model.layers.1.mlp"  # the path from the model to layer 1's block
     fused_differs: bool = True  # the in-memory (state_dict) names differ from save_pretrained's
+    # where transformers keeps router and experts in the decoder layer (`block` names it):
+    # the block the oracle composes from it (tests/oracle/composed.py)
+    oracle_block: str | None = None

@@ -42,43 +42,9 @@ REFUSED: dict[str, str] = {
     "index, an input; the experts are one part of a split fc2 beside a shared part",
 }
 
-_GEMMA4 = (
-    "the router normalises its input (RMSNorm without scale, then scale * D^-0.5) and "
-    "multiplies each chosen weight by a learned per_expert_scale; router and experts live in "
-    "the decoder layer"
-)
 _SOFTCAPPED_SWIGLU = "soft-capped SwiGLU experts (its SoftcappedSwiGLU activation)"
 
 PENDING: dict[str, Pending] = {
-    "step3p7.Step3p7SparseMoeBlock": Pending(
-        "step3p7",
-        "per-layer swiglu_limits clamp the routed experts, the shared expert's clamp is set "
-        "apart (is_shared_expert); the routed scaling multiplies the experts' sum",
-    ),
-    "hy_v4.HYV4MoE": Pending(
-        "hy_v4",
-        "swiglu_limit clamps the routed experts only, the shared MLP is unclamped (moegen's "
-        "glu clamps both)",
-    ),
-    "hy_v4_vl.HYV4VLMoE": Pending("hy_v4_vl", "HY-V4's MoE: routed experts clamped alone"),
-    "kolibri1.Kolibri1SparseMoeBlock": Pending(
-        "kolibri1",
-        "the selection bias is added to the logits, not the scores, and the weights are the "
-        "sigmoid of the chosen logits",
-    ),
-    "lfm2_moe.Lfm2MoeSparseMoeBlock": Pending(
-        "lfm2_moe",
-        "sigmoid + expert_bias renormalised by the sum plus 1e-6 (moegen: by the sum)",
-    ),
-    "laguna.LagunaSparseMoeBlock": Pending(
-        "laguna", "tanh soft-capping of the router logits (router_logit_softcapping)"
-    ),
-    "gemma4.Gemma4TextDecoderLayer": Pending("gemma4", _GEMMA4),
-    "diffusion_gemma.DiffusionGemmaEncoderTextLayer": Pending("diffusion gemma", _GEMMA4),
-    "diffusion_gemma.DiffusionGemmaDecoderTextLayer": Pending("diffusion gemma", _GEMMA4),
-    "nemotron_h.NemotronHMoE": Pending(
-        "nemotron_h", "ungated relu^2 experts with latent projections (fc1/fc2_latent_proj)"
-    ),
     "longcat_flash.LongcatFlashMoE": Pending(
         "longcat_flash", "zero-computation experts: identity experts among the routed ones"
     ),

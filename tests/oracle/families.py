@@ -63,6 +63,8 @@ from oracle.hf_blocks import (
     linear_t,
     llama4_experts,
     shared_mlp,
+    ungated_experts,
+    ungated_mlp,
 )
 
 EMBED = families.EMBED  # D
@@ -140,6 +142,18 @@ def _gated_shared(block: nn.Module) -> Weights:
 def _router_fused(block: nn.Module) -> Weights:
     """A `router` (its weight [E, D]) beside the common experts (Jamba, Granite)."""
     return {"router": linear_t(block.router.weight), **fused_experts(block.experts)}
+
+
+def _gemma_layer(block: nn.Module) -> Weights:
+    """Gemma 4's router (proj, its input scale, per-expert scales), the experts' input norm
+    and the common experts (tests/oracle/composed.py keeps the layer's modules)."""
+    return {
+        "router": linear_t(block.router.proj.weight),
+        "router_input_scale": block.router.scale,
+        "per_expert_scale": block.router.per_expert_scale,
+        "expert_input_norm": block.norm.weight,
+        **fused_experts(block.experts),
+    }
 
 
 def _ernie(block: nn.Module) -> Weights:
@@ -226,11 +240,24 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     "jetmoe": lambda b: {"router": linear_t(b.router.layer.weight), **jetmoe_experts(b)},
     "ernie4_5_vl_moe": lambda b: {**_ernie(b.text_moe), **shared_mlp(b.shared_experts)},
     "ernie4_5_vl_moe_modality": _ernie,
+    # ---- tests/families_options.py ----
+    **dict.fromkeys(("step3p7", "hy_v4", "hy_v4_vl", "kolibri1", "laguna"), _biased_shared),
+    "lfm2_moe": lambda b: {**_fused(b), "routing_bias": b.expert_bias},
+    "nemotron_h": lambda b: {
+        "router": linear_t(b.gate.weight),
+        "routing_bias": b.gate.e_score_correction_bias,
+        **ungated_experts(b.experts),
+        **ungated_mlp(b.shared_experts),
+    },
+    **dict.fromkeys(("gemma4", "diffusion_gemma_encoder", "diffusion_gemma_decoder"), _gemma_layer),
+    "ernie4_5_moe_use_bias": lambda b: {**_ernie(b), **shared_mlp(b.shared_experts, biases=True)},
 }
-# softmax probabilities are about 1 / 16 each: a bias of that order steers ERNIE's selection
+# softmax probabilities are about 1 / 16 each: a bias of that order steers ERNIE's selection;
+# Kolibri1 adds its bias to logits of order 1
 INITS = dict.fromkeys(
-    ("ernie4_5_moe", "ernie4_5_vl_moe", "ernie4_5_vl_moe_modality"), Init(selection_bias=0.03)
-)
+    ("ernie4_5_moe", "ernie4_5_vl_moe", "ernie4_5_vl_moe_modality", "ernie4_5_moe_use_bias"),
+    Init(selection_bias=0.03),
+) | {"kolibri1": Init(selection_bias=0.5)}
 # the SwiGLU clamps: DeepSeek-V4's and GLM-5-Next's swiglu_limit on a concatenated gate_up,
 # gpt-oss's preset on an interleaved one, and on a concatenated one (MiniMax-M3, OpenAI's
 # privacy filter)
@@ -240,6 +267,9 @@ CLAMPS = {
     "gpt_oss": (7.0, interleaved),
     "minimax_m3_vl": (7.0, concatenated),
     "openai_privacy_filter": (7.0, concatenated),
+    "step3p7": (0.5, concatenated),
+    "hy_v4": (1.0, concatenated),
+    "hy_v4_vl": (1.0, concatenated),
 }
 
 
@@ -248,7 +278,7 @@ def _oracle_family(entry: families.ModelFamily) -> Family:
     folder = M + entry.folder
     return Family(
         name=entry.name,
-        block=f"{folder}.modeling_{entry.folder}.{entry.block}",
+        block=entry.oracle_block or f"{folder}.modeling_{entry.folder}.{entry.block}",
         config=f"{folder}.configuration_{entry.folder}.{entry.config}",
         config_kwargs=tiny.config_kwargs(entry.keys, EMBED, FFN),
         spec=tiny.spec_choices(entry.routing, EMBED, FFN),

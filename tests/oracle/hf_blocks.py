@@ -260,12 +260,32 @@ def dbrx_experts(experts: nn.Module) -> Weights:
     }
 
 
-def shared_mlp(mlp: nn.Module) -> Weights:
-    """A gated MLP of three nn.Linear (gate_proj, up_proj, down_proj), no biases."""
-    for projection in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+def shared_mlp(mlp: nn.Module, biases: bool = False) -> Weights:
+    """A gated MLP of three nn.Linear (gate_proj, up_proj, down_proj); their biases where
+    `biases` (moegen's shared_ffn_bias), else none."""
+    projections = {"gate": mlp.gate_proj, "up": mlp.up_proj, "down": mlp.down_proj}
+    for projection in projections.values():
+        assert (projection.bias is not None) == biases, "the shared expert's biases"
+    out = {f"shared_{name}": linear_t(p.weight) for name, p in projections.items()}
+    if biases:
+        out |= {f"shared_b_{name}": p.bias for name, p in projections.items()}
+    return out
+
+
+def ungated_experts(experts: nn.Module) -> Weights:
+    """Experts with up and down only (Nemotron-H): up_proj [E, F, D], down_proj [E, D, F],
+    each applied as F.linear."""
+    return {
+        "w_up": experts.up_proj.transpose(1, 2),
+        "w_down": experts.down_proj.transpose(1, 2),
+    }
+
+
+def ungated_mlp(mlp: nn.Module) -> Weights:
+    """A plain MLP of two nn.Linear (up_proj, down_proj), no biases (Nemotron-H's shared)."""
+    for projection in (mlp.up_proj, mlp.down_proj):
         assert projection.bias is None, "moegen's shared expert has no biases"
     return {
-        "shared_gate": linear_t(mlp.gate_proj.weight),
         "shared_up": linear_t(mlp.up_proj.weight),
         "shared_down": linear_t(mlp.down_proj.weight),
     }

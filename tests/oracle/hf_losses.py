@@ -24,12 +24,24 @@ def _modeling(block: nn.Module | type[nn.Module]) -> Any:
     return importlib.import_module(cls.__module__)
 
 
-def router_recorder(block: nn.Module) -> Any | None:
-    """The family's OutputRecorder of router logits (None: its model records none)."""
+def router_recorders(block: nn.Module | type[nn.Module]) -> list[Any]:
+    """The OutputRecorders of router logits in the family's modeling module (a multimodal
+    module has one per model: thinker, talker, ...)."""
+    found = []
     for value in vars(_modeling(block)).values():
         outputs = getattr(value, "_can_record_outputs", None)
         if isinstance(outputs, dict) and "router_logits" in outputs:
-            return outputs["router_logits"]
+            if outputs["router_logits"] not in found:
+                found.append(outputs["router_logits"])
+    return found
+
+
+def router_recorder(block: nn.Module) -> Any | None:
+    """The recorder whose router class is inside this block (None: the logits are recorded
+    elsewhere, e.g. at a block that holds this one)."""
+    for recorder in router_recorders(block):
+        if any(isinstance(m, recorder.target_class) for m in block.modules()):
+            return recorder
     return None
 
 
@@ -43,7 +55,8 @@ def run_balance_loss(
 ) -> tuple[float, np.ndarray]:
     """transformers' balance loss of this block on x (coefficient 1) and its gradient w.r.t. x."""
     loss_function, recorder = balance_loss_function(block), router_recorder(block)
-    assert loss_function is not None and recorder is not None
+    assert loss_function is not None, "the family trains with no load_balancing_loss_func"
+    assert recorder is not None, "no router inside the block records its logits"
     routers = [m for m in block.modules() if isinstance(m, recorder.target_class)]
     assert len(routers) == 1, f"{len(routers)} {recorder.target_class.__name__} in the block"
     caught: list[torch.Tensor] = []

@@ -1,0 +1,200 @@
+"""The model-family table, continued (tests/families.py concatenates it): the families whose
+MoE needs the spec options of issue 29 (clamps after the activation or on the routed experts
+alone, a selection bias on the logits, a renormalisation epsilon, soft-capped router logits,
+ungated relu^2 experts, Gemma 4's norms and per-expert scales, shared-expert biases), checked by
+the oracle alone. The oracle's limits and epsilons are small enough to bite at these sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from families_keys import LOCAL_MOE, NUM_MOE, RENORMALIZED, ROUTED, SIGMOID_BIAS, F
+from family_model import Keys, ModelFamily, Tiny
+
+# Step 3.7 clamps the activated gate (min(silu(g), L)), the shared expert at its own limit
+_STEP3P7_GLU = {
+    "glu": {"gate_limit": 0.5, "up_limit": 0.5, "gate_clamp": "after_activation"},
+    "shared_glu": {"gate_limit": 0.8, "up_limit": 0.8, "gate_clamp": "after_activation"},
+    "routed_scaling": 3.0,  # moe_router_scaling_factor: the experts' sum times it
+}
+# HY-V4 clamps its routed experts only (swiglu_limit), its shared MLP not
+_HY_V4_GLU = {"glu": {"gate_limit": 1.0, "up_limit": 1.0}, "shared_glu": "plain"}
+_HY_V4_CONFIG = dict(
+    n_shared_experts=1, norm_topk_prob=True, swiglu_limit=1.0, n_group=1, topk_group=1
+)
+# Gemma 4 (and DiffusionGemma): the router's input RMS-normalised, per-expert scales, the
+# experts on their own normalised input, tanh GELU
+_GEMMA4_KEYS = Keys("num_experts", "top_k_experts", "moe_intermediate_size")
+_GEMMA4 = RENORMALIZED | {
+    "activation": "geglu",
+    "gelu_approximation": "tanh",
+    "input_norm_eps": 1e-06,
+    "per_expert_scale": True,
+    "expert_input_norm_eps": 1e-06,
+}
+_GEMMA4_CONFIG = dict(
+    enable_moe_block=True,
+    intermediate_size=64,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    rms_norm_eps=1e-06,
+)
+
+
+def _gemma(name: str, folder: str, config: str, layer: str, composed: str) -> ModelFamily:
+    return ModelFamily(
+        name,
+        folder,
+        config,
+        layer,
+        "",
+        _GEMMA4_KEYS,
+        _GEMMA4,
+        oracle=Tiny(16, 4, config=_GEMMA4_CONFIG, block_args=(0,)),
+        oracle_block=f"oracle.composed.{composed}",
+    )
+
+
+OPTION_FAMILIES: list[ModelFamily] = [
+    ModelFamily(
+        "step3p7",
+        "step3p7",
+        "Step3p7TextConfig",
+        "Step3p7SparseMoeBlock",
+        "",
+        LOCAL_MOE,
+        SIGMOID_BIAS,
+        oracle=Tiny(
+            16,
+            4,
+            shared=F,
+            config=dict(
+                n_routed_experts=16,
+                share_expert_dim=F,
+                moe_router_scaling_factor=3.0,
+                swiglu_limits=[0.5],
+                swiglu_limits_shared=[0.8],
+                num_hidden_layers=1,
+            ),
+            spec=_STEP3P7_GLU,
+            block_args=(0,),
+        ),
+    ),
+    ModelFamily(
+        "hy_v4",
+        "hy_v4",
+        "HYV4Config",
+        "HYV4MoE",
+        "",
+        ROUTED,
+        SIGMOID_BIAS,
+        oracle=Tiny(16, 4, shared=F, scaling=2.827, config=_HY_V4_CONFIG, spec=_HY_V4_GLU),
+    ),
+    ModelFamily(
+        "hy_v4_vl",
+        "hy_v4_vl",
+        "HYV4VLTextConfig",
+        "HYV4VLMoE",
+        "",
+        ROUTED,
+        SIGMOID_BIAS,
+        oracle=Tiny(16, 4, shared=F, scaling=2.827, config=_HY_V4_CONFIG, spec=_HY_V4_GLU),
+    ),
+    # Kolibri1: the selection bias on the logits, the weights the sigmoid of the chosen ones
+    ModelFamily(
+        "kolibri1",
+        "kolibri1",
+        "Kolibri1Config",
+        "Kolibri1SparseMoeBlock",
+        "",
+        NUM_MOE,
+        SIGMOID_BIAS | {"routing_bias_on": "logits"},
+        oracle=Tiny(
+            16,
+            6,
+            shared=2 * F,
+            config=dict(norm_topk_prob=True, shared_expert_intermediate_size=2 * F),
+        ),
+    ),
+    # LFM2-MoE: renormalised by the sum plus 1e-6
+    ModelFamily(
+        "lfm2_moe",
+        "lfm2_moe",
+        "Lfm2MoeConfig",
+        "Lfm2MoeSparseMoeBlock",
+        "",
+        NUM_MOE,
+        SIGMOID_BIAS | {"renormalize_epsilon": 1e-06},
+        oracle=Tiny(16, 4, scaling=1.5, config=dict(use_expert_bias=True, norm_topk_prob=True)),
+    ),
+    # Laguna: soft-capped router logits; the routed scaling multiplies the experts' sum
+    ModelFamily(
+        "laguna",
+        "laguna",
+        "LagunaConfig",
+        "LagunaSparseMoeBlock",
+        "",
+        NUM_MOE,
+        SIGMOID_BIAS,
+        oracle=Tiny(
+            16,
+            4,
+            shared=2 * F,
+            config=dict(
+                shared_expert_intermediate_size=2 * F,
+                moe_routed_scaling_factor=2.0,
+                moe_router_logit_softcapping=1.5,
+            ),
+            spec={"routed_scaling": 2.0, "logit_softcap": 1.5},
+        ),
+    ),
+    # Nemotron-H without its latent projections (moe_latent_size unset): relu^2 experts
+    ModelFamily(
+        "nemotron_h",
+        "nemotron_h",
+        "NemotronHConfig",
+        "NemotronHMoE",
+        "",
+        ROUTED,
+        SIGMOID_BIAS | {"activation": "relu2"},
+        oracle=Tiny(
+            16,
+            4,
+            shared=2 * F,
+            scaling=2.5,
+            config=dict(
+                moe_shared_expert_intermediate_size=2 * F,
+                norm_topk_prob=True,
+                n_group=1,
+                topk_group=1,
+            ),
+        ),
+    ),
+    _gemma("gemma4", "gemma4", "Gemma4TextConfig", "Gemma4TextDecoderLayer", "Gemma4Moe"),
+    _gemma(
+        "diffusion_gemma_encoder",
+        "diffusion_gemma",
+        "DiffusionGemmaTextConfig",
+        "DiffusionGemmaEncoderTextLayer",
+        "DiffusionGemmaEncoderMoe",
+    ),
+    _gemma(
+        "diffusion_gemma_decoder",
+        "diffusion_gemma",
+        "DiffusionGemmaTextConfig",
+        "DiffusionGemmaDecoderTextLayer",
+        "DiffusionGemmaDecoderMoe",
+    ),
+]
+
+
+def with_shared_biases(ernie: ModelFamily) -> ModelFamily:
+    """ERNIE 4.5 with use_bias: its shared experts' projections have biases."""
+    oracle = replace(
+        ernie.oracle,
+        config=ernie.oracle.config | {"use_bias": True},
+        spec=ernie.oracle.spec | {"shared_ffn_bias": True},
+    )
+    return replace(ernie, name="ernie4_5_moe_use_bias", oracle=oracle, checkpoint=None)
