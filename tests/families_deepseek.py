@@ -290,8 +290,17 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
         "DeepseekOcr2ForConditionalGeneration",
         ROUTED,
         SOFTMAX,
-        oracle=Tiny(
-            16, 6, shared=2 * F, scaling=1.0, config=dict(topk_method="greedy", n_shared_experts=2)
+        oracle=Tiny(  # layer 0 an MoE layer ("sparse"), as its config needs the list
+            16,
+            6,
+            shared=2 * F,
+            scaling=1.0,
+            config=dict(
+                topk_method="greedy",
+                n_shared_experts=2,
+                num_hidden_layers=2,
+                mlp_layer_types=["sparse", "sparse"],
+            ),
         ),
     ),
     ModelFamily(

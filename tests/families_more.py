@@ -151,8 +151,12 @@ MORE_FAMILIES: list[ModelFamily] = [
         "GraniteMoeHybridForCausalLM",
         LOCAL,
         AFTER_TOP_K,
-        # its config checks that the Mamba heads (128) split 2 * D
-        oracle=Tiny(8, 2, config=dict(mamba_n_heads=8)),
+        # its config checks that the Mamba heads (128) split 2 * D; its decoder layer adds
+        # the always-on shared_mlp beside the block (composed: tests/oracle/composed.py)
+        oracle=Tiny(
+            8, 2, shared=2 * F, config=dict(mamba_n_heads=8, shared_intermediate_size=2 * F)
+        ),
+        oracle_block="oracle.composed.GraniteMoeHybridWithShared",
     ),
     ModelFamily(
         "granitemoeshared",

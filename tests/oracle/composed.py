@@ -35,6 +35,20 @@ class _LayerMoe(nn.Module):
         return self.experts(self.norm(flat), index, weights).reshape(x.shape)
 
 
+class GraniteMoeHybridWithShared(nn.Module):
+    """Granite-4.0-H's MoE layer: its decoder layer adds the always-on shared_mlp to the
+    block_sparse_moe's output, on the same input (moegen's shared expert)."""
+
+    def __init__(self, config: Any, layer_idx: int = 0) -> None:
+        super().__init__()
+        modeling = _M + "granitemoehybrid.modeling_granitemoehybrid."
+        layer = load(modeling + "GraniteMoeHybridDecoderLayer")(config, layer_idx)
+        self.block, self.shared_mlp = layer.block_sparse_moe, layer.shared_mlp
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.block(x) + self.shared_mlp(x)
+
+
 class Gemma4Moe(_LayerMoe):
     layer_class = _M + "gemma4.modeling_gemma4.Gemma4TextDecoderLayer"
 

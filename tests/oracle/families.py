@@ -57,6 +57,7 @@ from oracle.hf_blocks import (
     dbrx_experts,
     fused_experts,
     fused_shared_mlp,
+    gated_linear_mlp,
     gpt_oss_experts,
     interleaved,
     jetmoe_experts,
@@ -225,7 +226,8 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     "qwen4_exp": _gated_shared,
     "lara_mini": _ungated_shared,
     "flint": _ungated_shared,
-    **dict.fromkeys(("granitemoe_swa", "granitemoehybrid", "granitemoeshared"), _router_fused),
+    **dict.fromkeys(("granitemoe_swa", "granitemoeshared"), _router_fused),
+    "granitemoehybrid": lambda b: {**_router_fused(b.block), **gated_linear_mlp(b.shared_mlp)},
     "cohere2_moe": _fused,
     "aria": lambda b: {  # Aria's experts have Llama 4's layout (x @ W, gate then up)
         "router": linear_t(b.router.weight),

@@ -272,6 +272,17 @@ def shared_mlp(mlp: nn.Module, biases: bool = False) -> Weights:
     return out
 
 
+def gated_linear_mlp(mlp: nn.Module) -> Weights:
+    """Granite's shared MLP: input_linear [2S, D], gate then up (`chunk(2, dim=-1)` of its
+    output), output_linear [D, S]; no biases."""
+    gate, up = mlp.input_linear.weight.chunk(2, dim=0)  # [S, D] each
+    return {
+        "shared_gate": linear_t(gate),
+        "shared_up": linear_t(up),
+        "shared_down": linear_t(mlp.output_linear.weight),
+    }
+
+
 def ungated_experts(experts: nn.Module) -> Weights:
     """Experts with up and down only (Nemotron-H): up_proj [E, F, D], down_proj [E, D, F],
     each applied as F.linear."""
