@@ -42,11 +42,67 @@ QWEN2 = {
 }
 
 
+# Step 3.7 in the published config's form: its MoE layers in the legacy moe_layers_enum, the
+# last two layers clamped (routed experts at 7, the shared one at 16), the others not
+STEP3P7 = {
+    "model_type": "step3p5",
+    "moe_num_experts": 16,
+    "moe_top_k": 4,
+    "hidden_size": 32,
+    "moe_intermediate_size": 16,
+    "share_expert_dim": 32,
+    "num_hidden_layers": 6,
+    "moe_layers_enum": "2,3,4,5",
+    "swiglu_limits": [0.0, 0.0, 0.0, 0.0, 7, 7],
+    "swiglu_limits_shared": [0, 0, 0, 0, 16, 16],
+    "moe_router_scaling_factor": 3.0,
+}
+# google/gemma-4-26B-A4B's text model: 128 experts of 704, top-8, beside a 2112-wide MLP
+GEMMA4_26B = {
+    "model_type": "gemma4",
+    "text_config": {
+        "model_type": "gemma4_text",
+        "hidden_size": 2816,
+        "intermediate_size": 2112,
+        "num_hidden_layers": 30,
+        "enable_moe_block": True,
+        "num_experts": 128,
+        "top_k_experts": 8,
+        "moe_intermediate_size": 704,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": 1e-06,
+    },
+}
+NEMOTRON_H = {
+    "model_type": "nemotron_h",
+    "n_routed_experts": 16,
+    "num_experts_per_tok": 4,
+    "hidden_size": 32,
+    "moe_intermediate_size": 16,
+    "moe_shared_expert_intermediate_size": 32,
+    "routed_scaling_factor": 2.5,
+}
+ERNIE = {
+    "model_type": "ernie4_5_moe",
+    "moe_num_experts": 8,
+    "moe_k": 2,
+    "hidden_size": 32,
+    "moe_intermediate_size": 16,
+    "num_hidden_layers": 6,
+    "moe_layer_start_index": 1,
+    "moe_layer_end_index": 4,
+    "moe_num_shared_experts": 0,
+}
+_CLAMP7 = {"gate_limit": 7.0, "up_limit": 7.0, "gate_clamp": "after_activation"}
+
+
 @dataclass(frozen=True)
 class LayerList:
     name: str
     config: dict[str, Any]
     specs: dict[str, tuple[str, int]]  # file -> (its MoE layers, as written; its top-k)
+    # file -> {dotted spec field: its value}; a str value of "description" is a part of it
+    fields: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 LAYER_LISTS = [
@@ -68,17 +124,7 @@ LAYER_LISTS = [
     ),
     LayerList(
         "ernie start end interval",
-        {
-            "model_type": "ernie4_5_moe",
-            "moe_num_experts": 8,
-            "moe_k": 2,
-            "hidden_size": 32,
-            "moe_intermediate_size": 16,
-            "num_hidden_layers": 6,
-            "moe_layer_start_index": 1,
-            "moe_layer_end_index": 4,
-            "moe_num_shared_experts": 0,
-        },
+        ERNIE,
         {"moe.yaml": ("1-4", 2)},
     ),
     LayerList(
@@ -121,6 +167,63 @@ LAYER_LISTS = [
             "per_layer_config": {"1": {"num_local_experts": 4, "num_experts_per_tok": 3}},
         },
         {"moe_experts4_top3.yaml": ("1", 3), "moe_experts8_top2.yaml": ("2", 2)},
+    ),
+    LayerList(
+        "step3p7 two clamped layers: a spec each kind",
+        STEP3P7,
+        {"moe_kind1.yaml": ("2-3", 4), "moe_kind2.yaml": ("4-5", 4)},
+        {
+            "moe_kind1.yaml": {"layer.glu": None, "layer.shared_glu": None},
+            "moe_kind2.yaml": {
+                "layer.glu": _CLAMP7,
+                "layer.shared_glu": _CLAMP7 | {"gate_limit": 16.0, "up_limit": 16.0},
+                "router.routed_scaling": 3.0,
+                "layer.num_experts": 16,
+            },
+        },
+    ),
+    LayerList(
+        "step3p7 clamped routed experts only",
+        {**STEP3P7, "moe_layers_enum": "4,5", "swiglu_limits_shared": None},
+        {"moe.yaml": ("4-5", 4)},
+        {"moe.yaml": {"layer.glu": _CLAMP7, "layer.shared_glu": "plain"}},
+    ),
+    LayerList(
+        "gemma-4-26B-A4B text model",
+        GEMMA4_26B,
+        {"moe.yaml": ("0-29", 8)},
+        {
+            "moe.yaml": {
+                "layer.embed_dim": 2816,
+                "layer.num_experts": 128,
+                "layer.ffn_dim": 704,
+                "layer.activation": "geglu",
+                "layer.gelu_approximation": "tanh",
+                "layer.expert_input_norm_eps": 1e-06,
+                "router.input_norm_eps": 1e-06,
+                "router.per_expert_scale": True,
+                "router.renormalize": True,
+                "description": "beside a dense MLP",
+            }
+        },
+    ),
+    LayerList(
+        "nemotron_h hybrid_override_pattern",
+        {**NEMOTRON_H, "hybrid_override_pattern": "MEM*EM-E", "num_hidden_layers": 52},
+        {"moe.yaml": ("1, 4, 7", 4)},
+        {"moe.yaml": {"layer.activation": "relu2", "description": "of 8"}},
+    ),
+    LayerList(
+        "ernie shared expert biases",
+        {**ERNIE, "moe_num_shared_experts": 2, "use_bias": True},
+        {"moe.yaml": ("1-4", 2)},
+        {"moe.yaml": {"layer.shared_ffn_bias": True, "layer.shared_ffn_dim": 32}},
+    ),
+    LayerList(
+        "ernie use_bias without shared experts",
+        {**ERNIE, "use_bias": True},
+        {"moe.yaml": ("1-4", 2)},
+        {"moe.yaml": {"layer.shared_ffn_bias": False, "layer.shared_ffn_dim": None}},
     ),
 ]
 
@@ -167,9 +270,34 @@ REFUSALS = [
         ("hidden_act", "'gelu_pytorch_tanh' is not mapped"),
     ),
     Refused(
-        "ernie shared expert biases",
-        {**LAYER_LISTS[4].config, "use_bias": True},
-        ("use_bias", "biases"),
+        "nemotron_h latent projections",
+        {**NEMOTRON_H, "layers_block_type": ["moe", "mlp"], "moe_latent_size": 16},
+        ("moe_latent_size", "latent projections around the experts", "not expressible"),
+    ),
+    Refused(
+        "gemma4 without enable_moe_block",
+        {**GEMMA4_26B, "text_config": {**GEMMA4_26B["text_config"], "enable_moe_block": False}},
+        ("text_config.enable_moe_block: is false", "no MoE layer"),
+    ),
+    Refused(
+        "gemma4 enable_moe_block absent",
+        {k: v for k, v in GEMMA4_26B["text_config"].items() if k != "enable_moe_block"},
+        ("enable_moe_block", "absent: the config class's default", "no MoE layer"),
+    ),
+    Refused(
+        "hy_v4 swiglu_limit 0",
+        {**DEEPSEEK, "model_type": "hy_v4", "swiglu_limit": 0},
+        ("swiglu_limit", "must be positive", "HYV4Experts clamps at it"),
+    ),
+    Refused(
+        "step3p7 negative limit",
+        {**STEP3P7, "swiglu_limits_shared": [0, 0, 0, 0, -1, 16]},
+        ("swiglu_limits_shared", "must be positive"),
+    ),
+    Refused(
+        "nemotron_h unknown block letter",
+        {**NEMOTRON_H, "hybrid_override_pattern": "ME?"},
+        ("hybrid_override_pattern[2]", "'?' is not a block letter"),
     ),
     Refused(
         "deepseek_v3 softmax scoring",

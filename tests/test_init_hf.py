@@ -199,6 +199,14 @@ def test_moe_layers_of_mixed_models(case, tmp_path, invoke_main):
         spec = loaded(tmp_path / "specs" / name)
         assert f"MoE layers {layers} of" in spec.description, spec.description
         assert spec.router.top_k == top_k
+        for dotted, want in case.fields.get(name, {}).items():
+            if dotted == "description":
+                assert want in spec.description, spec.description
+                continue
+            section, field = dotted.split(".")
+            got = getattr(getattr(spec, section), field)
+            got = got.model_dump(exclude_defaults=True) if hasattr(got, "model_dump") else got
+            assert got == want, (name, dotted, got)
 
 
 @pytest.mark.parametrize("case", REFUSALS, ids=[c.name for c in REFUSALS])

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from moegen.hf.families_deepseek import DEEPSEEK_FAMILIES
 from moegen.hf.families_more import MORE_FAMILIES
+from moegen.hf.families_options import OPTION_FAMILIES
 from moegen.hf.family_base import (
     ACTIVATION,
     DEEPSEEK_V2,
@@ -26,6 +27,7 @@ from moegen.hf.family_base import (
     GRANITE_SHARED,
     NO_JITTER,
     SELECTION_BIAS,
+    SHARED_BIAS,
     HfFamily,
     balance,
     deepseek_v3_style,
@@ -240,17 +242,16 @@ _BASE: Mapping[str, HfFamily] = {
             renormalized("Ernie4_5_MoeSparseMoeBlock"),
             Fixed("router.routing_bias", True, "moe_statics: chooses, does not weigh"),
             SharedWidth(("moe_num_shared_experts",), ("moe_intermediate_size",), 0),
-            Expect(
-                "use_bias", (False,), "the shared experts would have biases; moegen's have none"
-            ),
+            SHARED_BIAS,
             balance(0.001),
         ),
     ),
 }
 
 
-FAMILIES: Mapping[str, HfFamily] = {**_BASE, **DEEPSEEK_FAMILIES, **MORE_FAMILIES}
-assert len(FAMILIES) == len(_BASE) + len(DEEPSEEK_FAMILIES) + len(MORE_FAMILIES)
+_PARTS = (_BASE, DEEPSEEK_FAMILIES, MORE_FAMILIES, OPTION_FAMILIES)
+FAMILIES: Mapping[str, HfFamily] = {k: v for part in _PARTS for k, v in part.items()}
+assert len(FAMILIES) == sum(map(len, _PARTS))  # no model_type in two parts
 
 # model_type -> why moegen refuses it (checked before the table; the reason names the difference)
 REFUSED: Mapping[str, str] = {

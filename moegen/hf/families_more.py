@@ -14,6 +14,7 @@ from moegen.hf.family_base import (
     GATED,
     GPT_OSS_EXPERTS,
     GRANITE_SHARED,
+    SHARED_BIAS,
     HfFamily,
     Rule,
     after_top_k,
@@ -73,7 +74,7 @@ _ERNIE_VL: tuple[Rule, ...] = (
     Fixed("router.routing_bias", True, "moe_statics: chooses, does not weigh"),
     # the shared experts are moe_num_shared_experts text experts wide
     SharedWidth(("moe_num_shared_experts",), ("moe_intermediate_size[0]",), 2),
-    Expect("use_bias", (False,), "the shared experts would have biases; moegen's have none"),
+    SHARED_BIAS,
     balance(0.001),
 )
 _LOCAL = {"experts": ("num_local_experts",)}  # what these configs save for num_experts

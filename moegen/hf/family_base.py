@@ -17,12 +17,23 @@ from moegen.hf.rules import (
     GptOssGlu,
     Groups,
     LoadBalance,
+    Positive,
     SharedWidth,
     Switch,
 )
 
 Rule = (
-    Choose | Clamp | Copy | Expect | Fixed | GptOssGlu | Groups | LoadBalance | SharedWidth | Switch
+    Choose
+    | Clamp
+    | Copy
+    | Expect
+    | Fixed
+    | GptOssGlu
+    | Groups
+    | LoadBalance
+    | Positive
+    | SharedWidth
+    | Switch
 )
 
 
@@ -37,6 +48,9 @@ class HfFamily:
     # size name -> the only keys read for it, where the layout's keys mean something else
     # here (ERNIE-4.5-VL's moe_intermediate_size is [text, vision], not per layer)
     size_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # what the spec alone does not say about where the layer sits (Gemma 4's MoE block runs
+    # beside a dense MLP): the written spec's description and header carry it
+    note: str = ""
 
 
 # The experts' act_fn(gate) * up: silu is SwiGLU, exact gelu GeGLU. gelu_pytorch_tanh and the
@@ -51,6 +65,8 @@ NO_JITTER = Expect(
     "moegen's router adds no noise (transformers multiplies the input by it in training)",
 )
 SELECTION_BIAS = Fixed("router.routing_bias", True, "e_score_correction_bias: chooses, not weighs")
+# ERNIE 4.5's use_bias gives its shared experts' projections biases (the routed ones have none)
+SHARED_BIAS = Copy("layer.shared_ffn_bias", ("use_bias",), False, "flag")
 
 
 def softmax(block: str) -> Fixed:

@@ -142,6 +142,22 @@ class DenseFirst:
         return layers, how + (f", i % {self.freq} = 0" if self.freq else "")
 
 
+def typed_layers(
+    view: ConfigView, key: str, types: list[str], moe: str, others: tuple[tuple[str, str], ...]
+) -> tuple[list[int], str]:
+    """The layers whose type is `moe`; the other known types are left out, each for its
+    reason (said in the description), an unknown type refused."""
+    reasons = dict(others)
+    for i, kind in enumerate(types):
+        if kind != moe and kind not in reasons:
+            known = ", ".join([moe, *reasons])
+            raise view.fail(f"{key}[{i}]", f"{kind!r} is not a known type ({known})")
+    layers = [i for i, kind in enumerate(types) if kind == moe]
+    left = sorted({kind for kind in types if kind != moe})
+    notes = "; ".join(f"{kind} layers left out: {reasons[kind]}" for kind in left)
+    return layers, f"{key} '{moe}'" + (f" ({notes})" if notes else "")
+
+
 @dataclass(frozen=True)
 class Typed:
     """DeepSeek-V4: the layers whose `mlp_layer_types` entry is `moe`; the other types are
@@ -167,18 +183,113 @@ class Typed:
                 "its decoder layers read one entry per layer",
             )
         types = view.text_list(self.key, view.raw(self.key))
-        reasons = dict(self.others)
-        for i, kind in enumerate(types):
-            if kind != self.moe and kind not in reasons:
-                known = ", ".join([self.moe, *reasons])
-                raise view.fail(f"{self.key}[{i}]", f"{kind!r} is not a known type ({known})")
-        layers = [i for i, kind in enumerate(types[:total]) if kind == self.moe]
-        left = sorted({kind for kind in types[:total] if kind != self.moe})
-        notes = "; ".join(f"{kind} layers left out: {reasons[kind]}" for kind in left)
-        return layers, f"{self.key} '{self.moe}'" + (f" ({notes})" if notes else "")
+        return typed_layers(view, self.key, types[:total], self.moe, self.others)
 
 
-LayerRule = AllLayers | FirstDense | SparseStep | Period | Window | Listed | Typed | DenseFirst
+@dataclass(frozen=True)
+class IndexList:
+    """Step 3.7's derivation of mlp_layer_types: the MoE layers' indices in the legacy `key`
+    (a list, or a comma-separated string), else every layer from `first` on."""
+
+    key: str = "moe_layers_enum"
+    first: int = 3
+
+    def moe_layers(self, view: ConfigView) -> tuple[list[int], str]:
+        total = layer_count(view, LAYERS)
+        value = view.raw(self.key)
+        if value in (MISSING, None):
+            return list(range(self.first, total)), f"layers from the fixed {self.first} on"
+        if isinstance(value, str):
+            items = [item.strip() for item in value.split(",") if item.strip()]
+            if not all(item.isdigit() for item in items):
+                raise view.fail(self.key, f"must list layer indices, not {value[:60]!r}")
+            value = [int(item) for item in items]
+        listed = set(view.int_list(self.key, value))
+        return [i for i in range(total) if i in listed], f"the {self.key} list"
+
+
+@dataclass(frozen=True)
+class Switched:
+    """Gemma 4: every decoder layer builds the MoE block (beside its dense MLP) when the
+    `flag` key is true; when it is false no layer has one, and there is nothing to map."""
+
+    flag: str
+    default: bool = False
+
+    def moe_layers(self, view: ConfigView) -> tuple[list[int], str]:
+        total = layer_count(view, LAYERS)
+        value, _ = lookup(view, (self.flag,), 0, self.default)
+        if not view.flag(self.flag, value):
+            absent = "" if view.has(self.flag) else " (absent: the config class's default)"
+            raise view.fail(
+                self.flag,
+                f"is false{absent}: no decoder layer builds the MoE block, so there is no "
+                "MoE layer to map",
+            )
+        return list(range(total)), f"every one of the {total} decoder layers ({self.flag} true)"
+
+
+# Nemotron-H's legacy pattern letters and the block type each stands for
+_NEMOTRON_LETTERS = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
+
+
+@dataclass(frozen=True)
+class BlockPattern:
+    """Nemotron-H: one block type per decoder layer, the `keys` list, else the legacy
+    `pattern` string (a letter a layer), else the config class's default; a layer is MoE
+    where its type is `moe`. The decoder-layer count is the list's length (the config class
+    ignores num_hidden_layers)."""
+
+    keys: tuple[str, ...]
+    pattern: str
+    default: tuple[str, ...]
+    moe: str
+    others: tuple[tuple[str, str], ...]
+
+    def types(self, view: ConfigView) -> tuple[list[str], str]:
+        key = next((k for k in self.keys if view.raw(k) not in (MISSING, None)), None)
+        if key is not None:
+            return view.text_list(key, view.raw(key)), key
+        text = view.raw(self.pattern)
+        if text in (MISSING, None):
+            return list(self.default), f"{self.keys[0]} (absent: the config class's default)"
+        text = view.text(self.pattern, text)
+        for i, letter in enumerate(text):
+            if letter not in _NEMOTRON_LETTERS:
+                known = ", ".join(_NEMOTRON_LETTERS)
+                where = f"{self.pattern}[{i}]"
+                raise view.fail(where, f"{letter!r} is not a block letter ({known})")
+        return [_NEMOTRON_LETTERS[letter] for letter in text], self.pattern
+
+    def total(self, view: ConfigView) -> int:
+        return len(self.types(view)[0])
+
+    def moe_layers(self, view: ConfigView) -> tuple[list[int], str]:
+        types, source = self.types(view)
+        return typed_layers(view, source, types, self.moe, self.others)
+
+
+LayerRule = (
+    AllLayers
+    | FirstDense
+    | SparseStep
+    | Period
+    | Window
+    | Listed
+    | Typed
+    | DenseFirst
+    | IndexList
+    | Switched
+    | BlockPattern
+)
+
+
+def decoder_layers(rule: LayerRule, view: ConfigView) -> int:
+    """How many decoder layers the model has: the rule's own count where its list sets it
+    (Nemotron-H), else the count key it reads."""
+    if isinstance(rule, BlockPattern):
+        return rule.total(view)
+    return layer_count(view, getattr(rule, "count", LAYERS))
 
 
 def ranges(layers: list[int]) -> str:

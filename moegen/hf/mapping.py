@@ -18,7 +18,7 @@ from typing import Any
 from moegen.hf.config_file import ConfigView, HfConfigError, config_file, read_json
 from moegen.hf.families import FAMILIES, REFUSED
 from moegen.hf.family_base import HfFamily
-from moegen.hf.layers import LAYERS, layer_count, ranges
+from moegen.hf.layers import decoder_layers, ranges
 from moegen.hf.rules import Choice, Size
 from moegen.hf.spec_text import Placement, spec_text
 
@@ -96,7 +96,22 @@ def _size_rules(family: HfFamily) -> list[Size]:
 
 def layer_choices(family: HfFamily, view: ConfigView, layer: int) -> tuple[Choice, ...]:
     rules = [*_size_rules(family), *family.rules]
-    return tuple(choice for rule in rules for choice in rule.choices(view, layer))
+    return _tidied([choice for rule in rules for choice in rule.choices(view, layer)])
+
+
+# fields of the shared expert: a block whose shared width is 0 builds none, so they do nothing
+SHARED_ONLY = ("layer.shared_glu", "layer.shared_ffn_bias", "layer.shared_expert_gate")
+
+
+def _tidied(choices: list[Choice]) -> tuple[Choice, ...]:
+    """The choices less those that change nothing, which the spec's checks refuse: the
+    shared expert's fields without a shared expert, and a shared_glu that is the routed
+    experts' glu (both clamped alike, or both plain)."""
+    fields = {c.field: c.value for c in choices}
+    same_glu = fields.get("layer.shared_glu", "plain") == fields.get("layer.glu", "plain")
+    drop = set(SHARED_ONLY) if "layer.shared_ffn_dim" not in fields else set()
+    drop |= {"layer.shared_glu"} if same_glu else set()
+    return tuple(c for c in choices if c.field not in drop)
 
 
 def model_of(source: Path) -> Model:
@@ -135,7 +150,7 @@ def specs_from_hf(source: Path, target: Path | None, placement: Placement) -> di
     `target` (default specs/<model_type>.yaml; several kinds: a suffix each)."""
     model = model_of(source)
     target = target or Path("specs") / f"{model.model_type}.yaml"
-    total = layer_count(model.view, _count_key(model.family))
+    total = decoder_layers(model.family.layers, model.view)
     found: dict[Path, str] = {}
     for kind, suffix in zip(model.kinds, _kind_names(model.kinds), strict=True):
         path = target.with_name(f"{target.stem}{suffix}{target.suffix}")
@@ -150,9 +165,8 @@ def specs_from_hf(source: Path, target: Path | None, placement: Placement) -> di
         if len(model.kinds) > 1:
             header.append(f"The model's MoE layers differ: {len(model.kinds)} specs, one a kind.")
         description = f"{model.family.title} MoE layers {listed} of {total} (from config.json)"
+        if model.family.note:
+            header.append(model.family.note)
+            description = f"{description}. {model.family.note}"
         found[path] = spec_text(header, description, list(kind.choices), placement)
     return found
-
-
-def _count_key(family: HfFamily) -> str:
-    return getattr(family.layers, "count", LAYERS)

@@ -193,21 +193,48 @@ class Groups:
 
 @dataclass(frozen=True)
 class Clamp:
-    """layer.glu clamping both projections at the key's limit (DeepSeek-V4's swiglu_limit);
-    none when the limit is absent, null or 0."""
+    """`field` (layer.glu, or the shared expert's layer.shared_glu) clamping both projections
+    at the key's limit (DeepSeek-V4's swiglu_limit; Step 3.7's per-layer swiglu_limits). A
+    value in `off` (absent, null or 0 by default; a null or empty list too) means no clamp:
+    `field` is then `unclamped` (shared_glu: "plain") or left out. Any other limit must be
+    positive: torch clamps at whatever it is given."""
 
     key: str
     default: float | None = None  # the config class's, where the key is absent
+    field: str = "layer.glu"
+    after_activation: bool = False  # Step 3.7: min(act(gate), limit), not act(min(gate, limit))
+    unclamped: str | None = None
+    off: tuple[Any, ...] = (None, 0)
+    why: str = ""  # what the family's block does with a limit that is not positive
 
     def choices(self, view: ConfigView, layer: int) -> list[Choice]:
-        limit = lookup(view, (self.key,), layer, self.default)[0]
-        if limit is None or limit == 0:
-            return []
+        empty = view.raw(self.key) == []  # Step 3.7: an empty list clamps no layer
+        limit = None if empty else lookup(view, (self.key,), layer, self.default)[0]
+        if limit in self.off and type(limit) is not bool:
+            return [] if self.unclamped is None else [Choice(self.field, self.unclamped, self.key)]
         limit = view.number(self.key, limit)
         if limit <= 0:
-            raise view.fail(self.key, f"must be positive, not {limit}")
-        glu = {"gate_limit": limit, "up_limit": limit}
-        return [Choice("layer.glu", glu, f"{view.prefix}{self.key} (gate and up)")]
+            raise view.fail(self.key, f"must be positive, not {limit}{self.why}")
+        glu: dict[str, Any] = {"gate_limit": limit, "up_limit": limit}
+        if self.after_activation:
+            glu["gate_clamp"] = "after_activation"
+        return [Choice(self.field, glu, f"{view.prefix}{self.key} (gate and up)")]
+
+
+@dataclass(frozen=True)
+class Positive:
+    """A number field set from the key when its value is above 0; 0 or below (or null)
+    leaves the field out, as the family's block skips the step (Laguna's softcap)."""
+
+    field: str
+    key: str
+    default: float | None = None
+
+    def choices(self, view: ConfigView, layer: int) -> list[Choice]:
+        value, source = lookup(view, (self.key,), layer, self.default)
+        if value is None or view.number(self.key, value) <= 0:
+            return []
+        return [Choice(self.field, float(value), source)]
 
 
 @dataclass(frozen=True)

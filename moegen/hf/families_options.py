@@ -1,0 +1,225 @@
+"""The family table, continued (moegen/hf/families.py merges it): the families whose MoE needs
+the spec options of clamps after the activation or on the routed experts alone, a selection
+bias on the logits, a renormalisation epsilon, soft-capped router logits, ungated relu^2
+experts, and Gemma 4's norms and per-expert scales (transformers 5.24's
+modeling_<family>.py). The defaults are each config class's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from moegen.hf.families_deepseek import mlp_types
+from moegen.hf.family_base import (
+    ACTIVATION,
+    SELECTION_BIAS,
+    HfFamily,
+    Rule,
+    balance,
+    norm_topk,
+    renormalized,
+    scaling,
+    sigmoid,
+    silu_experts,
+    softmax,
+    v3_router,
+)
+from moegen.hf.layers import AllLayers, BlockPattern, DenseFirst, FirstDense, IndexList, Switched
+from moegen.hf.rules import Choose, Clamp, Copy, Expect, Fixed, Positive, SharedWidth, Switch
+
+# Step 3.7: min(silu(gate), L) and up in [-L, L], the routed experts at swiglu_limits[i], the
+# shared expert at swiglu_limits_shared[i]; 0 or null: no clamp. Layers whose limits differ
+# are different kinds, a spec each. The config class forces hidden_act to silu.
+_STEP3P7 = HfFamily(
+    "Step 3.5/3.7",
+    "deepseek_v3",
+    mlp_types(IndexList()),
+    (
+        Fixed("layer.activation", "swiglu", "Step3p7Experts: silu (the config forces hidden_act)"),
+        sigmoid("Step3p7TopKRouter"),
+        renormalized("Step3p7TopKRouter"),
+        SELECTION_BIAS,
+        scaling(1.0, "moe_router_scaling_factor"),  # on the routed sum: the same product
+        SharedWidth((), ("share_expert_dim", "share_expert_dims")),
+        Copy("layer.shared_ffn_bias", ("mlp_bias",), False, "flag"),  # Step3p7MLP's biases
+        Clamp("swiglu_limits", after_activation=True),
+        Clamp(
+            "swiglu_limits_shared",
+            field="layer.shared_glu",
+            after_activation=True,
+            unclamped="plain",
+        ),
+    ),
+    # the names its attribute_map reads them by (the published config.json's)
+    {"experts": ("num_local_experts", "moe_num_experts"), "top_k": ("moe_top_k",)},
+)
+
+
+def _hy_v4(block: str) -> tuple[Rule, ...]:
+    """HY-V4's block: DeepSeek-V3's router, SiLU experts clamped before the activation at
+    swiglu_limit (whatever its value: 0 or below is not off in its code), the shared MLP
+    (n_shared_experts x moe_intermediate_size) unclamped."""
+    return (
+        *silu_experts(f"{block}Experts"),
+        *v3_router(f"{block}TopkRouter", True, 2.827, (1, 1))[1:],
+        SharedWidth(("n_shared_experts",), ("moe_intermediate_size",), 1),
+        Clamp(
+            "swiglu_limit",
+            10.0,
+            off=(),
+            why=f"; {block}Experts clamps at it whatever it is (0 zeroes the experts)",
+        ),
+        Fixed("layer.shared_glu", "plain", f"{block}MLP: the shared experts are not clamped"),
+    )
+
+
+_HY_V4_VL = HfFamily(
+    "HY-V4-VL text", "deepseek_v3", mlp_types(DenseFirst(None, 1)), _hy_v4("HYV4VL")
+)
+
+# Nemotron-H's block types; only "moe" layers have the MoE block
+_NEMOTRON_LAYERS = BlockPattern(
+    ("layers_block_type", "layer_types"),
+    "hybrid_override_pattern",
+    ("linear_attention", "moe", "full_attention", "mlp"),
+    "moe",
+    (
+        ("mlp", "a dense MLP"),
+        ("linear_attention", "a Mamba-2 mixer, no MLP"),
+        ("full_attention", "attention, no MLP"),
+    ),
+)
+# NemotronHExperts and the shared NemotronHMLP run act(x @ up) without a gate
+_UNGATED = {"relu2": "relu2", "relu": "relu", "gelu": "gelu"}
+
+# Gemma 4's experts run act(gate) * up with hidden_activation; gelu_pytorch_tanh is the tanh
+# approximation of GELU
+_GEMMA_ACTIVATION = Switch(
+    "hidden_activation",
+    {
+        "gelu_pytorch_tanh": (
+            Fixed("layer.activation", "geglu", "gelu(gate) * up"),
+            Fixed("layer.gelu_approximation", "tanh", "GELU's tanh approximation"),
+        ),
+        "gelu": (Fixed("layer.activation", "geglu", "gelu(gate) * up"),),
+        "silu": (Fixed("layer.activation", "swiglu", "silu(gate) * up"),),
+    },
+    "gelu_pytorch_tanh",
+)
+_GEMMA_NOTE = (
+    "In every decoder layer this MoE block runs beside a dense MLP (intermediate_size wide) "
+    "on the same residual; the layer adds their separately normalised outputs, and the "
+    "dense MLP is not part of this spec"
+)
+
+
+def _gemma(title: str, block: str, layers: Switched | AllLayers) -> HfFamily:
+    """Gemma 4's MoE block (DiffusionGemma's is the same): the router sees
+    rms_norm(x) * scale / sqrt(D), softmax top-k renormalised, then times a per-expert
+    scale; the experts run on their own RMS-normalised input (pre_feedforward_layernorm_2)."""
+    return HfFamily(
+        title,
+        "qwen3_moe",
+        layers,
+        (
+            _GEMMA_ACTIVATION,
+            softmax(f"{block}Router"),
+            renormalized(f"{block}Router"),
+            Copy("router.input_norm_eps", ("rms_norm_eps",), 1e-6, "number"),
+            Fixed("router.per_expert_scale", True, f"{block}Router.per_expert_scale"),
+            Copy("layer.expert_input_norm_eps", ("rms_norm_eps",), 1e-6, "number"),
+        ),
+        size_keys={"top_k": ("top_k_experts",)},
+        note=_GEMMA_NOTE,
+    )
+
+
+_GEMMA4 = _gemma("Gemma 4", "Gemma4Text", Switched("enable_moe_block"))
+# both its encoder and decoder layers always build the block (enable_moe_block is not read)
+_DIFFUSION_GEMMA = _gemma("DiffusionGemma", "DiffusionGemmaText", AllLayers())
+
+OPTION_FAMILIES: Mapping[str, HfFamily] = {
+    "step3p5": _STEP3P7,  # Step3p7TextConfig's model_type
+    "step3p7": replace(_STEP3P7, text_config=True),
+    "hy_v4": HfFamily("HY-V4", "deepseek_v3", mlp_types(DenseFirst(None, 1)), _hy_v4("HYV4")),
+    "hy_v4_vl_text": _HY_V4_VL,
+    "hy_v4_vl": replace(_HY_V4_VL, text_config=True),
+    "kolibri1": HfFamily(
+        "Kolibri1",
+        "qwen3_moe",
+        AllLayers(),
+        (
+            ACTIVATION,
+            sigmoid("Kolibri1TopKRouter"),
+            SELECTION_BIAS,
+            # top-k of logits + bias: sigmoid is monotone, but the bias is added before it
+            Fixed("router.routing_bias_on", "logits", "Kolibri1TopKRouter: on the logits"),
+            norm_topk(False),
+            SharedWidth((), ("shared_expert_intermediate_size",)),
+        ),
+        size_keys={"experts": ("num_local_experts", "num_experts")},
+    ),
+    "lfm2_moe": HfFamily(
+        "LFM2-MoE",
+        "qwen3_moe",
+        FirstDense("num_dense_layers", 2),
+        (
+            Fixed("layer.activation", "swiglu", "Lfm2MoeExperts: always silu(gate) * up"),
+            sigmoid("Lfm2MoeTopKRouter"),
+            Copy("router.routing_bias", ("use_expert_bias",), True, "flag"),
+            Switch(
+                "norm_topk_prob",
+                {
+                    True: (
+                        Fixed("router.renormalize", True, "Lfm2MoeTopKRouter"),
+                        Fixed("router.renormalize_epsilon", 1e-6, "it divides by sum + 1e-6"),
+                    ),
+                    False: (Fixed("router.renormalize", False, "Lfm2MoeTopKRouter"),),
+                },
+                True,
+            ),
+            scaling(1.0),
+        ),
+    ),
+    "laguna": HfFamily(
+        "Laguna",
+        "qwen3_moe",
+        mlp_types(DenseFirst(None, 1)),
+        (
+            ACTIVATION,
+            sigmoid("LagunaTopKRouter"),
+            renormalized("LagunaTopKRouter"),
+            SELECTION_BIAS,
+            Positive("router.logit_softcap", "moe_router_logit_softcapping", 0.0),
+            scaling(1.0, "moe_routed_scaling_factor"),  # on the routed sum: the same product
+            SharedWidth((), ("shared_expert_intermediate_size",)),
+            Expect(
+                "moe_apply_router_weight_on_input",
+                (False,),
+                "transformers' Laguna does not implement it (its config refuses it)",
+            ),
+            balance(0.001),
+        ),
+    ),
+    "nemotron_h": HfFamily(
+        "Nemotron-H",
+        "deepseek_v3",
+        _NEMOTRON_LAYERS,
+        (
+            Choose("layer.activation", ("mlp_hidden_act",), _UNGATED, "relu2", "; ungated"),
+            *v3_router("NemotronHTopkRouter", True, 1.0, (1, 1))[1:],
+            SharedWidth((), ("moe_shared_expert_intermediate_size",)),
+            Copy("layer.shared_ffn_bias", ("mlp_bias",), False, "flag"),  # NemotronHMLP's
+            Expect(
+                "moe_latent_size",
+                (None,),
+                "latent projections around the experts (fc1/fc2_latent_proj) are not expressible",
+            ),
+        ),
+    ),
+    "gemma4_text": _GEMMA4,
+    "gemma4": replace(_GEMMA4, text_config=True),
+    "diffusion_gemma_text": _DIFFUSION_GEMMA,
+    "diffusion_gemma": replace(_DIFFUSION_GEMMA, text_config=True),
+}
