@@ -169,6 +169,15 @@ LAYER_LISTS = [
         {"moe_experts4_top3.yaml": ("1", 3), "moe_experts8_top2.yaml": ("2", 2)},
     ),
     LayerList(
+        "deepseek-ocr2 explicit mlp_layer_types",
+        {
+            "model_type": "deepseek_ocr2_text",
+            **DEEPSEEK,
+            "mlp_layer_types": ["dense", "sparse", "sparse", "dense", "sparse"],
+        },
+        {"moe.yaml": ("1-2, 4", 4)},
+    ),
+    LayerList(
         "step3p7 two clamped layers: a spec each kind",
         STEP3P7,
         {"moe_kind1.yaml": ("2-3", 4), "moe_kind2.yaml": ("4-5", 4)},
