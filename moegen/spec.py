@@ -226,7 +226,7 @@ class Router(_Section):
         description="Weight of the load-balancing loss in aux (0 = none); its form: "
         "load_balance_form.",
     )
-    load_balance_form: Literal["switch", "transformers"] = Field(
+    load_balance_form: Literal["switch", "transformers", "sequence"] = Field(
         "switch",
         description="How load_balance_loss is defined. switch: NUM_EXPERTS * sum over experts "
         "of (share of the token copies it takes) * (its mean probability: the softmax, or the "
@@ -234,7 +234,10 @@ class Router(_Section):
         "Face transformers' load_balancing_loss_func for this layer, the convention of the "
         "models that train with router_aux_loss_coef (Mixtral, Qwen-MoE, OLMoE, ...): counts "
         "from the top-k of softmax(logits) per token, not per copy, times the mean softmax "
-        "probability, i.e. top_k times the switch form where both pick the same experts.",
+        "probability, i.e. top_k times the switch form where both pick the same experts. "
+        "sequence: DeepSeek-V3's sequence-wise balance loss, NUM_EXPERTS / top_k * sum over "
+        "experts of (its share of a sequence's picks) * (its mean score normalised over all "
+        "experts in that sequence), averaged over the sequences.",
     )
     z_loss: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] = Field(
         0.0, description="Weight of the router z-loss in aux (0 = none)."

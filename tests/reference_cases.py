@@ -239,6 +239,21 @@ CASES = {
         gemma4_norms=True,
         shared=6,
     ),
+    # DeepSeek-V3's sequence-wise balance loss (sigmoid scores, a selection bias, groups), and
+    # with a capacity (the picks are the choice before drops)
+    "deepseek_v3_sequence_balance": Case(
+        S16,
+        C(
+            top_k=4,
+            score="sigmoid",
+            renormalize=True,
+            num_groups=4,
+            top_groups=2,
+            load_balance_weight=0.3,
+            load_balance_form="sequence",
+        ),
+        routing_bias=True,
+    ),
     "geglu": Case(S4, C(top_k=2, score="softmax", activation="geglu")),
     "gelu": Case(S4, C(top_k=2, score="softmax", activation="gelu")),
     "relu_biases_shared": Case(
@@ -251,6 +266,23 @@ CASES = {
     "capacity_position": Case(
         S4,
         C(top_k=2, score="softmax", renormalize=True, capacity=3, drop_policy="position"),
+        drops=True,
+    ),
+    # sequences split over a sequence axis: each device drops among a part of each of its
+    # sequences (2 batch shards x 2 sequence parts)
+    "capacity_sequence_parts": Case(
+        S4,
+        C(
+            top_k=2,
+            score="softmax",
+            capacity=2,
+            drop_policy="position",
+            token_shards=2,
+            sequence_shards=2,
+            seq_len=8,
+            load_balance_weight=0.2,
+            load_balance_form="sequence",
+        ),
         drops=True,
     ),
     "capacity_probability": Case(
@@ -338,6 +370,7 @@ GRADIENT_CASES = [
     "ernie_shared_biases",
     "laguna_logit_softcap",
     "gemma4_norms",
+    "deepseek_v3_sequence_balance",
 ]
 
 

@@ -179,10 +179,10 @@ def slow_moe(params: dict[str, np.ndarray], x: np.ndarray, cfg: ReferenceConfig)
 
     kept = set(copies)
     if cfg.capacity is not None:
-        shard_size = num_tokens // cfg.token_shards
-        for shard in range(cfg.token_shards):
+        shard_of = [slow_device_of(t, num_tokens, cfg) for t in range(num_tokens)]
+        for shard in range(cfg.token_shards * cfg.sequence_shards):
             for e in range(experts):
-                mine = [c for c in copies if c[2] == e and c[0] // shard_size == shard]
+                mine = [c for c in copies if c[2] == e and shard_of[c[0]] == shard]
                 if cfg.drop_policy == "position":
                     mine.sort(key=lambda c: (c[0], c[1]))
                 else:
@@ -220,13 +220,40 @@ def slow_moe(params: dict[str, np.ndarray], x: np.ndarray, cfg: ReferenceConfig)
         mean_prob += np.array(probs) / sum(probs) / num_tokens
         peak = max(logits)
         z_loss += (peak + math.log(sum(math.exp(v - peak) for v in logits))) ** 2 / num_tokens
+    balance = experts * float(fraction @ mean_prob)
+    if cfg.load_balance_form == "sequence":
+        balance = slow_sequence_balance(routes, batch, experts, cfg.top_k)
     return {
         "y": y.reshape(batch, seq, embed),
         "counts": counts,
         "dropped": dropped,
-        "load_balance": cfg.load_balance_weight * experts * float(fraction @ mean_prob),
+        "load_balance": cfg.load_balance_weight * balance,
         "z_loss": cfg.z_loss_weight * z_loss,
     }
+
+
+def slow_device_of(token: int, num_tokens: int, cfg: ReferenceConfig) -> int:
+    """Which device holds this token: its sequence's batch shard, and with a sequence axis
+    which part of the sequence."""
+    seq_len = cfg.seq_len or num_tokens // cfg.token_shards
+    sequence, position = divmod(token, seq_len)
+    sequences_per_shard = num_tokens // seq_len // cfg.token_shards
+    part = position * cfg.sequence_shards // seq_len
+    return sequence // sequences_per_shard * cfg.sequence_shards + part
+
+
+def slow_sequence_balance(routes: list, batch: int, experts: int, top_k: int) -> float:
+    """DeepSeek-V3's sequence-wise balance loss from its definition, averaged over sequences:
+    per sequence, sum_i f_i P_i, f_i = E / (k T) * picks of i, P_i = mean of s_i / sum_j s_j."""
+    seq = len(routes) // batch
+    total = 0.0
+    for b in range(batch):
+        mine = routes[b * seq : (b + 1) * seq]
+        for i in range(experts):
+            f = experts / (top_k * seq) * sum(i in chosen for _, _, chosen, _ in mine)
+            p = sum(scores[i] / sum(scores) for _, scores, _, _ in mine) / seq
+            total += f * p
+    return total / batch
 
 
 def relative_error(got, want) -> float:

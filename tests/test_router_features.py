@@ -315,6 +315,36 @@ CASES: dict[str, tuple[dict, list[str]]] = {
         },
         ['weights["per_expert_scale"][expert_ids]', "INIT_ONES = (", "approximate=True"],
     ),
+    # DeepSeek-V3's sequence-wise balance loss: sequences split over the sequence axis, a
+    # capacity that drops (the loss counts the choice before drops)
+    "sequence_balance_loss_sequence_axis_capacity": (
+        {
+            "layer": {"num_experts": 8, "embed_dim": 32, "ffn_dim": 48},
+            "router": {
+                "top_k": 2,
+                "score": "sigmoid",
+                "renormalize": True,
+                "routing_bias": True,
+                "load_balance_loss": 0.01,
+                "load_balance_form": "sequence",
+                "capacity": {"factor": 1.0},
+            },
+            "mesh": {"axes": {"data": 2, "sequence": 2}},
+        },
+        ["prob_sums, picks = jax.lax.psum((prob_sums, picks), SEQUENCE_AXIS)"],
+    ),
+    "sequence_balance_loss_a2a": (
+        {
+            "router": {
+                "top_k": 2,
+                "load_balance_loss": 0.01,
+                "load_balance_form": "sequence",
+            },
+            "mesh": {"axes": {"data": 2, "expert": 2}},
+            **A2A,
+        },
+        ["DeepSeek-V3's sequence-wise balance loss"],
+    ),
     "bf16_compute_all_features": (
         {
             "layer": {

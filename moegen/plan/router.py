@@ -43,7 +43,8 @@ class RouterPlan:
     load_balance_weight: float
     z_loss_weight: float
     has_load_balance_loss: bool  # load_balance_weight > 0: aux has the loss
-    load_balance_form: str  # "switch" | "transformers" (spec router.load_balance_form)
+    load_balance_form: str  # "switch" | "transformers" | "sequence" (router.load_balance_form)
+    balance_per_sequence: bool  # the sequence form: computed from the selection before drops
     # transformers' form counts the top-k of softmax(logits); where the layer selects
     # otherwise (a selection bias, groups) the loss takes that top-k of its own
     balance_counts_own_top_k: bool
@@ -87,6 +88,8 @@ def router_plan(loaded: LoadedSpec, capacity: int | None) -> RouterPlan:
         z_loss_weight=router.z_loss,
         has_load_balance_loss=router.load_balance_loss > 0,
         load_balance_form=router.load_balance_form,
+        balance_per_sequence=router.load_balance_loss > 0
+        and router.load_balance_form == "sequence",
         balance_counts_own_top_k=router.load_balance_form == "transformers"
         and bool(router.routing_bias or group_limit),
         has_z_loss=router.z_loss > 0,

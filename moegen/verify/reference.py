@@ -61,6 +61,10 @@ class ReferenceConfig:
     capacity: int | None = None  # per expert, per token shard; None = dropless
     drop_policy: str = "probability"  # "probability" | "position"
     token_shards: int = 1  # contiguous equal token groups, each drops independently
+    # with a sequence axis, each of those groups' sequences split into this many parts too:
+    # a device holds a part of each of its sequences (seq_len says where sequences end)
+    sequence_shards: int = 1
+    seq_len: int | None = None
     load_balance_weight: float = 0.0
     load_balance_form: str = "switch"  # "switch" | "transformers" (load_balancing_loss_func)
     z_loss_weight: float = 0.0
@@ -277,7 +281,7 @@ def route(
         # A token routes to an expert at most once, so among the copies of one expert the
         # (token, k-slot) order is the token order. ahead[t, u, e]: u's copy of e goes first.
         index = jnp.arange(num_tokens)
-        shard = index // (num_tokens // cfg.token_shards)
+        shard = _capacity_shard(cfg, index, num_tokens)
         same_shard = shard[:, None] == shard[None, :]  # [t, u]
         earlier = index[None, :] < index[:, None]  # [t, u]: u < t
         if cfg.drop_policy == "position":
@@ -289,6 +293,18 @@ def route(
         competing = ahead & same_shard[:, :, None] & chosen[None, :, :]
         kept = chosen & (competing.sum(axis=1) < cfg.capacity)
     return Routing(logits, scores, chosen, weights, kept)
+
+
+def _capacity_shard(cfg: ReferenceConfig, index: jax.Array, num_tokens: int) -> jax.Array:
+    """The device each token is on, whose capacity it competes for: contiguous groups of
+    sequences (batch shards), and with a sequence axis a part of each sequence."""
+    if cfg.sequence_shards == 1:
+        return index // (num_tokens // cfg.token_shards)
+    if cfg.seq_len is None:
+        raise ValueError("sequence_shards needs seq_len")
+    sequence, position = index // cfg.seq_len, index % cfg.seq_len
+    batch_shard = sequence // (num_tokens // cfg.seq_len // cfg.token_shards)
+    return batch_shard * cfg.sequence_shards + position // (cfg.seq_len // cfg.sequence_shards)
 
 
 def _rms_norm(tokens: jax.Array, eps: float) -> jax.Array:
@@ -361,7 +377,7 @@ def dense_moe(
     dropped = (r.chosen & ~r.kept).sum(axis=0).astype(jnp.int32)
     load_balance = jnp.zeros((), jnp.float32)
     if cfg.load_balance_weight:
-        load_balance = cfg.load_balance_weight * _balance_term(cfg, r, counts, num_tokens)
+        load_balance = cfg.load_balance_weight * _balance_term(cfg, r, counts, batch)
     z_loss = jnp.zeros((), jnp.float32)
     if cfg.z_loss_weight:
         z_loss = cfg.z_loss_weight * jnp.mean(jax.nn.logsumexp(r.logits, axis=-1) ** 2)
@@ -390,11 +406,18 @@ def _shared_expert(
     return shared
 
 
-def _balance_term(cfg: ReferenceConfig, r: Routing, counts: jax.Array, tokens: int) -> jax.Array:
+def _balance_term(cfg: ReferenceConfig, r: Routing, counts: jax.Array, batch: int) -> jax.Array:
     """E * sum_e f_e * P_e, the counts constant (no gradient). switch: f_e the share of the
     copies, P_e the mean softmax (or normalised score); transformers: f_e the top-k of the
-    softmax of the logits per token (whatever the layer selects), P_e the mean softmax."""
-    experts = r.logits.shape[-1]
+    softmax of the logits per token (whatever the layer selects), P_e the mean softmax;
+    sequence: per sequence, f_e its share of the sequence's picks times E / k, P_e its mean
+    normalised score there, averaged over the sequences."""
+    tokens, experts = r.logits.shape
+    if cfg.load_balance_form == "sequence":
+        normalised = r.scores / r.scores.sum(axis=-1, keepdims=True)
+        probs = normalised.reshape(batch, -1, experts).mean(axis=1)
+        picks = r.chosen.reshape(batch, -1, experts).astype(jnp.float32).mean(axis=1)
+        return experts / cfg.top_k * jnp.mean(jnp.sum(picks * probs, axis=-1))
     if cfg.load_balance_form == "transformers":
         probs = jax.nn.softmax(r.logits, axis=-1)
         _, picked = jax.lax.top_k(r.logits, cfg.top_k)

@@ -253,6 +253,8 @@ def reference_config(plan: Plan) -> dict[str, Any]:
         "capacity": plan.router.capacity,
         "drop_policy": plan.router.drop_policy or "probability",
         "token_shards": plan.batch_shards,
+        "sequence_shards": plan.mesh.sequence_shards,
+        "seq_len": plan.seq_len,
         "load_balance_weight": plan.router.load_balance_weight,
         "load_balance_form": plan.router.load_balance_form,
         "z_loss_weight": plan.router.z_loss_weight,
