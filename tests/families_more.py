@@ -246,5 +246,6 @@ MORE_FAMILIES: list[ModelFamily] = [
         Keys("moe_num_experts", "moe_k", "moe_intermediate_size"),
         RENORMALIZED | {"routing_bias": True},
         oracle=Tiny(16, 6, config=dict(moe_intermediate_size=[F, F]), block_args=(F,)),
+        config_of="ernie4_5_vl_moe",  # the same config.json as the VL block that holds it
     ),
 ]

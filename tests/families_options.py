@@ -77,6 +77,7 @@ OPTION_FAMILIES: list[ModelFamily] = [
                 swiglu_limits=[0.5],
                 swiglu_limits_shared=[0.8],
                 num_hidden_layers=1,
+                mlp_layer_types=["sparse"],  # its default makes layers 0-2 dense
             ),
             spec=_STEP3P7_GLU,
             block_args=(0,),

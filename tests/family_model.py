@@ -86,3 +86,6 @@ class ModelFamily:
     # where transformers keeps router and experts in the decoder layer (`block` names it):
     # the block the oracle composes from it (tests/oracle/composed.py)
     oracle_block: str | None = None
+    # --from-hf: this block's config.json is the same file as that family's (one config, two
+    # blocks: a modality's sparse block inside a model's), whose spec it must give
+    config_of: str | None = None

@@ -90,7 +90,7 @@ def test_every_family_maps_to_the_oracles_routing(entry, tmp_path, invoke_main):
     result = init_from(invoke_main, config, tmp_path, "specs/layer.yaml")
     assert result.code == 0, f"{entry.name}: moegen init --from-hf refused it:\n{result.stderr}"
     spec = loaded(tmp_path / "specs" / "layer.yaml")
-    want = oracle_spec(entry.name)
+    want = oracle_spec(entry.config_of or entry.name)
     assert spec.layer == want.layer
     routing = [name for name in Router.model_fields if name not in NOT_ROUTING]
     assert {n: getattr(spec.router, n) for n in routing} == {
