@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from moegen import __version__
+from moegen.cli_init import init_command
 from moegen.diagnostics import FORMATS, SpecError, format_diagnostics
 
 if TYPE_CHECKING:  # imported where used: `moegen validate` must not pay for verify
@@ -329,91 +330,7 @@ def schema_command(check_only: bool, write: bool, schema_path: Path) -> None:
         click.echo(text, nl=False)
 
 
-SIZE = click.IntRange(1, 2**31 - 1)  # a spec's sizes are int32
-
-
-def _hardware_names() -> list[str]:
-    """The spec's target.hardware values (the schema's, so that the two never differ)."""
-    from typing import get_args
-
-    from moegen.spec import Target
-
-    return list(get_args(Target.model_fields["hardware"].annotation))
-
-
-def _mesh_axes(ctx: click.Context, param: click.Parameter, text: str | None) -> dict | None:
-    """--mesh data=2,expert=4 -> {"data": 2, "expert": 4}, major to minor."""
-    if text is None:
-        return None
-    axes: dict[str, int] = {}
-    for item in text.split(","):
-        name, _, size = item.strip().partition("=")
-        if not name.isidentifier() or not size.isdigit() or len(size) > 9 or name in axes:
-            raise click.BadParameter(f"{item!r}: write NAME=SIZE pairs, e.g. data=2,expert=4")
-        axes[name] = int(size)
-    return axes
-
-
-@cli.command(name="init")
-@click.argument("path", required=False, type=click.Path(path_type=Path))
-@click.option("--model", default="cpu", show_default=True, help="Starter (see --list).")
-@click.option("--no-schema", is_flag=True, help="Do not write moegen.schema.json beside PATH.")
-@click.option("--list", "list_starters", is_flag=True, help="List the starters and exit.")
-@click.option(
-    "--from-hf",
-    "from_hf",
-    type=click.Path(path_type=Path),
-    help="A transformers config.json (or its folder): write the specs of its MoE layers "
-    "(PATH default specs/MODEL_TYPE.yaml).",
-)
-@click.option(
-    "--hardware",
-    type=click.Choice(_hardware_names()),
-    help="--from-hf: target.hardware (default cpu).",
-)
-@click.option("--topology", help="--from-hf: target.topology, e.g. 2x4 (TPU) or 8 (GPUs).")
-@click.option(
-    "--mesh",
-    callback=_mesh_axes,
-    help="--from-hf: mesh axes, e.g. data=2,expert=4 (default data=2).",
-)
-@click.option("--batch", type=SIZE, help="--from-hf: global batch (default 8).")
-@click.option("--seq-len", type=SIZE, help="--from-hf: sequence length (default 128).")
-def init_command(
-    path: Path | None,
-    model: str,
-    no_schema: bool,
-    list_starters: bool,
-    from_hf: Path | None,
-    **placement: Any,
-) -> None:
-    """Start a spec at PATH (default specs/moe.yaml) from a commented, valid starter, or
-    from a transformers model's config.json (--from-hf)."""
-    from moegen.init import command
-
-    given = [f"--{k.replace('_', '-')}" for k, v in placement.items() if v is not None]
-    if from_hf is None and given:
-        raise click.UsageError(f"{', '.join(given)}: only with --from-hf")
-    if from_hf is not None and model != "cpu":
-        raise click.UsageError("--model and --from-hf: choose one")
-    hf_placement = None
-    if from_hf is not None:
-        from moegen.hf import Placement
-
-        hf_placement = Placement(**placement)
-    try:
-        sys.exit(
-            command(
-                path,
-                model,
-                schema=not no_schema,
-                list_only=list_starters,
-                from_hf=from_hf,
-                placement=hf_placement,
-            )
-        )
-    except SpecError as err:
-        _fail_invalid(err)
+cli.add_command(init_command)  # moegen.cli_init
 
 
 @cli.command(name="install-te")

@@ -168,7 +168,9 @@ def spec_rules() -> list[str]:
 
 def spec_page() -> str:
     head = [
-        GENERATED_NOTE.format(source="moegen/spec.py, moegen/spec_placement.py, moegen/validate"),
+        GENERATED_NOTE.format(
+            source="moegen/spec.py, moegen/spec_router.py, moegen/spec_placement.py, moegen/validate"
+        ),
         "",
         "# Spec reference",
         "",
@@ -224,7 +226,7 @@ def cli_page() -> str:
 
     group = cli.cli
     out = [
-        GENERATED_NOTE.format(source="moegen/cli.py"),
+        GENERATED_NOTE.format(source="moegen/cli.py, moegen/cli_init.py"),
         "",
         "# Command line reference",
         "",

@@ -3,40 +3,13 @@
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
 
 import numpy as np
+from reference_case_model import GATED, S4, S8, S16, C, Case, make_params
 
-from moegen.verify.reference import ReferenceConfig, SharedGlu
+from moegen.verify.reference import SharedGlu
 
-GATED = ("swiglu", "geglu")
-
-
-@dataclass(frozen=True)
-class Case:
-    shape: tuple[int, int, int, int, int]  # batch, seq_len, embed_dim, ffn_dim, num_experts
-    cfg: ReferenceConfig
-    routing_bias: bool = False
-    router_bias: bool = False  # the router's linear bias (gpt-oss)
-    ffn_biases: bool = False
-    shared: int = 0  # shared expert width; 0 = none
-    shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate on the shared expert
-    shared_biases: bool = False  # a bias after each shared projection (ERNIE 4.5 use_bias)
-    gemma4_norms: bool = False  # router_input_scale, per_expert_scale, expert_input_norm
-    zero_router_columns: tuple[int, ...] = ()  # experts whose logits are exactly 0 (ties)
-    repeat_tokens: bool = False  # every odd token repeats the one before it (ties)
-    drops: bool | None = None  # capacity really drops something (True) or nothing (False)
-
-
-# Few shapes, so that op-by-op dispatch compiles each operation once for many cases.
-S4 = (2, 8, 6, 5, 4)  # 16 tokens, 4 experts
-S8 = (2, 4, 8, 6, 8)  # 8 tokens, 8 experts
-S16 = (2, 4, 8, 4, 16)  # 8 tokens, 16 experts
-
-
-def C(**kw) -> ReferenceConfig:
-    return ReferenceConfig(**kw)
-
+__all__ = ["CASES", "GATED", "GRADIENT_CASES", "C", "Case", "case_data", "make_params"]
 
 CASES = {
     "mixtral": Case(S8, C(top_k=2, score="softmax", renormalize=True)),
@@ -372,53 +345,6 @@ GRADIENT_CASES = [
     "gemma4_norms",
     "deepseek_v3_sequence_balance",
 ]
-
-
-def make_params(case: Case, seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    batch, seq, embed, ffn, experts = case.shape
-    rng = np.random.default_rng(seed)
-
-    def normal(scale, shape):
-        return rng.normal(0, scale, shape).astype(np.float32)
-
-    router = normal(1.0, (embed, experts))
-    router[:, list(case.zero_router_columns)] = 0.0
-    params = {"router": router}
-    if case.router_bias:
-        params["router_bias"] = normal(0.5, (experts,))
-    if case.routing_bias:
-        params["routing_bias"] = normal(0.3, (experts,))
-    gated = case.cfg.activation in GATED
-    if gated:
-        params["w_gate"] = normal(embed**-0.5, (experts, embed, ffn))
-    params["w_up"] = normal(embed**-0.5, (experts, embed, ffn))
-    params["w_down"] = normal(ffn**-0.5, (experts, ffn, embed))
-    if case.ffn_biases:
-        if gated:
-            params["b_gate"] = normal(0.2, (experts, ffn))
-        params["b_up"] = normal(0.2, (experts, ffn))
-        params["b_down"] = normal(0.2, (experts, embed))
-    if case.shared:
-        if gated:
-            params["shared_gate"] = normal(embed**-0.5, (embed, case.shared))
-        params["shared_up"] = normal(embed**-0.5, (embed, case.shared))
-        params["shared_down"] = normal(case.shared**-0.5, (case.shared, embed))
-        if case.shared_expert_gate:
-            params["shared_expert_gate"] = normal(embed**-0.5, (embed,))
-        if case.gemma4_norms:  # around one, as trained norms and scales are
-            params["router_input_scale"] = 1.0 + normal(0.3, (embed,))
-            params["per_expert_scale"] = 1.0 + normal(0.3, (experts,))
-            params["expert_input_norm"] = 1.0 + normal(0.3, (embed,))
-        if case.shared_biases:
-            for name in ("gate", "up") if gated else ("up",):
-                params[f"shared_b_{name}"] = normal(0.1, (case.shared,))
-            params["shared_b_down"] = normal(0.1, (embed,))
-    x = normal(1.0, (batch, seq, embed))
-    if case.repeat_tokens:
-        flat = x.reshape(batch * seq, embed)
-        flat[1::2] = flat[0::2]
-        x = flat.reshape(batch, seq, embed)
-    return params, x
 
 
 def case_data(name: str) -> tuple[Case, dict[str, np.ndarray], np.ndarray]:

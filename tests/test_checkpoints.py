@@ -37,7 +37,6 @@ from checkpoint_cases import (
     CASES,
     DEEPSEEK_V2_GROUPS,
     EMBED,
-    ERNIE_SHARED_BIASES,
     FFN,
     SPEC_BASE,
     Case,
@@ -189,24 +188,6 @@ def test_family_matches_transformers(family: str, tmp_path: Path) -> None:
 
 def test_deepseek_v2_group_limited_matches_transformers(tmp_path: Path) -> None:
     check_family(DEEPSEEK_V2_GROUPS, tmp_path)
-
-
-def test_ernie_shared_expert_biases_match_transformers(tmp_path: Path) -> None:
-    check_family(ERNIE_SHARED_BIASES, tmp_path)
-
-
-def test_shared_expert_biases_need_shared_ffn_bias(tmp_path: Path) -> None:
-    """A module without shared_ffn_bias would drop ERNIE's shared biases: refused, naming them
-    and the spec field that keeps them."""
-    torch, transformers = oracle()
-    case = ERNIE_SHARED_BIASES
-    module = module_for(CASES["ernie4_5_moe"].spec, tmp_path)
-    tiny_model(case, torch, transformers).save_pretrained(tmp_path / "ck")
-    with pytest.raises(CheckpointError) as refused:
-        load_layer_params(module, tmp_path / "ck", layer=1, family="ernie4_5_moe")
-    message = str(refused.value)
-    assert "shared_experts.gate_proj.bias" in message, message
-    assert "the spec must say layer.shared_ffn_bias: true" in message, message
 
 
 def test_sharded_save_loads_across_shards(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ STAGE_OF = {
     "moegen.load": "load",
     "moegen.spec": "load",
     "moegen.spec_placement": "load",  # basic types, shapes, dtypes and mesh sections
+    "moegen.spec_router": "load",  # the router section
     "moegen.diagnostics": "load",
     "moegen.kernels": "kernels",  # the kernels' registry: rules, configs, twins, preflights
     "moegen.strategies": "kernels",  # the strategies' registry, beside the kernels'
@@ -51,6 +52,7 @@ STAGE_OF = {
     "moegen.pipeline": "top",
     "moegen.parallel": "top",
     "moegen.cli": "top",
+    "moegen.cli_init": "top",  # the init command
     "moegen.__main__": "top",
     "moegen.check": "top",
     "moegen.tune": "top",

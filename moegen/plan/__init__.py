@@ -5,10 +5,11 @@ The logic lives in moegen.plan.assemble; this package face only re-exports.
 
 from __future__ import annotations
 
+from moegen.plan.activation import GluPlan
 from moegen.plan.assemble import MAIN_SHAPE, make_plan
 from moegen.plan.costs import CostPlan
 from moegen.plan.experts import ExpertPlan
-from moegen.plan.ffn import FfnChunkOption, FfnPlan, GluPlan
+from moegen.plan.ffn import FfnChunkOption, FfnPlan
 from moegen.plan.fit import LEDGER_OVERESTIMATE, cannot_fit, fit_problems
 from moegen.plan.kernel import KernelPlan
 from moegen.plan.memory import MemoryPlan

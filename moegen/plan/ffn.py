@@ -22,12 +22,13 @@ from moegen.kernels.tiling import (
     padded_rows,
 )
 from moegen.load import LoadedSpec
+from moegen.plan.activation import GluPlan, glu_plan
 from moegen.plan.costs import DTYPE_BYTES, CostPlan
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.memory import TRADE_HEADROOM, FfnBuffers, MemoryPlan, fits, memory_plan
 from moegen.plan.params import ParamPlan, side_by_side
 from moegen.sizes import ffn_slice_problem
-from moegen.spec import GATED_ACTIVATIONS, Glu, Spec
+from moegen.spec import GATED_ACTIVATIONS, Spec
 from moegen.strategies import strategy
 
 # Slice counts `moegen plan` lists (beside the chosen one), and the most the plan picks itself.
@@ -42,19 +43,6 @@ class FfnChunkOption:
     chunks: int
     train_peak: int  # planned forward+backward peak per device, bytes
     recompute_flops: int  # per device per training step
-
-
-@dataclass(frozen=True)
-class GluPlan:
-    """The gated activation's parameters; None: that part is plain (no clamp, scale 1,
-    offset 0), and the module has no constant for it."""
-
-    gate_limit: float | None  # the gate clamped to at most this
-    up_limit: float | None  # up clamped to [-up_limit, up_limit]
-    sigmoid_scale: float | None  # swiglu: gate * sigmoid(sigmoid_scale * gate)
-    up_offset: float | None  # added to up before the product
-    clamp_after: bool  # gate_limit clamps the activated gate, not the pre-activation
-    preset: str | None  # the spec's preset name (gpt_oss), for the docstring
 
 
 @dataclass(frozen=True)
@@ -244,8 +232,8 @@ def ffn_plan(
     return FfnPlan(
         activation=layer.activation,
         gated=layer.activation in GATED_ACTIVATIONS,
-        glu=_glu_plan(layer.glu_params, layer.glu),
-        shared_glu=_glu_plan(layer.shared_glu_params, layer.shared_glu),
+        glu=glu_plan(layer.glu_params, layer.glu),
+        shared_glu=glu_plan(layer.shared_glu_params, layer.shared_glu),
         shared_glu_differs=layer.shared_glu is not None
         and layer.shared_glu_params != layer.glu_params,
         bias=layer.ffn_bias,
@@ -290,21 +278,6 @@ def _down_biases_once(spec: Spec) -> tuple[str, ...]:
         return ()
     routed = ("b_down",) if spec.layer.ffn_bias else ()
     return routed + (("shared_b_down",) if spec.layer.shared_ffn_bias else ())
-
-
-def _glu_plan(glu: Glu | None, written: Glu | str | None) -> GluPlan | None:
-    """The activation parameters `glu`, resolved from what the spec `written` (a preset's
-    name, for the docstring)."""
-    if glu is None:
-        return None
-    return GluPlan(
-        gate_limit=glu.gate_limit,
-        up_limit=glu.up_limit,
-        sigmoid_scale=None if glu.sigmoid_scale == 1.0 else glu.sigmoid_scale,
-        up_offset=None if glu.up_offset == 0.0 else glu.up_offset,
-        clamp_after=glu.gate_limit is not None and glu.gate_clamp == "after_activation",
-        preset=written if isinstance(written, str) else None,
-    )
 
 
 def _layout_name(experts: ExpertPlan, chunks: int) -> str:

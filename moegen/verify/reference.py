@@ -13,78 +13,36 @@ Features follow from `ReferenceConfig` and from which keys `params` holds:
 - w_gate [E, D, F] (gated activations only), w_up [E, D, F], w_down [E, F, D];
 - b_gate [E, F] (gated only), b_up [E, F], b_down [E, D]: optional FFN biases, all or none;
 - shared_gate [D, S] (gated only), shared_up [D, S], shared_down [S, D]: optional shared expert;
-  shared_expert_gate [D] (optional with it): its output times sigmoid(x . shared_expert_gate).
+  shared_expert_gate [D] (optional with it): its output times sigmoid(x . shared_expert_gate);
+  shared_b_gate [S] (gated only), shared_b_up [S], shared_b_down [D]: its biases, all or none;
+- router_input_scale [D], per_expert_scale [E], expert_input_norm [D]: Gemma 4's router input
+  norm weight, per-expert weight scales and expert input norm weight (each optional; the norms
+  come with their epsilons in the config).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-SCORES = ("softmax", "sigmoid", "sqrtsoftplus")
-DROP_POLICIES = ("probability", "position")
-GATED_ACTIVATIONS = ("swiglu", "geglu")
-ACTIVATIONS = (*GATED_ACTIVATIONS, "gelu", "relu", "relu2")
+from moegen.verify.reference_config import (
+    ACTIVATIONS,
+    DROP_POLICIES,
+    GATED_ACTIVATIONS,
+    SCORES,
+    ReferenceConfig,
+    RouterConfig,
+    SharedGlu,
+)
 
-
-@dataclass(frozen=True)
-class SharedGlu:
-    """The shared expert's gated-activation parameters, where they are its own (all defaults:
-    the plain activation)."""
-
-    gate_limit: float | None = None
-    up_limit: float | None = None
-    sigmoid_scale: float = 1.0
-    up_offset: float = 0.0
-    gate_clamp_after: bool = False
-
-
-@dataclass(frozen=True)
-class ReferenceConfig:
-    top_k: int
-    score: str  # "softmax" | "sigmoid" | "sqrtsoftplus"
-    renormalize: bool = False
-    renormalize_epsilon: float = 0.0  # renormalize divides by (sum + this)
-    bias_on_logits: bool = False  # the selection bias is added to the logits, not the scores
-    logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
-    router_norm_eps: float | None = None  # router input: rms_norm * router_input_scale / sqrt(D)
-    expert_norm_eps: float | None = None  # expert input: rms_norm * expert_input_norm
-    gelu_tanh: bool = False  # gelu / geglu: GELU's tanh approximation, not erf
-    score_after_top_k: bool = False  # softmax only: top-k on raw logits, softmax over the k chosen
-    routed_scaling: float = 1.0
-    num_groups: int = 1  # 1 = no group-limited routing
-    top_groups: int = 1
-    capacity: int | None = None  # per expert, per token shard; None = dropless
-    drop_policy: str = "probability"  # "probability" | "position"
-    token_shards: int = 1  # contiguous equal token groups, each drops independently
-    # with a sequence axis, each of those groups' sequences split into this many parts too:
-    # a device holds a part of each of its sequences (seq_len says where sequences end)
-    sequence_shards: int = 1
-    seq_len: int | None = None
-    load_balance_weight: float = 0.0
-    load_balance_form: str = "switch"  # "switch" | "transformers" (load_balancing_loss_func)
-    z_loss_weight: float = 0.0
-    activation: str = "swiglu"  # "swiglu" | "geglu" | "gelu" | "relu" | "relu2"
-    group_top_n: int = 2  # a group's score: the sum of its best n selection scores
-    weights_on_input: bool = False  # the weight scales the expert's input, not its output
-    gate_limit: float | None = None  # gated: gate = min(gate, limit)
-    up_limit: float | None = None  # gated: up = clip(up, -limit, limit)
-    sigmoid_scale: float = 1.0  # swiglu: gate * sigmoid(scale * gate)
-    up_offset: float = 0.0  # gated: act(gate) * (up + offset)
-    gate_clamp_after: bool = False  # gated: min(act(gate), gate_limit), not act(min(...))
-    shared_glu: SharedGlu | None = None  # the shared expert's own; None: the routed experts'
-
-    def __post_init__(self) -> None:
-        # A config sent to a verify worker arrives as plain values: a mapping for shared_glu.
-        if isinstance(self.shared_glu, dict):
-            object.__setattr__(self, "shared_glu", SharedGlu(**self.shared_glu))
-
-
-RouterConfig = ReferenceConfig  # the older name
+__all__ = [
+    "ACTIVATIONS", "DROP_POLICIES", "GATED_ACTIVATIONS", "SCORES", "ReferenceAux",
+    "ReferenceConfig", "RouterConfig", "Routing", "SharedGlu", "dense_moe", "route",
+    "router_combine", "tokens_per_expert",
+]  # fmt: skip
 
 
 class ReferenceAux(NamedTuple):
@@ -122,10 +80,6 @@ def _gelu(cfg: ReferenceConfig, v: jax.Array) -> jax.Array:
     if cfg.gelu_tanh:
         inner = math.sqrt(2.0 / math.pi) * (v + 0.044715 * v**3)
         return 0.5 * v * (1.0 + jnp.tanh(inner))
-    return _exact_gelu(v)
-
-
-def _exact_gelu(v: jax.Array) -> jax.Array:
     return jax.nn.gelu(v, approximate=False)
 
 
@@ -420,8 +374,8 @@ def _balance_term(cfg: ReferenceConfig, r: Routing, counts: jax.Array, batch: in
         return experts / cfg.top_k * jnp.mean(jnp.sum(picks * probs, axis=-1))
     if cfg.load_balance_form == "transformers":
         probs = jax.nn.softmax(r.logits, axis=-1)
-        _, picked = jax.lax.top_k(r.logits, cfg.top_k)
-        picks = jax.nn.one_hot(picked, experts).sum(axis=(0, 1))
+        # the logits' top-k, whatever the layer selected (pairwise, as everything here)
+        picks = (_rank(r.logits) < cfg.top_k).sum(axis=0).astype(jnp.float32)
         return experts * jnp.sum(picks / tokens * probs.mean(axis=0))
     if cfg.score == "softmax":
         probs = jax.nn.softmax(r.logits, axis=-1)
