@@ -169,7 +169,8 @@ def spec_rules() -> list[str]:
 def spec_page() -> str:
     head = [
         GENERATED_NOTE.format(
-            source="moegen/spec.py, moegen/spec_router.py, moegen/spec_placement.py, moegen/validate"
+            source="moegen/spec.py, moegen/spec_router.py, moegen/spec_placement.py, "
+            "moegen/validate"
         ),
         "",
         "# Spec reference",

@@ -52,6 +52,17 @@ class Glu(_Section):
     up_offset: Annotated[float, Field(ge=-1e6, le=1e6, allow_inf_nan=False)] = Field(
         0.0, description="Added to the (clamped) up projection before the product (gpt-oss: 1)."
     )
+    gate_softcap: Limit | None = Field(
+        None,
+        description="swiglu only: soft-cap the linear gate factor, silu(g) = g * sigmoid(g) "
+        "becomes cap * tanh(g / cap) * sigmoid(g) (the sigmoid sees the raw gate; Inkling2's "
+        "mlp_gate_softcap). Omit: none.",
+    )
+    up_softcap: Limit | None = Field(
+        None,
+        description="Soft-cap up: cap * tanh(up / cap), after its clamp and before the "
+        "offset (Inkling2's mlp_up_softcap). Omit: none.",
+    )
     gate_clamp: Literal["before_activation", "after_activation"] = Field(
         "before_activation",
         description="Where gate_limit clamps: the gate pre-activation, act(min(gate, limit)) "

@@ -191,6 +191,32 @@ OPTION_FAMILIES: list[ModelFamily] = [
 ]
 
 
+def _inkling2(name: str, config: str, block: str) -> ModelFamily:
+    """Inkling2 (and its looped variant): soft-capped SwiGLU experts (the linear gate factor
+    and up), sigmoid + selection bias, renormalised (+1e-20: below float32's resolution)."""
+    return ModelFamily(
+        name,
+        name,
+        config,
+        block,
+        "",
+        ROUTED,
+        SIGMOID_BIAS,
+        oracle=Tiny(
+            16,
+            4,
+            config=dict(route_scale=2.0, mlp_gate_softcap=0.4, mlp_up_softcap=0.5),
+            spec={"glu": {"gate_softcap": 0.4, "up_softcap": 0.5}, "routed_scaling": 2.0},
+        ),
+    )
+
+
+OPTION_FAMILIES += [
+    _inkling2("inkling2", "Inkling2TextConfig", "Inkling2SparseMoeBlock"),
+    _inkling2("inkling2_loop", "Inkling2LoopTextConfig", "Inkling2LoopSparseMoeBlock"),
+]
+
+
 def with_shared_biases(ernie: ModelFamily) -> ModelFamily:
     """ERNIE 4.5 with use_bias: its shared experts' projections have biases."""
     oracle = replace(

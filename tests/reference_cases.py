@@ -227,6 +227,20 @@ CASES = {
         ),
         routing_bias=True,
     ),
+    # Inkling2: soft-capped SwiGLU (the linear gate factor and up), sigmoid + bias
+    "inkling2_softcapped_swiglu": Case(
+        S8,
+        C(
+            top_k=2,
+            score="sigmoid",
+            renormalize=True,
+            gate_softcap=0.4,
+            up_softcap=0.5,
+            z_loss_weight=0.02,
+        ),
+        routing_bias=True,
+        shared=6,
+    ),
     "geglu": Case(S4, C(top_k=2, score="softmax", activation="geglu")),
     "gelu": Case(S4, C(top_k=2, score="softmax", activation="gelu")),
     "relu_biases_shared": Case(
@@ -344,6 +358,7 @@ GRADIENT_CASES = [
     "laguna_logit_softcap",
     "gemma4_norms",
     "deepseek_v3_sequence_balance",
+    "inkling2_softcapped_swiglu",
 ]
 
 

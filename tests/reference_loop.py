@@ -106,7 +106,12 @@ def slow_glu(
         gate = np.array([min(g, gate_limit) for g in gate])
     if glu.up_limit is not None:
         up = np.array([max(-glu.up_limit, min(u, glu.up_limit)) for u in up])
-    if cfg.activation == "swiglu":
+    if glu.up_softcap is not None:
+        up = np.array([glu.up_softcap * math.tanh(u / glu.up_softcap) for u in up])
+    if cfg.activation == "swiglu" and glu.gate_softcap is not None:
+        cap = glu.gate_softcap
+        activated = np.array([cap * math.tanh(g / cap) / (1.0 + math.exp(-g)) for g in gate])
+    elif cfg.activation == "swiglu":
         activated = np.array([g / (1.0 + math.exp(-glu.sigmoid_scale * g)) for g in gate])
     else:
         activated = slow_act(act_name(cfg), gate)

@@ -15,6 +15,10 @@ GLU_ON_RELU = (
     "offset) of swiglu or geglu; remove glu or use activation: swiglu"
 )
 
+GATE_SOFTCAP_ON_SWIGLU = (
+    "gate_softcap caps the linear factor g of swiglu's g * sigmoid(g), with the sigmoid "
+    "unscaled; use activation: swiglu without sigmoid_scale, or remove gate_softcap"
+)
 CLAMP_WITHOUT_LIMIT = (
     "gate_clamp says where gate_limit clamps, and this {} has no gate_limit; set gate_limit "
     "or remove gate_clamp"
@@ -49,6 +53,15 @@ CASES: Cases = {
             ],
         ),
         ({"glu": {"gate_limit": 7.0, "gate_clamp": "after_activation"}}, []),
+        ({"glu": {"gate_softcap": 10.0, "up_softcap": 10.0}}, []),  # Inkling2
+        (
+            {"glu": {"gate_softcap": 10.0, "sigmoid_scale": 1.702}},
+            [("layer.glu.gate_softcap", VALUE, GATE_SOFTCAP_ON_SWIGLU)],
+        ),
+        (
+            {"activation": "geglu", "glu": {"gate_softcap": 10.0}},
+            [("layer.glu.gate_softcap", VALUE, GATE_SOFTCAP_ON_SWIGLU)],
+        ),
         (
             {"glu": {"up_limit": 7.0, "gate_clamp": "after_activation"}},
             [("layer.glu.gate_clamp", VALUE, CLAMP_WITHOUT_LIMIT.format("glu"))],

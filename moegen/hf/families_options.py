@@ -26,7 +26,17 @@ from moegen.hf.family_base import (
     v3_router,
 )
 from moegen.hf.layers import AllLayers, BlockPattern, DenseFirst, FirstDense, IndexList, Switched
-from moegen.hf.rules import Choose, Clamp, Copy, Expect, Fixed, Positive, SharedWidth, Switch
+from moegen.hf.rules import (
+    Choose,
+    Clamp,
+    Copy,
+    Expect,
+    Fixed,
+    Positive,
+    SharedWidth,
+    Softcaps,
+    Switch,
+)
 
 # Step 3.7: min(silu(gate), L) and up in [-L, L], the routed experts at swiglu_limits[i], the
 # shared expert at swiglu_limits_shared[i]; 0 or null: no clamp. Layers whose limits differ
@@ -137,6 +147,23 @@ def _gemma(title: str, block: str, layers: Switched | AllLayers) -> HfFamily:
 
 _GEMMA4 = _gemma("Gemma 4", "Gemma4Text", Switched("enable_moe_block"))
 # both its encoder and decoder layers always build the block (enable_moe_block is not read)
+# Inkling2: every decoder layer an MoE block; sigmoid scores (scoring_func) with a selection
+# bias, renormalised (+1e-20, below float32's resolution), times route_scale; soft-capped
+# SwiGLU experts, no shared expert
+_INKLING2 = HfFamily(
+    "Inkling2",
+    "deepseek_v3",
+    AllLayers(),
+    (
+        Fixed("layer.activation", "swiglu", "Inkling2SoftcappedSwiGLU: silu's sigmoid"),
+        sigmoid("Inkling2TopKRouter"),
+        Expect("scoring_func", ("sigmoid",), "moegen maps its sigmoid scoring only"),
+        renormalized("Inkling2TopKRouter"),
+        SELECTION_BIAS,
+        scaling(1.0, "route_scale"),
+        Softcaps("mlp_gate_softcap", "mlp_up_softcap", (4.0, 25.0)),
+    ),
+)
 _DIFFUSION_GEMMA = _gemma("DiffusionGemma", "DiffusionGemmaText", AllLayers())
 
 OPTION_FAMILIES: Mapping[str, HfFamily] = {
@@ -218,6 +245,10 @@ OPTION_FAMILIES: Mapping[str, HfFamily] = {
             ),
         ),
     ),
+    "inkling2_text": _INKLING2,
+    "inkling2": replace(_INKLING2, text_config=True),
+    "inkling2_loop_text": replace(_INKLING2, title="Inkling2 (looped)"),
+    "inkling2_loop": replace(_INKLING2, title="Inkling2 (looped)", text_config=True),
     "gemma4_text": _GEMMA4,
     "gemma4": replace(_GEMMA4, text_config=True),
     "diffusion_gemma_text": _DIFFUSION_GEMMA,

@@ -238,6 +238,26 @@ class Positive:
 
 
 @dataclass(frozen=True)
+class Softcaps:
+    """Inkling2's soft-capped SwiGLU: cap * tanh(g / cap) * sigmoid(g) * (cap' * tanh(up /
+    cap')), the two caps from their keys (the config class's defaults where absent)."""
+
+    gate_key: str
+    up_key: str
+    defaults: tuple[float, float]
+
+    def choices(self, view: ConfigView, layer: int) -> list[Choice]:
+        caps = []
+        for key, default in zip((self.gate_key, self.up_key), self.defaults, strict=True):
+            cap = view.number(key, lookup(view, (key,), layer, default)[0])
+            if cap <= 0:
+                raise view.fail(key, f"must be positive, not {cap}: tanh(x / cap) needs it")
+            caps.append(cap)
+        glu = {"gate_softcap": caps[0], "up_softcap": caps[1]}
+        return [Choice("layer.glu", glu, f"{view.prefix}{self.gate_key}, {self.up_key}")]
+
+
+@dataclass(frozen=True)
 class GptOssGlu:
     """gpt-oss's clamped SwiGLU: the gpt_oss preset when the limit and alpha are its own."""
 

@@ -18,6 +18,8 @@ class GluPlan:
     sigmoid_scale: float | None  # swiglu: gate * sigmoid(sigmoid_scale * gate)
     up_offset: float | None  # added to up before the product
     clamp_after: bool  # gate_limit clamps the activated gate, not the pre-activation
+    gate_softcap: float | None  # swiglu's linear gate factor soft-capped: cap * tanh(g / cap)
+    up_softcap: float | None  # up soft-capped: cap * tanh(up / cap)
     preset: str | None  # the spec's preset name (gpt_oss), for the docstring
 
 
@@ -32,5 +34,7 @@ def glu_plan(glu: Glu | None, written: Glu | str | None) -> GluPlan | None:
         sigmoid_scale=None if glu.sigmoid_scale == 1.0 else glu.sigmoid_scale,
         up_offset=None if glu.up_offset == 0.0 else glu.up_offset,
         clamp_after=glu.gate_limit is not None and glu.gate_clamp == "after_activation",
+        gate_softcap=glu.gate_softcap,
+        up_softcap=glu.up_softcap,
         preset=written if isinstance(written, str) else None,
     )

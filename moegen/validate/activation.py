@@ -42,6 +42,17 @@ def _glu_problems(loaded: LoadedSpec, path: tuple[str, ...], glu: Glu) -> list[D
                 "sigmoid(g)); remove sigmoid_scale or use activation: swiglu",
             )
         ]
+    if glu.gate_softcap is not None and (
+        loaded.spec.layer.activation != "swiglu" or glu.sigmoid_scale != 1.0
+    ):
+        return [
+            loaded.diagnostic(
+                (*path, "gate_softcap"),
+                "gate_softcap caps the linear factor g of swiglu's g * sigmoid(g), with the "
+                "sigmoid unscaled; use activation: swiglu without sigmoid_scale, or remove "
+                "gate_softcap",
+            )
+        ]
     if glu.gate_clamp != "before_activation" and glu.gate_limit is None:
         return [
             loaded.diagnostic(

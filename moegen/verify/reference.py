@@ -88,7 +88,13 @@ def glu_of(cfg: ReferenceConfig, shared: bool) -> SharedGlu:
     if shared and cfg.shared_glu is not None:
         return cfg.shared_glu
     return SharedGlu(
-        cfg.gate_limit, cfg.up_limit, cfg.sigmoid_scale, cfg.up_offset, cfg.gate_clamp_after
+        cfg.gate_limit,
+        cfg.up_limit,
+        cfg.sigmoid_scale,
+        cfg.up_offset,
+        cfg.gate_clamp_after,
+        cfg.gate_softcap,
+        cfg.up_softcap,
     )
 
 
@@ -108,7 +114,11 @@ def _hidden(
         gate = jnp.where(gate > glu.gate_limit, glu.gate_limit, gate)
     if glu.up_limit is not None:
         up = jnp.where(jnp.abs(up) > glu.up_limit, jnp.sign(up) * glu.up_limit, up)
-    if cfg.activation == "swiglu":
+    if glu.up_softcap is not None:
+        up = glu.up_softcap * jnp.tanh(up / glu.up_softcap)
+    if cfg.activation == "swiglu" and glu.gate_softcap is not None:
+        activated = glu.gate_softcap * jnp.tanh(gate / glu.gate_softcap) * jax.nn.sigmoid(gate)
+    elif cfg.activation == "swiglu":
         activated = gate * jax.nn.sigmoid(glu.sigmoid_scale * gate)
     else:
         activated = _gelu(cfg, gate)

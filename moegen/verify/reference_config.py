@@ -22,6 +22,8 @@ class SharedGlu:
     sigmoid_scale: float = 1.0
     up_offset: float = 0.0
     gate_clamp_after: bool = False
+    gate_softcap: float | None = None  # swiglu: cap * tanh(g / cap) * sigmoid(g)
+    up_softcap: float | None = None  # up: cap * tanh(up / cap), after its clamp
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class ReferenceConfig:
     sigmoid_scale: float = 1.0  # swiglu: gate * sigmoid(scale * gate)
     up_offset: float = 0.0  # gated: act(gate) * (up + offset)
     gate_clamp_after: bool = False  # gated: min(act(gate), gate_limit), not act(min(...))
+    gate_softcap: float | None = None  # swiglu: cap * tanh(g / cap) * sigmoid(g)
+    up_softcap: float | None = None  # gated: up = cap * tanh(up / cap), after its clamp
     shared_glu: SharedGlu | None = None  # the shared expert's own; None: the routed experts'
 
     def __post_init__(self) -> None:

@@ -282,4 +282,6 @@ def _glu_values(glu: GluPlan) -> dict[str, Any]:
         "sigmoid_scale": glu.sigmoid_scale or 1.0,
         "up_offset": glu.up_offset or 0.0,
         "gate_clamp_after": glu.clamp_after,
+        "gate_softcap": glu.gate_softcap,
+        "up_softcap": glu.up_softcap,
     }

@@ -42,7 +42,6 @@ REFUSED: dict[str, str] = {
     "index, an input; the experts are one part of a split fc2 beside a shared part",
 }
 
-_SOFTCAPPED_SWIGLU = "soft-capped SwiGLU experts (its SoftcappedSwiGLU activation)"
 
 PENDING: dict[str, Pending] = {
     "longcat_flash.LongcatFlashMoE": Pending(
@@ -64,6 +63,4 @@ PENDING: dict[str, Pending] = {
         "logsumexp) over the chosen routed logits and the shared ones, times route_scale and "
         "a learned global_scale",
     ),
-    "inkling2.Inkling2SparseMoeBlock": Pending("inkling2", _SOFTCAPPED_SWIGLU),
-    "inkling2_loop.Inkling2LoopSparseMoeBlock": Pending("inkling2_loop", _SOFTCAPPED_SWIGLU),
 }

@@ -244,6 +244,7 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     "ernie4_5_vl_moe_modality": _ernie,
     # ---- tests/families_options.py ----
     **dict.fromkeys(("step3p7", "hy_v4", "hy_v4_vl", "kolibri1", "laguna"), _biased_shared),
+    **dict.fromkeys(("inkling2", "inkling2_loop"), _biased),
     "lfm2_moe": lambda b: {**_fused(b), "routing_bias": b.expert_bias},
     "nemotron_h": lambda b: {
         "router": linear_t(b.gate.weight),
