@@ -19,6 +19,7 @@ import click
 
 from moegen import __version__
 from moegen.cli_init import init_command
+from moegen.cli_output import fail_invalid
 from moegen.diagnostics import FORMATS, SpecError, format_diagnostics
 
 if TYPE_CHECKING:  # imported where used: `moegen validate` must not pay for verify
@@ -57,8 +58,7 @@ def _terminal_heartbeat(name_modules: bool = False) -> contextlib.AbstractContex
 
 
 def _fail_invalid(err: SpecError, fmt: str = "text") -> None:
-    click.echo(format_diagnostics(err.diagnostics, fmt), err=fmt == "text")
-    sys.exit(EXIT_INVALID)
+    fail_invalid(err, fmt)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from moegen.cli_output import fail_invalid
 from moegen.diagnostics import SpecError
 
 SIZE = click.IntRange(1, 2**31 - 1)  # a spec's sizes are int32
@@ -96,6 +97,4 @@ def init_command(
             )
         )
     except SpecError as err:
-        from moegen.cli import _fail_invalid  # the command line's one way to refuse a spec
-
-        _fail_invalid(err)
+        fail_invalid(err)

@@ -53,6 +53,7 @@ STAGE_OF = {
     "moegen.parallel": "top",
     "moegen.cli": "top",
     "moegen.cli_init": "top",  # the init command
+    "moegen.cli_output": "top",  # refusing a spec on the command line
     "moegen.__main__": "top",
     "moegen.check": "top",
     "moegen.tune": "top",
