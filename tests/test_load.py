@@ -215,9 +215,9 @@ def test_feature_defaults_inside_sections() -> None:
 FEATURE_ERRORS = [
     # (old, new, line, column, field, message)
     ("activation: geglu", "activation: silu", 7, 15, "layer.activation",
-     "must be 'swiglu', 'geglu', 'gelu' or 'relu', got 'silu'; did you mean 'swiglu'?"),
+     "must be 'swiglu', 'geglu', 'gelu', 'relu' or 'relu2', got 'silu'; did you mean 'swiglu'?"),
     ("activation: geglu", "activation: gegelu", 7, 15, "layer.activation",
-     "must be 'swiglu', 'geglu', 'gelu' or 'relu', got 'gegelu'; did you mean 'geglu'?"),
+     "must be 'swiglu', 'geglu', 'gelu', 'relu' or 'relu2', got 'gegelu'; did you mean 'geglu'?"),
     ("ffn_bias: true", "ffn_bias: 1", 8, 13, "layer.ffn_bias", "must be true or false, got 1"),
     ("shared_ffn_dim: 96", "shared_ffn_dim: 0", 9, 19, "layer.shared_ffn_dim",
      "must be > 0, got 0"),
@@ -257,8 +257,9 @@ FEATURE_ERRORS = [
     # other tools' flat key: not close enough to 'capacity' for a hint, so the keys are listed
     ("capacity: {factor: 1.25, drop: position}", "capacity_factor: 1.25", 21, 3, "router",
      "unknown key 'capacity_factor'; expected one of: top_k, score, score_after_top_k, "
-     "linear_bias, renormalize, routed_scaling, group_limit, routing_bias, weighting, "
-     "load_balance_loss, z_loss, capacity"),
+     "input_norm_eps, per_expert_scale, logit_softcap, linear_bias, renormalize, "
+     "renormalize_epsilon, routed_scaling, group_limit, routing_bias, routing_bias_on, "
+     "weighting, load_balance_loss, load_balance_form, z_loss, capacity"),
     ("routing_bias: true", "routing_bais: true", 18, 3, "router",
      "unknown key 'routing_bais'; did you mean 'routing_bias'?"),
     ("shared_ffn_dim: 96", "shared_ffn: 96", 9, 3, "layer",
