@@ -28,7 +28,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from moegen.verify.reference_config import (
+from moegen.verify.reference_fields import (
     ACTIVATIONS,
     DROP_POLICIES,
     GATED_ACTIVATIONS,
