@@ -30,6 +30,7 @@ from oracle.hf_losses import (  # noqa: E402
     router_recorder,
     run_balance_loss,
 )
+from test_transformers_oracle import spec_choices  # noqa: E402
 
 TOLERANCE = 1e-5
 SEED = 1
@@ -84,16 +85,8 @@ def _relative(got: np.ndarray, want: np.ndarray) -> float:
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 @pytest.mark.parametrize("family", BALANCED, ids=lambda family: family.name)
 def test_balance_loss_matches_transformers(family: Family, strategy: str) -> None:
-    axes, experts = STRATEGIES[strategy]
-    choices = family.spec | {
-        "batch": BATCH,
-        "seq_len": SEQ_LEN,
-        "params_dtype": "float32",
-        "compute_dtype": "float32",
-        "axes": axes,
-        "strategy": experts,
-        "hardware": "cpu",
-        "kernel": "xla",
+    # the oracle's spec of this family and strategy, with the loss in transformers' form
+    choices = spec_choices(family, strategy) | {
         "load_balance_loss": 1.0,
         "load_balance_form": "transformers",
     }
