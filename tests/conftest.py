@@ -138,13 +138,17 @@ def invoke_main(
 
 def assert_twin_parity(report: Any) -> list[dict]:
     """Every twin-parity case of a verify report within tolerance (float32 1e-5, a bfloat16
-    compute twin 5e-2); returns the parity steps for further checks."""
+    compute twin TOLERANCES["bfloat16"]); returns the parity steps for further checks."""
+    from moegen.verify.twin import TOLERANCES  # imports jax: not before the device settings
+
     parity = [step for step in report.steps if step["step"].startswith("twin parity")]
     assert parity, report.steps
     for step in parity:
         for case in step["cases"]:
             assert case["max_relative_error"] < (
-                1e-5 if step["step"].startswith("twin parity (float32") else 5e-2
+                TOLERANCES["float32"]
+                if step["step"].startswith("twin parity (float32")
+                else TOLERANCES["bfloat16"]
             ), (step["step"], case)
     return parity
 

@@ -33,6 +33,7 @@ from moegen.plan.memory import TRADE_HEADROOM
 from moegen.render import render
 from moegen.validate import validate
 from moegen.verify import verify
+from moegen.verify.twin import TOLERANCES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BASE = {
@@ -310,7 +311,9 @@ def test_te_example_in_ffn_slices_builds_and_its_twin_matches(tmp_path, monkeypa
     parity = [step for step in report.steps if step["step"].startswith("twin parity")]
     assert len(parity) == 2, report.steps  # float32, and bfloat16 compute
     for step in parity:
-        bound = 1e-5 if step["step"].endswith("(float32)") else 5e-2
+        bound = (
+            TOLERANCES["float32"] if step["step"].endswith("(float32)") else TOLERANCES["bfloat16"]
+        )
         assert all(case["max_relative_error"] < bound for case in step["cases"]), step
 
 

@@ -21,7 +21,7 @@ from moegen.pipeline import load_valid
 from moegen.plan import make_plan
 from moegen.render import render
 from moegen.verify import VerifyError, verify
-from moegen.verify.twin import twin_of
+from moegen.verify.twin import TOLERANCES, twin_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # spec -> (SM, quantization, the TE quantize custom call, quantize calls forward / training)
@@ -77,7 +77,9 @@ def test_twin_runs_the_portable_kernel_in_place_of_te(name, monkeypatch) -> None
     parity = [s for s in report.steps if s["step"].startswith("twin parity")]
     assert len(parity) == 2
     for step in parity:
-        bound = 1e-5 if step["step"].endswith("(float32)") else 5e-2
+        bound = (
+            TOLERANCES["float32"] if step["step"].endswith("(float32)") else TOLERANCES["bfloat16"]
+        )
         assert all(case["max_relative_error"] < bound for case in step["cases"])
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_no_traceback, run_moegen
-from hypothesis import HealthCheck, Phase, assume, given, note, settings
+from hypothesis import HealthCheck, Phase, assume, example, given, note, settings
 from spec_builder import spec_yaml, validated
 from spec_strategies import valid_choices
 
@@ -60,9 +60,39 @@ def build(drawn: dict) -> str:
     return report
 
 
+# Drawn in CI (2026-12-03): its bfloat16 twin's grad_b_up was 5.9e-2 off, one ReLU term
+# flipped by rounding (see moegen.verify.parity.set_aside_share).
+RELU_FLIPPED_BY_ROUNDING = {
+    "experts": 64,
+    "embed": 64,
+    "ffn": 64,
+    "top_k": 2,
+    "activation": "relu",
+    "ffn_bias": True,
+    "shared_ffn": 64,
+    "shared_expert_gate": True,
+    "score": "softmax",
+    "renormalize": True,
+    "routed_scaling": 2.5,
+    "weighting": "input",
+    "load_balance_loss": 0.01,
+    "z_loss": 0.001,
+    "capacity": (1.25, "probability"),
+    "axes": {"fsdp": 2, "data": 2},
+    "strategy": "replicated",
+    "batch": 4,
+    "seq_len": 16,
+    "ffn_chunks": 8,
+    "hardware": "cpu",
+    "kernel": "xla",
+    "quantization": "none",
+}
+
+
 @pytest.mark.slow
 @build_settings(CPU_BUILDS)
 @given(drawn=valid_choices(hardware=["cpu"], small=True))
+@example(drawn=RELU_FLIPPED_BY_ROUNDING)
 def test_drawn_cpu_specs_build_with_twin_parity(drawn: dict) -> None:
     report = build(drawn)
     for step in ("verify: twin parity (float32)", "verify: compile forward+backward"):

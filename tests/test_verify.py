@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from operator import attrgetter
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from moegen.pipeline import generate
 from moegen.plan import make_plan
 from moegen.sizes import axes_product
 from moegen.verify import TOLERANCES, VerifyError, verify
-from moegen.verify.parity import relative_error
+from moegen.verify.parity import KINK_SHARE, relative_error, set_aside_share
 from moegen.verify.twin import TWIN_SEQUENCES_PER_SHARD, twin_of, twin_seq_len
 
 FLOAT32_STEP = "twin parity (float32)"
@@ -184,6 +185,33 @@ def test_relative_error_of_a_non_finite_result_is_infinite() -> None:
     assert relative_error(np.array([1.0, math.nan]), np.array([1.0, 2.0])) == math.inf
     assert relative_error(np.array([math.inf]), np.array([1.0])) == math.inf
     assert relative_error(np.array([3.0, 4.0]), np.array([3.0, 4.0])) == 0.0
+
+
+def test_a_low_precision_comparison_sets_aside_a_flipped_relu_term_not_a_wrong_path() -> None:
+    """Rounding moves a pre-activation across ReLU's kink: one whole gradient term of a few
+    hundred differs. Set aside, the rest meets a bfloat16 bound; a wrong path (every element
+    off by 10%, or two experts' gradients swapped) does not hide in the 1% set aside."""
+    rng = np.random.default_rng(0)
+    want = rng.normal(size=(16, 24))
+    rounded = want * (1.0 + rng.uniform(-(2.0**-8), 2.0**-8, want.shape))
+    flipped = rounded.copy()
+    flipped[3, 5] += 4.0 * np.abs(want).max()
+    assert relative_error(flipped, want) > 5e-2
+    assert relative_error(flipped, want, KINK_SHARE) < 1e-2
+    assert relative_error(rounded * 1.1, want, KINK_SHARE) > 5e-2
+    assert relative_error(rounded[[1, 0, *range(2, 16)]], want, KINK_SHARE) > 5e-2
+    assert relative_error(np.array([1.0, math.nan]), np.array([1.0, 2.0]), KINK_SHARE) == math.inf
+
+
+def test_only_a_twin_below_float32_sets_elements_aside() -> None:
+    import jax.numpy as jnp
+
+    float32 = SimpleNamespace(COMPUTE_DTYPE=jnp.float32, PARAM_DTYPE=jnp.float32)
+    assert set_aside_share(float32) == 0.0
+    for compute, params in [(jnp.bfloat16, jnp.float32), (jnp.float32, jnp.bfloat16)]:
+        assert set_aside_share(SimpleNamespace(COMPUTE_DTYPE=compute, PARAM_DTYPE=params)) == (
+            KINK_SHARE
+        )
 
 
 def test_module_that_fails_to_import(in_repo):
