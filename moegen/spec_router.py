@@ -24,11 +24,25 @@ class GroupLimit(_Section):
 
 
 class Capacity(_Section):
-    """Token dropping: each expert takes at most a fixed number of copies per device."""
+    """Token dropping: each expert takes at most a fixed number of copies of each device's
+    (or each sequence's) tokens."""
 
-    factor: Annotated[float, Field(gt=0, le=1024, allow_inf_nan=False)] = Field(
-        description="Copies per expert per device = ceil(factor * local tokens * top_k / "
-        "num_experts); the rest are dropped (their weight becomes 0)."
+    factor: Annotated[float, Field(gt=0, le=1024, allow_inf_nan=False)] | None = Field(
+        None,
+        description="Copies per expert = ceil(factor * tokens * top_k / num_experts), the "
+        "tokens those of one device (or one sequence, per: sequence); the rest are dropped "
+        "(their weight becomes 0). Give factor or copies.",
+    )
+    copies: Size | None = Field(
+        None,
+        description="Copies per expert as a fixed count instead of a factor (a model "
+        "config's expert_capacity: Switch Transformers).",
+    )
+    per: Literal["device", "sequence"] = Field(
+        "device",
+        description="Whose tokens an expert's copies are counted over: each device's, or "
+        "each sequence's (Switch Transformers: a sequence's tokens over the count skip the "
+        "experts, whatever the batch and mesh).",
     )
     drop: Literal["probability", "position"] = Field(
         "probability",

@@ -214,6 +214,30 @@ def _inkling2(name: str, config: str, block: str) -> ModelFamily:
 OPTION_FAMILIES += [
     _inkling2("inkling2", "Inkling2TextConfig", "Inkling2SparseMoeBlock"),
     _inkling2("inkling2_loop", "Inkling2LoopTextConfig", "Inkling2LoopSparseMoeBlock"),
+    # Switch Transformers: top-1 softmax, the expert's output times its probability; each
+    # sequence's tokens over expert_capacity (counted in token order) skip the experts. Its
+    # config has no top-k key (the router is top-1); the harness's key is an unused attribute.
+    ModelFamily(
+        "switch_transformers",
+        "switch_transformers",
+        "SwitchTransformersConfig",
+        "SwitchTransformersSparseMLP",
+        "",
+        Keys("num_experts", "num_selected_experts", "d_ff", "d_model"),
+        {"score": "softmax", "activation": "relu", "linear_bias": True},
+        oracle=Tiny(
+            8,
+            1,
+            # 16 tokens a sequence over 8 experts: a capacity of 2 drops in every sequence
+            config=dict(expert_capacity=2, router_bias=True, router_jitter_noise=0.0),
+            spec={
+                "capacity": {"copies": 2, "per": "sequence", "drop": "position"},
+                "load_balance_loss": 0.001,
+                "load_balance_form": "sequence",
+                "z_loss": 0.001,
+            },
+        ),
+    ),
 ]
 
 

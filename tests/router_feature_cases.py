@@ -94,6 +94,42 @@ CASES: dict[str, tuple[dict, list[str]]] = {
         },
         ["_drop_over_capacity"],
     ),
+    # Switch Transformers' count: each sequence's copies, in token order
+    "capacity_per_sequence_copies_replicated": (
+        {
+            "router": {
+                "top_k": 1,
+                "load_balance_loss": 0.01,
+                "capacity": {"copies": 1, "per": "sequence", "drop": "position"},
+            },
+        },
+        ["LOCAL_BATCH = 4", "// SEQUENCE_ROWS * NUM_EXPERTS + flat_ids"],
+    ),
+    "capacity_per_sequence_factor_a2a": (
+        {
+            "router": {
+                "top_k": 2,
+                "load_balance_loss": 0.01,
+                "capacity": {"factor": 1.0, "per": "sequence"},
+            },
+            "mesh": {"axes": {"data": 2, "expert": 2}},
+            **A2A,
+        },
+        ["jnp.argsort(-combine_weights", "jnp.argsort(counters[priority]"],
+    ),
+    "capacity_per_sequence_copies_ring": (
+        {
+            "router": {
+                "top_k": 2,
+                "score": "sigmoid",
+                "routing_bias": True,
+                "capacity": {"copies": 2, "per": "sequence"},
+            },
+            "mesh": {"axes": {"expert": 2}},
+            **RING,
+        },
+        ["length=LOCAL_BATCH * NUM_EXPERTS"],
+    ),
     "geglu_replicated": (
         {"layer": {"num_experts": 8, "embed_dim": 32, "ffn_dim": 48, "activation": "geglu"}},
         ["_gelu(gate) * up"],

@@ -246,8 +246,6 @@ FEATURE_ERRORS = [
      "must be > 0, got -1.5"),
     ("{factor: 1.25, drop: position}", "{factor: 2048}", 21, 22, "router.capacity.factor",
      "must be <= 1024, got 2048"),
-    ("{factor: 1.25, drop: position}", "{drop: position}", 21, 13, "router.capacity",
-     "required key 'factor' is missing"),
     ("drop: position", "drop: postion", 21, 34, "router.capacity.drop",
      "must be 'probability' or 'position', got 'postion'; did you mean 'position'?"),
     ("drop: position", "drop: random", 21, 34, "router.capacity.drop",
@@ -283,10 +281,10 @@ def test_feature_schema_errors_are_located(old, new, line, col, field, message) 
         ("keep: 2", "keep: 2\n    top_k: 4", 18, 5, "router.group_limit",
          "unknown key 'top_k'; expected one of: groups, keep, top_per_group"),
         ("drop: position", "drop: position, policy: x", 21, 44, "router.capacity",
-         "unknown key 'policy'; expected one of: factor, drop"),
+         "unknown key 'policy'; expected one of: factor, copies, per, drop"),
         # 'drop' is already written: suggesting it would make a duplicate key
         ("drop: position", "drop: position, dorp: x", 21, 44, "router.capacity",
-         "unknown key 'dorp'; expected one of: factor, drop"),
+         "unknown key 'dorp'; expected one of: factor, copies, per, drop"),
         # the typo alone is a misspelt 'drop'
         ("drop: position", "dorp: x", 21, 28, "router.capacity",
          "unknown key 'dorp'; did you mean 'drop'?"),

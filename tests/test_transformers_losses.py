@@ -4,7 +4,8 @@ moegen's `aux.load_balance_loss` with `load_balance_form: transformers` (weight 
 function on the block's own router logits, value and gradient w.r.t. the input, at the normal
 and the large input scale, replicated and over the ragged all-to-all. The families that define
 no balance loss are listed, so a family gaining one is noticed; none of the table's families
-defines a router z-loss (transformers' is Switch Transformers' and NLLB-MoE's).
+defines a router z-loss but Switch Transformers, whose balance loss is per sequence (moegen's
+`load_balance_form: sequence`): both its losses are compared (NLLB-MoE's are pending with it).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from oracle.families import BATCH, EMBED, FAMILIES, SEQ_LEN, Family  # noqa: E40
 from oracle.hf_blocks import as_numpy, build_block, load  # noqa: E402
 from oracle.hf_losses import (  # noqa: E402
     balance_loss_function,
+    per_sequence_losses,
     router_recorder,
     run_balance_loss,
+    run_per_sequence_loss,
 )
 from test_transformers_oracle import spec_choices  # noqa: E402
 
@@ -59,8 +62,12 @@ RECORDED_ELSEWHERE = {
 BALANCED = [
     family
     for family in FAMILIES
-    if _trains_with_balance_loss(family) and family.name not in RECORDED_ELSEWHERE
+    if _trains_with_balance_loss(family)
+    and family.name not in RECORDED_ELSEWHERE
+    and not per_sequence_losses(load(family.block))
 ]
+# Switch Transformers' losses: its balance loss per sequence, and a router z-loss
+PER_SEQUENCE = [family for family in FAMILIES if per_sequence_losses(load(family.block))]
 
 
 def test_which_families_train_with_the_balance_loss() -> None:
@@ -103,6 +110,34 @@ def test_balance_loss_matches_transformers(family: Family, strategy: str) -> Non
         got, got_grad = run(inputs)
         errors[f"{label} loss"] = abs(float(got) - want) / abs(want)
         errors[f"{label} input grad"] = _relative(got_grad, want_grad)
+    report = ", ".join(f"{key} {value:.2e}" for key, value in errors.items())
+    print(f"{family.name} {strategy}: {report}")
+    assert all(value < TOLERANCE for value in errors.values()), report
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("family", PER_SEQUENCE, ids=lambda family: family.name)
+def test_per_sequence_balance_and_z_losses_match_transformers(family: Family, strategy: str):
+    choices = spec_choices(family, strategy) | {
+        "load_balance_loss": 1.0,
+        "load_balance_form": "sequence",
+        "z_loss": 1.0,
+    }
+    name = f"losses_{family.name}_{strategy}"
+    module = moegen_side.import_source(moegen_side.rendered_source(choices, name), name)
+    assert len(jax.devices()) >= module.NUM_DEVICES
+    block = _block(family)
+    weights = as_numpy(family.weights(block))
+    x = np.random.default_rng(SEED).standard_normal((BATCH, SEQ_LEN, EMBED)).astype(np.float32)
+    errors = {}
+    for loss in ("load_balance_loss", "router_z_loss"):
+        run = moegen_side.loss_runner(module, weights, loss)
+        for label, scale in {"normal": 1.0, "large": family.large_scale or 1.0}.items():
+            inputs = x * np.float32(scale)
+            want, want_grad = run_per_sequence_loss(block, inputs, loss)
+            got, got_grad = run(inputs)
+            errors[f"{label} {loss}"] = abs(float(got) - want) / abs(want)
+            errors[f"{label} {loss} input grad"] = _relative(got_grad, want_grad)
     report = ", ".join(f"{key} {value:.2e}" for key, value in errors.items())
     print(f"{family.name} {strategy}: {report}")
     assert all(value < TOLERANCE for value in errors.values()), report

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 from validate_cases import (
     BIAS_ON_WITHOUT_BIAS,
+    CAPACITY_PER_SPLIT_SEQUENCE,
+    CAPACITY_TWICE,
+    CAPACITY_WITHOUT_SIZE,
     DEEPSEEK_V3,
     EPSILON_WITHOUT_RENORMALIZE,
     FORM_WITHOUT_LOSS,
@@ -177,6 +180,40 @@ CASES: Cases = {
                 "z_loss": 0.001,
             },
             [("router.capacity", KEY, NOTHING_BALANCES)],
+        ),
+    ],
+    "capacity_counts_one_way": [
+        ({}, []),  # dropless
+        ({"load_balance_loss": 0.01, "capacity": {"factor": 1.25}}, []),
+        # Switch Transformers: expert_capacity copies of each sequence's tokens
+        (
+            {
+                "top_k": 1,
+                "load_balance_loss": 0.001,
+                "capacity": {"copies": 64, "per": "sequence", "drop": "position"},
+            },
+            [],
+        ),
+        (
+            {"load_balance_loss": 0.01, "capacity": {"factor": 1.25, "per": "sequence"}},
+            [],
+        ),
+        (
+            {"load_balance_loss": 0.01, "capacity": {"factor": 1.25, "copies": 4}},
+            [("router.capacity.copies", VALUE, CAPACITY_TWICE)],
+        ),
+        (
+            {"load_balance_loss": 0.01, "capacity": {"drop": "position"}},
+            [("router.capacity", KEY, CAPACITY_WITHOUT_SIZE)],
+        ),
+        (
+            {
+                "load_balance_loss": 0.01,
+                "capacity": {"factor": 1.0, "per": "sequence"},
+                "axes": {"data": 2, "sequence": 2},
+                "batch_axes": ["data"],
+            },
+            [("router.capacity.per", VALUE, CAPACITY_PER_SPLIT_SEQUENCE)],
         ),
     ],
     "routing_options_have_their_feature": [

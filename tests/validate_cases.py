@@ -141,6 +141,18 @@ ROUTING_BIAS_ON_LOGITS = (
     "the balancing bias to; set score_after_top_k: false (the bias is then added to the "
     "softmax probabilities, as ERNIE 4.5 does) or routing_bias: false"
 )
+CAPACITY_TWICE = (
+    "capacity.factor and capacity.copies both give the copies each expert keeps; remove one"
+)
+CAPACITY_WITHOUT_SIZE = (
+    "a capacity needs its size: factor (copies per expert = ceil(factor * tokens * top_k / "
+    "num_experts), e.g. 1.25) or copies (a fixed count)"
+)
+CAPACITY_PER_SPLIT_SEQUENCE = (
+    "capacity per sequence counts a sequence's copies in token order, and the sequence axis "
+    "splits each sequence over 2 devices, which would have to count each other's; use per: "
+    "device, or drop the sequence axis"
+)
 NOTHING_BALANCES = (
     "a capacity drops what unbalanced routing sends past it, and nothing here balances the "
     "routing; set router.load_balance_loss (e.g. 0.01) or router.routing_bias: true, "

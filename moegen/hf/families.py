@@ -255,6 +255,11 @@ assert len(FAMILIES) == sum(map(len, _PARTS))  # no model_type in two parts
 
 # model_type -> why moegen refuses it (checked before the table; the reason names the difference)
 REFUSED: Mapping[str, str] = {
+    "switch_transformers": "Switch Transformers is an encoder-decoder model, and --from-hf maps "
+    "the MoE layers of decoder-only models. Its sparse layer can be written by hand: top_k: 1, "
+    "score: softmax, activation: relu, router.linear_bias: <router_bias>, router.capacity: "
+    "{copies: <expert_capacity>, per: sequence, drop: position}, router.load_balance_form: "
+    "sequence (moegen's router adds no router_jitter_noise).",
     "phimoe": "Phi-3.5-MoE routes with sparsemixer (router_jitter_noise as its epsilon). "
     + UNSUPPORTED_CHOICES[(("router", "score"), "sparsemixer")],
 }

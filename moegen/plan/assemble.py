@@ -139,7 +139,7 @@ def _plan(basis: ShapeBasis, traded: Traded) -> Plan:
             zeros=any(param.init_scale == 0.0 and not param.init_ones for param in basis.params),
             ones=tuple(param.name for param in basis.params if param.init_ones),
         ),
-        router=router_plan(loaded, experts.capacity),
+        router=router_plan(loaded, basis.local_tokens),
         ffn=ffn,
         mesh=mesh_plan(loaded, experts.axis, traded.network),
         kernel=kernel_plan(loaded, chosen, experts, interpret=basis.interpret),

@@ -37,15 +37,36 @@ class ExpertPlan:
     rows_name: str = "ROUTED_ROWS"  # the module constant of call_tokens * top_k
 
 
-def expert_capacity(loaded: LoadedSpec, local_tokens: int) -> int | None:
-    """ceil(factor * local_tokens * top_k / num_experts), per expert and device."""
+def capacity_groups(loaded: LoadedSpec, local_tokens: int) -> int:
+    """How many groups a device's tokens count their copies in: its sequences under a
+    capacity per sequence (no sequence axis splits them), else 1."""
+    capacity = loaded.spec.router.capacity
+    if capacity is None or capacity.per == "device":
+        return 1
+    return local_tokens // loaded.spec.shapes.seq_len
+
+
+def group_capacity(loaded: LoadedSpec, local_tokens: int) -> int | None:
+    """Copies each expert keeps of one group's tokens (a device's, or a sequence's): the
+    spec's count, or ceil(factor * group tokens * top_k / num_experts)."""
     spec = loaded.spec
-    if spec.router.capacity is None:
+    capacity = spec.router.capacity
+    if capacity is None:
         return None
-    copies = local_tokens * spec.router.top_k
+    if capacity.copies is not None:
+        return capacity.copies
+    copies = local_tokens // capacity_groups(loaded, local_tokens) * spec.router.top_k
     # The factor as written (1.1 is 11/10, not the float just above it): exact arithmetic.
-    factor = Fraction(repr(spec.router.capacity.factor))
+    factor = Fraction(repr(capacity.factor))
     return max(1, math.ceil(factor * copies / spec.layer.num_experts))
+
+
+def expert_capacity(loaded: LoadedSpec, local_tokens: int) -> int | None:
+    """Copies each expert keeps of a device's tokens, at most: every group's capacity."""
+    per_group = group_capacity(loaded, local_tokens)
+    if per_group is None:
+        return None
+    return capacity_groups(loaded, local_tokens) * per_group
 
 
 def expert_plan(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from moegen.hardware import hardware
 from moegen.kernels import kernel
 from moegen.load import LoadedSpec
-from moegen.spec import Router
+from moegen.spec import Capacity, Router
 
 
 def vma_unchecked_reason(loaded: LoadedSpec) -> str:
@@ -42,9 +42,7 @@ def summary(loaded: LoadedSpec) -> str:
         "balancing bias" if router.routing_bias else "",
         _balance_loss(router),
         f"z-loss {router.z_loss:g}" if router.z_loss else "",
-        f"capacity factor {router.capacity.factor:g} (drop by {router.capacity.drop})"
-        if router.capacity
-        else "",
+        _capacity_text(router.capacity) if router.capacity else "",
     ]
     extras = "".join(f", {d}" for d in details if d)
     experts = f"{layer.num_experts} {layer.activation} experts"
@@ -67,3 +65,13 @@ def _balance_loss(router: Router) -> str:
         return ""
     form = " (transformers' form)" if router.load_balance_form == "transformers" else ""
     return f"load-balancing loss {router.load_balance_loss:g}{form}"
+
+
+def _capacity_text(capacity: Capacity) -> str:
+    size = (
+        f"capacity {capacity.copies} copies"
+        if capacity.copies is not None
+        else f"capacity factor {capacity.factor:g}"
+    )
+    per = " per sequence" if capacity.per == "sequence" else ""
+    return f"{size}{per} (drop by {capacity.drop})"

@@ -160,7 +160,8 @@ def _dropping_text(plan: Plan) -> str:
     router = plan.router
     if router.capacity is None:
         return "dropless"
-    return f"at most {router.capacity} per expert kept, drop by {router.drop_policy}"
+    per = " of each sequence" if router.capacity_per_sequence else ""
+    return f"at most {router.capacity} per expert{per} kept, drop by {router.drop_policy}"
 
 
 def _padding_text(plan: Plan) -> str:
@@ -181,7 +182,7 @@ def _expert_lines(plan: Plan) -> list[str]:
     if not strategy(experts.strategy).shards_experts:
         return []
     calls = f" x {experts.ffn_calls} ring steps" if experts.ffn_calls > 1 else ""
-    capacity = plan.router.capacity
+    capacity = plan.experts.capacity
     bound = "dropless" if capacity is None else f"capacity {capacity} per expert"
     lines = [f"  expert FFN rows {experts.ffn_rows}{calls} per device, worst case ({bound})"]
     if experts.receive_rows:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moegen.load import LoadedSpec
+from moegen.plan.experts import capacity_groups, group_capacity
 
 # Scores that are an increasing function of each logit alone: their top-k is the logits' top-k,
 # which is exact where the score saturates (a float32 sigmoid is 1.0 past a logit of ~17).
@@ -49,13 +50,18 @@ class RouterPlan:
     # otherwise (a selection bias, groups) the loss takes that top-k of its own
     balance_counts_own_top_k: bool
     has_z_loss: bool  # z_loss_weight > 0: aux has the router z-loss
-    capacity: int | None  # copies per expert per device; None: dropless
+    capacity: int | None  # copies per expert per group (a device's tokens); None: dropless
+    capacity_groups: int  # groups a device's tokens count their copies in: 1, or its sequences
+    capacity_per_sequence: bool  # capacity_groups > 1: each sequence counts its own
+    group_rows: int  # routed rows of one group (a sequence's tokens x top_k)
+    capacity_rule: str | None  # how capacity was counted, for the module's comment
     drop_policy: str | None  # "probability" | "position" under a capacity
 
 
-def router_plan(loaded: LoadedSpec, capacity: int | None) -> RouterPlan:
-    """The router of a validated spec; `capacity`: the expert plan's copies per expert."""
+def router_plan(loaded: LoadedSpec, local_tokens: int) -> RouterPlan:
+    """The router of a validated spec, for a device holding `local_tokens` tokens."""
     spec = loaded.spec
+    groups = capacity_groups(loaded, local_tokens)
     router = spec.router
     group_limit = router.group_limit
     return RouterPlan(
@@ -93,6 +99,23 @@ def router_plan(loaded: LoadedSpec, capacity: int | None) -> RouterPlan:
         balance_counts_own_top_k=router.load_balance_form == "transformers"
         and bool(router.routing_bias or group_limit),
         has_z_loss=router.z_loss > 0,
-        capacity=capacity,
+        capacity=group_capacity(loaded, local_tokens),
+        capacity_groups=groups,
+        capacity_per_sequence=groups > 1,
+        group_rows=local_tokens // groups * router.top_k,
+        capacity_rule=_capacity_rule(loaded, groups > 1),
         drop_policy=router.capacity.drop if router.capacity else None,
     )
+
+
+def _capacity_rule(loaded: LoadedSpec, per_sequence: bool) -> str | None:
+    capacity = loaded.spec.router.capacity
+    if capacity is None:
+        return None
+    rows = "SEQUENCE_ROWS" if per_sequence else "ROUTED_ROWS"
+    count = (
+        "the spec's capacity.copies"
+        if capacity.copies is not None
+        else f"ceil(factor * {rows} / NUM_EXPERTS)"
+    )
+    return f"per {'sequence' if per_sequence else 'device'}: {count}"

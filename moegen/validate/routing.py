@@ -154,6 +154,39 @@ def capacity_has_a_balancer(loaded: LoadedSpec) -> list[Diagnostic]:
     ]
 
 
+def capacity_counts_one_way(loaded: LoadedSpec) -> list[Diagnostic]:
+    """A capacity is a factor or a count, over each device's tokens or each whole sequence."""
+    spec = loaded.spec
+    capacity = spec.router.capacity
+    if capacity is None:
+        return []
+    out = []
+    if (capacity.factor is None) == (capacity.copies is None):
+        both = capacity.factor is not None
+        out.append(
+            loaded.diagnostic(
+                ("router", "capacity", "copies") if both else ("router", "capacity"),
+                at_key=not both,
+                message="capacity.factor and capacity.copies both give the copies each expert "
+                "keeps; remove one"
+                if both
+                else "a capacity needs its size: factor (copies per expert = ceil(factor * "
+                "tokens * top_k / num_experts), e.g. 1.25) or copies (a fixed count)",
+            )
+        )
+    sequence = spec.mesh.axes.get("sequence", 1)
+    if capacity.per == "sequence" and sequence > 1:
+        out.append(
+            loaded.diagnostic(
+                ("router", "capacity", "per"),
+                f"capacity per sequence counts a sequence's copies in token order, and the "
+                f"sequence axis splits each sequence over {sequence} devices, which would have "
+                "to count each other's; use per: device, or drop the sequence axis",
+            )
+        )
+    return out
+
+
 def routing_options_have_their_feature(loaded: LoadedSpec) -> list[Diagnostic]:
     """An option of a feature that is off changes nothing: the spec meant the feature."""
     router = loaded.spec.router
@@ -199,6 +232,7 @@ ROUTING_RULES = (
     score_after_top_k_is_meaningful,
     group_limit_can_pick_top_k,
     capacity_has_a_balancer,
+    capacity_counts_one_way,
     load_balance_form_has_a_loss,
     routing_options_have_their_feature,
 )

@@ -156,6 +156,15 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
         ("memory", "ffn_chunks"): ffn_chunks,
         ("memory", "token_chunks"): token_chunks,
     }
+    capacity = spec.router.capacity
+    if capacity is not None and capacity.copies is not None:
+        # a count is kept in proportion to the tokens it counts over, so the twin drops too
+        twin_tokens = overrides[("shapes", "seq_len")]  # one sequence's
+        if capacity.per == "device":
+            twin_tokens = TWIN_SEQUENCES_PER_SHARD * twin_tokens // spec.sequence_shards
+        twin_rows = twin_tokens * spec.router.top_k
+        copies = -(-capacity.copies * twin_rows // full.router.group_rows)
+        overrides[("router", "capacity", "copies")] = max(1, copies)
     if spec.shapes.variants:
         overrides[("shapes", "variants")] = twin_variants(
             spec.shapes.variants, shards, spec.sequence_shards, twin_chunks

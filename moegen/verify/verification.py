@@ -252,7 +252,7 @@ def reference_config(plan: Plan) -> dict[str, Any]:
         "top_groups": plan.router.kept_groups or 1,
         "capacity": plan.router.capacity,
         "drop_policy": plan.router.drop_policy or "probability",
-        "token_shards": plan.batch_shards,
+        "token_shards": plan.batch_shards * plan.router.capacity_groups,
         "sequence_shards": plan.mesh.sequence_shards,
         "seq_len": plan.seq_len,
         "load_balance_weight": plan.router.load_balance_weight,

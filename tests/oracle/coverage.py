@@ -47,11 +47,6 @@ PENDING: dict[str, Pending] = {
     "longcat_flash.LongcatFlashMoE": Pending(
         "longcat_flash", "zero-computation experts: identity experts among the routed ones"
     ),
-    "switch_transformers.SwitchTransformersSparseMLP": Pending(
-        "switch_transformers",
-        "top-1 router with an expert capacity (tokens over it skip the experts) and jitter "
-        "noise; ungated relu experts",
-    ),
     "nllb_moe.NllbMoeSparseMLP": Pending(
         "nllb_moe",
         "top-2 router with an expert capacity and a second_expert_policy; ungated relu "

@@ -55,6 +55,7 @@ from oracle.hf_blocks import (
     concatenated,
     concatenated_biased_experts,
     dbrx_experts,
+    expert_mlps,
     fused_experts,
     fused_shared_mlp,
     gated_linear_mlp,
@@ -254,6 +255,11 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     },
     **dict.fromkeys(("gemma4", "diffusion_gemma_encoder", "diffusion_gemma_decoder"), _gemma_layer),
     "ernie4_5_moe_use_bias": lambda b: {**_ernie(b), **shared_mlp(b.shared_experts, biases=True)},
+    "switch_transformers": lambda b: {
+        "router": linear_t(b.router.classifier.weight),
+        "router_bias": b.router.classifier.bias,
+        **expert_mlps(b.experts),
+    },
 }
 # softmax probabilities are about 1 / 16 each: a bias of that order steers ERNIE's selection;
 # Kolibri1 adds its bias to logits of order 1

@@ -191,6 +191,17 @@ def fused_experts(experts: nn.Module) -> Weights:
     }
 
 
+def expert_mlps(experts: nn.Module) -> Weights:
+    """One ungated MLP per expert, a ModuleDict (Switch Transformers): expert_{i}.wi [F, D]
+    and expert_{i}.wo [D, F], nn.Linear without biases."""
+    mlps = [experts[f"expert_{i}"] for i in range(len(experts))]
+    assert all(m.wi.bias is None and m.wo.bias is None for m in mlps), "biased expert MLPs"
+    return {
+        "w_up": torch.stack([linear_t(m.wi.weight) for m in mlps]),
+        "w_down": torch.stack([linear_t(m.wo.weight) for m in mlps]),
+    }
+
+
 def gpt_oss_experts(experts: nn.Module) -> Weights:
     """GptOssExperts: gate_up_proj [E, D, 2F] applied as x @ W, gate and up interleaved
     along 2F (gate `[..., ::2]`, up `[..., 1::2]`), gate_up_proj_bias [E, 2F] the same way;

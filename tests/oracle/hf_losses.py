@@ -10,6 +10,7 @@ the loss is transformers' own function on transformers' own logits, for one laye
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -50,12 +51,18 @@ def balance_loss_function(block: nn.Module | type[nn.Module]) -> Callable[..., t
     return getattr(_modeling(block), "load_balancing_loss_func", None)
 
 
-def run_balance_loss(
-    block: nn.Module, x: np.ndarray, num_experts: int, top_k: int
-) -> tuple[float, np.ndarray]:
-    """transformers' balance loss of this block on x (coefficient 1) and its gradient w.r.t. x."""
-    loss_function, recorder = balance_loss_function(block), router_recorder(block)
-    assert loss_function is not None, "the family trains with no load_balancing_loss_func"
+def per_sequence_losses(block: nn.Module | type[nn.Module]) -> bool:
+    """The family's losses are Switch Transformers': load_balancing_loss_func(router_probs,
+    expert_indices) over each sequence, beside router_z_loss_func(router_logits)."""
+    function = balance_loss_function(block)
+    if function is None:
+        return False
+    return next(iter(inspect.signature(function).parameters)) == "router_probs"
+
+
+def _router_logits(block: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """The logits the block's recording router gives on inputs (one run of the block)."""
+    recorder = router_recorder(block)
     assert recorder is not None, "no router inside the block records its logits"
     routers = [m for m in block.modules() if isinstance(m, recorder.target_class)]
     assert len(routers) == 1, f"{len(routers)} {recorder.target_class.__name__} in the block"
@@ -66,13 +73,40 @@ def run_balance_loss(
 
     hook = routers[0].register_forward_hook(catch)
     try:
-        inputs = torch.tensor(x, dtype=torch.float32, requires_grad=True)
         block(inputs)
     finally:
         hook.remove()
     assert len(caught) == 1, f"the router ran {len(caught)} times"
-    logits = caught[0].reshape(-1, num_experts)
-    loss = loss_function((logits,), num_experts, top_k)
+    return caught[0]
+
+
+def run_balance_loss(
+    block: nn.Module, x: np.ndarray, num_experts: int, top_k: int
+) -> tuple[float, np.ndarray]:
+    """transformers' balance loss of this block on x (coefficient 1) and its gradient w.r.t. x."""
+    loss_function = balance_loss_function(block)
+    assert loss_function is not None, "the family trains with no load_balancing_loss_func"
+    inputs = torch.tensor(x, dtype=torch.float32, requires_grad=True)
+    logits = _router_logits(block, inputs).reshape(-1, num_experts)
+    return _value_and_grad(loss_function((logits,), num_experts, top_k), inputs)
+
+
+def run_per_sequence_loss(block: nn.Module, x: np.ndarray, loss: str) -> tuple[float, np.ndarray]:
+    """Switch Transformers' loss of this block on x ("load_balance_loss": its
+    load_balancing_loss_func on softmax(logits) and their argmax, as its model calls it;
+    "router_z_loss": router_z_loss_func) and its gradient w.r.t. x."""
+    modeling = _modeling(block)
+    inputs = torch.tensor(x, dtype=torch.float32, requires_grad=True)
+    logits = _router_logits(block, inputs)  # [batch, seq, experts]: one group per sequence
+    if loss == "router_z_loss":
+        value = modeling.router_z_loss_func(logits)
+    else:
+        probs = nn.functional.softmax(logits, dim=-1)
+        value = modeling.load_balancing_loss_func(probs, logits.argmax(dim=-1))
+    return _value_and_grad(value, inputs)
+
+
+def _value_and_grad(loss: torch.Tensor, inputs: torch.Tensor) -> tuple[float, np.ndarray]:
     loss.backward()
     assert inputs.grad is not None
     return float(loss.detach()), inputs.grad.numpy()

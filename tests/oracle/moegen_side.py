@@ -72,13 +72,8 @@ def import_source(source: str, name: str) -> ModuleType:
 Runner = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
-def runner(module: ModuleType, weights: dict[str, np.ndarray]) -> Runner:
-    """x -> (y, d sum(y) / dx) of the module with these parameters, jitted once."""
-    assert set(weights) == set(module.PARAM_SHAPES), (
-        f"mapped {sorted(weights)}, the module takes {sorted(module.PARAM_SHAPES)}"
-    )
-    for name, shape in module.PARAM_SHAPES.items():
-        assert weights[name].shape == tuple(shape), (name, weights[name].shape, shape)
+def placed_params(module: ModuleType, weights: dict[str, np.ndarray]) -> tuple[Any, dict]:
+    """The module's mesh, and the weights (float32) placed on it as PARAM_SPECS says."""
     mesh = module.make_mesh(jax.devices()[: module.NUM_DEVICES])
     params = {
         name: jax.device_put(
@@ -86,6 +81,17 @@ def runner(module: ModuleType, weights: dict[str, np.ndarray]) -> Runner:
         )
         for name, value in weights.items()
     }
+    return mesh, params
+
+
+def runner(module: ModuleType, weights: dict[str, np.ndarray]) -> Runner:
+    """x -> (y, d sum(y) / dx) of the module with these parameters, jitted once."""
+    assert set(weights) == set(module.PARAM_SHAPES), (
+        f"mapped {sorted(weights)}, the module takes {sorted(module.PARAM_SHAPES)}"
+    )
+    for name, shape in module.PARAM_SHAPES.items():
+        assert weights[name].shape == tuple(shape), (name, weights[name].shape, shape)
+    mesh, params = placed_params(module, weights)
 
     def total(x: jax.Array, p: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
         y, _aux = module.moe_layer(p, x)
@@ -101,15 +107,17 @@ def runner(module: ModuleType, weights: dict[str, np.ndarray]) -> Runner:
     return run
 
 
+def dropped_copies(module: ModuleType, weights: dict[str, np.ndarray], x: np.ndarray) -> int:
+    """Copies the module's capacity drops on x (its aux.dropped_per_expert, summed)."""
+    mesh, params = placed_params(module, weights)
+    placed = jax.device_put(jnp.asarray(x, jnp.float32), module.input_sharding(mesh))
+    _y, aux = jax.jit(module.moe_layer)(params, placed)
+    return int(np.sum(np.asarray(aux.dropped_per_expert)))
+
+
 def loss_runner(module: ModuleType, weights: dict[str, np.ndarray], loss: str) -> Runner:
     """x -> (aux.<loss>, d aux.<loss> / dx) of the module with these parameters."""
-    mesh = module.make_mesh(jax.devices()[: module.NUM_DEVICES])
-    params = {
-        name: jax.device_put(
-            jnp.asarray(value, jnp.float32), NamedSharding(mesh, module.PARAM_SPECS[name])
-        )
-        for name, value in weights.items()
-    }
+    mesh, params = placed_params(module, weights)
 
     def value(x: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
         _y, aux = module.moe_layer(p, x)
