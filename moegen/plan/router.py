@@ -14,6 +14,20 @@ ELEMENTWISE_SCORES = ("sigmoid", "sqrtsoftplus")
 
 
 @dataclass(frozen=True)
+class CapacityCounter:
+    """What the capacity drop counts copies by: each expert's (a device's copies), or each
+    (sequence, expert) pair's, as the module's code names them."""
+
+    array: str  # the array of keys: flat_ids, or counters
+    length: str  # how many keys there are
+    sorted_by: str  # the word the module's comments use for a key
+
+
+EXPERT_COUNTER = CapacityCounter("flat_ids", "NUM_EXPERTS", "expert")
+SEQUENCE_COUNTER = CapacityCounter("counters", "LOCAL_BATCH * NUM_EXPERTS", "counter")
+
+
+@dataclass(frozen=True)
 class RouterPlan:
     """The routing of one token: scores, the experts chosen, their weights, the losses."""
 
@@ -53,7 +67,8 @@ class RouterPlan:
     capacity: int | None  # copies per expert per group (a device's tokens); None: dropless
     capacity_groups: int  # groups a device's tokens count their copies in: 1, or its sequences
     capacity_per_sequence: bool  # capacity_groups > 1: each sequence counts its own
-    group_rows: int  # routed rows of one group (a sequence's tokens x top_k)
+    counter: CapacityCounter  # what the drop counts copies by
+    group_rows: int | None  # routed rows of one group (a sequence's tokens x top_k); None: dropless
     capacity_rule: str | None  # how capacity was counted, for the module's comment
     drop_policy: str | None  # "probability" | "position" under a capacity
 
@@ -102,7 +117,8 @@ def router_plan(loaded: LoadedSpec, local_tokens: int) -> RouterPlan:
         capacity=group_capacity(loaded, local_tokens),
         capacity_groups=groups,
         capacity_per_sequence=groups > 1,
-        group_rows=local_tokens // groups * router.top_k,
+        counter=SEQUENCE_COUNTER if groups > 1 else EXPERT_COUNTER,
+        group_rows=local_tokens // groups * router.top_k if router.capacity else None,
         capacity_rule=_capacity_rule(loaded, groups > 1),
         drop_policy=router.capacity.drop if router.capacity else None,
     )
