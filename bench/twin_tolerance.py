@@ -19,7 +19,6 @@ percentile, worst, and the count at or over the tolerance).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import tempfile
@@ -49,39 +48,23 @@ def _twin_module(loaded: Any, directory: Path) -> tuple[Any, Any]:
     from moegen.verify import reference_config
     from moegen.verify.reference import ReferenceConfig
     from moegen.verify.twin import plan_twin, twin_of
+    from moegen.verify.worker import import_module
 
     full = make_plan(loaded)
     plan = plan_twin(twin_of(loaded, full, dtype=None), full)
     path = directory / f"{plan.module_name}_twin.py"
     path.write_text(render(plan), encoding="utf-8")
-    spec = importlib.util.spec_from_file_location(f"tolerance_{plan.module_name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = import_module(str(path), f"tolerance_{plan.module_name}")
     return module, ReferenceConfig(**reference_config(plan))
 
 
-def _case_errors(module: Any, cfg: Any, case: tuple) -> tuple[float, float]:
+def _case_errors(programs: Any, case: tuple) -> tuple[float, float]:
     """(whole, 1% set aside): the worst relative error of any output or gradient."""
-    import jax
-    import numpy as np
-
     from moegen.verify import parity
 
-    programs = parity.ParityPrograms(module, cfg, module.moe_layer)
-    params, x, cotangent = case
-    placed, placed_x = programs.place(params, x)
-    with jax.set_mesh(programs.mesh):
-        y, aux = programs.forward(placed, placed_x)
-        grads, grad_x = programs.gradients(placed, placed_x, cotangent)
-    host = {k: np.asarray(v, np.float32) for k, v in placed.items()}
-    host_x = np.asarray(placed_x, np.float32)
-    want = (
-        *programs.reference(host, host_x),
-        *programs.reference_gradients(host, host_x, cotangent),
-    )
-    got = (y, grads, grad_x)
-    whole = parity._errors(aux, got, want)
-    aside = parity._errors(aux, got, want, parity.KINK_SHARE)
+    compared = programs.compare(*case)
+    whole = parity.parity_errors(compared)
+    aside = parity.parity_errors(compared, parity.KINK_SHARE)
     return max(whole.values()), max(aside.values())
 
 
@@ -119,6 +102,7 @@ def main() -> None:
     from moegen.diagnostics import SpecError
     from moegen.load import load_spec_bytes
     from moegen.validate import validate
+    from moegen.verify.parity import ParityPrograms
     from moegen.verify.twin import TOLERANCES
 
     tolerance = TOLERANCES["bfloat16"]
@@ -131,8 +115,9 @@ def main() -> None:
                 print(f"{name}: refused once rewritten, skipped")
                 continue
             module, cfg = _twin_module(loaded, Path(scratch))
+            programs = ParityPrograms(module, cfg, module.moe_layer)  # shared by its cases
             for case, values in _cases(module).items():
-                full, set_aside = _case_errors(module, cfg, values)
+                full, set_aside = _case_errors(programs, values)
                 whole.append(full)
                 aside.append(set_aside)
                 print(f"{name} {case:<8} whole {full:.2e}  1% set aside {set_aside:.2e}")

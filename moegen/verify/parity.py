@@ -14,7 +14,7 @@ import functools
 import math
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -111,6 +111,15 @@ def starved_case(
     return params, x, cotangent, starved
 
 
+class Compared(NamedTuple):
+    """One case through the module and the reference: what `parity_errors` compares."""
+
+    aux: Any
+    ref_aux: Any
+    got: tuple  # (y, grads, grad_x)
+    want: tuple  # (ref_y, ref_aux, ref_grads, ref_grad_x)
+
+
 class ParityPrograms:
     """The module's and the reference's forward and gradient programs for one layer, jitted
     once; the cotangent is an argument, so every case of the same shape reuses them."""
@@ -134,6 +143,19 @@ class ParityPrograms:
         self.reference = jax.jit(functools.partial(dense_moe, cfg=cfg))
         self.reference_gradients = jax.jit(jax.grad(reference_loss, argnums=(0, 1)))
 
+    def compare(self, params: dict, x: Any, cotangent: Any) -> Compared:
+        """The module's forward, aux and gradients at (params, x), and the reference's at
+        exactly the values the module saw (after any dtype rounding)."""
+        placed_params, placed_x = self.place(params, x)
+        with jax.set_mesh(self.mesh):
+            y, aux = self.forward(placed_params, placed_x)
+            grads, grad_x = self.gradients(placed_params, placed_x, cotangent)
+        host_params = {k: np.asarray(v, np.float32) for k, v in placed_params.items()}
+        host_x = np.asarray(placed_x, np.float32)
+        ref_y, ref_aux = self.reference(host_params, host_x)
+        ref_grads, ref_grad_x = self.reference_gradients(host_params, host_x, cotangent)
+        return Compared(aux, ref_aux, (y, grads, grad_x), (ref_y, ref_aux, ref_grads, ref_grad_x))
+
     def place(self, params: dict, x: Any) -> tuple[dict, Any]:
         from jax.sharding import NamedSharding
 
@@ -149,8 +171,10 @@ class ParityPrograms:
         return placed, placed_x
 
 
-def _errors(aux: Any, got: tuple, want: tuple, set_aside: float = 0.0) -> dict[str, float]:
-    (y, grads, grad_x), (ref_y, ref_aux, ref_grads, ref_grad_x) = got, want
+def parity_errors(compared: Compared, set_aside: float = 0.0) -> dict[str, float]:
+    """The relative error of each output, gradient and loss (`set_aside`: relative_error's)."""
+    aux = compared.aux
+    (y, grads, grad_x), (ref_y, ref_aux, ref_grads, ref_grad_x) = compared.got, compared.want
 
     def error(a: Any, b: Any) -> float:
         return relative_error(a, b, set_aside)
@@ -180,17 +204,9 @@ def check_parity(
     against the dense reference; `programs` when another case of the layer built them."""
     if programs is None:
         programs = ParityPrograms(module, cfg, module.moe_layer if layer is None else layer)
-    placed_params, placed_x = programs.place(params, x)
-    with jax.set_mesh(programs.mesh):
-        y, aux = programs.forward(placed_params, placed_x)
-        grads, grad_x = programs.gradients(placed_params, placed_x, cotangent)
-    # The reference sees exactly the values the module saw (after any dtype rounding).
-    host_params = {k: np.asarray(v, np.float32) for k, v in placed_params.items()}
-    host_x = np.asarray(placed_x, np.float32)
-    ref_y, ref_aux = programs.reference(host_params, host_x)
-    ref_grads, ref_grad_x = programs.reference_gradients(host_params, host_x, cotangent)
-    want = (ref_y, ref_aux, ref_grads, ref_grad_x)
-    errors = _errors(aux, (y, grads, grad_x), want, set_aside_share(module))
+    compared = programs.compare(params, x, cotangent)
+    aux, ref_aux = compared.aux, compared.ref_aux
+    errors = parity_errors(compared, set_aside_share(module))
     for name in AUX_COUNTS:
         if name not in aux._fields:
             continue
