@@ -161,16 +161,20 @@ def capacity_counts_one_way(loaded: LoadedSpec) -> list[Diagnostic]:
     if capacity is None:
         return []
     out = []
-    if (capacity.factor is None) == (capacity.copies is None):
-        both = capacity.factor is not None
+    if capacity.factor is not None and capacity.copies is not None:
         out.append(
             loaded.diagnostic(
-                ("router", "capacity", "copies") if both else ("router", "capacity"),
-                at_key=not both,
-                message="capacity.factor and capacity.copies both give the copies each expert "
-                "keeps; remove one"
-                if both
-                else "a capacity needs its size: factor (copies per expert = ceil(factor * "
+                ("router", "capacity", "copies"),
+                "capacity.factor and capacity.copies both give the copies each expert keeps; "
+                "remove one",
+            )
+        )
+    if capacity.factor is None and capacity.copies is None:
+        out.append(
+            loaded.diagnostic(
+                ("router", "capacity"),
+                at_key=True,
+                message="a capacity needs its size: factor (copies per expert = ceil(factor * "
                 "tokens * top_k / num_experts), e.g. 1.25) or copies (a fixed count)",
             )
         )

@@ -113,6 +113,17 @@ def twin_variants(
     )
 
 
+def twin_copies(loaded: LoadedSpec, full: Plan, seq_len: int) -> int:
+    """A capacity's count for a twin of `seq_len`: in proportion to the tokens it counts over
+    (one sequence's, or a device's), so that the twin drops too."""
+    spec = loaded.spec
+    tokens = seq_len  # one sequence's
+    if spec.router.capacity.per == "device":
+        tokens = TWIN_SEQUENCES_PER_SHARD * seq_len // spec.sequence_shards
+    rows = tokens * spec.router.top_k
+    return max(1, -(-spec.router.capacity.copies * rows // full.router.group_rows))
+
+
 def twin_seq_len(token_chunks: int) -> int:
     """A device's sequence length in the twin: TWIN_SEQ_LEN, stretched so that its tokens split
     into the spec's token chunks."""
@@ -158,15 +169,9 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
         ("memory", "ffn_chunks"): ffn_chunks,
         ("memory", "token_chunks"): token_chunks,
     }
-    capacity = spec.router.capacity
-    if capacity is not None and capacity.copies is not None:
-        # a count is kept in proportion to the tokens it counts over, so the twin drops too
-        twin_tokens = overrides[("shapes", "seq_len")]  # one sequence's
-        if capacity.per == "device":
-            twin_tokens = TWIN_SEQUENCES_PER_SHARD * twin_tokens // spec.sequence_shards
-        twin_rows = twin_tokens * spec.router.top_k
-        copies = -(-capacity.copies * twin_rows // full.router.group_rows)
-        overrides[("router", "capacity", "copies")] = max(1, copies)
+    if spec.router.capacity is not None and spec.router.capacity.copies is not None:
+        copies = twin_copies(loaded, full, overrides[("shapes", "seq_len")])
+        overrides[("router", "capacity", "copies")] = copies
     if spec.shapes.variants:
         overrides[("shapes", "variants")] = twin_variants(
             spec.shapes.variants, shards, spec.sequence_shards, twin_chunks
