@@ -94,6 +94,13 @@ class Router(_Section):
         1.0, description="Multiply the combine weights by this factor (DeepSeek-V3: 2.5)."
     )
     group_limit: GroupLimit | None = Field(None, description="Group-limited routing.")
+    identity_experts: Annotated[int, Field(ge=0, le=1 << 20)] = Field(
+        0,
+        description="Zero-computation experts (LongCat-Flash's zero_expert_num): the router "
+        "scores num_experts + this many columns, and a copy routed to one of the extra "
+        "columns returns its token unchanged, times its weight, computing no FFN and "
+        "travelling nowhere. Dropless only. 0 = none.",
+    )
     routing_bias: bool = Field(
         False,
         description="Aux-loss-free balancing: a per-expert bias added to the scores (sigmoid "

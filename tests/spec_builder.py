@@ -58,6 +58,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "routing_bias_on": ("router", "routing_bias_on"),
     "routed_scaling": ("router", "routed_scaling"),
     "group_limit": ("router", "group_limit"),
+    "identity_experts": ("router", "identity_experts"),
     "routing_bias": ("router", "routing_bias"),
     "weighting": ("router", "weighting"),
     "load_balance_loss": ("router", "load_balance_loss"),

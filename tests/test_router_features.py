@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import assert_twin_parity
+from identity_expert_cases import IDENTITY_CASES
 from router_feature_cases import BASE, CASES
 
 from moegen.pipeline import generate
@@ -22,6 +23,7 @@ from moegen.verify import verify
 FEATURE_CODE = {
     "_drop_over_capacity": lambda r, layer: "capacity" in r,
     "_limit_to_groups": lambda r, layer: "group_limit" in r,
+    "_split_identity": lambda r, layer: r.get("identity_experts", 0) > 0,
     "_shared_expert": lambda r, layer: "shared_ffn_dim" in layer,
     "update_routing_bias": lambda r, layer: r.get("routing_bias", False),
     "_load_balance_loss": lambda r, layer: r.get("load_balance_loss", 0) > 0,
@@ -38,10 +40,13 @@ def _spec(overrides: dict) -> dict:
     return spec
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+ALL_CASES = {**CASES, **IDENTITY_CASES}
+
+
+@pytest.mark.parametrize("name", sorted(ALL_CASES))
 @pytest.mark.slow
 def test_feature_matches_dense_reference(name, tmp_path, monkeypatch):
-    overrides, expected_code = CASES[name]
+    overrides, expected_code = ALL_CASES[name]
     spec = _spec(overrides)
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -59,3 +64,7 @@ def test_feature_matches_dense_reference(name, tmp_path, monkeypatch):
     if "capacity" in router:
         random_case = parity[0]["cases"][0]
         assert random_case["dropped"] > 0, "the twin must really drop copies"
+    if router.get("identity_experts"):
+        for case in parity[0]["cases"]:
+            identity = case["tokens_per_expert"][layer["num_experts"] :]
+            assert len(identity) == router["identity_experts"] and sum(identity) > 0, case

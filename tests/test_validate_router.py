@@ -24,6 +24,22 @@ from validate_cases import (
 from moegen.load import load_spec_bytes
 from moegen.validate import check_rules
 
+CAPACITY_FIX = "remove capacity (LongCat-Flash is dropless)"
+LOSS_FIX = (
+    "balance with routing_bias (LongCat-Flash's e_score_correction_bias) and set "
+    "load_balance_loss: 0"
+)
+GROUPS_FIX = "remove group_limit"
+SCALE_FIX = "set per_expert_scale: false"
+
+
+def identity_clash(identity: int, what: str, fix: str) -> str:
+    return (
+        f"router.identity_experts ({identity} identity columns) is not supported with {what}, "
+        f"which is defined over the 8 computing experts only; {fix}"
+    )
+
+
 # rule name -> [(spec choices over BASE, expected diagnostics: (field, KEY or VALUE, message))].
 CASES: Cases = {
     "top_k_within_experts": [
@@ -245,9 +261,31 @@ CASES: Cases = {
             [("router.load_balance_form", VALUE, FORM_WITHOUT_LOSS)],
         ),
     ],
+    "identity_experts_stand_alone": [
+        ({"identity_experts": 4, "routing_bias": True, "routed_scaling": 6.0}, []),  # LongCat
+        ({"identity_experts": 2, "z_loss": 0.001, "score": "sigmoid"}, []),
+        ({"capacity": (1.25, "position"), "load_balance_loss": 0.01}, []),  # no identity experts
+        (
+            {"identity_experts": 4, "capacity": (1.25, "position"), "routing_bias": True},
+            [("router.capacity", KEY, identity_clash(4, "a capacity", CAPACITY_FIX))],
+        ),
+        (
+            {"identity_experts": 2, "load_balance_loss": 0.01},
+            [("router.load_balance_loss", VALUE, identity_clash(2, "a balance loss", LOSS_FIX))],
+        ),
+        (
+            {"identity_experts": 2, "per_expert_scale": True, "group_limit": (4, 2)},
+            [
+                ("router.group_limit", KEY, identity_clash(2, "group-limited routing", GROUPS_FIX)),
+                (
+                    "router.per_expert_scale",
+                    VALUE,
+                    identity_clash(2, "per-expert scales", SCALE_FIX),
+                ),
+            ],
+        ),
+    ],
 }
-
-
 test_rule, test_only_the_rule_under_test_fires_in_check_rules = rule_tests(CASES)
 
 

@@ -57,6 +57,7 @@ class LayerShape:
     router_input_scale: bool = False  # the router's RMSNorm weight [D] (Gemma 4)
     per_expert_scale: bool = False  # each chosen weight times its expert's scale [E]
     expert_input_norm: bool = False  # the experts' input RMSNorm weight [D]
+    identity_experts: int = 0  # router columns past the experts (zero-computation experts)
 
 
 def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
@@ -64,11 +65,13 @@ def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
     e, d, f, s = "NUM_EXPERTS", "EMBED_DIM", "FFN_DIM", "SHARED_FFN_DIM"
     E, D, F = layer.experts, layer.embed, layer.ffn
     dt = compute_dtype
-    out: list[tuple] = [("router", (d, e), (D, E), 0, ROUTER_DTYPE, D)]
+    # The router scores every expert, and the identity experts after them.
+    c, C = ("ROUTER_COLUMNS", E + layer.identity_experts) if layer.identity_experts else (e, E)
+    out: list[tuple] = [("router", (d, c), (D, C), 0, ROUTER_DTYPE, D)]
     if layer.router_bias:
-        out.append(("router_bias", (e,), (E,), None, ROUTER_DTYPE, 0))
+        out.append(("router_bias", (c,), (C,), None, ROUTER_DTYPE, 0))
     if layer.routing_bias:
-        out.append(("routing_bias", (e,), (E,), None, ROUTER_DTYPE, 0))
+        out.append(("routing_bias", (c,), (C,), None, ROUTER_DTYPE, 0))
     # Norm weights and scales start at one (fan-in ONES); replicated: [D] and [E] vectors
     # are not worth an fsdp gather.
     if layer.router_input_scale:

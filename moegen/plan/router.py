@@ -43,6 +43,9 @@ class RouterPlan:
     group_top_k: int | None  # a group's best selection scores summed to rank it
     ranks_groups_by_max: bool  # group_top_k == 1: a group's score is its best one
     experts_per_group: int | None
+    identity_experts: int  # router columns past the experts whose copies return the token
+    columns: int  # router columns: NUM_EXPERTS + identity_experts
+    columns_name: str  # the module constant naming them: NUM_EXPERTS or ROUTER_COLUMNS
     routing_bias: bool
     bias_on_logits: bool  # the selection bias is added to the logits, not the scores
     linear_bias: bool  # logits = x @ router + router_bias
@@ -64,6 +67,7 @@ class RouterPlan:
     # otherwise (a selection bias, groups) the loss takes that top-k of its own
     balance_counts_own_top_k: bool
     has_z_loss: bool  # z_loss_weight > 0: aux has the router z-loss
+    drops_copies: bool  # some copies go to no expert (NUM_EXPERTS): capacity, identity experts
     capacity: int | None  # copies per expert per group (a device's tokens); None: dropless
     capacity_groups: int  # groups a device's tokens count their copies in: 1, or its sequences
     capacity_per_sequence: bool  # capacity_groups > 1: each sequence counts its own
@@ -92,6 +96,9 @@ def router_plan(loaded: LoadedSpec, local_tokens: int) -> RouterPlan:
         group_top_k=group_limit.top_per_group if group_limit else None,
         ranks_groups_by_max=group_limit is not None and group_limit.top_per_group == 1,
         experts_per_group=spec.layer.num_experts // group_limit.groups if group_limit else None,
+        identity_experts=router.identity_experts,
+        columns=spec.layer.num_experts + router.identity_experts,
+        columns_name="ROUTER_COLUMNS" if router.identity_experts else "NUM_EXPERTS",
         routing_bias=router.routing_bias,
         bias_on_logits=router.routing_bias and router.routing_bias_on == "logits",
         linear_bias=router.linear_bias,
@@ -114,6 +121,7 @@ def router_plan(loaded: LoadedSpec, local_tokens: int) -> RouterPlan:
         balance_counts_own_top_k=router.load_balance_form == "transformers"
         and bool(router.routing_bias or group_limit),
         has_z_loss=router.z_loss > 0,
+        drops_copies=router.capacity is not None or router.identity_experts > 0,
         capacity=group_capacity(loaded, local_tokens),
         capacity_groups=groups,
         capacity_per_sequence=groups > 1,

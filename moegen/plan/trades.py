@@ -191,6 +191,7 @@ def _param_plans(loaded: LoadedSpec, experts: ExpertPlan) -> tuple[ParamPlan, ..
             router_input_scale=spec.router.input_norm_eps is not None,
             per_expert_scale=spec.router.per_expert_scale,
             expert_input_norm=layer.expert_input_norm_eps is not None,
+            identity_experts=spec.router.identity_experts,
         ),
         "fsdp" if "fsdp" in axes else None,
         axes.get("fsdp", 1),

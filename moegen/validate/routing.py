@@ -231,6 +231,41 @@ def load_balance_form_has_a_loss(loaded: LoadedSpec) -> list[Diagnostic]:
     ]
 
 
+def identity_experts_stand_alone(loaded: LoadedSpec) -> list[Diagnostic]:
+    """Identity experts are router columns past the experts: the features that count or scale
+    per expert (capacity, groups, per-expert scales, the balance losses) are defined over the
+    num_experts experts and would have to say what an identity column counts as."""
+    spec = loaded.spec
+    router = spec.router
+    if not router.identity_experts:
+        return []
+    clashes = [
+        (("router", "capacity"), router.capacity is not None, "a capacity",
+         "remove capacity (LongCat-Flash is dropless)"),
+        (("router", "group_limit"), router.group_limit is not None, "group-limited routing",
+         "remove group_limit"),
+        (("router", "per_expert_scale"), router.per_expert_scale, "per-expert scales",
+         "set per_expert_scale: false"),
+        (("router", "load_balance_loss"), router.load_balance_loss > 0, "a balance loss",
+         "balance with routing_bias (LongCat-Flash's e_score_correction_bias) and set "
+         "load_balance_loss: 0"),
+        (("layer", "expert_input_norm_eps"), spec.layer.expert_input_norm_eps is not None,
+         "an expert input norm", "remove expert_input_norm_eps"),
+    ]  # fmt: skip
+    # a mapping-valued field (capacity, group_limit) is reported at its key
+    return [
+        loaded.diagnostic(
+            path,
+            f"router.identity_experts ({router.identity_experts} identity columns) is not "
+            f"supported with {what}, which is defined over the {spec.layer.num_experts} "
+            f"computing experts only; {fix}",
+            at_key=path[-1] in ("capacity", "group_limit"),
+        )
+        for path, clashes_here, what, fix in clashes
+        if clashes_here
+    ]
+
+
 ROUTING_RULES = (
     routing_bias_chooses_by_scores,
     score_after_top_k_is_meaningful,
@@ -239,4 +274,5 @@ ROUTING_RULES = (
     capacity_counts_one_way,
     load_balance_form_has_a_loss,
     routing_options_have_their_feature,
+    identity_experts_stand_alone,
 )

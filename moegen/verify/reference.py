@@ -9,7 +9,8 @@ one"), so that it shares no method with a sort- or top_k-based implementation ei
 Features follow from `ReferenceConfig` and from which keys `params` holds:
 
 - router [D, E]; router_bias [E] (optional: added to the logits); routing_bias [E] (optional,
-  selection only: aux-loss-free balancing);
+  selection only: aux-loss-free balancing); with identity experts the three have E + I
+  columns, the identity experts' last;
 - w_gate [E, D, F] (gated activations only), w_up [E, D, F], w_down [E, F, D];
 - b_gate [E, F] (gated only), b_up [E, F], b_down [E, D]: optional FFN biases, all or none;
 - shared_gate [D, S] (gated only), shared_up [D, S], shared_down [S, D]: optional shared expert;
@@ -28,6 +29,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from moegen.verify.reference_checks import check_reference_args
 from moegen.verify.reference_fields import (
     ACTIVATIONS,
     DROP_POLICIES,
@@ -125,63 +127,6 @@ def _hidden(
     if clamp_gate and glu.gate_clamp_after:
         activated = jnp.where(activated > glu.gate_limit, glu.gate_limit, activated)
     return activated * (up + glu.up_offset)
-
-
-def _check(cfg: ReferenceConfig, params: dict, num_tokens: int) -> None:
-    if cfg.score not in SCORES:
-        raise ValueError(f"unknown score function {cfg.score!r}")
-    if cfg.activation not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {cfg.activation!r}")
-    if cfg.drop_policy not in DROP_POLICIES:
-        raise ValueError(f"unknown drop policy {cfg.drop_policy!r}")
-    if cfg.score_after_top_k and cfg.score != "softmax":
-        raise ValueError("score_after_top_k needs score 'softmax'")
-    experts = params["router"].shape[1]
-    if not 1 <= cfg.top_k <= experts:
-        raise ValueError(f"top_k {cfg.top_k} not in [1, {experts}]")
-    if cfg.num_groups > 1:
-        if experts % cfg.num_groups:
-            raise ValueError(f"{experts} experts do not split into {cfg.num_groups} groups")
-        if not 1 <= cfg.top_groups <= cfg.num_groups:
-            raise ValueError(f"top_groups {cfg.top_groups} not in [1, {cfg.num_groups}]")
-        if cfg.top_k > cfg.top_groups * (experts // cfg.num_groups):
-            raise ValueError(f"top_k {cfg.top_k} exceeds the experts in the kept groups")
-        if not 1 <= cfg.group_top_n <= experts // cfg.num_groups:
-            raise ValueError(f"group_top_n {cfg.group_top_n} not in [1, group size]")
-    if cfg.capacity is not None and cfg.capacity < 0:
-        raise ValueError(f"negative capacity {cfg.capacity}")
-    if cfg.token_shards < 1 or num_tokens % cfg.token_shards:
-        raise ValueError(f"{num_tokens} tokens do not split into {cfg.token_shards} shards")
-    gated = cfg.activation in GATED_ACTIVATIONS
-    expected = {"router", "w_up", "w_down"} | ({"w_gate"} if gated else set())
-    optional = [
-        {"router_bias"},
-        {"routing_bias"},
-        {"b_up", "b_down"} | ({"b_gate"} if gated else set()),
-        {"shared_up", "shared_down"} | ({"shared_gate"} if gated else set()),
-        {"shared_b_up", "shared_b_down"} | ({"shared_b_gate"} if gated else set()),
-        {"router_input_scale"},
-        {"per_expert_scale"},
-        {"expert_input_norm"},
-    ]
-    keys = set(params)
-    if not expected <= keys:
-        raise ValueError(f"{cfg.activation}: missing parameters {sorted(expected - keys)}")
-    for group in optional:
-        if keys & group and not group <= keys:
-            raise ValueError(f"parameters {sorted(group)} come all together or not at all")
-    for name, eps in (
-        ("router_input_scale", cfg.router_norm_eps),
-        ("expert_input_norm", cfg.expert_norm_eps),
-    ):
-        if (name in keys) != (eps is not None):
-            raise ValueError(f"params[{name!r}] and its epsilon come together or not at all")
-    for extra in ("shared_expert_gate", "shared_b_up"):
-        if extra in keys and "shared_up" not in keys:
-            raise ValueError(f"{extra} needs a shared expert")
-    unknown = keys - expected - set().union(*optional) - {"shared_expert_gate"}
-    if unknown:
-        raise ValueError(f"unexpected parameters for {cfg.activation}: {sorted(unknown)}")
 
 
 def route(
@@ -303,7 +248,7 @@ def dense_moe(
     (+ shared(x[t])), every token through every expert."""
     batch, seq, embed = x.shape
     num_tokens = batch * seq
-    _check(cfg, params, num_tokens)
+    check_reference_args(cfg, params, num_tokens)
     tokens = x.reshape(num_tokens, embed).astype(jnp.float32)
     p = {name: value.astype(jnp.float32) for name, value in params.items()}
     gated = cfg.activation in GATED_ACTIVATIONS
@@ -318,6 +263,10 @@ def dense_moe(
         p.get("per_expert_scale"),
     )
     weights = jnp.where(r.kept, r.weights, 0.0)
+    # Identity experts, the router's columns past the experts, return the token, weighted.
+    experts = p["w_up"].shape[0]
+    identity = _einsum("tx,td->td", weights[:, experts:], tokens)
+    weights, kept = weights[:, :experts], r.kept[:, :experts]
     if cfg.expert_norm_eps is not None:  # the experts run on the normalised tokens
         tokens = _rms_norm(tokens, cfg.expert_norm_eps) * p["expert_input_norm"][None]
     # Weighting the input scales x before the bias of each projection: w * (x @ W) + b.
@@ -331,8 +280,8 @@ def dense_moe(
     out = _einsum("tef,efd->ted", hidden, p["w_down"])
     if biased:
         out = out + p["b_down"][None]
-    combine = jnp.where(r.kept, 1.0, 0.0) if cfg.weights_on_input else weights
-    y = _einsum("txd,tx->td", out, combine)
+    combine = jnp.where(kept, 1.0, 0.0) if cfg.weights_on_input else weights
+    y = _einsum("txd,tx->td", out, combine) + identity
 
     if "shared_up" in p:
         y = y + _shared_expert(cfg, tokens, p, gated)
@@ -399,7 +348,7 @@ def tokens_per_expert(
     params: dict[str, jax.Array], x: jax.Array, cfg: ReferenceConfig
 ) -> jax.Array:
     """How many token copies the router sends each expert (before dropping), [experts] int32."""
-    _check(cfg, params, x.shape[0] * x.shape[1])
+    check_reference_args(cfg, params, x.shape[0] * x.shape[1])
     tokens = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
     p = {name: value.astype(jnp.float32) for name, value in params.items()}
     tokens = _router_input(cfg, tokens, p)

@@ -62,6 +62,7 @@ class ReferenceConfig:
     gate_softcap: float | None = None  # swiglu: cap * tanh(g / cap) * sigmoid(g)
     up_softcap: float | None = None  # gated: up = cap * tanh(up / cap), after its clamp
     shared_glu: SharedGlu | None = None  # the shared expert's own; None: the routed experts'
+    identity_experts: int = 0  # router columns past the experts: a copy there returns its token
 
     def __post_init__(self) -> None:
         # A config sent to a verify worker arrives as plain values: a mapping for shared_glu.

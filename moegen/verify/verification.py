@@ -261,6 +261,7 @@ def reference_config(plan: Plan) -> dict[str, Any]:
         "activation": plan.ffn.activation,
         "group_top_n": plan.router.group_top_k or 2,
         "weights_on_input": plan.router.weights_on_input,
+        "identity_experts": plan.router.identity_experts,
         **_glu_reference(plan),
     }
 

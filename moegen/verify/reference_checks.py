@@ -1,0 +1,78 @@
+"""The dense reference's argument checks: a config and a parameter set that belong together
+(`moegen.verify.reference` calls `check_reference_args` before computing anything)."""
+
+from __future__ import annotations
+
+from moegen.verify.reference_fields import (
+    ACTIVATIONS,
+    DROP_POLICIES,
+    GATED_ACTIVATIONS,
+    SCORES,
+    ReferenceConfig,
+)
+
+
+def check_reference_args(cfg: ReferenceConfig, params: dict, num_tokens: int) -> None:
+    """ValueError naming what does not fit: unknown choices, sizes, parameter sets."""
+    if cfg.score not in SCORES:
+        raise ValueError(f"unknown score function {cfg.score!r}")
+    if cfg.activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {cfg.activation!r}")
+    if cfg.drop_policy not in DROP_POLICIES:
+        raise ValueError(f"unknown drop policy {cfg.drop_policy!r}")
+    if cfg.score_after_top_k and cfg.score != "softmax":
+        raise ValueError("score_after_top_k needs score 'softmax'")
+    experts = params["router"].shape[1]
+    if not 1 <= cfg.top_k <= experts:
+        raise ValueError(f"top_k {cfg.top_k} not in [1, {experts}]")
+    if cfg.num_groups > 1:
+        if experts % cfg.num_groups:
+            raise ValueError(f"{experts} experts do not split into {cfg.num_groups} groups")
+        if not 1 <= cfg.top_groups <= cfg.num_groups:
+            raise ValueError(f"top_groups {cfg.top_groups} not in [1, {cfg.num_groups}]")
+        if cfg.top_k > cfg.top_groups * (experts // cfg.num_groups):
+            raise ValueError(f"top_k {cfg.top_k} exceeds the experts in the kept groups")
+        if not 1 <= cfg.group_top_n <= experts // cfg.num_groups:
+            raise ValueError(f"group_top_n {cfg.group_top_n} not in [1, group size]")
+    computing = params["w_up"].shape[0] if "w_up" in params else experts
+    if experts != computing + cfg.identity_experts:
+        raise ValueError(
+            f"router has {experts} columns: {computing} experts + {cfg.identity_experts} "
+            "identity experts expected"
+        )
+    if cfg.identity_experts and (cfg.capacity is not None or cfg.num_groups > 1):
+        raise ValueError("identity experts take neither a capacity nor expert groups")
+    if cfg.capacity is not None and cfg.capacity < 0:
+        raise ValueError(f"negative capacity {cfg.capacity}")
+    if cfg.token_shards < 1 or num_tokens % cfg.token_shards:
+        raise ValueError(f"{num_tokens} tokens do not split into {cfg.token_shards} shards")
+    gated = cfg.activation in GATED_ACTIVATIONS
+    expected = {"router", "w_up", "w_down"} | ({"w_gate"} if gated else set())
+    optional = [
+        {"router_bias"},
+        {"routing_bias"},
+        {"b_up", "b_down"} | ({"b_gate"} if gated else set()),
+        {"shared_up", "shared_down"} | ({"shared_gate"} if gated else set()),
+        {"shared_b_up", "shared_b_down"} | ({"shared_b_gate"} if gated else set()),
+        {"router_input_scale"},
+        {"per_expert_scale"},
+        {"expert_input_norm"},
+    ]
+    keys = set(params)
+    if not expected <= keys:
+        raise ValueError(f"{cfg.activation}: missing parameters {sorted(expected - keys)}")
+    for group in optional:
+        if keys & group and not group <= keys:
+            raise ValueError(f"parameters {sorted(group)} come all together or not at all")
+    for name, eps in (
+        ("router_input_scale", cfg.router_norm_eps),
+        ("expert_input_norm", cfg.expert_norm_eps),
+    ):
+        if (name in keys) != (eps is not None):
+            raise ValueError(f"params[{name!r}] and its epsilon come together or not at all")
+    for extra in ("shared_expert_gate", "shared_b_up"):
+        if extra in keys and "shared_up" not in keys:
+            raise ValueError(f"{extra} needs a shared expert")
+    unknown = keys - expected - set().union(*optional) - {"shared_expert_gate"}
+    if unknown:
+        raise ValueError(f"unexpected parameters for {cfg.activation}: {sorted(unknown)}")
