@@ -214,6 +214,20 @@ def _inkling2(name: str, config: str, block: str) -> ModelFamily:
 OPTION_FAMILIES += [
     _inkling2("inkling2", "Inkling2TextConfig", "Inkling2SparseMoeBlock"),
     _inkling2("inkling2_loop", "Inkling2LoopTextConfig", "Inkling2LoopSparseMoeBlock"),
+    # LongCat-Flash: softmax over the experts and the identity (zero-computation) experts,
+    # chosen by score + a selection bias, not renormalised, times routed_scaling_factor
+    ModelFamily(
+        "longcat_flash",
+        "longcat_flash",
+        "LongcatFlashConfig",
+        "LongcatFlashMoE",
+        "",
+        Keys("n_routed_experts", "moe_topk", "expert_ffn_hidden_size"),
+        {"score": "softmax", "routing_bias": True},
+        oracle=Tiny(
+            16, 6, scaling=6.0, config=dict(zero_expert_num=8), spec={"identity_experts": 8}
+        ),
+    ),
     # Switch Transformers: top-1 softmax, the expert's output times its probability; each
     # sequence's tokens over expert_capacity (counted in token order) skip the experts. Its
     # config has no top-k key (the router is top-1); the harness's key is an unused attribute.

@@ -127,6 +127,9 @@ def compare(family: Family, strategy: str, scales: dict[str, float]) -> None:
         if "capacity" in family.spec:  # a capacity that drops nothing would prove nothing
             weights = as_numpy(family.weights(block))
             assert moegen_side.dropped_copies(module, weights, inputs) > 0, label
+        if family.spec.get("identity_experts"):  # so must identity experts nobody chose
+            weights = as_numpy(family.weights(block))
+            assert moegen_side.identity_copies(module, weights, inputs) > 0, label
         errors[f"{label} output"] = relative_error(got_y, want_y)
         errors[f"{label} input grad"] = relative_error(got_grad, want_grad)
 

@@ -165,6 +165,27 @@ _INKLING2 = HfFamily(
     ),
 )
 _DIFFUSION_GEMMA = _gemma("DiffusionGemma", "DiffusionGemmaText", AllLayers())
+# LongCat-Flash: each of num_layers decoder layers (two attention and two dense MLP sublayers
+# each; num_hidden_layers counts the attention ones) has one MoE; softmax over the experts and
+# zero_expert_num identity experts, chosen by score + e_score_correction_bias, not
+# renormalised, times routed_scaling_factor. Its classifier's bias (router_bias) is created
+# but never applied by LongcatFlashTopkRouter.forward.
+_LONGCAT_FLASH = HfFamily(
+    "LongCat-Flash",
+    "deepseek_v3",
+    AllLayers("num_layers"),
+    (
+        ACTIVATION,
+        softmax("LongcatFlashTopkRouter"),
+        SELECTION_BIAS,
+        Fixed("router.renormalize", False, "LongcatFlashTopkRouter: the chosen scores as they are"),
+        scaling(6.0),
+        Copy("router.identity_experts", ("zero_expert_num",), 256, "count"),
+    ),
+    size_keys={"top_k": ("moe_topk",), "ffn": ("expert_ffn_hidden_size",)},
+    note="Each decoder layer also runs two dense MLPs (ffn_hidden_size wide) beside its "
+    "attention sublayers; they are not part of this spec",
+)
 
 OPTION_FAMILIES: Mapping[str, HfFamily] = {
     "step3p5": _STEP3P7,  # Step3p7TextConfig's model_type
@@ -253,4 +274,5 @@ OPTION_FAMILIES: Mapping[str, HfFamily] = {
     "gemma4": replace(_GEMMA4, text_config=True),
     "diffusion_gemma_text": _DIFFUSION_GEMMA,
     "diffusion_gemma": replace(_DIFFUSION_GEMMA, text_config=True),
+    "longcat_flash": _LONGCAT_FLASH,
 }

@@ -50,6 +50,8 @@ def lookup(view: ConfigView, keys: tuple[str, ...], layer: int, default: Any) ->
 
 
 def _read(view: ConfigView, key: str, value: Any, kind: str) -> Any:
+    if kind == "count":  # a size that may be 0, null meaning 0 (LongCat's zero_expert_num)
+        return 0 if value is None else view.size(key, value, zero=True)
     reader = {"flag": view.flag, "number": view.number, "size": view.size, "text": view.text}
     return reader[kind](key, value)
 
@@ -68,7 +70,8 @@ class Size:
 
 @dataclass(frozen=True)
 class Copy:
-    """A field that is the key's value, of `kind` flag, number, size or text."""
+    """A field that is the key's value, of `kind` flag, number, size, count (a size or 0)
+    or text."""
 
     field: str
     keys: tuple[str, ...]

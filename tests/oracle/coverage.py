@@ -44,9 +44,6 @@ REFUSED: dict[str, str] = {
 
 
 PENDING: dict[str, Pending] = {
-    "longcat_flash.LongcatFlashMoE": Pending(
-        "longcat_flash", "zero-computation experts: identity experts among the routed ones"
-    ),
     "nllb_moe.NllbMoeSparseMLP": Pending(
         "nllb_moe",
         "top-2 router with an expert capacity and a second_expert_policy; ungated relu "

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import families
@@ -163,6 +164,21 @@ def _ernie(block: nn.Module) -> Weights:
     return {**_fused(block), "routing_bias": block.gate.moe_statics.e_score_correction_bias[0]}
 
 
+def _longcat_flash(block: nn.Module) -> Weights:
+    """LongCat-Flash: the classifier scores the experts, then the identity experts; its
+    experts' gate_up_proj has a row block for every column, only the experts' are used."""
+    experts = block.experts
+    computing = experts.num_routed_experts
+    sliced = SimpleNamespace(
+        gate_up_proj=experts.gate_up_proj[:computing], down_proj=experts.down_proj
+    )
+    return {
+        "router": linear_t(block.router.classifier.weight),
+        "routing_bias": block.router.e_score_correction_bias,
+        **fused_experts(sliced),
+    }
+
+
 # family -> the block's tensors as moegen's parameters
 WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     "mixtral": _fused,
@@ -255,6 +271,7 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     },
     **dict.fromkeys(("gemma4", "diffusion_gemma_encoder", "diffusion_gemma_decoder"), _gemma_layer),
     "ernie4_5_moe_use_bias": lambda b: {**_ernie(b), **shared_mlp(b.shared_experts, biases=True)},
+    "longcat_flash": _longcat_flash,
     "switch_transformers": lambda b: {
         "router": linear_t(b.router.classifier.weight),
         "router_bias": b.router.classifier.bias,
@@ -266,7 +283,7 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
 INITS = dict.fromkeys(
     ("ernie4_5_moe", "ernie4_5_vl_moe", "ernie4_5_vl_moe_modality", "ernie4_5_moe_use_bias"),
     Init(selection_bias=0.03),
-) | {"kolibri1": Init(selection_bias=0.5)}
+) | {"kolibri1": Init(selection_bias=0.5), "longcat_flash": Init(selection_bias=0.03)}
 # the SwiGLU clamps: DeepSeek-V4's and GLM-5-Next's swiglu_limit on a concatenated gate_up,
 # gpt-oss's preset on an interleaved one, and on a concatenated one (MiniMax-M3, OpenAI's
 # privacy filter)

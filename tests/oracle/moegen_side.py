@@ -107,12 +107,23 @@ def runner(module: ModuleType, weights: dict[str, np.ndarray]) -> Runner:
     return run
 
 
-def dropped_copies(module: ModuleType, weights: dict[str, np.ndarray], x: np.ndarray) -> int:
-    """Copies the module's capacity drops on x (its aux.dropped_per_expert, summed)."""
+def aux_of(module: ModuleType, weights: dict[str, np.ndarray], x: np.ndarray) -> Any:
+    """The module's aux on x."""
     mesh, params = placed_params(module, weights)
     placed = jax.device_put(jnp.asarray(x, jnp.float32), module.input_sharding(mesh))
-    _y, aux = jax.jit(module.moe_layer)(params, placed)
-    return int(np.sum(np.asarray(aux.dropped_per_expert)))
+    return jax.jit(module.moe_layer)(params, placed)[1]
+
+
+def dropped_copies(module: ModuleType, weights: dict[str, np.ndarray], x: np.ndarray) -> int:
+    """Copies the module's capacity drops on x (its aux.dropped_per_expert, summed)."""
+    return int(np.sum(np.asarray(aux_of(module, weights, x).dropped_per_expert)))
+
+
+def identity_copies(module: ModuleType, weights: dict[str, np.ndarray], x: np.ndarray) -> int:
+    """Copies the module routes to its identity experts on x (aux.tokens_per_expert's last
+    IDENTITY_EXPERTS counts)."""
+    counts = np.asarray(aux_of(module, weights, x).tokens_per_expert)
+    return int(np.sum(counts[module.NUM_EXPERTS :]))
 
 
 def loss_runner(module: ModuleType, weights: dict[str, np.ndarray], loss: str) -> Runner:
