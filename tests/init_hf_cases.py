@@ -96,6 +96,16 @@ ERNIE = {
 _CLAMP7 = {"gate_limit": 7.0, "up_limit": 7.0, "gate_clamp": "after_activation"}
 
 
+LONGCAT = {
+    "model_type": "longcat_flash",
+    "hidden_size": 64,
+    "n_routed_experts": 8,
+    "moe_topk": 2,
+    "expert_ffn_hidden_size": 32,
+    "num_layers": 3,
+}
+
+
 @dataclass(frozen=True)
 class LayerList:
     name: str
@@ -234,6 +244,19 @@ LAYER_LISTS = [
         {"moe.yaml": ("1-4", 2)},
         {"moe.yaml": {"layer.shared_ffn_bias": False, "layer.shared_ffn_dim": None}},
     ),
+    # every num_layers decoder layer (num_hidden_layers counts its attention sublayers)
+    LayerList(
+        "longcat_flash identity experts",
+        {**LONGCAT, "zero_expert_num": 4, "num_hidden_layers": 6},
+        {"moe.yaml": ("0-2", 2)},
+        {"moe.yaml": {"router.identity_experts": 4, "router.routed_scaling": 6.0}},
+    ),
+    LayerList(
+        "longcat_flash zero_expert_num null",
+        {**LONGCAT, "zero_expert_num": None, "routed_scaling_factor": 2.0},
+        {"moe.yaml": ("0-2", 2)},
+        {"moe.yaml": {"router.identity_experts": 0, "router.routed_scaling": 2.0}},
+    ),
 ]
 
 
@@ -245,6 +268,11 @@ class Refused:
 
 
 REFUSALS = [
+    Refused(
+        "longcat_flash negative zero_expert_num",
+        {**LONGCAT, "zero_expert_num": -1},
+        ("zero_expert_num", "must be an integer from 0"),
+    ),
     Refused(
         "phimoe sparsemixer", {"model_type": "phimoe"}, ("'phimoe' is not supported", "sparsemixer")
     ),
