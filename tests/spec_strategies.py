@@ -132,6 +132,10 @@ def routers(draw: st.DrawFn, experts: int, top_k: int) -> dict:
         capacity = draw(st.sampled_from([None, (1.25, "probability"), (1.0, "position"), 2.0]))
         if capacity is not None:  # a bare factor: drop takes its default
             out["capacity"] = capacity if isinstance(capacity, tuple) else {"factor": capacity}
+    # identity experts: not with what counts per expert (identity_experts_stand_alone)
+    alone = not any(out.get(k) for k in ("capacity", "group_limit", "load_balance_loss"))
+    if alone and draw(st.booleans()):
+        out["identity_experts"] = draw(st.sampled_from([1, 2, experts]))
     return out
 
 
@@ -239,6 +243,9 @@ MISTAKES = {
     "capacity_without_balancer": lambda c: (
         {k: v for k, v in c.items() if k not in ("load_balance_loss", "routing_bias")}
         | {"capacity": (1.0, "probability")}
+    ),
+    "identity_experts_with_capacity": lambda c: (
+        c | {"identity_experts": 2, "routing_bias": True, "capacity": (1.0, "position")}
     ),
     "groups_do_not_divide": lambda c: c | {"group_limit": (c["experts"] + 1, 1)},
     "ffn_chunks_uneven": lambda c: c | {"ffn_chunks": 7, "ffn": 64},
