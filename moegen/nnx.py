@@ -17,10 +17,11 @@ axis names of PARAM_SPECS, so `nnx.get_partition_spec(nnx.state(layer))` gives P
 back and `nnx.jit`, `nnx.Optimizer` and orbax checkpointing of `nnx.state(model)` see the
 layout without extra code. Values start as the module's `init_params` draws them: one key
 from `rngs.params()`, split over PARAM_SHAPES in order, normal with std INIT_SCALES[name],
-zeros where the scale is 0. `routing_bias` (specs with router.routing_bias) is a
-`RoutingBias`, a Variable that is not a Param: `nnx.Optimizer(model, tx, wrt=nnx.Param)` and
-`nnx.grad` over `nnx.Param` leave it alone, and `layer.update_routing_bias(aux.tokens_per_expert,
-rate)` applies the module's aux-loss-free balancing step to it.
+zeros where the scale is 0, ones for INIT_ONES (norm weights and scales). `routing_bias`
+(specs with router.routing_bias) is a `RoutingBias`, a Variable that is not a Param:
+`nnx.Optimizer(model, tx, wrt=nnx.Param)` and `nnx.grad` over `nnx.Param` leave it alone,
+and `layer.update_routing_bias(aux.tokens_per_expert, rate)` applies the module's
+aux-loss-free balancing step to it.
 
 Pretrained weights replace the initial ones with `layer.load_params(params)`, e.g. params =
 `moegen.checkpoints.load_layer_params(moe, path, layer=3, mesh=mesh)`, or make the layer
@@ -263,12 +264,17 @@ def _initializer(generated: _Generated, mesh: Mesh | None) -> Callable[[jax.Arra
     module = generated.module
     shapes = module.PARAM_SHAPES
 
+    # norm weights and scales start at one (modules rendered before INIT_ONES have none)
+    ones = getattr(module, "INIT_ONES", ())
+
     def init(key: jax.Array) -> Params:
         keys = dict(zip(shapes, jax.random.split(key, len(shapes)), strict=True))
         values = {}
         for name, shape in shapes.items():
             scale = module.INIT_SCALES[name]
-            if scale == 0:
+            if name in ones:
+                values[name] = jnp.ones(shape, module.PARAM_DTYPE)
+            elif scale == 0:
                 values[name] = jnp.zeros(shape, module.PARAM_DTYPE)
             else:
                 normal = jax.random.normal(keys[name], shape, jnp.float32)

@@ -131,6 +131,12 @@ class Layer(_Section):
         description="Scale the shared expert's output per token by sigmoid(x @ "
         "shared_expert_gate), a learned [embed_dim] vector (Qwen1.5/Qwen2-MoE, Qwen3-Next).",
     )
+    shared_experts: Size = Field(
+        1,
+        description="router.weighs_shared_experts only: shared_ffn_dim is this many shared "
+        "experts of equal width, each weighed by the router on its own (Inkling: "
+        "n_shared_experts).",
+    )
 
     @property
     def glu_params(self) -> Glu | None:

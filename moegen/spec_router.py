@@ -101,6 +101,18 @@ class Router(_Section):
         "columns returns its token unchanged, times its weight, computing no FFN and "
         "travelling nowhere. Dropless only. 0 = none.",
     )
+    weighs_shared_experts: bool = Field(
+        False,
+        description="The router scores the shared experts too (Inkling): its last "
+        "layer.shared_experts columns are theirs, never chosen; their scores are normalised "
+        "together with the chosen experts' (renormalize), scaled as they are, and each shared "
+        "expert's hidden units are multiplied by its weight.",
+    )
+    learned_scale: bool = Field(
+        False,
+        description="Multiply every combine weight (a weighed shared expert's too) by a "
+        "learned scalar, params['router_scale'] [1], ones at init (Inkling's global_scale).",
+    )
     routing_bias: bool = Field(
         False,
         description="Aux-loss-free balancing: a per-expert bias added to the scores (sigmoid "

@@ -212,6 +212,25 @@ def _inkling2(name: str, config: str, block: str) -> ModelFamily:
 
 
 OPTION_FAMILIES += [
+    # Inkling: the router scores its 2 shared experts too (never chosen); sigmoid scores of
+    # the chosen and the shared experts normalised together, times route_scale and a learned
+    # global_scale; each shared expert's hidden units times its weight
+    ModelFamily(
+        "inkling",
+        "inkling",
+        "InklingTextConfig",
+        "InklingMoE",
+        "",
+        ROUTED,
+        SIGMOID_BIAS | {"weighs_shared_experts": True, "learned_scale": True},
+        oracle=Tiny(
+            16,
+            4,
+            shared=2 * F,
+            config=dict(route_scale=3.0, n_shared_experts=2),
+            spec={"shared_experts": 2, "routed_scaling": 3.0},
+        ),
+    ),
     _inkling2("inkling2", "Inkling2TextConfig", "Inkling2SparseMoeBlock"),
     _inkling2("inkling2_loop", "Inkling2LoopTextConfig", "Inkling2LoopSparseMoeBlock"),
     # LongCat-Flash: softmax over the experts and the identity (zero-computation) experts,

@@ -51,6 +51,14 @@ BIASED = tiny(
     kernel="xla",
 )
 
+# parameters that start at one (INIT_ONES): Gemma 4's norm weights and scales, a router scale
+SCALED = BIASED | {
+    "input_norm_eps": 1e-6,
+    "per_expert_scale": True,
+    "expert_input_norm_eps": 1e-6,
+    "learned_scale": True,
+}
+
 
 def generated(name: str) -> ModuleType:
     path = REPO_ROOT / "generated" / f"{name}.py"
@@ -112,15 +120,26 @@ def test_params_carry_the_modules_specs_shapes_and_dtypes(name: str, request) ->
     assert not isinstance(getattr(abstract, "routing_bias", None), nnx.Param)
 
 
-def test_values_start_as_init_params_draws_them(biased: ModuleType) -> None:
-    module = biased
+@pytest.fixture(scope="module")
+def scaled() -> ModuleType:
+    return moegen_side.import_source(
+        moegen_side.rendered_source(SCALED, "nnx_scaled"), "nnx_scaled"
+    )
+
+
+@pytest.mark.parametrize("name", ["biased", "scaled"])
+def test_values_start_as_init_params_draws_them(name: str, request) -> None:
+    module = request.getfixturevalue(name)
     mesh = mesh_of(module)
     layer = MoELayer(module, rngs=nnx.Rngs(params=3), mesh=mesh)
     expected = module.init_params(nnx.Rngs(params=3).params(), mesh)
     for param, value in values(layer).items():
         np.testing.assert_array_equal(value, np.asarray(expected[param]), err_msg=param)
-        if module.INIT_SCALES[param] == 0:
+        if param in getattr(module, "INIT_ONES", ()):
+            assert (value == 1).all(), param
+        elif module.INIT_SCALES[param] == 0:
             assert not value.any(), param
+    assert (name == "scaled") == bool(getattr(module, "INIT_ONES", ()))
 
 
 @pytest.mark.parametrize("name", ["qwen3", "biased"])

@@ -15,6 +15,7 @@ import yaml
 from conftest import assert_twin_parity
 from identity_expert_cases import IDENTITY_CASES
 from router_feature_cases import BASE, CASES
+from shared_weighting_cases import SHARED_WEIGHTING_CASES
 
 from moegen.pipeline import generate
 from moegen.verify import verify
@@ -40,7 +41,7 @@ def _spec(overrides: dict) -> dict:
     return spec
 
 
-ALL_CASES = {**CASES, **IDENTITY_CASES}
+ALL_CASES = {**CASES, **IDENTITY_CASES, **SHARED_WEIGHTING_CASES}
 
 
 @pytest.mark.parametrize("name", sorted(ALL_CASES))

@@ -12,6 +12,7 @@ from test_validate_mesh_roles import CASES as MESH_ROLE_CASES
 from test_validate_overlap import CASES as OVERLAP_CASES
 from test_validate_router import CASES as ROUTER_CASES
 from test_validate_shape_variants import CASES as SHAPE_VARIANT_CASES
+from test_validate_shared_weighting import CASES as SHARED_WEIGHTING_CASES
 from test_validate_sizes import CASES as SIZES_CASES
 from test_validate_slices import CASES as SLICES_CASES
 from test_validate_te import CASES as TE_CASES
@@ -37,6 +38,7 @@ CASES = {
     **SLICES_CASES,
     **SIZES_CASES,
     **SHAPE_VARIANT_CASES,
+    **SHARED_WEIGHTING_CASES,
 }
 
 

@@ -165,6 +165,32 @@ _INKLING2 = HfFamily(
     ),
 )
 _DIFFUSION_GEMMA = _gemma("DiffusionGemma", "DiffusionGemmaText", AllLayers())
+# Inkling: the router's weight has n_shared_experts more rows, which score the shared experts;
+# their sigmoid scores and the chosen experts' are normalised together, times route_scale and
+# a learned global_scale, and each shared expert's hidden units are scaled by its weight.
+# The first dense_mlp_idx layers are dense where mlp_layer_types is not given.
+_INKLING = HfFamily(
+    "Inkling",
+    "deepseek_v3",
+    mlp_types(DenseFirst("dense_mlp_idx", 0)),
+    (
+        ACTIVATION,
+        sigmoid("InklingTopkRouter"),
+        renormalized("InklingTopkRouter"),
+        SELECTION_BIAS,
+        scaling(8.0, "route_scale"),
+        SharedWidth(("n_shared_experts",), ("moe_intermediate_size",), 2),
+        Copy("layer.shared_experts", ("n_shared_experts",), 2, "size"),
+        Fixed("router.weighs_shared_experts", True, "InklingTopkRouter: its last columns"),
+        Fixed("router.learned_scale", True, "InklingTopkRouter.global_scale"),
+        Expect(
+            "dense_intermediate_size",
+            (None,),
+            "with it the config class reads the experts' width from intermediate_size, "
+            "which moegen does not map: write layer.ffn_dim by hand",
+        ),
+    ),
+)
 # LongCat-Flash: each of num_layers decoder layers (two attention and two dense MLP sublayers
 # each; num_hidden_layers counts the attention ones) has one MoE; softmax over the experts and
 # zero_expert_num identity experts, chosen by score + e_score_correction_bias, not
@@ -275,4 +301,6 @@ OPTION_FAMILIES: Mapping[str, HfFamily] = {
     "diffusion_gemma_text": _DIFFUSION_GEMMA,
     "diffusion_gemma": replace(_DIFFUSION_GEMMA, text_config=True),
     "longcat_flash": _LONGCAT_FLASH,
+    "inkling_text": _INKLING,
+    "inkling_mm_model": replace(_INKLING, text_config=True),
 }

@@ -58,6 +58,8 @@ class LayerShape:
     per_expert_scale: bool = False  # each chosen weight times its expert's scale [E]
     expert_input_norm: bool = False  # the experts' input RMSNorm weight [D]
     identity_experts: int = 0  # router columns past the experts (zero-computation experts)
+    weighed_shared: int = 0  # router columns past those, weighing the shared experts
+    router_scale: bool = False  # a learned scalar [1] times every combine weight
 
 
 def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
@@ -65,13 +67,18 @@ def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
     e, d, f, s = "NUM_EXPERTS", "EMBED_DIM", "FFN_DIM", "SHARED_FFN_DIM"
     E, D, F = layer.experts, layer.embed, layer.ffn
     dt = compute_dtype
-    # The router scores every expert, and the identity experts after them.
-    c, C = ("ROUTER_COLUMNS", E + layer.identity_experts) if layer.identity_experts else (e, E)
+    # The router scores every expert, then the identity experts, then the shared experts it
+    # weighs; the selection bias covers what can be chosen (not the shared experts).
+    extra = layer.identity_experts + layer.weighed_shared
+    c, C = ("ROUTER_COLUMNS", E + extra) if extra else (e, E)
+    chosen = (c, C) if layer.identity_experts else (e, E)
     out: list[tuple] = [("router", (d, c), (D, C), 0, ROUTER_DTYPE, D)]
     if layer.router_bias:
         out.append(("router_bias", (c,), (C,), None, ROUTER_DTYPE, 0))
     if layer.routing_bias:
-        out.append(("routing_bias", (c,), (C,), None, ROUTER_DTYPE, 0))
+        out.append(("routing_bias", (chosen[0],), (chosen[1],), None, ROUTER_DTYPE, 0))
+    if layer.router_scale:
+        out.append(("router_scale", ("1",), (1,), None, ROUTER_DTYPE, ONES))
     # Norm weights and scales start at one (fan-in ONES); replicated: [D] and [E] vectors
     # are not worth an fsdp gather.
     if layer.router_input_scale:

@@ -44,8 +44,14 @@ class RouterPlan:
     ranks_groups_by_max: bool  # group_top_k == 1: a group's score is its best one
     experts_per_group: int | None
     identity_experts: int  # router columns past the experts whose copies return the token
-    columns: int  # router columns: NUM_EXPERTS + identity_experts
+    weighs_shared: bool  # the router's last columns weigh the shared experts (Inkling)
+    shared_experts: int  # the shared experts it weighs (0 when it weighs none)
+    learned_scale: bool  # every weight times params["router_scale"] (Inkling's global_scale)
+    columns: int  # router columns: NUM_EXPERTS + identity_experts + shared_experts
     columns_name: str  # the module constant naming them: NUM_EXPERTS or ROUTER_COLUMNS
+    columns_rule: str | None  # what ROUTER_COLUMNS holds, for the module's comment
+    choices_name: str  # what a copy can be routed to: NUM_EXPERTS, or with identity experts
+    # ROUTER_COLUMNS (aux.tokens_per_expert counts each)
     routing_bias: bool
     bias_on_logits: bool  # the selection bias is added to the logits, not the scores
     linear_bias: bool  # logits = x @ router + router_bias
@@ -83,6 +89,7 @@ def router_plan(loaded: LoadedSpec, local_tokens: int) -> RouterPlan:
     groups = capacity_groups(loaded, local_tokens)
     router = spec.router
     group_limit = router.group_limit
+    weighed = spec.layer.shared_experts if router.weighs_shared_experts else 0
     return RouterPlan(
         top_k=router.top_k,
         score=router.score,
@@ -97,8 +104,13 @@ def router_plan(loaded: LoadedSpec, local_tokens: int) -> RouterPlan:
         ranks_groups_by_max=group_limit is not None and group_limit.top_per_group == 1,
         experts_per_group=spec.layer.num_experts // group_limit.groups if group_limit else None,
         identity_experts=router.identity_experts,
-        columns=spec.layer.num_experts + router.identity_experts,
-        columns_name="ROUTER_COLUMNS" if router.identity_experts else "NUM_EXPERTS",
+        weighs_shared=router.weighs_shared_experts,
+        shared_experts=weighed,
+        learned_scale=router.learned_scale,
+        columns=spec.layer.num_experts + router.identity_experts + weighed,
+        columns_name="ROUTER_COLUMNS" if router.identity_experts or weighed else "NUM_EXPERTS",
+        columns_rule=_columns_rule(router.identity_experts, weighed),
+        choices_name="ROUTER_COLUMNS" if router.identity_experts else "NUM_EXPERTS",
         routing_bias=router.routing_bias,
         bias_on_logits=router.routing_bias and router.routing_bias_on == "logits",
         linear_bias=router.linear_bias,
@@ -143,3 +155,11 @@ def _capacity_rule(loaded: LoadedSpec, per_sequence: bool) -> str | None:
         else f"ceil(factor * {rows} / NUM_EXPERTS)"
     )
     return f"per {'sequence' if per_sequence else 'device'}: {count}"
+
+
+def _columns_rule(identity_experts: int, weighed_shared: int) -> str | None:
+    if identity_experts:
+        return "NUM_EXPERTS + IDENTITY_EXPERTS: the experts, then the identity ones"
+    if weighed_shared:
+        return "NUM_EXPERTS + SHARED_EXPERTS: the experts, then the shared ones (weighed only)"
+    return None

@@ -36,6 +36,7 @@ from moegen.validate.rules import (
     topology_matches_hardware,
 )
 from moegen.validate.shape_variants import SHAPE_VARIANT_RULES, variant_shapes_obey_the_rules
+from moegen.validate.shared_weighting import SHARED_WEIGHTING_RULES
 from moegen.validate.slices import SLICE_RULES
 
 SHAPE_RULES: tuple[Rule, ...] = (
@@ -57,6 +58,7 @@ SHAPE_RULES: tuple[Rule, ...] = (
     mesh_fits_cpu_target,
     *MESH_ROLE_RULES,
     *ROUTING_RULES,
+    *SHARED_WEIGHTING_RULES,
     *ACTIVATION_RULES,
     *SLICE_RULES,
     *MEMORY_RULES,

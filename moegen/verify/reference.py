@@ -10,7 +10,8 @@ Features follow from `ReferenceConfig` and from which keys `params` holds:
 
 - router [D, E]; router_bias [E] (optional: added to the logits); routing_bias [E] (optional,
   selection only: aux-loss-free balancing); with identity experts the three have E + I
-  columns, the identity experts' last;
+  columns, the identity experts' last; router [D, E + S] where the router weighs S shared
+  experts (its last columns); router_scale [1] (optional: every weight times it);
 - w_gate [E, D, F] (gated activations only), w_up [E, D, F], w_down [E, F, D];
 - b_gate [E, F] (gated only), b_up [E, F], b_down [E, D]: optional FFN biases, all or none;
 - shared_gate [D, S] (gated only), shared_up [D, S], shared_down [S, D]: optional shared expert;
@@ -60,6 +61,7 @@ class Routing(NamedTuple):
     chosen: jax.Array  # bool [T, E]: the top-k experts of each token
     weights: jax.Array  # [T, E]: final weight of each chosen copy (after renormalize, scaling)
     kept: jax.Array  # bool [T, E]: chosen and not dropped by capacity
+    shared: jax.Array | None = None  # [T, S]: the weights of the shared experts it weighs
 
 
 def _einsum(spec: str, *operands: jax.Array) -> jax.Array:
@@ -136,22 +138,19 @@ def route(
     routing_bias: jax.Array | None = None,
     router_bias: jax.Array | None = None,
     per_expert_scale: jax.Array | None = None,
+    router_scale: jax.Array | None = None,
 ) -> Routing:
     """Dense routing of float32 tokens [T, D]: every decision a [T, E] mask."""
-    num_tokens, experts = tokens.shape[0], router.shape[1]
     logits = _einsum("td,dx->tx", tokens, router)  # x: the experts
     if router_bias is not None:
         logits = logits + router_bias[None, :]
     if cfg.logit_softcap is not None:
         logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
-    if cfg.score == "softmax":
-        scores = jax.nn.softmax(logits, axis=-1)
-    elif cfg.score == "sigmoid":
-        scores = jax.nn.sigmoid(logits)
-    elif cfg.score == "sqrtsoftplus":
-        scores = jnp.sqrt(jax.nn.softplus(logits))
-    else:
-        raise ValueError(f"unknown score function {cfg.score!r}")
+    # The last columns may score shared experts: they weigh them, never get chosen.
+    experts = router.shape[1] - cfg.weighed_shared_experts
+    logits, shared_logits = logits[:, :experts], logits[:, experts:]
+    num_tokens = tokens.shape[0]
+    scores = _score(cfg, logits)
 
     # Selection decides which experts, never how much: no gradient flows through it.
     elementwise = cfg.score in ("sigmoid", "sqrtsoftplus")
@@ -178,11 +177,16 @@ def route(
         weights = jax.nn.softmax(jnp.where(chosen, logits, -jnp.inf), axis=-1)
     else:
         weights = jnp.where(chosen, scores, 0.0)
-    if cfg.renormalize:
-        weights = weights / (weights.sum(axis=-1, keepdims=True) + cfg.renormalize_epsilon)
+    shared = _score(cfg, shared_logits)  # [T, S]: S may be 0
+    if cfg.renormalize:  # the shared experts' scores are normalised with the chosen ones'
+        total = weights.sum(axis=-1, keepdims=True) + shared.sum(axis=-1, keepdims=True)
+        weights = weights / (total + cfg.renormalize_epsilon)
+        shared = shared / (total + cfg.renormalize_epsilon)
     if per_expert_scale is not None:
         weights = weights * per_expert_scale[None, :]
-    weights = weights * cfg.routed_scaling
+    weights, shared = weights * cfg.routed_scaling, shared * cfg.routed_scaling
+    if router_scale is not None:
+        weights, shared = weights * router_scale[0], shared * router_scale[0]
 
     if cfg.capacity is None:
         kept = chosen
@@ -201,7 +205,17 @@ def route(
             ahead = (other > mine) | ((other == mine) & earlier[:, :, None])
         competing = ahead & same_shard[:, :, None] & chosen[None, :, :]
         kept = chosen & (competing.sum(axis=1) < cfg.capacity)
-    return Routing(logits, scores, chosen, weights, kept)
+    return Routing(logits, scores, chosen, weights, kept, shared)
+
+
+def _score(cfg: ReferenceConfig, logits: jax.Array) -> jax.Array:
+    if cfg.score == "softmax":
+        return jax.nn.softmax(logits, axis=-1)
+    if cfg.score == "sigmoid":
+        return jax.nn.sigmoid(logits)
+    if cfg.score == "sqrtsoftplus":
+        return jnp.sqrt(jax.nn.softplus(logits))
+    raise ValueError(f"unknown score function {cfg.score!r}")
 
 
 def _capacity_shard(cfg: ReferenceConfig, index: jax.Array, num_tokens: int) -> jax.Array:
@@ -261,6 +275,7 @@ def dense_moe(
         p.get("routing_bias"),
         p.get("router_bias"),
         p.get("per_expert_scale"),
+        p.get("router_scale"),
     )
     weights = jnp.where(r.kept, r.weights, 0.0)
     # Identity experts, the router's columns past the experts, return the token, weighted.
@@ -284,7 +299,7 @@ def dense_moe(
     y = _einsum("txd,tx->td", out, combine) + identity
 
     if "shared_up" in p:
-        y = y + _shared_expert(cfg, tokens, p, gated)
+        y = y + _shared_expert(cfg, tokens, p, gated, r.shared)
 
     counts = r.chosen.sum(axis=0).astype(jnp.int32)
     dropped = (r.chosen & ~r.kept).sum(axis=0).astype(jnp.int32)
@@ -300,9 +315,15 @@ def dense_moe(
 
 
 def _shared_expert(
-    cfg: ReferenceConfig, tokens: jax.Array, p: dict[str, jax.Array], gated: bool
+    cfg: ReferenceConfig,
+    tokens: jax.Array,
+    p: dict[str, jax.Array],
+    gated: bool,
+    router_weights: jax.Array,
 ) -> jax.Array:
-    """The always-on shared expert, with its biases and output gate where it has them."""
+    """The always-on shared expert, with its biases and output gate where it has them; where
+    the router weighs the shared experts (router_weights [T, S], S > 0), each of the S equal
+    blocks of its hidden units times its weight."""
     biased = "shared_b_up" in p
 
     def projection(name: str) -> jax.Array:
@@ -310,6 +331,10 @@ def _shared_expert(
         return value + p[f"shared_b_{name}"][None] if biased else value
 
     hidden = _hidden(cfg, projection("gate") if gated else None, projection("up"), shared=True)
+    if cfg.weighed_shared_experts:
+        count = cfg.weighed_shared_experts
+        blocks = hidden.reshape(hidden.shape[0], count, -1) * router_weights[:, :, None]
+        hidden = blocks.reshape(hidden.shape)
     shared = _einsum("ts,sd->td", hidden, p["shared_down"])
     if biased:
         shared = shared + p["shared_b_down"][None]

@@ -35,11 +35,14 @@ def check_reference_args(cfg: ReferenceConfig, params: dict, num_tokens: int) ->
         if not 1 <= cfg.group_top_n <= experts // cfg.num_groups:
             raise ValueError(f"group_top_n {cfg.group_top_n} not in [1, group size]")
     computing = params["w_up"].shape[0] if "w_up" in params else experts
-    if experts != computing + cfg.identity_experts:
+    extra = cfg.identity_experts + cfg.weighed_shared_experts
+    if experts != computing + extra:
         raise ValueError(
             f"router has {experts} columns: {computing} experts + {cfg.identity_experts} "
-            "identity experts expected"
+            f"identity experts + {cfg.weighed_shared_experts} weighed shared experts expected"
         )
+    if cfg.weighed_shared_experts and "shared_up" not in params:
+        raise ValueError("weighed shared experts need a shared expert")
     if cfg.identity_experts and (cfg.capacity is not None or cfg.num_groups > 1):
         raise ValueError("identity experts take neither a capacity nor expert groups")
     if cfg.capacity is not None and cfg.capacity < 0:
@@ -56,6 +59,7 @@ def check_reference_args(cfg: ReferenceConfig, params: dict, num_tokens: int) ->
         {"shared_b_up", "shared_b_down"} | ({"shared_b_gate"} if gated else set()),
         {"router_input_scale"},
         {"per_expert_scale"},
+        {"router_scale"},
         {"expert_input_norm"},
     ]
     keys = set(params)

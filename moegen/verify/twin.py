@@ -159,7 +159,9 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
     ffn = ffn_unit * -(-TWIN_FFN // ffn_unit)
     if ffn == embed:  # a transposed weight must not go unnoticed
         ffn += ffn_unit
-    shared = tensor * -(-TWIN_SHARED_FFN // tensor)
+    # whole shared experts where the router weighs each (layer.shared_experts, 1 otherwise)
+    shared_unit = math.lcm(tensor, spec.layer.shared_experts)
+    shared = shared_unit * -(-TWIN_SHARED_FFN // shared_unit)
     overrides: dict[FieldPath, Any] = {
         ("layer", "embed_dim"): embed,
         ("layer", "ffn_dim"): ffn,

@@ -49,10 +49,4 @@ PENDING: dict[str, Pending] = {
         "top-2 router with an expert capacity and a second_expert_policy; ungated relu "
         "experts with biases",
     ),
-    "inkling.InklingMoE": Pending(
-        "inkling",
-        "the shared experts take part in the routing: one normalisation (logsigmoid, "
-        "logsumexp) over the chosen routed logits and the shared ones, times route_scale and "
-        "a learned global_scale",
-    ),
 }

@@ -47,6 +47,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import families
+import torch
 from torch import nn
 
 from oracle.hf_blocks import (
@@ -179,6 +180,23 @@ def _longcat_flash(block: nn.Module) -> Weights:
     }
 
 
+def _inkling(block: nn.Module) -> Weights:
+    """Inkling: the gate's weight [E + S, D] scores the experts, then the S shared experts;
+    its global_scale [1] multiplies every weight; the shared experts' per-expert tensors
+    (gate_proj and up_proj [S, F, D], down_proj [S, D, F]) side by side are one shared FFN
+    of width S * F."""
+    shared = block.shared_experts
+    return {
+        "router": linear_t(block.gate.weight),
+        "routing_bias": block.gate.e_score_correction_bias,
+        "router_scale": block.gate.global_scale,
+        **fused_experts(block.experts),
+        "shared_gate": torch.cat([linear_t(w) for w in shared.gate_proj], dim=1),
+        "shared_up": torch.cat([linear_t(w) for w in shared.up_proj], dim=1),
+        "shared_down": torch.cat([linear_t(w) for w in shared.down_proj], dim=0),
+    }
+
+
 # family -> the block's tensors as moegen's parameters
 WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     "mixtral": _fused,
@@ -261,6 +279,7 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     "ernie4_5_vl_moe_modality": _ernie,
     # ---- tests/families_options.py ----
     **dict.fromkeys(("step3p7", "hy_v4", "hy_v4_vl", "kolibri1", "laguna"), _biased_shared),
+    "inkling": _inkling,
     **dict.fromkeys(("inkling2", "inkling2_loop"), _biased),
     "lfm2_moe": lambda b: {**_fused(b), "routing_bias": b.expert_bias},
     "nemotron_h": lambda b: {
