@@ -222,6 +222,32 @@ def test_table_has_no_stale_entries() -> None:
         assert reason.strip(), f"{name}: a refusal says what differs"
 
 
+def test_nllb_moe_runs_two_experts_whatever_it_routes() -> None:
+    """The reason NLLB-MoE is refused (tests/oracle/coverage.py), held to the installed
+    transformers: its block equals expert_1 on each token's top-1 weight plus expert_0 on
+    the rest, and not the mixture of the experts the router chose."""
+    import torch
+    from transformers.models.nllb_moe import configuration_nllb_moe, modeling_nllb_moe
+
+    torch.manual_seed(0)
+    config = configuration_nllb_moe.NllbMoeConfig(
+        d_model=16, num_experts=8, expert_capacity=1000, moe_token_dropout=0.0
+    )
+    block = modeling_nllb_moe.NllbMoeSparseMLP(config, 24).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        got = block(x).reshape(-1, 16)
+        tokens = x.reshape(-1, 16)
+        top_1, probs, _ = block.router(tokens)
+        experts = [block.experts[f"expert_{e}"](tokens) for e in range(8)]
+        first = (probs * top_1).sum(-1, keepdim=True)
+        two_experts = experts[1] * first + experts[0] * (probs.sum(-1, keepdim=True) - first)
+        mixture = sum(experts[e] * probs[:, e : e + 1] for e in range(8))
+    assert set(top_1.argmax(-1).tolist()) - {0, 1}, "the router chose other experts"
+    assert torch.allclose(got, two_experts, atol=1e-6)
+    assert not torch.allclose(got, mixture, atol=1e-2)
+
+
 # The criterion on sources written for it: what counts as a block and what does not.
 CRITERION_SOURCE = """
 class FooPreTrainedModel(PreTrainedModel): ...

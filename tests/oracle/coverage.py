@@ -40,13 +40,12 @@ REFUSED: dict[str, str] = {
     "projections around attention (map, reduce), not an FFN",
     "vitpose_backbone.VitPoseBackboneMoeMLP": "no router: each sample's expert is its dataset "
     "index, an input; the experts are one part of a split fc2 beside a shared part",
+    # tests/test_transformers_coverage.py::test_nllb_moe_runs_two_experts_whatever_it_routes
+    "nllb_moe.NllbMoeSparseMLP": "not a mixture as transformers runs it: NllbMoeExperts "
+    "one-hot encodes the router's [tokens, experts] 0/1 mask, so every token's top-1 copy runs "
+    "expert_1 and its other weights expert_0, whichever experts the router chose (the top-2 "
+    "router with its top-1-first capacity over the batch is fairseq's NLLB-MoE)",
 }
 
 
-PENDING: dict[str, Pending] = {
-    "nllb_moe.NllbMoeSparseMLP": Pending(
-        "nllb_moe",
-        "top-2 router with an expert capacity and a second_expert_policy; ungated relu "
-        "experts with biases",
-    ),
-}
+PENDING: dict[str, Pending] = {}
