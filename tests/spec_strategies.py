@@ -210,7 +210,26 @@ def valid_choices(draw: st.DrawFn, hardware: list[str] = HARDWARE, small: bool =
             choices["ffn_chunks"] = chunks
     if draw(st.booleans()):
         choices["description"] = draw(st.sampled_from(DESCRIPTIONS))
+    if _can_weigh_shared(choices) and draw(st.booleans()):  # Inkling's router
+        count = draw(st.sampled_from([c for c in (1, 2, 4) if choices["shared_ffn"] % c == 0]))
+        choices |= {"weighs_shared_experts": True, "shared_experts": count}
+    if draw(st.integers(0, 3)) == 0:
+        choices["learned_scale"] = True
     return choices | target
+
+
+def _can_weigh_shared(choices: dict) -> bool:
+    """A drawn layer whose shared expert the router may weigh (weighed_shared_experts_stand_alone)."""
+    return (
+        "shared_ffn" in choices
+        and choices.get("score") in ("sigmoid", "sqrtsoftplus")
+        and "tensor" not in choices["axes"]
+        and not any(
+            choices.get(k)
+            for k in ("identity_experts", "shared_expert_gate", "load_balance_loss", "z_loss")
+        )
+        and choices.get("weighting", "output") == "output"
+    )
 
 
 def _first_other(value: str, options: list[str]) -> str:
@@ -244,6 +263,7 @@ MISTAKES = {
         {k: v for k, v in c.items() if k not in ("load_balance_loss", "routing_bias")}
         | {"capacity": (1.0, "probability")}
     ),
+    "shared_experts_unweighed": lambda c: c | {"shared_ffn": 64, "shared_experts": 2},
     "identity_experts_with_capacity": lambda c: (
         c | {"identity_experts": 2, "routing_bias": True, "capacity": (1.0, "position")}
     ),
