@@ -20,6 +20,7 @@ import click
 from moegen import __version__
 from moegen.cli_init import init_command
 from moegen.cli_output import fail_invalid
+from moegen.cli_rebalance import rebalance_command
 from moegen.diagnostics import FORMATS, SpecError, format_diagnostics
 
 if TYPE_CHECKING:  # imported where used: `moegen validate` must not pay for verify
@@ -331,6 +332,7 @@ def schema_command(check_only: bool, write: bool, schema_path: Path) -> None:
 
 
 cli.add_command(init_command)  # moegen.cli_init
+cli.add_command(rebalance_command)  # moegen.cli_rebalance
 
 
 @cli.command(name="install-te")

@@ -209,8 +209,10 @@ def argument_text(param: click.Parameter) -> str:
 
 
 def command_section(name: str, command: click.Command, group: click.Group) -> list[str]:
-    parent = click.Context(group, info_name="moegen")
-    context = click.Context(command, info_name=name, parent=parent)
+    # with the group's settings, as `moegen NAME` makes them: click caches each command's help
+    # option on first use, and a context without them would cache one without -h
+    parent = click.Context(group, info_name="moegen", **group.context_settings)
+    context = click.Context(command, info_name=name, parent=parent, **command.context_settings)
     usage = " ".join(command.collect_usage_pieces(context))
     out = [f"## moegen {name}", "", f"`moegen {name} {usage}`", ""]
     out += [inspect.cleandoc(command.help or ""), ""]
@@ -227,7 +229,7 @@ def cli_page() -> str:
 
     group = cli.cli
     out = [
-        GENERATED_NOTE.format(source="moegen/cli.py, moegen/cli_init.py"),
+        GENERATED_NOTE.format(source="moegen/cli.py, moegen/cli_init.py, moegen/cli_rebalance.py"),
         "",
         "# Command line reference",
         "",

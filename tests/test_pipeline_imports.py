@@ -54,6 +54,7 @@ STAGE_OF = {
     "moegen.cli": "top",
     "moegen.cli_init": "top",  # the init command
     "moegen.cli_output": "top",  # refusing a spec on the command line
+    "moegen.cli_rebalance": "top",  # the rebalance command
     "moegen.__main__": "top",
     "moegen.check": "top",
     "moegen.tune": "top",
@@ -72,7 +73,7 @@ BASE = {
 }
 # packages used at run time beside generated modules, not by the pipeline: no stage, and they
 # import nothing of moegen outside themselves
-RUNTIME = ("moegen.checkpoints", "moegen.nnx")
+RUNTIME = ("moegen.checkpoints", "moegen.nnx", "moegen.placement")
 
 
 def _modules() -> dict[str, Path]:
