@@ -101,6 +101,13 @@ class Router(_Section):
         "columns returns its token unchanged, times its weight, computing no FFN and "
         "travelling nowhere. Dropless only. 0 = none.",
     )
+    zero_experts: Annotated[int, Field(ge=0, le=1 << 20)] = Field(
+        0,
+        description="Zero experts (MoE++): this many router columns after the identity "
+        "experts; a copy routed to one contributes nothing (its weight still counts where the "
+        "weights are renormalised), computing no FFN and travelling nowhere. Dropless only. "
+        "0 = none.",
+    )
     weighs_shared_experts: bool = Field(
         False,
         description="The router scores the shared experts too (Inkling): its last "

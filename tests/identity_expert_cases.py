@@ -10,7 +10,8 @@ from router_feature_cases import A2A, RING
 # LongCat-Flash's router: softmax over experts and identity experts, a selection bias on the
 # scores, no renormalisation, the weights scaled
 LONGCAT = {"top_k": 3, "identity_experts": 4, "routing_bias": True, "routed_scaling": 6.0}
-SPLIT = "_split_identity(combine_weights, expert_ids)"
+ZERO = "_split_zero_computation(combine_weights, expert_ids)"
+SPLIT = "identity = identity_weights[:, None] * tokens"  # and the identity copies' tokens
 
 IDENTITY_CASES: dict[str, tuple[dict, list[str]]] = {
     "identity_experts_replicated": ({"router": LONGCAT}, [SPLIT, "ROUTER_COLUMNS = 12"]),
@@ -44,6 +45,26 @@ IDENTITY_CASES: dict[str, tuple[dict, list[str]]] = {
             **RING,
         },
         [SPLIT, "TOKEN_CHUNKS = 2"],
+    ),
+    # zero experts (MoE++): their copies contribute nothing, their weights still renormalise
+    "zero_experts_replicated_renormalised": (
+        {"router": {"top_k": 2, "renormalize": True, "zero_experts": 4}},
+        [ZERO, "ZERO_EXPERTS = 4"],
+    ),
+    "identity_and_zero_experts_ring_sigmoid": (
+        {
+            "router": {
+                "top_k": 3,
+                "score": "sigmoid",
+                "renormalize": True,
+                "routing_bias": True,
+                "identity_experts": 2,
+                "zero_experts": 2,
+            },
+            "mesh": {"axes": {"data": 2, "expert": 2}},
+            **RING,
+        },
+        [SPLIT, "IDENTITY_EXPERTS + ZERO_EXPERTS"],
     ),
     "identity_experts_a2a_bf16_biases": (
         {

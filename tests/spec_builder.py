@@ -59,6 +59,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "routed_scaling": ("router", "routed_scaling"),
     "group_limit": ("router", "group_limit"),
     "identity_experts": ("router", "identity_experts"),
+    "zero_experts": ("router", "zero_experts"),
     "weighs_shared_experts": ("router", "weighs_shared_experts"),
     "learned_scale": ("router", "learned_scale"),
     "shared_experts": ("layer", "shared_experts"),

@@ -135,7 +135,8 @@ def routers(draw: st.DrawFn, experts: int, top_k: int) -> dict:
     # identity experts: not with what counts per expert (identity_experts_stand_alone)
     alone = not any(out.get(k) for k in ("capacity", "group_limit", "load_balance_loss"))
     if alone and draw(st.booleans()):
-        out["identity_experts"] = draw(st.sampled_from([1, 2, experts]))
+        out["identity_experts"] = draw(st.sampled_from([0, 1, 2, experts]))
+        out["zero_experts"] = draw(st.sampled_from([0, 0, 1, 3]))
     return out
 
 

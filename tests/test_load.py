@@ -256,7 +256,7 @@ FEATURE_ERRORS = [
     ("capacity: {factor: 1.25, drop: position}", "capacity_factor: 1.25", 21, 3, "router",
      "unknown key 'capacity_factor'; expected one of: top_k, score, score_after_top_k, "
      "input_norm_eps, per_expert_scale, logit_softcap, linear_bias, renormalize, "
-     "renormalize_epsilon, routed_scaling, group_limit, identity_experts, "
+     "renormalize_epsilon, routed_scaling, group_limit, identity_experts, zero_experts, "
      "weighs_shared_experts, learned_scale, routing_bias, routing_bias_on, "
      "weighting, load_balance_loss, load_balance_form, z_loss, capacity"),
     ("routing_bias: true", "routing_bais: true", 18, 3, "router",

@@ -24,7 +24,9 @@ from moegen.verify import verify
 FEATURE_CODE = {
     "_drop_over_capacity": lambda r, layer: "capacity" in r,
     "_limit_to_groups": lambda r, layer: "group_limit" in r,
-    "_split_identity": lambda r, layer: r.get("identity_experts", 0) > 0,
+    "_split_zero_computation": lambda r, layer: bool(
+        r.get("identity_experts", 0) or r.get("zero_experts", 0)
+    ),
     "_shared_expert": lambda r, layer: "shared_ffn_dim" in layer,
     "update_routing_bias": lambda r, layer: r.get("routing_bias", False),
     "_load_balance_loss": lambda r, layer: r.get("load_balance_loss", 0) > 0,
@@ -65,7 +67,8 @@ def test_feature_matches_dense_reference(name, tmp_path, monkeypatch):
     if "capacity" in router:
         random_case = parity[0]["cases"][0]
         assert random_case["dropped"] > 0, "the twin must really drop copies"
-    if router.get("identity_experts"):
+    past = router.get("identity_experts", 0) + router.get("zero_experts", 0)
+    if past:  # copies really go past the experts
         for case in parity[0]["cases"]:
-            identity = case["tokens_per_expert"][layer["num_experts"] :]
-            assert len(identity) == router["identity_experts"] and sum(identity) > 0, case
+            counts = case["tokens_per_expert"][layer["num_experts"] :]
+            assert len(counts) == past and sum(counts) > 0, case

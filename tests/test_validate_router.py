@@ -33,9 +33,11 @@ GROUPS_FIX = "remove group_limit"
 SCALE_FIX = "set per_expert_scale: false"
 
 
-def identity_clash(identity: int, what: str, fix: str) -> str:
+def identity_clash(identity: int, what: str, fix: str, zero: int = 0) -> str:
+    past = [f"router.identity_experts ({identity})"] if identity else []
+    past += [f"router.zero_experts ({zero})"] if zero else []
     return (
-        f"router.identity_experts ({identity} identity columns) is not supported with {what}, "
+        f"{' and '.join(past)}: router columns past the experts are not supported with {what}, "
         f"which is defined over the 8 computing experts only; {fix}"
     )
 
@@ -261,13 +263,33 @@ CASES: Cases = {
             [("router.load_balance_form", VALUE, FORM_WITHOUT_LOSS)],
         ),
     ],
-    "identity_experts_stand_alone": [
+    "zero_computation_experts_stand_alone": [
         ({"identity_experts": 4, "routing_bias": True, "routed_scaling": 6.0}, []),  # LongCat
         ({"identity_experts": 2, "z_loss": 0.001, "score": "sigmoid"}, []),
         ({"capacity": (1.25, "position"), "load_balance_loss": 0.01}, []),  # no identity experts
         (
             {"identity_experts": 4, "capacity": (1.25, "position"), "routing_bias": True},
             [("router.capacity", KEY, identity_clash(4, "a capacity", CAPACITY_FIX))],
+        ),
+        (
+            {
+                "zero_experts": 3,
+                "identity_experts": 1,
+                "z_loss": 0.001,
+                "capacity": (1.0, "position"),
+                "routing_bias": True,
+            },
+            [("router.capacity", KEY, identity_clash(1, "a capacity", CAPACITY_FIX, zero=3))],
+        ),
+        (
+            {"zero_experts": 2, "load_balance_loss": 0.01},
+            [
+                (
+                    "router.load_balance_loss",
+                    VALUE,
+                    identity_clash(0, "a balance loss", LOSS_FIX, zero=2),
+                )
+            ],
         ),
         (
             {"identity_experts": 2, "load_balance_loss": 0.01},

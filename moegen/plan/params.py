@@ -57,7 +57,7 @@ class LayerShape:
     router_input_scale: bool = False  # the router's RMSNorm weight [D] (Gemma 4)
     per_expert_scale: bool = False  # each chosen weight times its expert's scale [E]
     expert_input_norm: bool = False  # the experts' input RMSNorm weight [D]
-    identity_experts: int = 0  # router columns past the experts (zero-computation experts)
+    zero_computation: int = 0  # router columns past the experts (identity and zero experts)
     weighed_shared: int = 0  # router columns past those, weighing the shared experts
     router_scale: bool = False  # a learned scalar [1] times every combine weight
 
@@ -67,11 +67,11 @@ def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
     e, d, f, s = "NUM_EXPERTS", "EMBED_DIM", "FFN_DIM", "SHARED_FFN_DIM"
     E, D, F = layer.experts, layer.embed, layer.ffn
     dt = compute_dtype
-    # The router scores every expert, then the identity experts, then the shared experts it
+    # The router scores every expert, then the zero-computation ones, then the shared experts it
     # weighs; the selection bias covers what can be chosen (not the shared experts).
-    extra = layer.identity_experts + layer.weighed_shared
+    extra = layer.zero_computation + layer.weighed_shared
     c, C = ("ROUTER_COLUMNS", E + extra) if extra else (e, E)
-    chosen = (c, C) if layer.identity_experts else (e, E)
+    chosen = (c, C) if layer.zero_computation else (e, E)
     out: list[tuple] = [("router", (d, c), (D, C), 0, ROUTER_DTYPE, D)]
     if layer.router_bias:
         out.append(("router_bias", (c,), (C,), None, ROUTER_DTYPE, 0))

@@ -44,14 +44,16 @@ class RouterPlan:
     ranks_groups_by_max: bool  # group_top_k == 1: a group's score is its best one
     experts_per_group: int | None
     identity_experts: int  # router columns past the experts whose copies return the token
+    zero_experts: int  # router columns after those whose copies contribute nothing
+    zero_computation: bool  # identity or zero experts: copies routed past the experts
     weighs_shared: bool  # the router's last columns weigh the shared experts (Inkling)
     shared_experts: int  # the shared experts it weighs (0 when it weighs none)
     learned_scale: bool  # every weight times params["router_scale"] (Inkling's global_scale)
     columns: int  # router columns: NUM_EXPERTS + identity_experts + shared_experts
     columns_name: str  # the module constant naming them: NUM_EXPERTS or ROUTER_COLUMNS
     columns_rule: str | None  # what ROUTER_COLUMNS holds, for the module's comment
-    choices_name: str  # what a copy can be routed to: NUM_EXPERTS, or with identity experts
-    # ROUTER_COLUMNS (aux.tokens_per_expert counts each)
+    choices_name: str  # what a copy can be routed to: NUM_EXPERTS, or with zero-computation
+    # experts ROUTER_COLUMNS (aux.tokens_per_expert counts each)
     routing_bias: bool
     bias_on_logits: bool  # the selection bias is added to the logits, not the scores
     linear_bias: bool  # logits = x @ router + router_bias
@@ -90,6 +92,7 @@ def router_plan(loaded: LoadedSpec, local_tokens: int) -> RouterPlan:
     router = spec.router
     group_limit = router.group_limit
     weighed = spec.layer.shared_experts if router.weighs_shared_experts else 0
+    past = router.identity_experts + router.zero_experts  # zero-computation columns
     return RouterPlan(
         top_k=router.top_k,
         score=router.score,
@@ -104,13 +107,15 @@ def router_plan(loaded: LoadedSpec, local_tokens: int) -> RouterPlan:
         ranks_groups_by_max=group_limit is not None and group_limit.top_per_group == 1,
         experts_per_group=spec.layer.num_experts // group_limit.groups if group_limit else None,
         identity_experts=router.identity_experts,
+        zero_experts=router.zero_experts,
+        zero_computation=past > 0,
         weighs_shared=router.weighs_shared_experts,
         shared_experts=weighed,
         learned_scale=router.learned_scale,
-        columns=spec.layer.num_experts + router.identity_experts + weighed,
-        columns_name="ROUTER_COLUMNS" if router.identity_experts or weighed else "NUM_EXPERTS",
-        columns_rule=_columns_rule(router.identity_experts, weighed),
-        choices_name="ROUTER_COLUMNS" if router.identity_experts else "NUM_EXPERTS",
+        columns=spec.layer.num_experts + past + weighed,
+        columns_name="ROUTER_COLUMNS" if past or weighed else "NUM_EXPERTS",
+        columns_rule=_columns_rule(router.identity_experts, router.zero_experts, weighed),
+        choices_name="ROUTER_COLUMNS" if past else "NUM_EXPERTS",
         routing_bias=router.routing_bias,
         bias_on_logits=router.routing_bias and router.routing_bias_on == "logits",
         linear_bias=router.linear_bias,
@@ -133,7 +138,7 @@ def router_plan(loaded: LoadedSpec, local_tokens: int) -> RouterPlan:
         balance_counts_own_top_k=router.load_balance_form == "transformers"
         and bool(router.routing_bias or group_limit),
         has_z_loss=router.z_loss > 0,
-        drops_copies=router.capacity is not None or router.identity_experts > 0,
+        drops_copies=router.capacity is not None or past > 0,
         capacity=group_capacity(loaded, local_tokens),
         capacity_groups=groups,
         capacity_per_sequence=groups > 1,
@@ -157,9 +162,13 @@ def _capacity_rule(loaded: LoadedSpec, per_sequence: bool) -> str | None:
     return f"per {'sequence' if per_sequence else 'device'}: {count}"
 
 
-def _columns_rule(identity_experts: int, weighed_shared: int) -> str | None:
+def _columns_rule(identity_experts: int, zero_experts: int, weighed_shared: int) -> str | None:
+    if identity_experts and zero_experts:
+        return "NUM_EXPERTS + IDENTITY_EXPERTS + ZERO_EXPERTS: the experts, identity, zero ones"
     if identity_experts:
         return "NUM_EXPERTS + IDENTITY_EXPERTS: the experts, then the identity ones"
+    if zero_experts:
+        return "NUM_EXPERTS + ZERO_EXPERTS: the experts, then the zero ones"
     if weighed_shared:
         return "NUM_EXPERTS + SHARED_EXPERTS: the experts, then the shared ones (weighed only)"
     return None

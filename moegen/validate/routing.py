@@ -231,13 +231,17 @@ def load_balance_form_has_a_loss(loaded: LoadedSpec) -> list[Diagnostic]:
     ]
 
 
-def identity_experts_stand_alone(loaded: LoadedSpec) -> list[Diagnostic]:
-    """Identity experts are router columns past the experts: the features that count or scale
-    per expert (capacity, groups, per-expert scales, the balance losses) are defined over the
-    num_experts experts and would have to say what an identity column counts as."""
+PAST_THE_EXPERTS = ("identity_experts", "zero_experts")  # zero-computation experts' fields
+
+
+def zero_computation_experts_stand_alone(loaded: LoadedSpec) -> list[Diagnostic]:
+    """Identity and zero experts are router columns past the experts: the features that count
+    or scale per expert (capacity, groups, per-expert scales, the balance losses) are defined
+    over the num_experts experts and would have to say what such a column counts as."""
     spec = loaded.spec
     router = spec.router
-    if not router.identity_experts:
+    past = [f"router.{n} ({getattr(router, n)})" for n in PAST_THE_EXPERTS if getattr(router, n)]
+    if not past:
         return []
     clashes = [
         (("router", "capacity"), router.capacity is not None, "a capacity",
@@ -256,9 +260,9 @@ def identity_experts_stand_alone(loaded: LoadedSpec) -> list[Diagnostic]:
     return [
         loaded.diagnostic(
             path,
-            f"router.identity_experts ({router.identity_experts} identity columns) is not "
-            f"supported with {what}, which is defined over the {spec.layer.num_experts} "
-            f"computing experts only; {fix}",
+            f"{' and '.join(past)}: router columns past the experts are not supported with "
+            f"{what}, which is defined over the {spec.layer.num_experts} computing experts "
+            f"only; {fix}",
             at_key=path[-1] in ("capacity", "group_limit"),
         )
         for path, clashes_here, what, fix in clashes
@@ -274,5 +278,5 @@ ROUTING_RULES = (
     capacity_counts_one_way,
     load_balance_form_has_a_loss,
     routing_options_have_their_feature,
-    identity_experts_stand_alone,
+    zero_computation_experts_stand_alone,
 )

@@ -57,6 +57,8 @@ def weighed_shared_experts_stand_alone(loaded: LoadedSpec) -> list[Diagnostic]:
          "logit alone: set score: sigmoid (Inkling) or sqrtsoftplus"),
         (("router", "identity_experts"), router.identity_experts > 0, "identity experts",
          "remove identity_experts"),
+        (("router", "zero_experts"), router.zero_experts > 0, "zero experts",
+         "remove zero_experts"),
         (("router", "weighting"), router.weighting == "input", "input weighting",
          "set weighting: output"),
         (("router", "per_expert_scale"), router.per_expert_scale, "per-expert scales",

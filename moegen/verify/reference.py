@@ -9,9 +9,9 @@ one"), so that it shares no method with a sort- or top_k-based implementation ei
 Features follow from `ReferenceConfig` and from which keys `params` holds:
 
 - router [D, E]; router_bias [E] (optional: added to the logits); routing_bias [E] (optional,
-  selection only: aux-loss-free balancing); with identity experts the three have E + I
-  columns, the identity experts' last; router [D, E + S] where the router weighs S shared
-  experts (its last columns); router_scale [1] (optional: every weight times it);
+  selection only: aux-loss-free balancing); with I identity and Z zero experts the three
+  have E + I + Z columns, the experts first; router [D, E + S] where the router weighs S
+  shared experts (its last columns); router_scale [1] (optional: every weight times it);
 - w_gate [E, D, F] (gated activations only), w_up [E, D, F], w_down [E, F, D];
 - b_gate [E, F] (gated only), b_up [E, F], b_down [E, D]: optional FFN biases, all or none;
 - shared_gate [D, S] (gated only), shared_up [D, S], shared_down [S, D]: optional shared expert;
@@ -278,9 +278,11 @@ def dense_moe(
         p.get("router_scale"),
     )
     weights = jnp.where(r.kept, r.weights, 0.0)
-    # Identity experts, the router's columns past the experts, return the token, weighted.
+    # Identity experts, the router's columns past the experts, return the token, weighted;
+    # zero experts, the columns after them, contribute nothing.
     experts = p["w_up"].shape[0]
-    identity = _einsum("tx,td->td", weights[:, experts:], tokens)
+    identity_weights = weights[:, experts : experts + cfg.identity_experts]
+    identity = _einsum("tx,td->td", identity_weights, tokens)
     weights, kept = weights[:, :experts], r.kept[:, :experts]
     if cfg.expert_norm_eps is not None:  # the experts run on the normalised tokens
         tokens = _rms_norm(tokens, cfg.expert_norm_eps) * p["expert_input_norm"][None]

@@ -35,16 +35,17 @@ def check_reference_args(cfg: ReferenceConfig, params: dict, num_tokens: int) ->
         if not 1 <= cfg.group_top_n <= experts // cfg.num_groups:
             raise ValueError(f"group_top_n {cfg.group_top_n} not in [1, group size]")
     computing = params["w_up"].shape[0] if "w_up" in params else experts
-    extra = cfg.identity_experts + cfg.weighed_shared_experts
-    if experts != computing + extra:
+    past = cfg.identity_experts + cfg.zero_experts
+    if experts != computing + past + cfg.weighed_shared_experts:
         raise ValueError(
             f"router has {experts} columns: {computing} experts + {cfg.identity_experts} "
-            f"identity experts + {cfg.weighed_shared_experts} weighed shared experts expected"
+            f"identity + {cfg.zero_experts} zero experts + {cfg.weighed_shared_experts} "
+            "weighed shared experts expected"
         )
     if cfg.weighed_shared_experts and "shared_up" not in params:
         raise ValueError("weighed shared experts need a shared expert")
-    if cfg.identity_experts and (cfg.capacity is not None or cfg.num_groups > 1):
-        raise ValueError("identity experts take neither a capacity nor expert groups")
+    if past and (cfg.capacity is not None or cfg.num_groups > 1):
+        raise ValueError("identity and zero experts take neither a capacity nor expert groups")
     if cfg.capacity is not None and cfg.capacity < 0:
         raise ValueError(f"negative capacity {cfg.capacity}")
     if cfg.token_shards < 1 or num_tokens % cfg.token_shards:

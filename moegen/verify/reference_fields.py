@@ -63,6 +63,7 @@ class ReferenceConfig:
     up_softcap: float | None = None  # gated: up = cap * tanh(up / cap), after its clamp
     shared_glu: SharedGlu | None = None  # the shared expert's own; None: the routed experts'
     identity_experts: int = 0  # router columns past the experts: a copy there returns its token
+    zero_experts: int = 0  # router columns after those: a copy there contributes nothing
     weighed_shared_experts: int = 0  # the router's last columns weigh this many shared experts
 
     def __post_init__(self) -> None:

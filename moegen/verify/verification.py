@@ -262,6 +262,7 @@ def reference_config(plan: Plan) -> dict[str, Any]:
         "group_top_n": plan.router.group_top_k or 2,
         "weights_on_input": plan.router.weights_on_input,
         "identity_experts": plan.router.identity_experts,
+        "zero_experts": plan.router.zero_experts,
         "weighed_shared_experts": plan.router.shared_experts,
         **_glu_reference(plan),
     }
