@@ -111,11 +111,12 @@ def _section_of(annotation: Any) -> type[BaseModel] | None:
 
 
 def _unknown_key_message(key: str, model: type[BaseModel] | None, written: set) -> str:
-    # A key the mapping already has is no fix: suggesting it would make a duplicate.
+    # A key the mapping already has is no fix: suggesting it would make a duplicate, and
+    # suggesting the next closest one instead would point away from what was meant.
     fields = list(model.model_fields) if model else []
     message = f"unknown key {shown(key)}"
-    close = _suggest(key, [name for name in fields if name not in written])
-    if close:
+    close = _suggest(key, fields)
+    if close and close[0] not in written:
         return f"{message}; did you mean '{close[0]}'?"
     if fields:
         return f"{message}; expected one of: {', '.join(fields)}"
