@@ -4,6 +4,7 @@ under a capacity, and which balance losses the layer reports."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from moegen.load import LoadedSpec
 from moegen.plan.experts import capacity_groups, group_capacity
@@ -91,7 +92,6 @@ def router_plan(loaded: LoadedSpec, local_tokens: int) -> RouterPlan:
     groups = capacity_groups(loaded, local_tokens)
     router = spec.router
     group_limit = router.group_limit
-    weighed = spec.layer.shared_experts if router.weighs_shared_experts else 0
     past = router.identity_experts + router.zero_experts  # zero-computation columns
     return RouterPlan(
         top_k=router.top_k,
@@ -106,16 +106,8 @@ def router_plan(loaded: LoadedSpec, local_tokens: int) -> RouterPlan:
         group_top_k=group_limit.top_per_group if group_limit else None,
         ranks_groups_by_max=group_limit is not None and group_limit.top_per_group == 1,
         experts_per_group=spec.layer.num_experts // group_limit.groups if group_limit else None,
-        identity_experts=router.identity_experts,
-        zero_experts=router.zero_experts,
-        zero_computation=past > 0,
-        weighs_shared=router.weighs_shared_experts,
-        shared_experts=weighed,
+        **_columns(loaded),
         learned_scale=router.learned_scale,
-        columns=spec.layer.num_experts + past + weighed,
-        columns_name="ROUTER_COLUMNS" if past or weighed else "NUM_EXPERTS",
-        columns_rule=_columns_rule(router.identity_experts, router.zero_experts, weighed),
-        choices_name="ROUTER_COLUMNS" if past else "NUM_EXPERTS",
         routing_bias=router.routing_bias,
         bias_on_logits=router.routing_bias and router.routing_bias_on == "logits",
         linear_bias=router.linear_bias,
@@ -160,6 +152,26 @@ def _capacity_rule(loaded: LoadedSpec, per_sequence: bool) -> str | None:
         else f"ceil(factor * {rows} / NUM_EXPERTS)"
     )
     return f"per {'sequence' if per_sequence else 'device'}: {count}"
+
+
+def _columns(loaded: LoadedSpec) -> dict[str, Any]:
+    """The router's columns: the experts, the zero-computation ones (identity, then zero),
+    then the shared experts it weighs."""
+    spec = loaded.spec
+    router = spec.router
+    weighed = spec.layer.shared_experts if router.weighs_shared_experts else 0
+    past = router.identity_experts + router.zero_experts
+    return {
+        "identity_experts": router.identity_experts,
+        "zero_experts": router.zero_experts,
+        "zero_computation": past > 0,
+        "weighs_shared": router.weighs_shared_experts,
+        "shared_experts": weighed,
+        "columns": spec.layer.num_experts + past + weighed,
+        "columns_name": "ROUTER_COLUMNS" if past or weighed else "NUM_EXPERTS",
+        "columns_rule": _columns_rule(router.identity_experts, router.zero_experts, weighed),
+        "choices_name": "ROUTER_COLUMNS" if past else "NUM_EXPERTS",
+    }
 
 
 def _columns_rule(identity_experts: int, zero_experts: int, weighed_shared: int) -> str | None:

@@ -149,7 +149,6 @@ def route(
     # The last columns may score shared experts: they weigh them, never get chosen.
     experts = router.shape[1] - cfg.weighed_shared_experts
     logits, shared_logits = logits[:, :experts], logits[:, experts:]
-    num_tokens = tokens.shape[0]
     scores = _score(cfg, logits)
 
     # Selection decides which experts, never how much: no gradient flows through it.
@@ -164,13 +163,7 @@ def route(
     selection = jax.lax.stop_gradient(selection)
 
     if cfg.num_groups > 1:
-        size = experts // cfg.num_groups
-        grouped = selection.reshape(num_tokens, cfg.num_groups, size)
-        best_in_group = _rank(grouped) < cfg.group_top_n
-        group_score = jnp.where(best_in_group, grouped, 0.0).sum(axis=-1)  # [T, G]
-        kept_group = _rank(group_score) < cfg.top_groups
-        selection = jnp.where(jnp.repeat(kept_group, size, axis=1), selection, -jnp.inf)
-
+        selection = _limit_to_groups(cfg, selection)
     chosen = _rank(selection) < cfg.top_k  # [T, E]
 
     if cfg.score_after_top_k:
@@ -188,24 +181,40 @@ def route(
     if router_scale is not None:
         weights, shared = weights * router_scale[0], shared * router_scale[0]
 
-    if cfg.capacity is None:
-        kept = chosen
-    else:
-        # A token routes to an expert at most once, so among the copies of one expert the
-        # (token, k-slot) order is the token order. ahead[t, u, e]: u's copy of e goes first.
-        index = jnp.arange(num_tokens)
-        shard = _capacity_shard(cfg, index, num_tokens)
-        same_shard = shard[:, None] == shard[None, :]  # [t, u]
-        earlier = index[None, :] < index[:, None]  # [t, u]: u < t
-        if cfg.drop_policy == "position":
-            ahead = jnp.broadcast_to(earlier[:, :, None], (num_tokens, num_tokens, experts))
-        else:
-            w = jax.lax.stop_gradient(weights)
-            mine, other = w[:, None, :], w[None, :, :]
-            ahead = (other > mine) | ((other == mine) & earlier[:, :, None])
-        competing = ahead & same_shard[:, :, None] & chosen[None, :, :]
-        kept = chosen & (competing.sum(axis=1) < cfg.capacity)
+    kept = chosen if cfg.capacity is None else _kept_under_capacity(cfg, chosen, weights)
     return Routing(logits, scores, chosen, weights, kept, shared)
+
+
+def _limit_to_groups(cfg: ReferenceConfig, selection: jax.Array) -> jax.Array:
+    """Only the experts of each token's top_groups best groups stay selectable (-inf elsewhere);
+    a group's score is the sum of its group_top_n best selection scores."""
+    num_tokens, experts = selection.shape
+    size = experts // cfg.num_groups
+    grouped = selection.reshape(num_tokens, cfg.num_groups, size)
+    best_in_group = _rank(grouped) < cfg.group_top_n
+    group_score = jnp.where(best_in_group, grouped, 0.0).sum(axis=-1)  # [T, G]
+    kept_group = _rank(group_score) < cfg.top_groups
+    return jnp.where(jnp.repeat(kept_group, size, axis=1), selection, -jnp.inf)
+
+
+def _kept_under_capacity(cfg: ReferenceConfig, chosen: jax.Array, weights: jax.Array) -> jax.Array:
+    """The chosen copies each expert keeps: those fewer than `capacity` copies of its shard
+    (device, or sequence) come before, by weight or by position."""
+    num_tokens, experts = chosen.shape
+    # A token routes to an expert at most once, so among the copies of one expert the
+    # (token, k-slot) order is the token order. ahead[t, u, e]: u's copy of e goes first.
+    index = jnp.arange(num_tokens)
+    shard = _capacity_shard(cfg, index, num_tokens)
+    same_shard = shard[:, None] == shard[None, :]  # [t, u]
+    earlier = index[None, :] < index[:, None]  # [t, u]: u < t
+    if cfg.drop_policy == "position":
+        ahead = jnp.broadcast_to(earlier[:, :, None], (num_tokens, num_tokens, experts))
+    else:
+        w = jax.lax.stop_gradient(weights)
+        mine, other = w[:, None, :], w[None, :, :]
+        ahead = (other > mine) | ((other == mine) & earlier[:, :, None])
+    competing = ahead & same_shard[:, :, None] & chosen[None, :, :]
+    return chosen & (competing.sum(axis=1) < cfg.capacity)
 
 
 def _score(cfg: ReferenceConfig, logits: jax.Array) -> jax.Array:

@@ -14,6 +14,12 @@ from moegen.verify.reference_fields import (
 
 def check_reference_args(cfg: ReferenceConfig, params: dict, num_tokens: int) -> None:
     """ValueError naming what does not fit: unknown choices, sizes, parameter sets."""
+    _check_choices(cfg)
+    _check_routing_sizes(cfg, params, num_tokens)
+    _check_parameter_set(cfg, params)
+
+
+def _check_choices(cfg: ReferenceConfig) -> None:
     if cfg.score not in SCORES:
         raise ValueError(f"unknown score function {cfg.score!r}")
     if cfg.activation not in ACTIVATIONS:
@@ -22,6 +28,12 @@ def check_reference_args(cfg: ReferenceConfig, params: dict, num_tokens: int) ->
         raise ValueError(f"unknown drop policy {cfg.drop_policy!r}")
     if cfg.score_after_top_k and cfg.score != "softmax":
         raise ValueError("score_after_top_k needs score 'softmax'")
+    if cfg.capacity is not None and cfg.capacity < 0:
+        raise ValueError(f"negative capacity {cfg.capacity}")
+
+
+def _check_routing_sizes(cfg: ReferenceConfig, params: dict, num_tokens: int) -> None:
+    """top_k, the groups, the router's columns and the token shards against the sizes."""
     experts = params["router"].shape[1]
     if not 1 <= cfg.top_k <= experts:
         raise ValueError(f"top_k {cfg.top_k} not in [1, {experts}]")
@@ -46,10 +58,12 @@ def check_reference_args(cfg: ReferenceConfig, params: dict, num_tokens: int) ->
         raise ValueError("weighed shared experts need a shared expert")
     if past and (cfg.capacity is not None or cfg.num_groups > 1):
         raise ValueError("identity and zero experts take neither a capacity nor expert groups")
-    if cfg.capacity is not None and cfg.capacity < 0:
-        raise ValueError(f"negative capacity {cfg.capacity}")
     if cfg.token_shards < 1 or num_tokens % cfg.token_shards:
         raise ValueError(f"{num_tokens} tokens do not split into {cfg.token_shards} shards")
+
+
+def _check_parameter_set(cfg: ReferenceConfig, params: dict) -> None:
+    """The parameters the activation needs, optional groups whole, nothing unknown."""
     gated = cfg.activation in GATED_ACTIVATIONS
     expected = {"router", "w_up", "w_down"} | ({"w_gate"} if gated else set())
     optional = [
