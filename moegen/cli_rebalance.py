@@ -40,11 +40,12 @@ EXIT_FAILED = 2  # a load file or a spec that cannot be placed for
 def rebalance_command(spec: Path, load_path: Path, slots: int, out: Path | None) -> None:
     """Place SLOTS extra expert slots per device for the load of SPEC's layer, and print each
     device's expected rows before and after."""
-    from moegen.pipeline import generate
+    from moegen.pipeline import load_valid
     from moegen.placement import LoadError, contiguous, place, read_load
+    from moegen.plan import make_plan
 
-    try:
-        plan = generate(spec).plan
+    try:  # the plan only: nothing is rendered or compiled
+        plan = make_plan(load_valid(spec))
     except SpecError as err:
         fail_invalid(err)
     devices, experts = plan.experts.shards, plan.num_experts

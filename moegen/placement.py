@@ -55,8 +55,7 @@ class Placement:
 
 def contiguous(experts: int, devices: int) -> Placement:
     """The layout without extra slots: device d holds experts d*E/D .. (d+1)*E/D - 1."""
-    if devices < 1 or experts % devices:
-        raise ValueError(f"{experts} experts do not split over {devices} devices")
+    _check_split(experts, devices)
     per = experts // devices
     return Placement(
         tuple(tuple(range(d * per, (d + 1) * per)) for d in range(devices)), (1,) * experts
@@ -65,13 +64,16 @@ def contiguous(experts: int, devices: int) -> Placement:
 
 def place(load: Sequence[float], devices: int, extra_per_device: int) -> Placement:
     """`extra_per_device` more slots on each of `devices` devices, placed for `load`."""
-    experts = len(load)
-    if devices < 1 or experts % devices:
-        raise ValueError(f"{experts} experts do not split over {devices} devices")
+    _check_split(len(load), devices)
     if extra_per_device < 0:
         raise ValueError(f"extra slots per device must be >= 0, got {extra_per_device}")
     replicas = _replicas(load, devices, devices * extra_per_device)
     return Placement(_assign(load, replicas, devices), tuple(replicas))
+
+
+def _check_split(experts: int, devices: int) -> None:
+    if devices < 1 or experts % devices:
+        raise ValueError(f"{experts} experts do not split over {devices} devices")
 
 
 def _replicas(load: Sequence[float], devices: int, extra: int) -> list[int]:
@@ -111,15 +113,15 @@ def _assign(
 def read_load(path: Path, experts: int) -> list[float]:
     """The per-expert copies of a load file written by `save_load` (or by hand: a JSON object
     with "tokens_per_expert", one non-negative number per expert)."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_LOAD_BYTES:
-            raise LoadError(f"{path}: {size} bytes; a load file is at most {MAX_LOAD_BYTES}")
-        data = json.loads(path.read_bytes())
-    except LoadError:
-        raise
+    try:  # a bounded read: a device file or a growing file must not be read to its end
+        with path.open("rb") as stream:
+            raw = stream.read(MAX_LOAD_BYTES + 1)
     except OSError as error:
         raise LoadError(f"{path}: cannot be read: {error.strerror or error}") from None
+    if len(raw) > MAX_LOAD_BYTES:
+        raise LoadError(f"{path}: over {MAX_LOAD_BYTES} bytes; a load file is at most that")
+    try:
+        data = json.loads(raw)
     except (ValueError, RecursionError) as error:
         raise LoadError(f"{path}: not JSON: {str(error)[:200]}") from None
     counts = data.get("tokens_per_expert") if isinstance(data, dict) else None

@@ -50,9 +50,14 @@ def lookup(view: ConfigView, keys: tuple[str, ...], layer: int, default: Any) ->
 
 
 def _read(view: ConfigView, key: str, value: Any, kind: str) -> Any:
-    if kind == "count":  # a size that may be 0, null meaning 0 (LongCat's zero_expert_num)
-        return 0 if value is None else view.size(key, value, zero=True)
-    reader = {"flag": view.flag, "number": view.number, "size": view.size, "text": view.text}
+    reader = {
+        "flag": view.flag,
+        "number": view.number,
+        "size": view.size,
+        # a size that may be 0, null meaning 0 (LongCat's zero_expert_num)
+        "count": lambda key, value: 0 if value is None else view.size(key, value, zero=True),
+        "text": view.text,
+    }
     return reader[kind](key, value)
 
 
