@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_serializer, field_validator
 
+from moegen.spec_parallelism import Parallelism, Replica
 from moegen.spec_placement import (
     INT32_MAX,
     NON_BATCH_AXES,
@@ -26,7 +27,7 @@ from moegen.spec_router import Capacity, GroupLimit, Router
 
 __all__ = [
     "GATED_ACTIVATIONS", "INT32_MAX", "NON_BATCH_AXES", "AxisName", "Capacity", "Dtype",
-    "Dtypes", "Glu", "GroupLimit", "Layer", "Memory", "Mesh", "Parallelism", "Router",
+    "Dtypes", "Glu", "GroupLimit", "Layer", "Memory", "Mesh", "Parallelism", "Replica", "Router",
     "ShapeVariant", "Shapes", "Size", "Spec", "Target", "Tiles",
 ]  # fmt: skip
 
@@ -151,26 +152,6 @@ class Layer(_Section):
         if self.shared_glu == "plain":
             return None
         return GLU_PRESETS[self.shared_glu] if isinstance(self.shared_glu, str) else self.shared_glu
-
-
-class Parallelism(_Section):
-    """How experts are spread over devices and how communication overlaps compute."""
-
-    # Which strategies exist is the strategies stage's knowledge (moegen.strategies.registry,
-    # after this schema): it refuses a name it does not hold, located, and `moegen schema`
-    # writes its names and summaries into the JSON schema.
-    experts: Annotated[str, Field(min_length=1, max_length=32)] = Field(
-        "replicated",
-        description="How the experts are spread over the devices: an expert-parallel "
-        "strategy, by its registered name, or auto: chosen by `moegen tune`.",
-    )
-    overlap_chunks: Size | Literal["auto"] = Field(
-        1,
-        description="A strategy that overlaps its transfers (the ring of experts): split the "
-        "embedding into this many chunks and overlap "
-        "each chunk's token transfer with the previous chunk's grouped matmul (1 = no overlap). "
-        "auto: chosen by `moegen tune`.",
-    )
 
 
 Tile = Annotated[list[Size], Field(min_length=3, max_length=3)]

@@ -80,6 +80,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "expert_over_dcn": ("mesh", "expert_over_dcn"),
     "strategy": ("parallelism", "experts"),
     "overlap_chunks": ("parallelism", "overlap_chunks"),
+    "redundant_experts": ("parallelism", "redundant_experts"),
+    "placement": ("parallelism", "placement"),
     "hardware": ("target", "hardware"),
     "topology": ("target", "topology"),
     "slices": ("target", "slices"),
@@ -150,16 +152,28 @@ def _write(value: Mapping, indent: int, path: str, lines: list[str], where: dict
             continue
         text = head + " "
         where[dotted] = Position(at_key, (at_key[0], len(text) + 1))
-        if isinstance(item, list | tuple):
-            text += "["
-            for index, element in enumerate(item):
-                text += ", " if index else ""
-                where[f"{dotted}[{index}]"] = Position(None, (at_key[0], len(text) + 1))
-                text += scalar(element)
-            text += "]"
-        else:
-            text += scalar(item)
-        lines.append(text)
+        lines.append(text + _flow(item, dotted, at_key[0], len(text), where))
+
+
+def _flow(value: Any, path: str, line: int, before: int, where: dict) -> str:
+    """`value` in flow style, starting after `before` characters of line `line`: scalars,
+    lists and mappings within lists (a placement), each item's position recorded."""
+    if isinstance(value, Mapping):
+        text = "{"
+        for index, (key, item) in enumerate(value.items()):
+            text += (", " if index else "") + f"{key}: "
+            at = (line, before + len(text) + 1)
+            where[f"{path}.{key}"] = Position((line, at[1] - len(key) - 2), at)
+            text += _flow(item, f"{path}.{key}", line, before + len(text), where)
+        return text + "}"
+    if not isinstance(value, list | tuple):
+        return scalar(value)
+    text = "["
+    for index, element in enumerate(value):
+        text += ", " if index else ""
+        where[f"{path}[{index}]"] = Position(None, (line, before + len(text) + 1))
+        text += _flow(element, f"{path}[{index}]", line, before + len(text), where)
+    return text + "]"
 
 
 def spec_tree(choices: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ STAGE_OF = {
     "moegen.spec": "load",
     "moegen.spec_placement": "load",  # basic types, shapes, dtypes and mesh sections
     "moegen.spec_router": "load",  # the router section
+    "moegen.spec_parallelism": "load",  # the parallelism section
     "moegen.diagnostics": "load",
     "moegen.kernels": "kernels",  # the kernels' registry: rules, configs, twins, preflights
     "moegen.strategies": "kernels",  # the strategies' registry, beside the kernels'

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from conftest import assert_twin_parity
 from identity_expert_cases import IDENTITY_CASES
+from replica_cases import REPLICA_CASES
 from router_feature_cases import BASE, CASES
 from shared_weighting_cases import SHARED_WEIGHTING_CASES
 
@@ -43,7 +44,7 @@ def _spec(overrides: dict) -> dict:
     return spec
 
 
-ALL_CASES = {**CASES, **IDENTITY_CASES, **SHARED_WEIGHTING_CASES}
+ALL_CASES = {**CASES, **IDENTITY_CASES, **SHARED_WEIGHTING_CASES, **REPLICA_CASES}
 
 
 @pytest.mark.parametrize("name", sorted(ALL_CASES))
@@ -70,5 +71,9 @@ def test_feature_matches_dense_reference(name, tmp_path, monkeypatch):
     past = router.get("identity_experts", 0) + router.get("zero_experts", 0)
     if past:  # copies really go past the experts
         for case in parity[0]["cases"]:
+            if case["case"] == "skewed to the replicas":
+                continue  # routed to chosen experts on purpose
             counts = case["tokens_per_expert"][layer["num_experts"] :]
             assert len(counts) == past and sum(counts) > 0, case
+    if "redundant_experts" in spec.get("parallelism", {}):  # the skewed case ran too
+        assert [case["case"] for case in parity[0]["cases"]][-1] == "skewed to the replicas"

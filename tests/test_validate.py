@@ -10,6 +10,7 @@ from test_validate_group_limit import CASES as GROUP_LIMIT_CASES
 from test_validate_mesh import CASES as MESH_CASES
 from test_validate_mesh_roles import CASES as MESH_ROLE_CASES
 from test_validate_overlap import CASES as OVERLAP_CASES
+from test_validate_replicas import CASES as REPLICA_CASES
 from test_validate_router import CASES as ROUTER_CASES
 from test_validate_shape_variants import CASES as SHAPE_VARIANT_CASES
 from test_validate_shared_weighting import CASES as SHARED_WEIGHTING_CASES
@@ -39,6 +40,7 @@ CASES = {
     **SIZES_CASES,
     **SHAPE_VARIANT_CASES,
     **SHARED_WEIGHTING_CASES,
+    **REPLICA_CASES,
 }
 
 

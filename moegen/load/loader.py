@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from moegen.diagnostics import Diagnostic, SpecError
+from moegen.load.placement_file import with_placement_file
 from moegen.load.schema_errors import schema_diagnostics
 from moegen.load.source import FieldPath, Locations, SpecSource, dotted
 from moegen.load.spec_file import SpecFileProblem, read_spec_file
@@ -64,7 +65,7 @@ def load_spec(path: Path) -> LoadedSpec:
         raw = read_spec_file(path, MAX_SPEC_BYTES)
     except SpecFileProblem as problem:
         raise SpecError([Diagnostic(display, 1, 1, "", str(problem))]) from None
-    return load_spec_bytes(raw, display, path.stem)
+    return load_spec_bytes(raw, display, path.stem, path.parent)
 
 
 def _unprintable(display: str) -> SpecError:
@@ -72,8 +73,11 @@ def _unprintable(display: str) -> SpecError:
     return SpecError([Diagnostic(ascii(display), 1, 1, "", "file path must be printable")])
 
 
-def load_spec_bytes(raw: bytes, display: str, name: str) -> LoadedSpec:
-    """Parse spec bytes named `display`; `name` is the module name the spec will produce."""
+def load_spec_bytes(
+    raw: bytes, display: str, name: str, spec_dir: Path | None = None
+) -> LoadedSpec:
+    """Parse spec bytes named `display`; `name` is the module name the spec will produce.
+    A placement file the spec names is read from `spec_dir` (without one: refused)."""
 
     def fail(message: str, line: int = 1, col: int = 1) -> SpecError:
         return SpecError([Diagnostic(display, line, col, "", message)])
@@ -98,7 +102,7 @@ def load_spec_bytes(raw: bytes, display: str, name: str) -> LoadedSpec:
         spec = Spec.model_validate(data)
     except ValidationError as err:
         raise SpecError(schema_diagnostics(err, source, locations)) from None
-    return LoadedSpec(source, spec, locations)
+    return with_placement_file(LoadedSpec(source, spec, locations), spec_dir)
 
 
 # Generated modules sit beside user code: their names must not shadow what they import.

@@ -24,6 +24,7 @@ from moegen.plan.mesh import mesh_plan
 from moegen.plan.model import ChunkCandidates, InitPlan, Plan, Trade
 from moegen.plan.params import ROUTER_DTYPE, side_by_side
 from moegen.plan.prose import summary
+from moegen.plan.replicas import replica_plan
 from moegen.plan.router import router_plan
 from moegen.plan.token_chunks import (
     TradeOutcome,
@@ -125,7 +126,7 @@ def _plan(basis: ShapeBasis, traded: Traded) -> Plan:
         local_ffn_dim=basis.local_ffn,
         num_experts=layer.num_experts,
         local_experts=experts.local_experts,
-        copies_per_device=min(spec.router.top_k, experts.local_experts),
+        copies_per_device=min(spec.router.top_k, experts.local_slots),
         batch_shards=basis.batch_shards,
         local_batch=basis.local_batch,
         local_tokens=basis.local_tokens,
@@ -143,7 +144,8 @@ def _plan(basis: ShapeBasis, traded: Traded) -> Plan:
         ffn=ffn,
         mesh=mesh_plan(loaded, experts.axis, traded.network),
         kernel=kernel_plan(loaded, chosen, experts, interpret=basis.interpret),
-        params=side_by_side(basis.params, ffn.fuses_gate_up),
+        params=(params := side_by_side(basis.params, ffn.fuses_gate_up)),
+        replicas=replica_plan(loaded, params),
         experts=experts,
         cost=chosen.cost,
         network=traded.network,

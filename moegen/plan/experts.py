@@ -35,6 +35,9 @@ class ExpertPlan:
     reports_received: bool = False  # the call also returns the rows this device received
     tokens_name: str = "LOCAL_TOKENS"  # the module constant of call_tokens
     rows_name: str = "ROUTED_ROWS"  # the module constant of call_tokens * top_k
+    # groups of a device's grouped matmul: its experts, and its redundant slots after them
+    local_slots: int = 0
+    slots_name: str = "LOCAL_EXPERTS"  # the module constant of local_slots
 
 
 def capacity_groups(loaded: LoadedSpec, local_tokens: int) -> int:
@@ -79,6 +82,8 @@ def expert_plan(
     chosen = strategy(spec.parallelism.experts)
     shards = spec.mesh.axes.get("expert", 1)
     local_experts = spec.layer.num_experts // shards
+    # redundant slots (a validated spec splits them evenly) hold more experts on each device
+    local_slots = local_experts + spec.parallelism.redundant_experts // shards
     top_k = spec.router.top_k
     # With token chunks, every buffer below is one chunk's: the experts run on one at a time.
     call_tokens = local_tokens // token_chunks
@@ -87,12 +92,13 @@ def expert_plan(
     rows = RowRequest(
         call_tokens=call_tokens,
         group_tokens=call_tokens * shards,
-        # A token sends at most min(top_k, local_experts) copies to any one device: the most
-        # rows a device can be asked to process, when every token of the group picks them.
-        per_token=min(top_k, local_experts),
+        # A token sends at most min(top_k, local slots) copies to any one device (its slots
+        # hold distinct experts): the most rows a device can be asked to process, when every
+        # token of the group picks them.
+        per_token=min(top_k, local_slots),
         top_k=top_k,
         num_experts=spec.layer.num_experts,
-        local_experts=local_experts,
+        local_experts=local_slots,
         shards=shards,
         overlap_chunks=chunks,
         capacity=capacity,
@@ -123,6 +129,8 @@ def expert_plan(
         reports_received=chosen.reports_received,
         tokens_name="CHUNK_TOKENS" if token_chunks > 1 else "LOCAL_TOKENS",
         rows_name="CHUNK_ROWS" if token_chunks > 1 else "ROUTED_ROWS",
+        local_slots=local_slots,
+        slots_name="LOCAL_SLOTS" if local_slots > local_experts else "LOCAL_EXPERTS",
     )
 
 

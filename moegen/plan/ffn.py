@@ -27,6 +27,7 @@ from moegen.plan.costs import DTYPE_BYTES, CostPlan
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.memory import TRADE_HEADROOM, FfnBuffers, MemoryPlan, fits, memory_plan
 from moegen.plan.params import ParamPlan, side_by_side
+from moegen.plan.replicas import expert_bytes
 from moegen.sizes import ffn_slice_problem
 from moegen.spec import GATED_ACTIVATIONS, Spec
 from moegen.strategies import strategy
@@ -100,6 +101,8 @@ class FfnLayout:
 def _slice_problem(loaded: LoadedSpec, chunks: int) -> str:
     """Why the FFN width cannot be cut into `chunks` slices ('' when it can)."""
     spec = loaded.spec
+    if chunks > 1 and spec.parallelism.redundant_experts:
+        return "redundant experts run the FFN whole (a slice would gather its replicas again)"
     name = spec.target.kernel
     return ffn_slice_problem(local_ffn_dim(spec), chunks, name, kernel(name).width_multiple)
 
@@ -182,6 +185,9 @@ def layouts(
             calls=experts.ffn_calls,
             all_reduced=not whole_gather
             and any(spec.mesh.axes.get(axis, 1) > 1 for axis in ("data", "sequence")),
+            replica_bytes=spec.parallelism.redundant_experts
+            // experts.shards
+            * expert_bytes(params, spec.mesh.axes.get("fsdp", 1)),
         )
         memory = memory_plan(
             cost,
@@ -355,7 +361,7 @@ def kernel_tiles(
         return None  # nothing to tile or pad
     request = TileRequest(
         rows=experts.ffn_rows,
-        groups=experts.local_experts,
+        groups=experts.local_slots,
         gate_up_contraction=experts.chunk_width,
         gate_up_width=gate_up_width,
         down_contraction=local_ffn_dim(spec) // ffn_chunks,

@@ -70,7 +70,7 @@ def _quantities(
     return MatmulQuantities(
         rows=layout.rows,
         ffn_rows=experts.ffn_rows,
-        local_experts=experts.local_experts,
+        local_experts=experts.local_slots,
         tiles=layout.tiles,
         forward_tiles=forward,
         overlap_chunks=experts.overlap_chunks,

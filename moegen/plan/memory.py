@@ -64,6 +64,9 @@ class FfnBuffers:
     # the weight gradients are all-reduced over data or sequence shards (no fsdp: it
     # reduce-scatters them)
     all_reduced: bool = False
+    # redundant expert slots: the replicas' weights received, in the compute dtype (their
+    # gradients, sent back, as many bytes)
+    replica_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,10 @@ def memory_plan(
         items["one token chunk's gradients of the sliced weights, before the sum over chunks"] = (
             ffn.sliced_param_bytes
         )
+    if ffn.replica_bytes:
+        # Not measured against a compile yet: counted whole, beside everything else.
+        items["redundant experts' weights, received, and their gradients"] = 2 * ffn.replica_bytes
+        forward += ffn.replica_bytes
     ledger = tuple(sorted(items.items(), key=lambda item: -item[1]))
     return MemoryPlan(ledger, forward, sum(items.values()), hbm)
 

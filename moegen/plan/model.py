@@ -18,6 +18,7 @@ from moegen.plan.memory import MemoryPlan
 from moegen.plan.mesh import MeshPlan
 from moegen.plan.network import NetworkPlan
 from moegen.plan.params import ParamPlan, PartitionSpec
+from moegen.plan.replicas import ReplicaPlan
 from moegen.plan.roofline import Roofline
 from moegen.plan.router import RouterPlan
 from moegen.spec import Memory
@@ -89,7 +90,7 @@ class Plan:
     local_ffn_dim: int  # FFN_DIM / tensor shards: the expert FFN columns of one device
     num_experts: int
     local_experts: int
-    copies_per_device: int  # most copies of one token a device receives: min(top_k, local_experts)
+    copies_per_device: int  # most copies of one token a device receives: min(top_k, local slots)
     batch_shards: int
     local_batch: int
     local_tokens: int
@@ -117,6 +118,8 @@ class Plan:
     chunk_candidates: ChunkCandidates = ChunkCandidates()
     # the main shape or a variant runs token chunks: the module imports what they use
     some_shape_chunks_tokens: bool = False
+    # parallelism.redundant_experts: the replicas' slots, split and weight rounds (none: empty)
+    replicas: ReplicaPlan = ReplicaPlan()
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -201,7 +201,29 @@ def _expert_lines(plan: Plan) -> list[str]:
     for name, size in experts.communication_bytes:
         chosen = " (chosen)" if name == experts.strategy else ""
         lines.append(f"  comm forward    {name:<18} {_gib(size)} per device{chosen}")
-    return lines
+    return lines + _replica_lines(plan)
+
+
+def _replica_lines(plan: Plan) -> list[str]:
+    replicas = plan.replicas
+    if not replicas.active:
+        return []
+    held = "; ".join(
+        f"device {device}: "
+        + ", ".join(
+            f"{e} ({u}/{replicas.share_units})" for e, u in zip(experts, units, strict=True)
+        )
+        for device, (experts, units) in enumerate(
+            zip(replicas.experts, replicas.shares, strict=True)
+        )
+    )
+    return [
+        f"  redundant       {replicas.extra_per_device} extra slot(s) per device, "
+        f"{replicas.slots} slots; replicas (expert (its share of the copies)): {held}",
+        f"  replica weights {_gib(replicas.moved_bytes)} received per device per step "
+        f"({len(replicas.rounds)} ppermute rounds), the same sent back as gradients; "
+        f"{_gib(2 * replicas.moved_bytes)} more memory (weights and their gradients)",
+    ]
 
 
 def _network_lines(plan: Plan) -> list[str]:

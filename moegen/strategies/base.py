@@ -77,3 +77,6 @@ class Strategy:
     # partial outputs over the group in float32
     gathers_group: bool = False
     overlaps: bool = False  # parallelism.overlap_chunks can hide its transfers
+    # redundant expert slots (parallelism.redundant_experts): copies of a hot expert split
+    # over its replicas' devices
+    carries_replicas: bool = False

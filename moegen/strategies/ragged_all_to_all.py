@@ -38,4 +38,5 @@ RAGGED_ALL_TO_ALL = Strategy(
     emulated_on_cpu=True,  # XLA:CPU has no ragged all-to-all
     reports_received=True,
     exchanges_rows=True,
+    carries_replicas=True,
 )

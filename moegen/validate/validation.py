@@ -20,6 +20,7 @@ from moegen.validate.bounds import (
 )
 from moegen.validate.memory import MEMORY_RULES
 from moegen.validate.mesh_roles import MESH_ROLE_RULES
+from moegen.validate.replicas import REPLICA_RULES
 from moegen.validate.routing import ROUTING_RULES
 from moegen.validate.rules import (
     Rule,
@@ -59,6 +60,7 @@ SHAPE_RULES: tuple[Rule, ...] = (
     *MESH_ROLE_RULES,
     *ROUTING_RULES,
     *SHARED_WEIGHTING_RULES,
+    *REPLICA_RULES,
     *ACTIVATION_RULES,
     *SLICE_RULES,
     *MEMORY_RULES,

@@ -111,6 +111,23 @@ def starved_case(
     return params, x, cotangent, starved
 
 
+def skewed_case(
+    module: ModuleType, seed: int, input_shape: tuple[int, ...] | None = None
+) -> tuple[dict, np.ndarray, np.ndarray, list[int]]:
+    """Most copies to the experts with replicas (REPLICA_SPLIT), so that their copies split
+    over several slots: positive tokens, and those experts' router columns well above the
+    others'."""
+    params, x, cotangent = random_case(module, seed, input_shape)
+    hot = [expert for expert, _ in module.REPLICA_SPLIT]
+    x = np.abs(x) + 0.1
+    router = 0.05 * params["router"]
+    router[:, hot] = 0.25 * np.abs(params["router"][:, hot]) + 0.05
+    params["router"] = router
+    if "routing_bias" in params:
+        params["routing_bias"] = np.zeros_like(params["routing_bias"])
+    return params, x, cotangent, hot
+
+
 class Compared(NamedTuple):
     """One case through the module and the reference: what `parity_errors` compares."""
 
@@ -235,7 +252,8 @@ def twin_parity(
     tolerance: float,
 ) -> tuple[ParityCase, ...]:
     """Every case of one twin layer: random routing, then starved experts where some can be
-    starved (more experts than top_k), which must then receive no token."""
+    starved (more experts than top_k), which must then receive no token, and where experts
+    have replicas, a routing skewed to them."""
     programs = ParityPrograms(module, cfg, layer)
     random = random_case(module, 0, input_shape)
     results = [check_parity(module, cfg, *random, tolerance, "random routing", programs=programs)]
@@ -247,4 +265,20 @@ def twin_parity(
         if any(result.tokens_per_expert[e] for e in starved):
             raise CheckFailed(f"starved experts {starved} received tokens: {dict(result)}")
         results.append(dataclasses.replace(result, starved_experts=tuple(starved)))
+    if hasattr(module, "REPLICA_SPLIT"):
+        params, x, cotangent, hot = skewed_case(module, 2, input_shape)
+        result = check_parity(
+            module,
+            cfg,
+            params,
+            x,
+            cotangent,
+            tolerance,
+            "skewed to the replicas",
+            programs=programs,
+        )
+        copies = result.tokens_per_expert[: module.NUM_EXPERTS]
+        if 2 * sum(copies[e] for e in hot) < sum(copies):
+            raise CheckFailed(f"the replicated experts {hot} got under half the copies: {copies}")
+        results.append(result)
     return tuple(results)
