@@ -4,15 +4,16 @@ re-exports it)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_serializer, field_validator
+from pydantic import Discriminator, Field, Tag, field_serializer, field_validator
 
 from moegen.spec_placement import INT32_MAX, Size, _Section
 
 # A placement names a file beside the spec: a plain file name, never a path.
 PLACEMENT_FILE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\.json$"
 MAX_REDUNDANT_EXPERTS = 4096
+SHARE_UNITS = 1024  # a replica's share of its expert's copies is planned in 1024ths
 
 
 class Replica(_Section):
@@ -29,6 +30,19 @@ class Replica(_Section):
 
 
 Placement = list[list[Replica]]
+PlacementFile = Annotated[str, Field(pattern=PLACEMENT_FILE_PATTERN)]
+
+
+def _placement_kind(value: Any) -> str:
+    """Which form a placement is written in: a file name, or the slots inline (a user sees
+    the errors of that form only)."""
+    return "placement-file" if isinstance(value, str) else "placement-inline"
+
+
+PlacementField = Annotated[
+    Annotated[Placement, Tag("placement-inline")] | Annotated[PlacementFile, Tag("placement-file")],
+    Discriminator(_placement_kind),
+]
 
 
 class Parallelism(_Section):
@@ -57,7 +71,7 @@ class Parallelism(_Section):
         "experts in the layer (parameters, checkpoints and gradients keep num_experts "
         "experts). Needs a placement. 0: none.",
     )
-    placement: Placement | Annotated[str, Field(pattern=PLACEMENT_FILE_PATTERN)] | None = Field(
+    placement: PlacementField | None = Field(
         None,
         description="redundant_experts only: per device of the expert axis, its extra slots "
         "as [{expert, share}, ...], or the name of a JSON file beside the spec holding them "

@@ -13,13 +13,17 @@ import hashlib
 import keyword
 import os
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from moegen.diagnostics import Diagnostic, SpecError
-from moegen.load.placement_file import with_placement_file
+from moegen.load.placement_file import (
+    PlacementFileProblem,
+    placement_digest_input,
+    read_placement_file,
+)
 from moegen.load.schema_errors import schema_diagnostics
 from moegen.load.source import FieldPath, Locations, SpecSource, dotted
 from moegen.load.spec_file import SpecFileProblem, read_spec_file
@@ -102,7 +106,29 @@ def load_spec_bytes(
         spec = Spec.model_validate(data)
     except ValidationError as err:
         raise SpecError(schema_diagnostics(err, source, locations)) from None
-    return with_placement_file(LoadedSpec(source, spec, locations), spec_dir)
+    return _with_placement_file(LoadedSpec(source, spec, locations), raw, spec_dir)
+
+
+def _with_placement_file(loaded: LoadedSpec, raw: bytes, spec_dir: Path | None) -> LoadedSpec:
+    """`loaded` with the placement file it names read into the spec and hashed with it."""
+    name = loaded.spec.parallelism.placement
+    if not isinstance(name, str):
+        return loaded
+    at = ("parallelism", "placement")
+    try:
+        placement, placement_bytes = read_placement_file(name, spec_dir)
+        parallelism = loaded.spec.parallelism.model_validate(
+            {**loaded.spec.parallelism.model_dump(), "placement": placement}
+        )
+    except (PlacementFileProblem, ValidationError) as problem:
+        message = f"placement file {name!r}: {problem}"
+        raise SpecError([loaded.diagnostic(at, message)]) from None
+    digest = hashlib.sha256(placement_digest_input(raw, placement_bytes)).hexdigest()
+    return LoadedSpec(
+        replace(loaded.source, sha256=digest),
+        loaded.spec.model_copy(update={"parallelism": parallelism}),
+        loaded.locations,
+    )
 
 
 # Generated modules sit beside user code: their names must not shadow what they import.

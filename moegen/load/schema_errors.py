@@ -19,6 +19,8 @@ from moegen.spec import UNSUPPORTED_CHOICES, Spec
 # pydantic's names for the members of the `X | Literal["auto"]` unions of the spec
 _AUTO_TAG = "literal['auto']"
 _UNION_TAGS = {"constrained-int", "Tiles", _AUTO_TAG}
+# the tags of unions whose member is chosen by the value's type (moegen.spec_parallelism)
+_CHOSEN_TAGS = {"placement-inline", "placement-file"}
 _DID_YOU_MEAN_CUTOFF = 0.8  # close enough to be a typo, not a different (unsupported) choice
 # Spellings other tools use for the values moegen names differently.
 _COMMON_SPELLINGS = {
@@ -54,7 +56,7 @@ def schema_diagnostics(
             continue
         or_auto = bool(loc) and loc[-1] in _UNION_TAGS  # the value itself is wrong
         suffix = " (or auto, for `moegen tune` to choose)" if or_auto else ""
-        loc = tuple(part for part in loc if part not in _UNION_TAGS)
+        loc = tuple(part for part in loc if part not in _UNION_TAGS | _CHOSEN_TAGS)
         at_key = False
         if loc and loc[-1] == "[key]":  # a bad key of a free-form mapping (mesh.axes)
             loc, at_key = (*loc[:-2], loc[-2]), True
@@ -200,6 +202,11 @@ def _value_message(error: Any) -> str:
             else f"must have at least {ctx.get('min_length')} entries"
         ),
         "string_too_long": lambda: f"must be at most {ctx.get('max_length')} characters",
+        # the one pattern of the spec: a placement file's name
+        "string_pattern_mismatch": lambda: (
+            "must name a .json file beside the spec (letters, "
+            f"digits, '_', '.', '-'; no directory), got {got}"
+        ),
     }
     if kind in simple:
         return simple[kind]()

@@ -8,6 +8,7 @@ from fractions import Fraction
 
 from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES
+from moegen.plan.replicas import ReplicaPlan
 from moegen.strategies import RowRequest, TrafficRequest, sharding_strategies, strategy
 
 
@@ -38,6 +39,8 @@ class ExpertPlan:
     # groups of a device's grouped matmul: its experts, and its redundant slots after them
     local_slots: int = 0
     slots_name: str = "LOCAL_EXPERTS"  # the module constant of local_slots
+    # parallelism.redundant_experts: the replicas' slots, split and weight rounds (none: empty)
+    replicas: ReplicaPlan = ReplicaPlan()
 
 
 def capacity_groups(loaded: LoadedSpec, local_tokens: int) -> int:

@@ -18,7 +18,6 @@ from moegen.plan.memory import MemoryPlan
 from moegen.plan.mesh import MeshPlan
 from moegen.plan.network import NetworkPlan
 from moegen.plan.params import ParamPlan, PartitionSpec
-from moegen.plan.replicas import ReplicaPlan
 from moegen.plan.roofline import Roofline
 from moegen.plan.router import RouterPlan
 from moegen.spec import Memory
@@ -118,8 +117,6 @@ class Plan:
     chunk_candidates: ChunkCandidates = ChunkCandidates()
     # the main shape or a variant runs token chunks: the module imports what they use
     some_shape_chunks_tokens: bool = False
-    # parallelism.redundant_experts: the replicas' slots, split and weight rounds (none: empty)
-    replicas: ReplicaPlan = ReplicaPlan()
 
     def to_dict(self) -> dict:
         return asdict(self)

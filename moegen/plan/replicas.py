@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES
 from moegen.plan.params import ParamPlan
-from moegen.validate.replicas import SHARE_UNITS
+from moegen.spec_parallelism import SHARE_UNITS
 
 Round = tuple[tuple[int, ...], tuple[tuple[int, int], ...]]
 

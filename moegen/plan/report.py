@@ -205,7 +205,7 @@ def _expert_lines(plan: Plan) -> list[str]:
 
 
 def _replica_lines(plan: Plan) -> list[str]:
-    replicas = plan.replicas
+    replicas = plan.experts.replicas
     if not replicas.active:
         return []
     held = "; ".join(

@@ -10,9 +10,9 @@ from collections import Counter
 from moegen.diagnostics import Diagnostic
 from moegen.load import LoadedSpec
 from moegen.sizes import axes_product
+from moegen.spec_parallelism import SHARE_UNITS
 from moegen.strategies import strategy
 
-SHARE_UNITS = 1024  # shares are planned in 1024ths of an expert's copies on a device
 INT32_LIMIT = 2**31
 
 
