@@ -19,7 +19,7 @@ into the expert's own: parameters, checkpoints and optimizers see num_experts ex
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from moegen.load import LoadedSpec
@@ -134,31 +134,72 @@ def _rounds(
 ) -> tuple[tuple[Round, ...], tuple[tuple[int, ...], ...]]:
     """ppermute rounds moving each replica's weights from its home device to its holder:
     in a round each device sends at most one expert and receives at most one."""
-    sending: list[dict[int, tuple[int, int]]] = []  # per round: home -> (holder, expert)
-    receiving: list[set[int]] = []
+    transfers = [
+        (expert // local, holder, expert, slot)
+        for holder, held in enumerate(experts)
+        for slot, expert in enumerate(held)
+    ]
+    colour = _edge_colouring([(home, holder) for home, holder, _, _ in transfers])
+    count = max(colour, default=-1) + 1
+    sends: list[dict[int, tuple[int, int]]] = [{} for _ in range(count)]
     arrivals = [[0] * len(held) for held in experts]
-    for holder, held in enumerate(experts):
-        for slot, expert in enumerate(held):
-            home = expert // local
-            chosen = next(
-                (
-                    index
-                    for index in range(len(sending))
-                    if home not in sending[index] and holder not in receiving[index]
-                ),
-                len(sending),
-            )
-            if chosen == len(sending):
-                sending.append({})
-                receiving.append(set())
-            sending[chosen][home] = (holder, expert)
-            receiving[chosen].add(holder)
-            arrivals[holder][slot] = chosen
+    for (home, holder, expert, slot), round_ in zip(transfers, colour, strict=True):
+        sends[round_][home] = (holder, expert)
+        arrivals[holder][slot] = round_
     rounds = tuple(
         (
-            tuple(sends[d][1] % local if d in sends else 0 for d in range(shards)),
-            tuple(sorted((home, holder) for home, (holder, _) in sends.items())),
+            tuple(by_home[d][1] % local if d in by_home else 0 for d in range(shards)),
+            tuple(sorted((home, holder) for home, (holder, _) in by_home.items())),
         )
-        for sends in sending
+        for by_home in sends
     )
     return rounds, tuple(tuple(a) for a in arrivals)
+
+
+def _edge_colouring(pairs: list[tuple[int, int]]) -> list[int]:
+    """A colour (round) for each (sender, receiver) pair such that no sender and no receiver
+    has two pairs of one colour, with as many colours as the most pairs at one device (Konig:
+    a bipartite multigraph needs no more). Each pair takes a colour free at its sender; where
+    that colour is taken at its receiver, the path of pairs alternating it with a colour free
+    there swaps the two first (it cannot reach the sender)."""
+    degree = max(
+        (n for side in (0, 1) for n in Counter(p[side] for p in pairs).values()), default=0
+    )
+    at: dict[tuple[int, int], list[int | None]] = {}  # (side, device) -> pair of each colour
+    colour: list[int] = [0] * len(pairs)
+
+    def slots(side: int, device: int) -> list[int | None]:
+        return at.setdefault((side, device), [None] * degree)
+
+    for index, (sender, receiver) in enumerate(pairs):
+        a = slots(0, sender).index(None)
+        b = slots(1, receiver).index(None)
+        if slots(1, receiver)[a] is not None:
+            _swap_path(at, pairs, colour, (1, receiver), a, b)
+        colour[index] = a
+        slots(0, sender)[a] = slots(1, receiver)[a] = index
+    return colour
+
+
+def _swap_path(
+    at: dict[tuple[int, int], list[int | None]],
+    pairs: list[tuple[int, int]],
+    colour: list[int],
+    start: tuple[int, int],
+    a: int,
+    b: int,
+) -> None:
+    """Swap colours a and b along the path from `start` that alternates a, b, a, ..."""
+    path, node, wanted = [], start, a
+    while (index := at[node][wanted]) is not None:
+        path.append(index)
+        side, _ = node
+        node = (1 - side, pairs[index][1 - side])
+        wanted = b if wanted == a else a
+    for index in path:
+        for side in (0, 1):
+            at[(side, pairs[index][side])][colour[index]] = None
+    for index in path:
+        colour[index] = b if colour[index] == a else a
+        for side in (0, 1):
+            at[(side, pairs[index][side])][colour[index]] = index
