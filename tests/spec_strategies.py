@@ -216,7 +216,35 @@ def valid_choices(draw: st.DrawFn, hardware: list[str] = HARDWARE, small: bool =
         choices |= {"weighs_shared_experts": True, "shared_experts": count}
     if draw(st.integers(0, 3)) == 0:
         choices["learned_scale"] = True
+    if _can_carry_replicas(choices) and draw(st.booleans()):
+        choices |= draw(replicas(choices["experts"], choices["axes"]["expert"]))
     return choices | target
+
+
+def _can_carry_replicas(choices: dict) -> bool:
+    """A drawn layer that may have redundant experts (redundant_experts_have_somewhere_to_go)."""
+    return (
+        choices.get("strategy") == "ragged_all_to_all"
+        and choices["axes"].get("expert", 1) > 1
+        and choices.get("ffn_chunks", 1) == 1
+    )
+
+
+@st.composite
+def replicas(draw: st.DrawFn, experts: int, devices: int) -> dict:
+    """Extra slots on every device, each holding another device's expert, with shares that
+    leave every expert's home slot some of its copies."""
+    local = experts // devices
+    extra = draw(st.integers(1, min(2, experts - local)))
+    placement = []
+    for device in range(devices):
+        others = [e for e in range(experts) if e // local != device]
+        held = draw(st.permutations(others))[:extra]
+        units = [draw(st.integers(1, 1024 // (devices + 1))) for _ in held]
+        placement.append(
+            [{"expert": e, "share": u / 1024} for e, u in zip(held, units, strict=True)]
+        )
+    return {"redundant_experts": extra * devices, "placement": placement}
 
 
 def _can_weigh_shared(choices: dict) -> bool:
@@ -281,6 +309,11 @@ MISTAKES = {
     "description_too_long": lambda c: c | {"description": "y" * 501},
     "mxfp8_before_blackwell": lambda c: (
         c | {"kernel": "te", "quantization": "mxfp8", "hardware": "gpu-h100", "topology": 8}
+    ),
+    "replica_on_its_home_device": lambda c: (
+        c
+        | {"strategy": "ragged_all_to_all", "axes": {"expert": 2}, "redundant_experts": 2}
+        | {"placement": [[{"expert": 0, "share": 0.5}], [{"expert": 0, "share": 0.5}]]}
     ),
     "other_strategy": lambda c: c | {"strategy": _first_other(c.get("strategy", ""), STRATEGIES)},
 }
