@@ -72,8 +72,8 @@ def type_text(schema: dict, sections: dict[str, str]) -> str:
     if "$ref" in schema:
         name = schema["$ref"].rsplit("/", 1)[1]
         return f"[{name}](#{anchor(sections[name])})"
-    if "anyOf" in schema:
-        options = [s for s in schema["anyOf"] if s.get("type") != "null"]
+    if "anyOf" in schema or "oneOf" in schema:
+        options = [s for s in schema.get("anyOf", schema.get("oneOf")) if s.get("type") != "null"]
         return " or ".join(type_text(s, sections) for s in options)
     if "const" in schema:
         return f"`{json.dumps(schema['const'])}`"
@@ -87,7 +87,7 @@ def type_text(schema: dict, sections: dict[str, str]) -> str:
         key_text = type_text(keys, sections) if "enum" in keys else "name"
         words = f"map of {key_text} to {type_text(schema['additionalProperties'], sections)}"
     else:
-        words = kind
+        words = kind + (" (a file name)" if "pattern" in schema else "")
     found = bounds(schema)
     if kind == "object" and "maxLength" in schema.get("propertyNames", {}):
         found.append(f"names at most {schema['propertyNames']['maxLength']} characters")
