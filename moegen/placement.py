@@ -1,24 +1,47 @@
-"""Redundant-expert placement from a measured load (issue 30, its first part): read a load
-file, give the heaviest experts extra slots, put the slots on devices, and say what each
-device's rows become.
+"""Redundant-expert placement from a measured load (issue 30): read a load file, choose
+which experts the extra slots of each device hold and what share of their copies they
+take, and say what each device's rows become.
+
+The layer's rules (parallelism.redundant_experts, moegen.plan.replicas): device d of the
+expert axis keeps its home experts d*L .. d*L+L-1 (L = experts / devices), then X extra
+slots. An extra slot holds a replica of an expert whose home is another device (never an
+expert twice on one device) and takes `share` of that expert's copies, in 1024ths (at
+least one); an expert's replicas take at most 1024 together and its home slot keeps the
+rest. Every device splits its own copies of an expert by rank, so the rows a slot receives
+are its share of the expert's load, up to a row per sending device.
+
+`place` keeps the homes and chooses the extra slots by water-filling towards the mean
+(total / devices, the best any placement can reach):
+
+1. while the busiest device is more than one 1024th of its hottest expert over the mean,
+   it gives a replica of one of its home experts to a device with a free slot that may hold
+   it. The receiver: of the devices under the mean, the one with the least room that takes
+   all the donor can ship of that expert (best fit), else the least-loaded one. The share:
+   min(donor's excess, receiver's room, the expert's home share), rounded down to 1024ths
+   of the expert's load, at least one. The expert: the one whose move ships the most rows
+   (ties: the heavier). When every device with room is at or over the mean, the pair is
+   levelled instead (half their difference), so no move makes the busiest device busier.
+   Stop when the busiest device can give to nobody.
+2. the slots still free (the layer needs exactly X per device), least-loaded device
+   first, each take the smallest share, 1/1024, of the expert that leaves the busiest
+   device lowest (relief, when its home is the busiest), else the lightest one it may hold:
+   the fill that moves the fewest rows onto a device.
+
+Why: a step lasts as long as its busiest device, and with the homes fixed the only freedom
+is to ship part of an expert's copies from an over-mean device to an under-mean one, one
+slot per shipment, so slots are what runs out (one per device is the common case). Busiest
+first lowers the peak first. A move that ships the donor's whole excess into the tightest
+room that holds it, or fills the emptiest device to the mean, finishes a device, so few
+slots go to partial moves and the roomy devices stay for the other donors (the least-loaded
+receiver alone, as a plain water-filling would pick, left 1.6x the mean on some Zipf loads
+with one slot per device). Rounding down keeps receivers at or under the mean. A few
+1024ths of each expert stay home while balancing, one for each device that may still fill a
+slot with it, so that every slot can be filled. Deterministic: ties go to the lower index.
 
 The load is `aux.tokens_per_expert` summed over training steps (`accumulate_load` inside a
-jitted step, `save_load` to write it). `place` chooses:
-
-1. replicas: every expert keeps one slot; each extra slot goes, one at a time, to the expert
-   whose copies per replica are highest now (ties: the lower index). This is the greedy
-   apportionment that minimises the largest per-replica load for a given number of slots:
-   each step lowers the current maximum, and no other assignment of the same slots has a
-   lower one. An expert never gets more replicas than there are devices (two on one device
-   would split nothing).
-2. devices: the replicas, heaviest first, each to the device with the least load so far
-   among those with a free slot and without a replica of the same expert (ties: the lower
-   device). Longest-processing-time-first: within 4/3 of the best possible busiest device.
-
-A replica takes an equal share of its expert's copies (the static split the layer will
-use), so a device's expected rows are the sum over its slots of load / replicas.
-Everything read from disk is untrusted input: a bad load file is a `LoadError` naming the
-file and what is wrong, never a traceback.
+jitted step, `save_load` to write it). Everything read from disk is untrusted input: a bad
+load file is a `LoadError` naming the file and what is wrong, never a traceback. This
+module is a runtime library: it imports nothing else from moegen.
 """
 
 from __future__ import annotations
@@ -31,7 +54,11 @@ from pathlib import Path
 from typing import Any
 
 LOAD_FORMAT = "moegen-load-1"
+PLACEMENT_FORMAT = "moegen-placement-2"  # the file moegen.load.placement_file reads
 MAX_LOAD_BYTES = 16 << 20  # a load file is a few numbers per expert
+# The layer splits an expert's copies on a device in 1024ths (moegen.validate.replicas
+# holds the same number; this runtime library imports nothing from moegen).
+SHARE_UNITS = 1024
 
 
 class LoadError(ValueError):
@@ -40,74 +67,228 @@ class LoadError(ValueError):
 
 @dataclass(frozen=True)
 class Placement:
-    """Which experts each device's slots hold, and how many replicas each expert has."""
+    """The extra slots of each device: (expert, share in 1024ths) after its home experts."""
 
-    slots: tuple[tuple[int, ...], ...]  # per device: its experts, in slot order
-    replicas: tuple[int, ...]  # per expert: its slots over all devices
+    experts: int
+    devices: int
+    extra: tuple[tuple[tuple[int, int], ...], ...]
+
+    def home_units(self) -> list[int]:
+        """Each expert's home share in 1024ths: what its replicas leave."""
+        units = [SHARE_UNITS] * self.experts
+        for slots in self.extra:
+            for expert, share in slots:
+                units[expert] -= share
+        return units
 
     def rows(self, load: Sequence[float]) -> list[float]:
-        """Each device's expected rows: its slots' shares of their experts' copies."""
-        return [sum(load[e] / self.replicas[e] for e in device) for device in self.slots]
+        """Each device's expected rows: its home experts' load times their home share and
+        its replicas' load times theirs, in 1024ths as the layer splits them."""
+        home = self.home_units()
+        local = self.experts // self.devices
+        out = []
+        for device, slots in enumerate(self.extra):
+            own = range(device * local, (device + 1) * local)
+            units = sum(load[e] * home[e] for e in own) + sum(load[e] * s for e, s in slots)
+            out.append(units / SHARE_UNITS)
+        return out
 
-    def as_json(self) -> dict[str, Any]:
-        return {"format": "moegen-placement-1", "slots": [list(s) for s in self.slots]}
+    def busiest_over_mean(self, load: Sequence[float]) -> float:
+        """The busiest device's rows over the mean (1.0: perfectly even, or no load)."""
+        mean = sum(load) / self.devices
+        return max(self.rows(load)) / mean if mean > 0 else 1.0
+
+    def as_json(self, source: str) -> dict[str, Any]:
+        """The placement file the spec names (format moegen-placement-2); units / 1024 is
+        exact in binary, so the layer's round(share * 1024) gives the units back."""
+        return {
+            "format": PLACEMENT_FORMAT,
+            "placement": [
+                [{"expert": e, "share": units / SHARE_UNITS} for e, units in slots]
+                for slots in self.extra
+            ],
+            "source": source,
+        }
 
 
 def contiguous(experts: int, devices: int) -> Placement:
     """The layout without extra slots: device d holds experts d*E/D .. (d+1)*E/D - 1."""
-    _check_split(experts, devices)
-    per = experts // devices
-    return Placement(
-        tuple(tuple(range(d * per, (d + 1) * per)) for d in range(devices)), (1,) * experts
-    )
+    _check_request(experts, devices, 0)
+    return Placement(experts, devices, ((),) * devices)
 
 
 def place(load: Sequence[float], devices: int, extra_per_device: int) -> Placement:
-    """`extra_per_device` more slots on each of `devices` devices, placed for `load`."""
-    _check_split(len(load), devices)
+    """`extra_per_device` extra slots on each of `devices` devices, chosen for `load` (one
+    number per expert) by water-filling towards the mean (the module's docstring)."""
+    _check_request(len(load), devices, extra_per_device)
+    for expert, value in enumerate(load):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"load[{expert}] = {value!r}: not a count of copies")
+    layout = _Layout(load, devices, extra_per_device)
+    _balance(layout)
+    _fill(layout)
+    return Placement(len(load), devices, tuple(tuple(slots) for slots in layout.extra))
+
+
+def _check_request(experts: int, devices: int, extra_per_device: int) -> None:
+    if devices < 1 or experts < 1 or experts % devices:
+        raise ValueError(f"{experts} experts do not split over {devices} devices")
     if extra_per_device < 0:
         raise ValueError(f"extra slots per device must be >= 0, got {extra_per_device}")
-    replicas = _replicas(load, devices, devices * extra_per_device)
-    return Placement(_assign(load, replicas, devices), tuple(replicas))
-
-
-def _check_split(experts: int, devices: int) -> None:
-    if devices < 1 or experts % devices:
-        raise ValueError(f"{experts} experts do not split over {devices} devices")
-
-
-def _replicas(load: Sequence[float], devices: int, extra: int) -> list[int]:
-    """One slot per expert, then each extra slot to the heaviest expert per replica."""
-    replicas = [1] * len(load)
-    if extra > len(load) * (devices - 1):
+    elsewhere = experts - experts // devices
+    if extra_per_device and not elsewhere:
+        raise ValueError("one device holds every expert: a replica has nowhere to go")
+    if extra_per_device > elsewhere:
         raise ValueError(
-            f"{extra} extra slots: more than one replica of every expert on every device"
+            f"{extra_per_device} extra slots per device: a device holds each of the "
+            f"{elsewhere} experts that live on other devices once at most"
         )
-    for _ in range(extra):
-        open_experts = [e for e in range(len(load)) if replicas[e] < devices]
-        heaviest = max(open_experts, key=lambda e: (load[e] / replicas[e], -e))
-        replicas[heaviest] += 1
-    return replicas
+    if extra_per_device and devices > SHARE_UNITS + 1:
+        raise ValueError(
+            f"{devices} devices: an expert's replicas take at least 1/{SHARE_UNITS} each, "
+            f"so at most {SHARE_UNITS + 1} devices can share one"
+        )
 
 
-def _assign(
-    load: Sequence[float], replicas: list[int], devices: int
-) -> tuple[tuple[int, ...], ...]:
-    """Replicas heaviest first, each to the least-loaded device that can take it."""
-    per_device = sum(replicas) // devices
-    pieces = sorted(
-        ((load[e] / replicas[e], e) for e in range(len(load)) for _ in range(replicas[e])),
-        key=lambda piece: (-piece[0], piece[1]),
-    )
-    slots: list[list[int]] = [[] for _ in range(devices)]
-    rows = [0.0] * devices
-    for share, expert in pieces:
-        free = [d for d in range(devices) if len(slots[d]) < per_device]
-        apart = [d for d in free if expert not in slots[d]] or free
-        device = min(apart, key=lambda d: (rows[d], d))
-        slots[device].append(expert)
-        rows[device] += share
-    return tuple(tuple(sorted(s)) for s in slots)
+class _Layout:
+    """The placement being built: extra slots so far, home shares, and each device's rows."""
+
+    def __init__(self, load: Sequence[float], devices: int, per_device: int) -> None:
+        self.load, self.devices, self.per_device = load, devices, per_device
+        self.local = len(load) // devices
+        self.home_units = [SHARE_UNITS] * len(load)
+        self.replicas = [0] * len(load)
+        self.extra: list[list[tuple[int, int]]] = [[] for _ in range(devices)]
+        self.held: list[set[int]] = [set() for _ in range(devices)]
+        self.rows = [
+            sum(load[device * self.local : (device + 1) * self.local]) for device in range(devices)
+        ]
+
+    def home(self, expert: int) -> int:
+        return expert // self.local
+
+    def homes(self, device: int) -> range:
+        return range(device * self.local, (device + 1) * self.local)
+
+    def may_hold(self, device: int, expert: int) -> bool:
+        return (
+            len(self.extra[device]) < self.per_device
+            and self.home(expert) != device
+            and expert not in self.held[device]
+        )
+
+    def spare_units(self, expert: int) -> int:
+        """The home share a balancing move may take: it keeps back a 1024th for each other
+        device that may still fill a slot with this expert after this replica."""
+        kept = max(0, self.devices - 2 - self.replicas[expert])
+        return self.home_units[expert] - kept
+
+    def give(self, expert: int, device: int, units: int) -> None:
+        """A replica of `expert` on `device` taking `units` 1024ths from its home slot."""
+        self.home_units[expert] -= units
+        self.replicas[expert] += 1
+        self.extra[device].append((expert, units))
+        self.held[device].add(expert)
+        moved = self.load[expert] * units / SHARE_UNITS
+        self.rows[self.home(expert)] -= moved
+        self.rows[device] += moved
+
+
+def _busiest(layout: _Layout) -> int:
+    return max(range(layout.devices), key=lambda d: (layout.rows[d], -d))
+
+
+def _balance(layout: _Layout) -> None:
+    """Water-filling: the busiest device gives share to a device under the mean, until it is
+    within a 1024th of its hottest expert of the mean or can give to nobody. Every move
+    fills a slot, so this ends."""
+    if not layout.per_device:
+        return
+    mean = sum(layout.load) / layout.devices
+    while True:
+        donor = _busiest(layout)
+        hottest = max(layout.load[e] for e in layout.homes(donor))
+        if layout.rows[donor] - mean <= hottest / SHARE_UNITS:
+            return
+        move = _donation(layout, donor, mean)
+        if move is None:
+            return
+        layout.give(*move)
+
+
+def _donation(layout: _Layout, donor: int, mean: float) -> tuple[int, int, int] | None:
+    """(expert, receiver, units): of the donor's home experts that someone can take, the
+    move that ships the most rows (ties: the heavier expert, then the lower index); None
+    when no move helps."""
+    moves = []
+    for expert in layout.homes(donor):
+        move = _move_of(layout, donor, expert, mean)
+        if move is not None:
+            receiver, units = move
+            weight = layout.load[expert]
+            moves.append((units * weight, weight, -expert, receiver, units))
+    if not moves:
+        return None
+    _, _, negative_expert, receiver, units = max(moves)
+    return -negative_expert, receiver, units
+
+
+def _move_of(layout: _Layout, donor: int, expert: int, mean: float) -> tuple[int, int] | None:
+    """(receiver, units) for a replica of the donor's `expert`, or None. Under the mean:
+    the device with the least room that takes all the donor can ship of this expert (best
+    fit: the roomier devices stay for other donors), else the least-loaded device, filled to
+    the mean. Nobody under the mean: level the pair, never past each other."""
+    rows, spare = layout.rows, layout.spare_units(expert)
+    unit = layout.load[expert] / SHARE_UNITS
+    takers = [d for d in range(layout.devices) if layout.may_hold(d, expert)]
+    if spare < 1 or unit <= 0 or not takers:
+        return None
+    under = [d for d in takers if rows[d] < mean]
+    if under:
+        wanted = min(rows[donor] - mean, spare * unit)
+        fitting = [d for d in under if mean - rows[d] >= wanted]
+        if fitting:
+            receiver = max(fitting, key=lambda d: (rows[d], -d))
+        else:
+            receiver = min(under, key=lambda d: (rows[d], d))
+        amount = min(wanted, mean - rows[receiver])
+        units = max(1, _whole_units(amount, unit, spare))  # down: nobody crosses the mean
+    else:
+        receiver = min(takers, key=lambda d: (rows[d], d))
+        units = _whole_units((rows[donor] - rows[receiver]) / 2, unit, spare)
+        if units < 1:
+            return None
+    return receiver, units
+
+
+def _whole_units(rows: float, unit: float, spare: int) -> int:
+    """`rows` in 1024ths of an expert (`unit` rows each), rounded down, at most `spare`
+    (compared first: a tiny unit would overflow the division)."""
+    return spare if rows >= spare * unit else math.floor(rows / unit)
+
+
+def _fill(layout: _Layout) -> None:
+    """Every slot still free takes 1/1024 of the expert that leaves the busiest device
+    lowest, then the lightest (the fewest rows moved); the least-loaded device first."""
+    while True:
+        open_devices = [
+            d for d in range(layout.devices) if len(layout.extra[d]) < layout.per_device
+        ]
+        if not open_devices:
+            return
+        device = min(open_devices, key=lambda d: (layout.rows[d], d))
+        candidates = [e for e in range(len(layout.load)) if layout.may_hold(device, e)]
+        # The reserve of `spare_units` leaves every candidate a 1024th at home.
+        expert = min(candidates, key=lambda e: (_peak_after(layout, e, device), layout.load[e], e))
+        layout.give(expert, device, 1)
+
+
+def _peak_after(layout: _Layout, expert: int, device: int) -> float:
+    """The busiest device's rows if `device` took 1/1024 of `expert`."""
+    moved = layout.load[expert] / SHARE_UNITS
+    home = layout.home(expert)
+    changed = {device: layout.rows[device] + moved, home: layout.rows[home] - moved}
+    return max(changed.get(d, rows) for d, rows in enumerate(layout.rows))
 
 
 def read_load(path: Path, experts: int) -> list[float]:
