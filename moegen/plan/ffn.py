@@ -185,9 +185,9 @@ def layouts(
             calls=experts.ffn_calls,
             all_reduced=not whole_gather
             and any(spec.mesh.axes.get(axis, 1) > 1 for axis in ("data", "sequence")),
-            replica_bytes=spec.parallelism.redundant_experts
-            // experts.shards
-            * expert_bytes(params, spec.mesh.axes.get("fsdp", 1)),
+            replica_bytes=(extra := spec.parallelism.redundant_experts // experts.shards)
+            * (one_expert := expert_bytes(params, spec.mesh.axes.get("fsdp", 1))),
+            slot_weight_bytes=(experts.local_experts + extra) * one_expert if extra else 0,
         )
         memory = memory_plan(
             cost,
