@@ -24,6 +24,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SPEC_DIR = REPO_ROOT / "specs"
 GENERATED_DIR = REPO_ROOT / "generated"
 EXAMPLE_SPECS = sorted(SPEC_DIR.glob("*.yaml"))
+# placement files that example specs name (parallelism.placement); they travel with the specs
+EXAMPLE_PLACEMENTS = sorted(SPEC_DIR.glob("*.placement.json"))
 EXAMPLE_NAMES = [path.stem for path in EXAMPLE_SPECS]
 
 
@@ -79,7 +81,7 @@ def copy_project(dest: Path) -> Path:
     """specs/ (specs and schema) and generated/ of the repository, copied under `dest`."""
     (dest / "specs").mkdir(parents=True, exist_ok=True)
     (dest / "generated").mkdir(parents=True, exist_ok=True)
-    for path in [*EXAMPLE_SPECS, SPEC_DIR / "moegen.schema.json"]:
+    for path in [*EXAMPLE_SPECS, *EXAMPLE_PLACEMENTS, SPEC_DIR / "moegen.schema.json"]:
         shutil.copyfile(path, dest / "specs" / path.name)
     for path in sorted(GENERATED_DIR.glob("*.py")):
         shutil.copyfile(path, dest / "generated" / path.name)

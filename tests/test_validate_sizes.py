@@ -294,7 +294,7 @@ def test_axis_with_many_divisors_lists_those_nearest_the_slices_written() -> Non
 
 def test_every_example_expert_count_is_within_the_limit() -> None:
     for path in sorted((REPO_ROOT / "specs").glob("*.yaml")):
-        loaded = load_spec_bytes(path.read_bytes(), path.name, path.stem)
+        loaded = load_spec_bytes(path.read_bytes(), path.name, path.stem, path.parent)
         assert loaded.spec.layer.num_experts <= MAX_EXPERTS, path.name
 
 
