@@ -110,6 +110,19 @@ class Layer(_Section):
     ffn_bias: bool = Field(
         False, description="Add a per-expert bias after each projection of the routed experts."
     )
+    latent_dim: Size | None = Field(
+        None,
+        description="The routed experts run in this latent width L instead of embed_dim: "
+        "each token is projected down (latent_in [embed_dim, L]) before it is routed, and "
+        "its experts' combined output back up (latent_out [L, embed_dim]); the router and "
+        "the shared expert see the full width (Nemotron-H's moe_latent_size). Omit: the "
+        "experts run on the tokens as they are.",
+    )
+    latent_bias: bool = Field(
+        False,
+        description="latent_dim only: add a bias after each latent projection (Nemotron-H "
+        "with mlp_bias).",
+    )
     shared_ffn_dim: Size | None = Field(
         None,
         description="Hidden width of the always-on shared expert beside the routed ones "
@@ -138,6 +151,11 @@ class Layer(_Section):
         "experts of equal width, each weighed by the router on its own (Inkling: "
         "n_shared_experts).",
     )
+
+    @property
+    def routed_dim(self) -> int:
+        """The width the routed experts see: latent_dim, else embed_dim."""
+        return self.latent_dim or self.embed_dim
 
     @property
     def glu_params(self) -> Glu | None:

@@ -27,6 +27,8 @@ class Case:
     zero_router_columns: tuple[int, ...] = ()  # experts whose logits are exactly 0 (ties)
     repeat_tokens: bool = False  # every odd token repeats the one before it (ties)
     drops: bool | None = None  # capacity really drops something (True) or nothing (False)
+    latent: int = 0  # the experts' latent width (Nemotron-H); 0 = they run on embed_dim
+    latent_biases: bool = False  # a bias after each latent projection
 
 
 # Few shapes, so that op-by-op dispatch compiles each operation once for many cases.
@@ -54,15 +56,22 @@ def make_params(case: Case, seed: int) -> tuple[dict[str, np.ndarray], np.ndarra
     if case.routing_bias:
         params["routing_bias"] = normal(0.3, (experts,))
     gated = case.cfg.activation in GATED
+    routed = case.latent or embed  # the width the experts run in
+    if case.latent:
+        params["latent_in"] = normal(embed**-0.5, (embed, routed))
+        params["latent_out"] = normal(routed**-0.5, (routed, embed))
+        if case.latent_biases:
+            params["latent_in_bias"] = normal(0.2, (routed,))
+            params["latent_out_bias"] = normal(0.2, (embed,))
     if gated:
-        params["w_gate"] = normal(embed**-0.5, (experts, embed, ffn))
-    params["w_up"] = normal(embed**-0.5, (experts, embed, ffn))
-    params["w_down"] = normal(ffn**-0.5, (experts, ffn, embed))
+        params["w_gate"] = normal(routed**-0.5, (experts, routed, ffn))
+    params["w_up"] = normal(routed**-0.5, (experts, routed, ffn))
+    params["w_down"] = normal(ffn**-0.5, (experts, ffn, routed))
     if case.ffn_biases:
         if gated:
             params["b_gate"] = normal(0.2, (experts, ffn))
         params["b_up"] = normal(0.2, (experts, ffn))
-        params["b_down"] = normal(0.2, (experts, embed))
+        params["b_down"] = normal(0.2, (experts, routed))
     if case.shared:
         if gated:
             params["shared_gate"] = normal(embed**-0.5, (embed, case.shared))

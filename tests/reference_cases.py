@@ -174,6 +174,22 @@ CASES = {
         routing_bias=True,
         shared=6,
     ),
+    # Nemotron-H with moe_latent_size and mlp_bias: the experts in a latent width, biases
+    "nemotron_h_latent": Case(
+        S8,
+        C(
+            top_k=2,
+            score="sigmoid",
+            renormalize=True,
+            routed_scaling=2.5,
+            activation="relu2",
+            z_loss_weight=0.01,
+        ),
+        routing_bias=True,
+        shared=6,
+        latent=5,
+        latent_biases=True,
+    ),
     # ERNIE 4.5 with use_bias: the shared experts' projections have biases
     "ernie_shared_biases": Case(
         S8,
@@ -351,6 +367,7 @@ GRADIENT_CASES = [
     "relu_biases_shared",
     "sqrtsoftplus",
     "nemotron_h_relu2",
+    "nemotron_h_latent",
     "step3p7_clamp_after_shared_limit",
     "lfm2_epsilon",
     "kolibri1_bias_on_logits",

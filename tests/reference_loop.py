@@ -154,6 +154,13 @@ def slow_shared(token: np.ndarray, p: dict[str, np.ndarray], cfg: ReferenceConfi
     return out
 
 
+def slow_latent(token: np.ndarray, p: dict[str, np.ndarray], way: str) -> np.ndarray:
+    """One token (or one token's expert output) through latent_in or latent_out, and its
+    bias where there is one."""
+    out = token @ p[f"latent_{way}"]
+    return out + p[f"latent_{way}_bias"] if f"latent_{way}_bias" in p else out
+
+
 def slow_rms_norm(token: np.ndarray, eps: float) -> np.ndarray:
     return token / math.sqrt(sum(v * v for v in token) / len(token) + eps)
 
@@ -194,18 +201,23 @@ def slow_moe(params: dict[str, np.ndarray], x: np.ndarray, cfg: ReferenceConfig)
                     mine.sort(key=lambda c: (-c[3], c[0], c[1]))
                 kept -= set(mine[cfg.capacity :])
 
-    y = np.zeros((num_tokens, embed))
+    # Nemotron-H: the experts run in a latent width, between two projections of the token
+    latent = "latent_in" in p
+    routed = [slow_latent(token, p, "in") for token in tokens] if latent else tokens
+    y = np.zeros((num_tokens, p["w_up"].shape[1]))
     counts = np.zeros(experts, np.int64)
     dropped = np.zeros(experts, np.int64)
     for t, k, e, w in copies:
         counts[e] += 1
         if (t, k, e, w) in kept:
             if cfg.weights_on_input:
-                y[t] += slow_expert(w * tokens[t], p, e, cfg)
+                y[t] += slow_expert(w * routed[t], p, e, cfg)
             else:
-                y[t] += w * slow_expert(tokens[t], p, e, cfg)
+                y[t] += w * slow_expert(routed[t], p, e, cfg)
         else:
             dropped[e] += 1
+    if latent:
+        y = np.array([slow_latent(row, p, "out") for row in y])
     if "shared_up" in p:
         for t in range(num_tokens):
             y[t] += slow_shared(tokens[t], p, cfg)

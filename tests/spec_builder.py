@@ -44,6 +44,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "shared_ffn": ("layer", "shared_ffn_dim"),
     "shared_expert_gate": ("layer", "shared_expert_gate"),
     "shared_ffn_bias": ("layer", "shared_ffn_bias"),
+    "latent": ("layer", "latent_dim"),
+    "latent_bias": ("layer", "latent_bias"),
     "top_k": ("router", "top_k"),
     "score": ("router", "score"),
     "score_after_top_k": ("router", "score_after_top_k"),

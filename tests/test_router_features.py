@@ -14,6 +14,7 @@ import pytest
 import yaml
 from conftest import assert_twin_parity
 from identity_expert_cases import IDENTITY_CASES
+from latent_cases import LATENT_CASES
 from replica_cases import REPLICA_CASES
 from router_feature_cases import BASE, CASES
 from shared_weighting_cases import SHARED_WEIGHTING_CASES
@@ -34,6 +35,7 @@ FEATURE_CODE = {
     "_router_z_loss": lambda r, layer: r.get("z_loss", 0) > 0,
     "_row_experts": lambda r, layer: layer.get("ffn_bias", False),
     '"w_gate"': lambda r, layer: layer.get("activation", "swiglu") in ("swiglu", "geglu"),
+    "_latent_in": lambda r, layer: "latent_dim" in layer,
 }
 
 
@@ -44,7 +46,13 @@ def _spec(overrides: dict) -> dict:
     return spec
 
 
-ALL_CASES = {**CASES, **IDENTITY_CASES, **SHARED_WEIGHTING_CASES, **REPLICA_CASES}
+ALL_CASES = {
+    **CASES,
+    **IDENTITY_CASES,
+    **SHARED_WEIGHTING_CASES,
+    **REPLICA_CASES,
+    **LATENT_CASES,
+}
 
 
 @pytest.mark.parametrize("name", sorted(ALL_CASES))

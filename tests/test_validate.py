@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from test_validate_activation import CASES as ACTIVATION_CASES
 from test_validate_group_limit import CASES as GROUP_LIMIT_CASES
+from test_validate_latent import CASES as LATENT_CASES
 from test_validate_mesh import CASES as MESH_CASES
 from test_validate_mesh_roles import CASES as MESH_ROLE_CASES
 from test_validate_overlap import CASES as OVERLAP_CASES
@@ -41,6 +42,7 @@ CASES = {
     **SHAPE_VARIANT_CASES,
     **SHARED_WEIGHTING_CASES,
     **REPLICA_CASES,
+    **LATENT_CASES,
 }
 
 

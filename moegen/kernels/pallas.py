@@ -150,7 +150,7 @@ def pallas_tiles(loaded: LoadedSpec, request: TileRequest) -> tuple[Tile, Tile]:
     down = (
         Tile(*pinned.down)
         if pinned and pinned.down
-        else choose(request.down_contraction, spec.layer.embed_dim, out_dtype=down_out)
+        else choose(request.down_contraction, spec.layer.routed_dim, out_dtype=down_out)
     )
     return gate_up, down
 

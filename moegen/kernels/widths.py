@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from moegen.diagnostics import Diagnostic
 from moegen.load import LoadedSpec
+from moegen.spec import Spec
 
 
 def _local_width_note(tensor: int, chunks: int) -> str:
@@ -13,13 +14,20 @@ def _local_width_note(tensor: int, chunks: int) -> str:
     return note + (f" / {chunks} slices" if chunks > 1 else "")
 
 
+def _routed_width(spec: Spec) -> tuple[tuple[str, ...], str, int]:
+    """(path, name, width) of the width the experts' matmuls contract and produce."""
+    if spec.layer.latent_dim:
+        return ("layer", "latent_dim"), "latent_dim", spec.layer.latent_dim
+    return ("layer", "embed_dim"), "embed_dim", spec.layer.embed_dim
+
+
 def widths_multiple_of(loaded: LoadedSpec, multiple: int, need: str) -> list[Diagnostic]:
     """embed_dim and the FFN width one grouped matmul sees, each a multiple of `multiple`."""
     spec = loaded.spec
     chunks = spec.memory.ffn_chunks or 1
     out = []
     for path, name, width in (
-        (("layer", "embed_dim"), "embed_dim", spec.layer.embed_dim),
+        _routed_width(spec),
         (("layer", "ffn_dim"), "ffn_dim" + _local_width_note(spec.tensor_shards, chunks),
          spec.layer.ffn_dim // spec.tensor_shards // chunks),
     ):  # fmt: skip

@@ -55,14 +55,18 @@ def cost_plan(
     fsdp: int,
     gated: bool,
     shared_ffn_dim: int,
+    latent_dim: int = 0,
 ) -> CostPlan:
     router_flops = 2 * local_tokens * embed_dim * num_experts
-    # (gate,) up, down matmuls; with experts sharded, the group's rows average out per device
+    # (gate,) up, down matmuls; with experts sharded, the group's rows average out per device;
+    # where the experts run in a latent width, the projections into it and back count here
     matmuls = 3 if gated else 2
-    expert_flops = 2 * matmuls * routed_rows * embed_dim * ffn_dim
+    routed_dim = latent_dim or embed_dim
+    latent_flops = 2 * 2 * local_tokens * embed_dim * latent_dim
+    expert_flops = 2 * matmuls * routed_rows * routed_dim * ffn_dim + latent_flops
     shared_flops = 2 * matmuls * local_tokens * embed_dim * shared_ffn_dim
-    # the row and its output [D] each; gate, up and hidden (or up and hidden) [F]
-    row_bytes = (2 * embed_dim + matmuls * ffn_dim) * compute_bytes
+    # the row and its output [D] (or [L]) each; gate, up and hidden (or up and hidden) [F]
+    row_bytes = (2 * routed_dim + matmuls * ffn_dim) * compute_bytes
     # Each device gathers the fsdp shards of its own parameters (its experts only).
     gathered = sum(
         math.prod(p.local_shape)
@@ -87,6 +91,7 @@ def cost_plan(
         routed_buffer_bytes=routed_rows * row_bytes,
         routed_row_bytes=row_bytes,
         shared_activation_bytes=local_tokens * matmuls * shared_ffn_dim * compute_bytes,
-        activation_bytes=2 * local_tokens * embed_dim * compute_bytes,
+        # x and y, and their latent projections
+        activation_bytes=2 * local_tokens * (embed_dim + latent_dim) * compute_bytes,
         gather_bytes_received=gather_traffic,
     )

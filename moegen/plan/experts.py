@@ -39,6 +39,7 @@ class ExpertPlan:
     # groups of a device's grouped matmul: its experts, and its redundant slots after them
     local_slots: int = 0
     slots_name: str = "LOCAL_EXPERTS"  # the module constant of local_slots
+    width_name: str = "EMBED_DIM"  # the module constant of the width the experts run in
     # parallelism.redundant_experts: the replicas' slots, split and weight rounds (none: empty)
     replicas: ReplicaPlan = ReplicaPlan()
 
@@ -107,7 +108,7 @@ def expert_plan(
         capacity=capacity,
     )
     ffn_rows, calls = chosen.rows(rows)
-    embed = spec.layer.embed_dim
+    embed = spec.layer.routed_dim
     return ExpertPlan(
         strategy=chosen.name,
         axis="expert" if shards > 1 or chosen.shards_experts else None,
@@ -134,6 +135,7 @@ def expert_plan(
         rows_name="CHUNK_ROWS" if token_chunks > 1 else "ROUTED_ROWS",
         local_slots=local_slots,
         slots_name="LOCAL_SLOTS" if local_slots > local_experts else "LOCAL_EXPERTS",
+        width_name="LATENT_DIM" if spec.layer.latent_dim else "EMBED_DIM",
     )
 
 
@@ -146,7 +148,7 @@ def _communication(
     request = TrafficRequest(
         local_tokens=local_tokens,
         top_k=spec.router.top_k,
-        embed_dim=spec.layer.embed_dim,
+        embed_dim=spec.layer.routed_dim,
         shards=shards,
         compute_bytes=DTYPE_BYTES[spec.dtypes.compute],
     )

@@ -61,6 +61,8 @@ class FfnPlan:
     shared_bias: bool  # a bias after each projection of the shared expert
     input_norm_eps: float | None  # the experts run on rms_norm(x) * expert_input_norm
     gelu_tanh: bool  # gelu / geglu use GELU's tanh approximation
+    latent: int  # the routed experts' latent width (0: they run on embed_dim)
+    latent_bias: bool  # a bias after each latent projection
     # down biases kept on tensor shard 0 only (the shards' outputs are summed)
     down_biases_once: tuple[str, ...]
     layout: str  # "whole" | "sliced" (chunks > 1) | "ring_overlapped" (overlap_chunks > 1)
@@ -156,13 +158,13 @@ def layouts(
         # FFN slices and token chunks, alone or together, run (gate and) up once more in the
         # backward pass
         recompute = (
-            2 * (matmuls - 1) * kernel_rows * experts.token_chunks * layer.embed_dim * ffn_dim
+            2 * (matmuls - 1) * kernel_rows * experts.token_chunks * layer.routed_dim * ffn_dim
         )
         recomputes = chunks > 1 or experts.token_chunks > 1
         cost = replace(base_cost, recompute_flops=recompute if recomputes else 0)
         buffers = FfnBuffers(
             rows=kernel_rows,
-            embed_dim=layer.embed_dim,
+            embed_dim=layer.routed_dim,
             width=ffn_dim // chunks,
             chunks=chunks,
             matmuls=matmuls,
@@ -220,7 +222,7 @@ def _kept_output_bytes(experts: ExpertPlan, rows: int, spec: Spec, compute_bytes
         return 0
     gathers = strategy(experts.strategy).gathers_group
     kept_rows = rows if gathers else experts.call_tokens * spec.router.top_k
-    return experts.token_chunks * kept_rows * spec.layer.embed_dim * compute_bytes
+    return experts.token_chunks * kept_rows * spec.layer.routed_dim * compute_bytes
 
 
 def ffn_plan(
@@ -248,6 +250,8 @@ def ffn_plan(
         shared_bias=layer.shared_ffn_bias,
         input_norm_eps=layer.expert_input_norm_eps,
         gelu_tanh=layer.gelu_approximation == "tanh",
+        latent=layer.latent_dim or 0,
+        latent_bias=layer.latent_bias,
         down_biases_once=_down_biases_once(spec),
         layout=_layout_name(experts, chunks),
         chunks=chunks,
@@ -282,8 +286,12 @@ def _down_biases_once(spec: Spec) -> tuple[str, ...]:
     shares are summed: a down bias is added on one shard only."""
     if "tensor" not in spec.mesh.axes:
         return ()
-    routed = ("b_down",) if spec.layer.ffn_bias else ()
-    return routed + (("shared_b_down",) if spec.layer.shared_ffn_bias else ())
+    layer = spec.layer
+    return (
+        (("b_down",) if layer.ffn_bias else ())
+        + (("shared_b_down",) if layer.shared_ffn_bias else ())
+        + (("latent_out_bias",) if layer.latent_bias else ())
+    )
 
 
 def _layout_name(experts: ExpertPlan, chunks: int) -> str:

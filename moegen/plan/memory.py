@@ -47,7 +47,7 @@ class FfnBuffers:
     """What sizes the routed FFN's buffers on one device."""
 
     rows: int  # rows of the grouped-matmul calls, padding and ring steps included
-    embed_dim: int
+    embed_dim: int  # the rows' width: embed_dim, or the experts' latent width
     width: int  # FFN columns computed at once: FFN_DIM, or one slice of it
     chunks: int  # FFN slices run one at a time (1: whole)
     matmuls: int  # 3 gated (gate, up, down), 2 plain
@@ -100,12 +100,13 @@ def memory_plan(
     hbm: int,
 ) -> MemoryPlan:
     """What one device holds at the peak of the forward pass and of forward+backward."""
-    x = local_tokens * ffn.embed_dim * compute_bytes
     router = local_tokens * num_experts * 4 * 3  # logits, scores, their gradient (float32)
+    x = cost.activation_bytes // 2  # the input (and its latent projection, where there is one)
     fixed = {
         "parameters (stored shards)": cost.param_bytes,
         "parameter gradients (stored shards)": cost.param_bytes,
-        "layer input and its gradient": 2 * x,
+        # and, where the experts run in a latent width, the tokens projected into it
+        "layer input and its gradient": cost.activation_bytes,
         "router logits, scores and their gradients": router,
     }
     if ffn.chunks == 1:

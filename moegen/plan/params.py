@@ -60,6 +60,8 @@ class LayerShape:
     zero_computation: int = 0  # router columns past the experts (identity and zero experts)
     weighed_shared: int = 0  # router columns past those, weighing the shared experts
     router_scale: bool = False  # a learned scalar [1] times every combine weight
+    latent: int = 0  # the routed experts' latent width (0: they run on embed_dim)
+    latent_bias: bool = False  # a bias after each latent projection
 
 
 def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
@@ -87,12 +89,16 @@ def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
         out.append(("per_expert_scale", (e,), (E,), None, ROUTER_DTYPE, ONES))
     if layer.expert_input_norm:
         out.append(("expert_input_norm", (d,), (D,), None, ROUTER_DTYPE, ONES))
+    if layer.latent:
+        out += _latent_layouts(layer, dt)
+    # The routed experts' width: the latent one where the tokens are projected into it.
+    r, R = ("LATENT_DIM", layer.latent) if layer.latent else (d, D)
     projections = ["gate", "up"] if layer.gated else ["up"]
-    out += [(f"w_{p}", (e, d, f), (E, D, F), 1, dt, D) for p in projections]
-    out.append(("w_down", (e, f, d), (E, F, D), 2, dt, F))
+    out += [(f"w_{p}", (e, r, f), (E, R, F), 1, dt, R) for p in projections]
+    out.append(("w_down", (e, f, r), (E, F, R), 2, dt, F))
     if layer.ffn_bias:
         out += [(f"b_{p}", (e, f), (E, F), None, dt, 0) for p in projections]
-        out.append(("b_down", (e, d), (E, D), 1, dt, 0))
+        out.append(("b_down", (e, r), (E, R), 1, dt, 0))
     if layer.shared_ffn:
         S = layer.shared_ffn
         out += [(f"shared_{p}", (d, s), (D, S), 0, dt, D) for p in projections]
@@ -104,6 +110,21 @@ def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
         if layer.shared_expert_gate:
             # Replicated: a [D] vector is not worth an fsdp gather.
             out.append(("shared_expert_gate", (d,), (D,), None, ROUTER_DTYPE, D))
+    return out
+
+
+def _latent_layouts(layer: LayerShape, dt: str) -> list[tuple]:
+    """The projections into the experts' latent width and back: [D, L] and [L, D], each
+    sharded over fsdp along embed_dim; their biases replicated (the output one like the
+    output it is added to, on one tensor shard only)."""
+    d, D, L = "EMBED_DIM", layer.embed, layer.latent
+    out: list[tuple] = [
+        ("latent_in", (d, "LATENT_DIM"), (D, L), 0, dt, D),
+        ("latent_out", ("LATENT_DIM", d), (L, D), 1, dt, L),
+    ]
+    if layer.latent_bias:
+        out.append(("latent_in_bias", ("LATENT_DIM",), (L,), None, dt, 0))
+        out.append(("latent_out_bias", (d,), (D,), None, dt, 0))
     return out
 
 
@@ -120,7 +141,8 @@ def param_plans(
     """Router [D, E] (and its biases [E]); routed experts' weights [E, ...] and biases; the
     shared expert's weights.
 
-    fsdp shards every embed_dim (gathered inside the layer); the expert axis shards the
+    fsdp shards every embed_dim, and the experts' latent width (gathered inside the layer);
+    the expert axis shards the
     experts of the routed experts' weights and biases (never gathered: each device runs its
     own experts); the tensor axis shards the FFN width of the routed and the shared experts
     (never gathered: each device computes its columns' share of the output). The router, its

@@ -77,6 +77,7 @@ def roofline(
     network: NetworkPlan,
     overlap_chunks: int,
     recompute_flops: int = 0,
+    latent_dim: int = 0,
 ) -> Roofline:
     per_chip = max(chip.devices_per_chip, 1)
     peak = chip.peak_bf16_flops_per_chip / per_chip
@@ -84,10 +85,12 @@ def roofline(
     ici_bw = chip.ici_bytes_per_s_per_chip / 2 / per_chip  # datasheet figures are bidirectional
     dcn_bw = DCN_BYTES_PER_S_PER_CHIP / per_chip if chip.platform == "tpu" else 0.0
     matmuls = 3 if gated else 2
-    router = 2 * local_tokens * embed_dim * num_experts
-    routed = 2 * matmuls * routed_rows * embed_dim * ffn_dim
+    # the router, and the projections into the experts' latent width and back where they run
+    router = 2 * local_tokens * embed_dim * (num_experts + 2 * latent_dim)
+    routed_dim = latent_dim or embed_dim
+    routed = 2 * matmuls * routed_rows * routed_dim * ffn_dim
     shared = 2 * matmuls * local_tokens * embed_dim * shared_ffn_dim
-    kernel = 2 * matmuls * kernel_rows * embed_dim * ffn_dim
+    kernel = 2 * matmuls * kernel_rows * routed_dim * ffn_dim
     forward_transfers = [t for t in network.transfers if _in_forward(t.name)]
     passes = []
     for name, scale, transfers in (

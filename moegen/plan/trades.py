@@ -93,6 +93,7 @@ def shape_basis(loaded: LoadedSpec, interpret: bool, whole_forward: bool | None)
         fsdp=spec.mesh.axes.get("fsdp", 1),
         gated=layer.activation in GATED_ACTIVATIONS,
         shared_ffn_dim=local_shared_ffn,
+        latent_dim=layer.latent_dim or 0,
     )
     batch_shards = axes_product(dict(spec.mesh.axes), spec.batch_axes)
     return ShapeBasis(
@@ -168,6 +169,7 @@ def _roofline(
         network=network,
         overlap_chunks=experts.overlap_chunks,
         recompute_flops=chosen.cost.recompute_flops,
+        latent_dim=spec.layer.latent_dim or 0,
     )
 
 
@@ -194,6 +196,8 @@ def _param_plans(loaded: LoadedSpec, experts: ExpertPlan) -> tuple[ParamPlan, ..
             zero_computation=spec.router.identity_experts + spec.router.zero_experts,
             weighed_shared=layer.shared_experts if spec.router.weighs_shared_experts else 0,
             router_scale=spec.router.learned_scale,
+            latent=layer.latent_dim or 0,
+            latent_bias=layer.latent_bias,
         ),
         "fsdp" if "fsdp" in axes else None,
         axes.get("fsdp", 1),

@@ -23,7 +23,7 @@ def indices_fit_int32(loaded: LoadedSpec) -> list[Diagnostic]:
     spec = loaded.spec
     shards = axes_product(spec.mesh.axes, known_batch_axes(loaded))
     local_rows = spec.shapes.batch // max(shards, 1) * spec.shapes.seq_len * spec.router.top_k
-    width = max(spec.layer.embed_dim, spec.layer.ffn_dim)
+    width = max(spec.layer.embed_dim, spec.layer.routed_dim, spec.layer.ffn_dim)
     global_rows = spec.shapes.batch * spec.shapes.seq_len * spec.router.top_k
     out = []
     if local_rows * width >= INT32_LIMIT:
@@ -64,9 +64,10 @@ MAX_TENSOR_ELEMENTS = 2**40
 
 
 def parameters_reasonably_sized(loaded: LoadedSpec) -> list[Diagnostic]:
-    """An expert weight [num_experts, embed_dim, ffn_dim] must stay addressable."""
+    """An expert weight [num_experts, embed_dim (or latent_dim), ffn_dim] must stay
+    addressable."""
     layer = loaded.spec.layer
-    elements = layer.num_experts * layer.embed_dim * layer.ffn_dim
+    elements = layer.num_experts * layer.routed_dim * layer.ffn_dim
     if elements < MAX_TENSOR_ELEMENTS:
         return []
     return [

@@ -155,7 +155,9 @@ def overlap_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
                 f"experts: {spec.parallelism.experts} has none to overlap; set 1",
             )
         ]
-    embed = spec.layer.embed_dim
+    # the chunks split the width the tokens travel in: the experts' latent width, if any
+    embed = spec.layer.routed_dim
+    width = "latent_dim" if spec.layer.latent_dim else "embed_dim"
     # a kernel whose chunk is a contraction block holds chunks to its block width
     lanes = kernel(spec.target.kernel).width_multiple
 
@@ -171,7 +173,7 @@ def overlap_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
         else "set 1 (no overlap)"
     )
     if embed % chunks:
-        problem = f"embed_dim {embed} does not split into {chunks} equal chunks"
+        problem = f"{width} {embed} does not split into {chunks} equal chunks"
     else:
         problem = (
             f"chunks of {embed // chunks} columns are not whole {lanes}-lane tiles "

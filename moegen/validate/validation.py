@@ -18,6 +18,7 @@ from moegen.validate.bounds import (
     indices_fit_int32,
     parameters_reasonably_sized,
 )
+from moegen.validate.latent import LATENT_RULES
 from moegen.validate.memory import MEMORY_RULES
 from moegen.validate.mesh_roles import MESH_ROLE_RULES
 from moegen.validate.replicas import REPLICA_RULES
@@ -62,6 +63,7 @@ SHAPE_RULES: tuple[Rule, ...] = (
     *SHARED_WEIGHTING_RULES,
     *REPLICA_RULES,
     *ACTIVATION_RULES,
+    *LATENT_RULES,
     *SLICE_RULES,
     *MEMORY_RULES,
     *KERNEL_RULES,  # each kernel's own, from the registry

@@ -19,7 +19,10 @@ Features follow from `ReferenceConfig` and from which keys `params` holds:
   shared_b_gate [S] (gated only), shared_b_up [S], shared_b_down [D]: its biases, all or none;
 - router_input_scale [D], per_expert_scale [E], expert_input_norm [D]: Gemma 4's router input
   norm weight, per-expert weight scales and expert input norm weight (each optional; the norms
-  come with their epsilons in the config).
+  come with their epsilons in the config);
+- latent_in [D, L], latent_out [L, D] (optional, together): the routed experts run in width L
+  (their weights [E, L, F] and [E, F, L]): each token is projected down before its experts,
+  their weighted sum back up; latent_in_bias [L], latent_out_bias [D]: their biases (optional).
 """
 
 from __future__ import annotations
@@ -295,11 +298,12 @@ def dense_moe(
     weights, kept = weights[:, :experts], r.kept[:, :experts]
     if cfg.expert_norm_eps is not None:  # the experts run on the normalised tokens
         tokens = _rms_norm(tokens, cfg.expert_norm_eps) * p["expert_input_norm"][None]
+    routed = _latent(tokens, p, "in")
     # Weighting the input scales x before the bias of each projection: w * (x @ W) + b.
     input_scale = weights[:, :, None] if cfg.weights_on_input else 1.0
 
     def projection(name: str) -> jax.Array:
-        value = _einsum("td,edf->tef", tokens, p[f"w_{name}"]) * input_scale
+        value = _einsum("td,edf->tef", routed, p[f"w_{name}"]) * input_scale
         return value + p[f"b_{name}"][None] if biased else value
 
     hidden = _hidden(cfg, projection("gate") if gated else None, projection("up"))
@@ -307,7 +311,7 @@ def dense_moe(
     if biased:
         out = out + p["b_down"][None]
     combine = jnp.where(kept, 1.0, 0.0) if cfg.weights_on_input else weights
-    y = _einsum("txd,tx->td", out, combine) + identity
+    y = _latent(_einsum("txd,tx->td", out, combine), p, "out") + identity
 
     if "shared_up" in p:
         y = y + _shared_expert(cfg, tokens, p, gated, r.shared)
@@ -323,6 +327,16 @@ def dense_moe(
 
     aux = ReferenceAux(counts, dropped, load_balance.astype(jnp.float32), z_loss)
     return y.reshape(batch, seq, embed), aux
+
+
+def _latent(values: jax.Array, p: dict[str, jax.Array], way: str) -> jax.Array:
+    """`values` through latent_in or latent_out ("in", "out") and its bias, where the params
+    have them; unchanged where they have none."""
+    if "latent_in" not in p:
+        return values
+    projected = _einsum("td,dl->tl", values, p[f"latent_{way}"])
+    bias = p.get(f"latent_{way}_bias")
+    return projected if bias is None else projected + bias[None]
 
 
 def _shared_expert(

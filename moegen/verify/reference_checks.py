@@ -76,6 +76,8 @@ def _check_parameter_set(cfg: ReferenceConfig, params: dict) -> None:
         {"per_expert_scale"},
         {"router_scale"},
         {"expert_input_norm"},
+        {"latent_in", "latent_out"},
+        {"latent_in_bias", "latent_out_bias"},
     ]
     keys = set(params)
     if not expected <= keys:
@@ -89,9 +91,13 @@ def _check_parameter_set(cfg: ReferenceConfig, params: dict) -> None:
     ):
         if (name in keys) != (eps is not None):
             raise ValueError(f"params[{name!r}] and its epsilon come together or not at all")
-    for extra in ("shared_expert_gate", "shared_b_up"):
-        if extra in keys and "shared_up" not in keys:
-            raise ValueError(f"{extra} needs a shared expert")
+    for extra, needs in (
+        ("shared_expert_gate", "shared_up"),
+        ("shared_b_up", "shared_up"),
+        ("latent_in_bias", "latent_in"),
+    ):
+        if extra in keys and needs not in keys:
+            raise ValueError(f"{extra} needs {needs}")
     unknown = keys - expected - set().union(*optional) - {"shared_expert_gate"}
     if unknown:
         raise ValueError(f"unexpected parameters for {cfg.activation}: {sorted(unknown)}")

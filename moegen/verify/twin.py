@@ -32,6 +32,7 @@ TWIN_SEQ_LEN = 5  # per sequence shard; 10 tokens per device: routed rows 10*top
 TWIN_MIN_EMBED = 16
 TWIN_FFN = 24  # differs from embed so that a transposed weight cannot go unnoticed
 TWIN_SHARED_FFN = 20  # differs from both, for the same reason
+TWIN_LATENT = 12  # the experts' latent width, where they have one: differs from the others
 # float32 twin: the issue's bar. Low-precision twins compare bf16 compute to a float32
 # reference, so they only catch gross errors (a wrong path, not rounding). Measured on drawn
 # cpu specs in bfloat16 compute (the worst relative error of any output or gradient, the
@@ -131,17 +132,26 @@ def twin_seq_len(token_chunks: int) -> int:
     return TWIN_SEQ_LEN * (token_chunks // math.gcd(tokens, token_chunks))
 
 
+def _twin_widths(latent_dim: int | None, fsdp: int, chunk_unit: int) -> tuple[int, int | None]:
+    """The twin's embed_dim and latent_dim (None where the spec has none): each splits over
+    fsdp, and the width the tokens travel to the experts in (the latent one, where there is
+    one) into the overlap chunks, whole blocks of the kernel's calls (megablox's lane tiles)."""
+    travels = math.lcm(fsdp, chunk_unit)
+    if latent_dim is None:
+        return travels * -(-TWIN_MIN_EMBED // travels), None
+    embed = fsdp * -(-TWIN_MIN_EMBED // fsdp)
+    latent = travels * -(-TWIN_LATENT // travels)
+    return embed, latent + travels if latent == embed else latent
+
+
 def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[FieldPath, Any]:
     """The fields a twin changes, and their values."""
     spec = loaded.spec
     fsdp = spec.mesh.axes.get("fsdp", 1)
     chunks = spec.parallelism.overlap_chunks
-    # embed must split over fsdp and into overlap chunks (whole blocks of the kernel's calls,
-    # such as megablox's lane tiles)
     chosen = kernel(spec.target.kernel)
     chunk_unit = chunks * (chosen.width_multiple if chunks > 1 else 1)
-    unit = math.lcm(fsdp, chunk_unit)
-    embed = unit * -(-TWIN_MIN_EMBED // unit)
+    embed, latent = _twin_widths(spec.layer.latent_dim, fsdp, chunk_unit)
     shards = axes_product(spec.mesh.axes, spec.batch_axes)
     # FFN slices as the full plan runs them (pinned or chosen), whole blocks of the kernel; gate
     # and up side by side as the full plan runs them (whole lanes per slice when it does)
@@ -157,7 +167,7 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
         ffn_unit = math.lcm(ffn_unit, ffn_chunks * LANES)
     ffn_unit *= tensor
     ffn = ffn_unit * -(-TWIN_FFN // ffn_unit)
-    if ffn == embed:  # a transposed weight must not go unnoticed
+    while ffn in (embed, latent):  # a transposed weight must not go unnoticed
         ffn += ffn_unit
     # whole shared experts where the router weighs each (layer.shared_experts, 1 otherwise)
     shared_unit = math.lcm(tensor, spec.layer.shared_experts)
@@ -166,6 +176,7 @@ def twin_overrides(loaded: LoadedSpec, full: Plan, dtype: str | None) -> dict[Fi
         ("layer", "embed_dim"): embed,
         ("layer", "ffn_dim"): ffn,
         ("layer", "shared_ffn_dim"): shared if spec.layer.shared_ffn_dim else None,
+        ("layer", "latent_dim"): latent,
         ("shapes", "batch"): shards * TWIN_SEQUENCES_PER_SHARD,
         ("shapes", "seq_len"): twin_seq_len(twin_chunks) * spec.sequence_shards,
         ("memory", "ffn_chunks"): ffn_chunks,
