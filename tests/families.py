@@ -34,7 +34,7 @@ from families_keys import (  # EMBED and the FFN widths: the harnesses read them
     F,
 )
 from families_more import MORE_FAMILIES
-from families_options import OPTION_FAMILIES, with_shared_biases
+from families_options import OPTION_FAMILIES, with_latent, with_shared_biases
 from family_model import Keys, ModelFamily, Tiny
 
 # DeepSeek's multi-head latent attention, as small as the checkpoint models go
@@ -392,5 +392,6 @@ FAMILIES.append(
 # the families the oracle alone checks, in tests/families_*.py to keep each file short
 FAMILIES += DEEPSEEK_FAMILIES + MORE_FAMILIES + OPTION_FAMILIES
 FAMILIES.append(with_shared_biases(next(f for f in FAMILIES if f.name == "ernie4_5_moe")))
+FAMILIES.append(with_latent(next(f for f in FAMILIES if f.name == "nemotron_h")))
 BY_NAME = {family.name: family for family in FAMILIES}
 assert len(BY_NAME) == len(FAMILIES)

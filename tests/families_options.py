@@ -151,7 +151,8 @@ OPTION_FAMILIES: list[ModelFamily] = [
             spec={"routed_scaling": 2.0, "logit_softcap": 1.5},
         ),
     ),
-    # Nemotron-H without its latent projections (moe_latent_size unset): relu^2 experts
+    # Nemotron-H without its latent projections (moe_latent_size unset): relu^2 experts;
+    # with_latent below adds them
     ModelFamily(
         "nemotron_h",
         "nemotron_h",
@@ -272,6 +273,17 @@ OPTION_FAMILIES += [
         ),
     ),
 ]
+
+
+def with_latent(nemotron: ModelFamily) -> ModelFamily:
+    """Nemotron-H with moe_latent_size and mlp_bias: the experts in a latent width between
+    fc1_latent_proj and fc2_latent_proj, those and the shared MLP with biases."""
+    oracle = replace(
+        nemotron.oracle,
+        config=nemotron.oracle.config | {"moe_latent_size": 16, "mlp_bias": True},
+        spec=nemotron.oracle.spec | {"latent": 16, "latent_bias": True, "shared_ffn_bias": True},
+    )
+    return replace(nemotron, name="nemotron_h_latent", oracle=oracle, checkpoint=None)
 
 
 def with_shared_biases(ernie: ModelFamily) -> ModelFamily:

@@ -148,6 +148,29 @@ LAYER_LISTS = [
         {"moe.yaml": {"layer.activation": "relu2", "description": "of 8"}},
     ),
     LayerList(
+        "nemotron_h latent projections with biases",
+        {
+            **NEMOTRON_H,
+            "layers_block_type": ["mlp", "moe"],
+            "moe_latent_size": 16,
+            "mlp_bias": True,
+        },
+        {"moe.yaml": ("1", 4)},
+        {
+            "moe.yaml": {
+                "layer.latent_dim": 16,
+                "layer.latent_bias": True,
+                "layer.shared_ffn_bias": True,
+            }
+        },
+    ),
+    LayerList(
+        "nemotron_h latent width null",
+        {**NEMOTRON_H, "layers_block_type": ["moe"], "moe_latent_size": None, "mlp_bias": True},
+        {"moe.yaml": ("0", 4)},
+        {"moe.yaml": {"layer.latent_dim": None, "layer.latent_bias": False}},
+    ),
+    LayerList(
         "ernie shared expert biases",
         {**ERNIE, "moe_num_shared_experts": 2, "use_bias": True},
         {"moe.yaml": ("1-4", 2)},
@@ -247,9 +270,9 @@ REFUSALS = [
         ("hidden_act", "'gelu_pytorch_tanh' is not mapped"),
     ),
     Refused(
-        "nemotron_h latent projections",
-        {**NEMOTRON_H, "layers_block_type": ["moe", "mlp"], "moe_latent_size": 16},
-        ("moe_latent_size", "latent projections around the experts", "not expressible"),
+        "nemotron_h latent width 0",
+        {**NEMOTRON_H, "layers_block_type": ["moe", "mlp"], "moe_latent_size": 0},
+        ("moe_latent_size", "must be an integer from 1"),
     ),
     Refused(
         "gemma4 without enable_moe_block",

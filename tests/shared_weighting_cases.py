@@ -54,6 +54,15 @@ SHARED_WEIGHTING_CASES: dict[str, tuple[dict, list[str]]] = {
         },
         [WEIGHED, "SHARED_EXPERTS = 1"],
     ),
+    # group-limited routing over the experts' columns only (the shared experts' columns are
+    # never chosen, so they belong to no group); the reference once counted them in
+    "weighed_shared_experts_group_limit": (
+        {
+            "layer": SHARED,
+            "router": {**INKLING, "group_limit": {"groups": 4, "keep": 3, "top_per_group": 1}},
+        },
+        [WEIGHED, "EXPERT_GROUPS = 4"],
+    ),
     "learned_scale_alone_softmax": (
         {"router": {"top_k": 2, "renormalize": True, "learned_scale": True}},
         ['combine_weights = combine_weights * weights["router_scale"]'],

@@ -218,7 +218,17 @@ def valid_choices(draw: st.DrawFn, hardware: list[str] = HARDWARE, small: bool =
         choices["learned_scale"] = True
     if _can_carry_replicas(choices) and draw(st.booleans()):
         choices |= draw(replicas(choices["experts"], choices["axes"]["expert"]))
+    if "overlap_chunks" not in choices and draw(st.integers(0, 3)) == 0:
+        choices |= draw(latent(choices["axes"].get("fsdp", 1)))
     return choices | target
+
+
+@st.composite
+def latent(draw: st.DrawFn, fsdp: int) -> dict:
+    """The experts' latent width (Nemotron-H's moe_latent_size), lane-wide as published
+    ones are, split over fsdp; its biases half the time."""
+    width = draw(st.sampled_from([w for w in (128, 256, 1024, 128 * fsdp) if w % fsdp == 0]))
+    return {"latent": width} | ({"latent_bias": True} if draw(st.booleans()) else {})
 
 
 def _can_carry_replicas(choices: dict) -> bool:
@@ -309,6 +319,9 @@ MISTAKES = {
     "description_too_long": lambda c: c | {"description": "y" * 501},
     "mxfp8_before_blackwell": lambda c: (
         c | {"kernel": "te", "quantization": "mxfp8", "hardware": "gpu-h100", "topology": 8}
+    ),
+    "latent_bias_without_latent": lambda c: (
+        {k: v for k, v in c.items() if k != "latent"} | {"latent_bias": True}
     ),
     "replica_on_its_home_device": lambda c: (
         c

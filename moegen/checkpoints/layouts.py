@@ -349,6 +349,10 @@ SPEC_FIELD: Mapping[str, str] = {
     "shared_b_gate": "layer.shared_ffn_bias: true",
     "shared_b_up": "layer.shared_ffn_bias: true",
     "shared_b_down": "layer.shared_ffn_bias: true",
+    "latent_in": "layer.latent_dim",
+    "latent_out": "layer.latent_dim",
+    "latent_in_bias": "layer.latent_bias: true",
+    "latent_out_bias": "layer.latent_bias: true",
 }
 
 # Key endings of quantized weights, which this loader does not dequantize.

@@ -32,6 +32,7 @@ from moegen.hf.rules import (
     Copy,
     Expect,
     Fixed,
+    Latent,
     Positive,
     SharedWidth,
     Softcaps,
@@ -285,11 +286,7 @@ OPTION_FAMILIES: Mapping[str, HfFamily] = {
             *v3_router("NemotronHTopkRouter", True, 1.0, (1, 1))[1:],
             SharedWidth((), ("moe_shared_expert_intermediate_size",)),
             Copy("layer.shared_ffn_bias", ("mlp_bias",), False, "flag"),  # NemotronHMLP's
-            Expect(
-                "moe_latent_size",
-                (None,),
-                "latent projections around the experts (fc1/fc2_latent_proj) are not expressible",
-            ),
+            Latent(("moe_latent_size",), ("mlp_bias",)),  # fc1/fc2_latent_proj
         ),
     ),
     "inkling2_text": _INKLING2,

@@ -16,6 +16,7 @@ from moegen.hf.rules import (
     Fixed,
     GptOssGlu,
     Groups,
+    Latent,
     LoadBalance,
     Positive,
     SharedWidth,
@@ -30,6 +31,7 @@ Rule = (
     | Fixed
     | GptOssGlu
     | Groups
+    | Latent
     | LoadBalance
     | Positive
     | SharedWidth

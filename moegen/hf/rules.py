@@ -322,3 +322,22 @@ class Switch:
             raise view.fail(self.key, f"{value!r} is not mapped (moegen maps {known})")
         found = [choice for rule in self.cases[value] for choice in rule.choices(view, layer)]
         return [Choice(c.field, c.value, f"{c.source} ({source}: {value})") for c in found]
+
+
+@dataclass(frozen=True)
+class Latent:
+    """layer.latent_dim from the width key (null or absent: the experts run on the hidden
+    size); with a width, layer.latent_bias from the projections' bias flag."""
+
+    width: tuple[str, ...]
+    bias: tuple[str, ...]
+
+    def choices(self, view: ConfigView, layer: int) -> list[Choice]:
+        width, source = lookup(view, self.width, layer, None)
+        if width is None:
+            return []
+        out = [Choice("layer.latent_dim", view.size(source, width), source)]
+        bias, bias_source = lookup(view, self.bias, layer, False)
+        if view.flag(self.bias[0], bias):
+            out.append(Choice("layer.latent_bias", True, bias_source))
+        return out

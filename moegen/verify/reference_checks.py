@@ -34,7 +34,8 @@ def _check_choices(cfg: ReferenceConfig) -> None:
 
 def _check_routing_sizes(cfg: ReferenceConfig, params: dict, num_tokens: int) -> None:
     """top_k, the groups, the router's columns and the token shards against the sizes."""
-    experts = params["router"].shape[1]
+    columns = params["router"].shape[1]
+    experts = columns - cfg.weighed_shared_experts  # the columns that can be chosen
     if not 1 <= cfg.top_k <= experts:
         raise ValueError(f"top_k {cfg.top_k} not in [1, {experts}]")
     if cfg.num_groups > 1:
@@ -48,9 +49,9 @@ def _check_routing_sizes(cfg: ReferenceConfig, params: dict, num_tokens: int) ->
             raise ValueError(f"group_top_n {cfg.group_top_n} not in [1, group size]")
     computing = params["w_up"].shape[0] if "w_up" in params else experts
     past = cfg.identity_experts + cfg.zero_experts
-    if experts != computing + past + cfg.weighed_shared_experts:
+    if columns != computing + past + cfg.weighed_shared_experts:
         raise ValueError(
-            f"router has {experts} columns: {computing} experts + {cfg.identity_experts} "
+            f"router has {columns} columns: {computing} experts + {cfg.identity_experts} "
             f"identity + {cfg.zero_experts} zero experts + {cfg.weighed_shared_experts} "
             "weighed shared experts expected"
         )

@@ -8,7 +8,7 @@ on load), and writes moegen's layouts as the generated modules document them (PA
     router [D, E]        w_gate, w_up [E, D, F]   w_down [E, F, D]
     router_bias [E]      b_gate, b_up [E, F]      b_down [E, D]
     routing_bias [E]     shared_gate, shared_up [D, S]   shared_down [S, D]
-    shared_expert_gate [D]
+    shared_expert_gate [D]  latent_in [D, L]  latent_out [L, D] (the experts then [E, L, F])
 
 The mapping is written from transformers' side only (which tensor is which, transposes,
 `chunk(2)` of a concatenated gate_up, gpt-oss's interleaving), never from moegen's code.
@@ -303,14 +303,25 @@ def ungated_experts(experts: nn.Module) -> Weights:
     }
 
 
-def ungated_mlp(mlp: nn.Module) -> Weights:
-    """A plain MLP of two nn.Linear (up_proj, down_proj), no biases (Nemotron-H's shared)."""
-    for projection in (mlp.up_proj, mlp.down_proj):
-        assert projection.bias is None, "moegen's shared expert has no biases"
-    return {
-        "shared_up": linear_t(mlp.up_proj.weight),
-        "shared_down": linear_t(mlp.down_proj.weight),
-    }
+def ungated_mlp(mlp: nn.Module, biases: bool = False) -> Weights:
+    """A plain MLP of two nn.Linear (up_proj, down_proj) (Nemotron-H's shared); their biases
+    where `biases` (mlp_bias: moegen's shared_ffn_bias), else none."""
+    projections = {"up": mlp.up_proj, "down": mlp.down_proj}
+    for projection in projections.values():
+        assert (projection.bias is not None) == biases, "the shared expert's biases"
+    out = {f"shared_{name}": linear_t(p.weight) for name, p in projections.items()}
+    if biases:
+        out |= {f"shared_b_{name}": p.bias for name, p in projections.items()}
+    return out
+
+
+def latent_projections(down: nn.Module, up: nn.Module) -> Weights:
+    """Nemotron-H's fc1_latent_proj (D -> L) and fc2_latent_proj (L -> D), two nn.Linear, and
+    their biases where they have them (mlp_bias)."""
+    out = {"latent_in": linear_t(down.weight), "latent_out": linear_t(up.weight)}
+    if down.bias is not None:
+        out |= {"latent_in_bias": down.bias, "latent_out_bias": up.bias}
+    return out
 
 
 def fused_shared_mlp(mlp: nn.Module) -> Weights:
