@@ -49,6 +49,8 @@ def summary(loaded: LoadedSpec) -> str:
     if layer.ffn_bias:
         experts += " with biases"
     widths = f"embed {layer.embed_dim}, ffn {layer.ffn_dim}"
+    if layer.latent_dim:
+        widths += f" in a latent width of {layer.latent_dim}"
     if layer.shared_ffn_dim:
         widths += f", shared expert ffn {layer.shared_ffn_dim}"
     mesh = " x ".join(f"{name} {size}" for name, size in spec.mesh.axes.items())

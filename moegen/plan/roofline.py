@@ -85,12 +85,13 @@ def roofline(
     ici_bw = chip.ici_bytes_per_s_per_chip / 2 / per_chip  # datasheet figures are bidirectional
     dcn_bw = DCN_BYTES_PER_S_PER_CHIP / per_chip if chip.platform == "tpu" else 0.0
     matmuls = 3 if gated else 2
-    # the router, and the projections into the experts' latent width and back where they run
-    router = 2 * local_tokens * embed_dim * (num_experts + 2 * latent_dim)
+    router = 2 * local_tokens * embed_dim * num_experts
+    # the routed path: the experts, and the projections into their latent width and back
     routed_dim = latent_dim or embed_dim
-    routed = 2 * matmuls * routed_rows * routed_dim * ffn_dim
+    latent = 2 * 2 * local_tokens * embed_dim * latent_dim
+    routed = 2 * matmuls * routed_rows * routed_dim * ffn_dim + latent
     shared = 2 * matmuls * local_tokens * embed_dim * shared_ffn_dim
-    kernel = 2 * matmuls * kernel_rows * routed_dim * ffn_dim
+    kernel = 2 * matmuls * kernel_rows * routed_dim * ffn_dim + latent
     forward_transfers = [t for t in network.transfers if _in_forward(t.name)]
     passes = []
     for name, scale, transfers in (
