@@ -194,8 +194,11 @@ BUILT = [
 def test_builds(name: str, tmp_path: Path) -> None:
     """moegen build, full verification: twins, the TPU compile forward and forward+backward, the
     HBM verdict; the module is written."""
+    layer = LAYERS[name]
+    if layer.splits_physical_axes:  # the mesh's defect, whatever the tokens: fewer compile faster
+        layer = Layer(layer.choices | {"seq_len": 512}, layer.defect, True)
     spec = tmp_path / f"{name}.yaml"
-    spec.write_text(LAYERS[name].text(), encoding="utf-8")
+    spec.write_text(layer.text(), encoding="utf-8")
     out = tmp_path / "out"
     result = run_moegen("build", "--out", out, spec, timeout=1800)
     err = result.stderr
@@ -203,7 +206,7 @@ def test_builds(name: str, tmp_path: Path) -> None:
     assert_no_traceback(err)
     assert (out / f"{name}.py").is_file()
     assert "verify: twin parity (float32)" in err, err
-    if LAYERS[name].plan().hardware == "cpu":
+    if layer.plan().hardware == "cpu":
         return
     compiled = {m.group(1): [float(v) for v in m.groups()[1:]] for m in COMPILED.finditer(err)}
     assert set(compiled) == {"forward", "forward+backward"}, err
