@@ -130,6 +130,21 @@ CASES: Cases = {
                 )
             ],
         ),
+        # in a latent width the experts' weights are that wide; the projections have their own
+        ({"experts": 1024, "embed": 32768, "ffn": 32768, "latent": 1024}, []),
+        (
+            {"experts": 8, "embed": 2**20, "ffn": 64, "latent": 2**20},
+            [
+                (
+                    "layer",
+                    KEY,
+                    (
+                        "latent projections of embed_dim*latent_dim = 1099511627776 elements "
+                        "(>= 2**40) per projection; check the sizes"
+                    ),
+                )
+            ],
+        ),
     ],
     "experts_within_limit": [
         ({}, []),

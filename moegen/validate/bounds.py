@@ -64,19 +64,23 @@ MAX_TENSOR_ELEMENTS = 2**40
 
 
 def parameters_reasonably_sized(loaded: LoadedSpec) -> list[Diagnostic]:
-    """An expert weight [num_experts, embed_dim (or latent_dim), ffn_dim] must stay
-    addressable."""
+    """An expert weight [num_experts, embed_dim (or latent_dim), ffn_dim], and a latent
+    projection [embed_dim, latent_dim], must stay addressable."""
     layer = loaded.spec.layer
-    elements = layer.num_experts * layer.routed_dim * layer.ffn_dim
-    if elements < MAX_TENSOR_ELEMENTS:
-        return []
+    width = "latent_dim" if layer.latent_dim else "embed_dim"
+    expert = layer.num_experts * layer.routed_dim * layer.ffn_dim
+    weights = [
+        (f"expert weights of num_experts*{width}*ffn_dim", expert),
+        ("latent projections of embed_dim*latent_dim", layer.embed_dim * (layer.latent_dim or 0)),
+    ]
     return [
         loaded.diagnostic(
             ("layer",),
             at_key=True,
-            message=f"expert weights of num_experts*embed_dim*ffn_dim = {elements} elements "
-            f"(>= 2**40) per projection; check the sizes",
+            message=f"{what} = {elements} elements (>= 2**40) per projection; check the sizes",
         )
+        for what, elements in weights
+        if elements >= MAX_TENSOR_ELEMENTS
     ]
 
 
