@@ -204,8 +204,9 @@ targte:
         (6, 12, "layer.ffn_dim", "must be <= 2147483647, got 2147483648"),
         (7, 15, "layer.activation", "must be 'swiglu', 'geglu', 'gelu', 'relu' or 'relu2', got 'gelu_tanh'"),
         (8, 3, "layer", ("unknown key 'hidden'; expected one of: num_experts, embed_dim, "
-         "ffn_dim, activation, gelu_approximation, glu, shared_glu, ffn_bias, shared_ffn_dim, "
-         "expert_input_norm_eps, shared_ffn_bias, shared_expert_gate, shared_experts")),
+         "ffn_dim, activation, gelu_approximation, glu, shared_glu, ffn_bias, latent_dim, "
+         "latent_bias, shared_ffn_dim, expert_input_norm_eps, shared_ffn_bias, "
+         "shared_expert_gate, shared_experts")),
         (10, 3, "router", "required key 'top_k' is missing"),
         (10, 16, "router.renormalize", "must be true or false, got 1"),
         (11, 9, "shapes", "must be a mapping, got a list"),
