@@ -45,6 +45,14 @@ FAMILIES = {
         {"experts": "ring_of_experts"},
         "none",
     ),
+    # Nemotron-H: relu^2 experts in a latent width (TE's grouped GEMMs see L, not D)
+    "nemotron_h_latent": (
+        {"activation": "relu2", "latent_dim": 256, "latent_bias": True, "shared_ffn_dim": 512},
+        {"top_k": 4, "score": "sigmoid", "renormalize": True, "routing_bias": True},
+        {"expert": 8},
+        {"experts": "ragged_all_to_all"},
+        "none",
+    ),
     "ernie_deepseek_v2": (
         {"glu": {"gate_limit": 10.0, "up_limit": 10.0}, "shared_ffn_dim": 512},
         {

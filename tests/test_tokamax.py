@@ -99,6 +99,25 @@ def test_lowered_for_cuda_with_mosaic_gpu_kernels(monkeypatch) -> None:
     assert verdict.startswith("not compiled here (lowered for CUDA only); plan estimate")
 
 
+@pytest.mark.slow
+def test_latent_experts_lower_with_mosaic_gpu_kernels(tmp_path, monkeypatch) -> None:
+    """The experts in a latent width (Nemotron-H's moe_latent_size): tokamax's kernels see the
+    latent rows, the projections around them are plain dots; the same 3 + 6 kernels."""
+    _require_tokamax()
+    text = (REPO_ROOT / "specs" / f"{SPEC}.yaml").read_text(encoding="utf-8")
+    text = text.replace("  ffn_dim: 14336\n", "  ffn_dim: 14336\n  latent_dim: 1024\n")
+    assert "latent_dim: 1024" in text
+    (tmp_path / "latent.yaml").write_text(text, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    loaded = load_valid(Path("latent.yaml"))
+    source = render(make_plan(loaded))
+    assert "latent = _latent_in(tokens, weights)" in source
+    report = verify(loaded, source, run_twins=False)
+    lowered = {s["step"]: s for s in report.steps if s["step"].startswith("lower ")}
+    assert lowered["lower forward for cuda"]["te_calls"] == {"mosaic_gpu_v2": 3}
+    assert lowered["lower forward+backward for cuda"]["te_calls"] == {"mosaic_gpu_v2": 9}
+
+
 # The module's _tokamax_grouped_matmul run by Mosaic GPU's interpret mode on CPU: tokamax's SM 9.0
 # forward kernel itself (its wgmma, TMA copies and barriers interpreted), against
 # jax.lax.ragged_dot, with an empty group and rows past the groups (the kernel leaves those
