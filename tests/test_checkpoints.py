@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 from typing import Any
 
@@ -665,6 +666,8 @@ def test_bad_arguments(mixtral_module: Any, tmp_path: Path) -> None:
     assert "family must be a name" in refusal(mixtral_module, path, family=3)
     assert "must be a str or a path" in refusal(mixtral_module, 3)
     assert "not a generated moegen module" in refusal(object(), path)
+    latent = types.SimpleNamespace(**vars(mixtral_module), LATENT_DIM=16)
+    assert "experts run in a latent width (LATENT_DIM = 16" in refusal(latent, path)
     assert "mesh must be a jax.sharding.Mesh" in refusal(mixtral_module, path, mesh="mesh")
 
 

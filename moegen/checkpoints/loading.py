@@ -104,6 +104,13 @@ def module_target(module: Any) -> Target:
                 f"no {name}"
             )
         constants[name] = getattr(module, name)
+    if hasattr(module, "LATENT_DIM"):
+        raise CheckpointError(
+            f"the module's experts run in a latent width (LATENT_DIM = {module.LATENT_DIM!r:.40}, "
+            "layer.latent_dim) and no checkpoint family this loader knows has latent "
+            "projections (Nemotron-H's checkpoints are not among its layouts); start from "
+            "init_params, or remove layer.latent_dim"
+        )
     shapes: Mapping[str, tuple[int, ...]] = constants["PARAM_SHAPES"]
     sizes = {"e": module.NUM_EXPERTS, "d": module.EMBED_DIM, "f": module.FFN_DIM}
     if hasattr(module, "SHARED_FFN_DIM"):
