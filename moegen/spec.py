@@ -158,6 +158,11 @@ class Layer(_Section):
         return self.latent_dim or self.embed_dim
 
     @property
+    def routed_field(self) -> str:
+        """The field that sets routed_dim: "latent_dim", else "embed_dim"."""
+        return "latent_dim" if self.latent_dim else "embed_dim"
+
+    @property
     def glu_params(self) -> Glu | None:
         """The activation parameters with a preset resolved (None: the plain activation)."""
         return GLU_PRESETS[self.glu] if isinstance(self.glu, str) else self.glu

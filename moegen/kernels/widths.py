@@ -16,9 +16,8 @@ def _local_width_note(tensor: int, chunks: int) -> str:
 
 def _routed_width(spec: Spec) -> tuple[tuple[str, ...], str, int]:
     """(path, name, width) of the width the experts' matmuls contract and produce."""
-    if spec.layer.latent_dim:
-        return ("layer", "latent_dim"), "latent_dim", spec.layer.latent_dim
-    return ("layer", "embed_dim"), "embed_dim", spec.layer.embed_dim
+    field = spec.layer.routed_field
+    return ("layer", field), field, spec.layer.routed_dim
 
 
 def widths_multiple_of(loaded: LoadedSpec, multiple: int, need: str) -> list[Diagnostic]:

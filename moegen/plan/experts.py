@@ -135,7 +135,7 @@ def expert_plan(
         rows_name="CHUNK_ROWS" if token_chunks > 1 else "ROUTED_ROWS",
         local_slots=local_slots,
         slots_name="LOCAL_SLOTS" if local_slots > local_experts else "LOCAL_EXPERTS",
-        width_name="LATENT_DIM" if spec.layer.latent_dim else "EMBED_DIM",
+        width_name=spec.layer.routed_field.upper(),  # the module constant of the same name
     )
 
 

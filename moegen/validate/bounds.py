@@ -67,7 +67,7 @@ def parameters_reasonably_sized(loaded: LoadedSpec) -> list[Diagnostic]:
     """An expert weight [num_experts, embed_dim (or latent_dim), ffn_dim], and a latent
     projection [embed_dim, latent_dim], must stay addressable."""
     layer = loaded.spec.layer
-    width = "latent_dim" if layer.latent_dim else "embed_dim"
+    width = layer.routed_field
     expert = layer.num_experts * layer.routed_dim * layer.ffn_dim
     weights = [
         (f"expert weights of num_experts*{width}*ffn_dim", expert),

@@ -157,7 +157,7 @@ def overlap_chunks_fit(loaded: LoadedSpec) -> list[Diagnostic]:
         ]
     # the chunks split the width the tokens travel in: the experts' latent width, if any
     embed = spec.layer.routed_dim
-    width = "latent_dim" if spec.layer.latent_dim else "embed_dim"
+    width = spec.layer.routed_field
     # a kernel whose chunk is a contraction block holds chunks to its block width
     lanes = kernel(spec.target.kernel).width_multiple
 

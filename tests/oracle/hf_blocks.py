@@ -271,16 +271,20 @@ def dbrx_experts(experts: nn.Module) -> Weights:
     }
 
 
-def shared_mlp(mlp: nn.Module, biases: bool = False) -> Weights:
-    """A gated MLP of three nn.Linear (gate_proj, up_proj, down_proj); their biases where
-    `biases` (moegen's shared_ffn_bias), else none."""
-    projections = {"gate": mlp.gate_proj, "up": mlp.up_proj, "down": mlp.down_proj}
+def _linear_mlp(projections: dict[str, nn.Module], biases: bool) -> Weights:
+    """A shared MLP of nn.Linear projections by moegen name (gate, up, down); their biases
+    where `biases` (moegen's shared_ffn_bias), else none."""
     for projection in projections.values():
         assert (projection.bias is not None) == biases, "the shared expert's biases"
     out = {f"shared_{name}": linear_t(p.weight) for name, p in projections.items()}
     if biases:
         out |= {f"shared_b_{name}": p.bias for name, p in projections.items()}
     return out
+
+
+def shared_mlp(mlp: nn.Module, biases: bool = False) -> Weights:
+    """A gated MLP of three nn.Linear (gate_proj, up_proj, down_proj)."""
+    return _linear_mlp({"gate": mlp.gate_proj, "up": mlp.up_proj, "down": mlp.down_proj}, biases)
 
 
 def gated_linear_mlp(mlp: nn.Module) -> Weights:
@@ -304,15 +308,9 @@ def ungated_experts(experts: nn.Module) -> Weights:
 
 
 def ungated_mlp(mlp: nn.Module, biases: bool = False) -> Weights:
-    """A plain MLP of two nn.Linear (up_proj, down_proj) (Nemotron-H's shared); their biases
-    where `biases` (mlp_bias: moegen's shared_ffn_bias), else none."""
-    projections = {"up": mlp.up_proj, "down": mlp.down_proj}
-    for projection in projections.values():
-        assert (projection.bias is not None) == biases, "the shared expert's biases"
-    out = {f"shared_{name}": linear_t(p.weight) for name, p in projections.items()}
-    if biases:
-        out |= {f"shared_b_{name}": p.bias for name, p in projections.items()}
-    return out
+    """A plain MLP of two nn.Linear (up_proj, down_proj): Nemotron-H's shared expert, with
+    biases where mlp_bias."""
+    return _linear_mlp({"up": mlp.up_proj, "down": mlp.down_proj}, biases)
 
 
 def latent_projections(down: nn.Module, up: nn.Module) -> Weights:
