@@ -28,6 +28,7 @@ from moegen.plan.experts import ExpertPlan
 from moegen.plan.memory import TRADE_HEADROOM, FfnBuffers, MemoryPlan, fits, memory_plan
 from moegen.plan.params import ParamPlan, side_by_side
 from moegen.plan.replicas import expert_bytes
+from moegen.plan.slicing import casts_per_slice, regathers_weights, slice_grads_by_hand
 from moegen.sizes import ffn_slice_problem
 from moegen.spec import GATED_ACTIVATIONS, Spec
 from moegen.strategies import strategy
@@ -73,6 +74,9 @@ class FfnPlan:
     regathers_weights: bool  # sliced weights are fsdp-gathered per slice, again in the backward
     casts_per_slice: bool  # sliced weights rounded to the compute dtype per slice (in integers)
     whole_forward: bool  # sliced: the forward pass runs the FFN whole, the backward in slices
+    # sliced in token chunks: the slices' backward pass is written out, a chunk's weight
+    # gradients placed in a compute-dtype buffer (slice_grads_by_hand says why)
+    slice_grads_by_hand: bool
     forward_fuses_gate_up: bool  # that whole forward pass: gate and up side by side
     forward_params: tuple[ParamPlan, ...]  # the parameters as it uses them (empty: no such pass)
     sliced_params: tuple[str, ...]  # parameters cut into FFN slices (none when whole)
@@ -176,8 +180,9 @@ def layouts(
                 math.prod(p.local_shape) * compute_bytes for p in params if p.ffn_axis is not None
             ),
             sliced_param_bytes=sum(
-                math.prod(p.local_shape) * param_bytes for p in params if p.ffn_axis is not None
-            ),
+                math.prod(p.local_shape) for p in params if p.ffn_axis is not None
+            )
+            * (compute_bytes if slice_grads_by_hand(spec, chunks, experts) else param_bytes),
             token_chunks=experts.token_chunks,
             kept_output_bytes=_kept_output_bytes(experts, kernel_rows, spec, compute_bytes),
             exchanged=strategy(experts.strategy).exchanges_rows and experts.shards > 1,
@@ -261,6 +266,7 @@ def ffn_plan(
         regathers_weights=regathers_weights(loaded, chunks),
         casts_per_slice=casts_per_slice(spec, chunks),
         whole_forward=forward is not None,
+        slice_grads_by_hand=slice_grads_by_hand(spec, chunks, experts),
         forward_fuses_gate_up=forward is not None and forward.fused,
         forward_params=() if forward is None else side_by_side(params, forward.fused),
         sliced_params=tuple(p.name for p in params if chunks > 1 and p.ffn_axis is not None),
@@ -268,17 +274,6 @@ def ffn_plan(
         gate_up_outputs=chosen.gate_up_outputs,
         grouped_matmul_sites=len(chosen.gate_up_outputs) + 1,  # and down
     )
-
-
-def casts_per_slice(spec: Spec, chunks: int) -> bool:
-    """FFN slices round their weights to the compute dtype one slice at a time
-    (memory.weight_casts: per_slice), where XLA would cast all of them once."""
-    return chunks > 1 and spec.memory.weight_casts == "per_slice"
-
-
-def regathers_weights(loaded: LoadedSpec, chunks: int) -> bool:
-    """Sliced weights sharded over fsdp are gathered slice by slice, again in the backward."""
-    return chunks > 1 and loaded.spec.mesh.axes.get("fsdp", 1) > 1
 
 
 def _down_biases_once(spec: Spec) -> tuple[str, ...]:

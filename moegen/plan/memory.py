@@ -60,7 +60,9 @@ class FfnBuffers:
     calls: int = 1  # grouped-matmul calls per projection (ring steps, overlapped)
     token_chunks: int = 1  # chunks of the device's tokens run one at a time (rows: one chunk's)
     kept_output_bytes: int = 0  # every token chunk's expert outputs, kept for the backward
-    sliced_param_bytes: int = 0  # the sliced weights' stored shards, in the parameter dtype
+    # the sliced weights' stored shards, in the dtype of a token chunk's gradient buffer (the
+    # parameter dtype, or the compute dtype where the slices' backward is written out)
+    sliced_param_bytes: int = 0
     # the weight gradients are all-reduced over data or sequence shards (no fsdp: it
     # reduce-scatters them)
     all_reduced: bool = False
@@ -128,7 +130,8 @@ def memory_plan(
     if ffn.token_chunks > 1 and ffn.chunks > 1:
         # The scan over slices sums a chunk's weight gradients from zeros (its transpose),
         # then adds them to the sum over the chunks: a second copy of the sliced shards'
-        # gradients (measured: the ring row of bench/MAXTEXT.md, 4 chunks x 16 slices).
+        # gradients (measured: the ring row of bench/MAXTEXT.md, 4 chunks x 16 slices), in
+        # the compute dtype where the slices' backward is written out.
         items["one token chunk's gradients of the sliced weights, before the sum over chunks"] = (
             ffn.sliced_param_bytes
         )

@@ -18,11 +18,12 @@ from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES, CostPlan, cost_plan, forward_hbm_bytes
 from moegen.plan.experts import ExpertPlan, expert_plan
-from moegen.plan.ffn import FfnLayout, chosen_layout, layouts, regathers_weights
+from moegen.plan.ffn import FfnLayout, chosen_layout, layouts
 from moegen.plan.model import Trade
 from moegen.plan.network import NetworkPlan, network_plan
 from moegen.plan.params import LayerShape, ParamPlan, param_plans
 from moegen.plan.roofline import Roofline, roofline
+from moegen.plan.slicing import regathers_weights
 from moegen.plan.token_chunks import TradeOutcome
 from moegen.sizes import axes_product
 from moegen.spec import GATED_ACTIVATIONS, Spec
