@@ -51,6 +51,9 @@ PLANNED_SHARE = 0.3
 BAR = {"train_peak": 0.6, "flops": 1.25, "forward_peak": 1.0}
 # issue 27's forward+backward share, which the trade with casts per slice is chosen for
 CASTS_BAR = 0.4
+# issue 27's bar, on each row's best trade; FLOPs to the two places it gives them (a trade
+# that recomputes gate and up costs 1.2219x: 2 of 9 matmul passes more, as MaxText counts)
+ISSUE_27_BAR = {"train_peak": CASTS_BAR, "flops": 1.22, "forward_peak": 0.5}
 # How far below the compiled peak the ledger may be (tests/test_ledger.py: 10% both ways).
 LEDGER_LOW = 0.10
 
@@ -180,30 +183,52 @@ def table(rows: list[Row], results: list[dict]) -> list[str]:
     by_label = {row.label: row for row in rows}
     lines = [
         "| shapes (MaxText label) | layer | fwd peak GB | fwd+bwd peak GB | fwd+bwd GFLOP "
-        "| fwd ratio | fwd+bwd ratio | FLOPs ratio | meets the bar |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| fwd ratio | fwd+bwd ratio | FLOPs ratio | meets the bar | meets issue 27's |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for label in dict.fromkeys(r["row"] for r in results):
         row = by_label[label]
         lines.append(
             f"| {label} | MaxText 0.2.5 | {row.forward_peak_gb:.3f} | {row.train_peak_gb:.3f} "
-            f"| {row.train_flops_g:.1f} | 1 | 1 | 1 | |"
+            f"| {row.train_flops_g:.1f} | 1 | 1 | 1 | | |"
         )
         for r in (r for r in results if r["row"] == label):
             ratios = r["ratios"]
-            meets = all(ratios[k] <= BAR[k] for k in BAR)
+            meets = "yes" if meets_bar(r, BAR) else "no"
+            meets_27 = "yes" if meets_bar(r, ISSUE_27_BAR) else "no"
             lines.append(
                 f"| {label} | {r['layer']} | {r['forward_peak']:.3f} | {r['train_peak']:.3f} "
                 f"| {r['flops']:.1f} | {ratios['forward_peak']:.2f} | {ratios['train_peak']:.2f} "
-                f"| {ratios['flops']:.2f} | {'yes' if meets else 'no'} |"
+                f"| {ratios['flops']:.2f} | {meets} | {meets_27} |"
             )
     return lines
 
 
-def met(label: str, results: list[dict]) -> bool:
-    """Whether a trade of the row (FFN slices, token chunks or both) meets the bar."""
+def meets_bar(result: dict, bar: dict[str, float]) -> bool:
+    """Whether one trade's ratios are within `bar`, FLOPs to the two places the bars give."""
+    ratios = result["ratios"]
+    return all((round(ratios[k], 2) if k == "flops" else ratios[k]) <= bar[k] for k in bar)
+
+
+def met(label: str, results: list[dict], bar: dict[str, float]) -> bool:
+    """Whether a trade of the row (FFN slices, token chunks or both) meets `bar`."""
     trades = [r for r in results if r["row"] == label and r["trade"] != "whole"]
-    return any(all(r["ratios"][k] <= BAR[k] for k in BAR) for r in trades)
+    return any(meets_bar(r, bar) for r in trades)
+
+
+def summaries(results: list[dict]) -> list[str]:
+    """Issue 20's bar and issue 27's, each row's best trade against them."""
+    labels = list(dict.fromkeys(r["row"] for r in results))
+    out = []
+    for name, bar in (("Bar", BAR), ("Issue 27's bar", ISSUE_27_BAR)):
+        missed = [label for label in labels if not met(label, results, bar)]
+        out.append(
+            f"{name} (each row's best trade, sliced, chunked or both): forward+backward peak "
+            f"<= {bar['train_peak']}x, FLOPs <= {bar['flops']}x, forward peak <= "
+            f"{bar['forward_peak']}x MaxText's; "
+            + (f"missed by {', '.join(missed)}." if missed else "met on every row.")
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,15 +244,10 @@ def main(argv: list[str] | None = None) -> int:
             results += measure(row, Path(folder))
             print("\n".join(table(rows, results)[-2:]), flush=True)
     lines = table(rows, results)
+    summary = summaries(results)
     missed = [
-        label for label in dict.fromkeys(r["row"] for r in results) if not met(label, results)
+        label for label in dict.fromkeys(r["row"] for r in results) if not met(label, results, BAR)
     ]
-    summary = (
-        "Bar (each row's best trade, sliced, chunked or both): forward+backward peak <= "
-        f"{BAR['train_peak']}x, FLOPs <= {BAR['flops']}x, forward peak <= "
-        f"{BAR['forward_peak']}x MaxText's; "
-        + (f"missed by {', '.join(missed)}." if missed else "met on every row.")
-    )
     text = "\n".join(
         [
             "# moegen beside MaxText 0.2.5 (compiled, per device)",
@@ -237,11 +257,13 @@ def main(argv: list[str] | None = None) -> int:
             "",
             *lines,
             "",
-            summary,
+            summary[0],
+            "",
+            summary[1],
             "",
         ]
     )
-    print("\n" + "\n".join(lines) + "\n\n" + summary)
+    print("\n" + "\n".join(lines) + "\n\n" + "\n\n".join(summary))
     if not args.rows:
         args.out.write_text(text)
     return 1 if missed else 0

@@ -33,7 +33,7 @@ FORWARD_PACKING = 0.14
 # (python -m bench.ledger --population 60 --seed S, both seeds), where one trade is set, as
 # the plan's defaults set them: forward+backward down to -28.6% on the hold-out seed 1
 # (s1_049, qwen1.5 over fsdp 16 in token chunks) and -20.0% on seed 0 (s0_049); lower only
-# where a spec pins FFN slices inside token chunks (s0_054 -29.0%) or runs whole (s1_053
+# where a spec pins FFN slices inside token chunks (s0_003 -26.3%) or runs whole (s1_053
 # -30.4%), which the trade below never chooses. When the plan trades memory anyway (the layer
 # whole does not fit), it takes the fewest FFN slices or token chunks that leave this much of
 # HBM free, so that its own choice compiles: more of them cost no more FLOPs (any count above
