@@ -110,8 +110,8 @@ CHILD = textwrap.dedent(
         # Written out, each token chunk's weight gradient is rounded to bfloat16 (as megablox
         # returns it); derived, XLA on CPU folds that convert into ragged_dot and keeps float32.
         errors = {name: worst(p1[name], p2[name]) for name in p1} | {"x": worst(x1, x2)}
-        # Each is a sum of slices' or chunks' bfloat16 roundings: within a few of its ulps.
-        assert max(errors.values()) <= 2**-6, (by_hand, errors)
+        # A sum of chunks' bfloat16 roundings: within a few of its ulps.
+        assert max(errors.values()) <= 2**-7, (by_hand, errors)
         print("same", by_hand, errors)
     """
 )
