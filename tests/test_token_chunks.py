@@ -184,6 +184,9 @@ def test_a_broken_slice_gradient_fails_the_twin(
 
     def mutated_render(plan):
         source = real_render(plan)
+        if plan.ffn.slice_grads_by_hand:  # bfloat16 compute: the slices' backward written out
+            assert source.count("columns_grad[") == len(plan.ffn.sliced_params)
+            return source.replace("columns_grad[", "0 * columns_grad[")
         assert source.count(original) == 1
         return source.replace(original, mutant)
 
