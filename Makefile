@@ -62,8 +62,9 @@ $(GPU_KERNELS_STAMP): $(STAMP) pyproject.toml
 	$(VENV)/bin/python -m pip install -q -c $(VENV)/moegen-jax-pin.txt -e ".[gpu-kernels]"
 	touch $(GPU_KERNELS_STAMP)
 
+# Only the tests marked gpu_library: the rest of these files ran in make test.
 test-te: $(TE_STAMP) $(GPU_KERNELS_STAMP)
-	MOEGEN_REQUIRE_TE=1 MOEGEN_REQUIRE_TOKAMAX=1 $(VENV)/bin/pytest -q $(TE_TESTS)
+	MOEGEN_REQUIRE_TE=1 MOEGEN_REQUIRE_TOKAMAX=1 $(VENV)/bin/pytest -q -m gpu_library $(TE_TESTS)
 
 # The documentation site: docs/ and the reference generated from the code, built into site/;
 # --strict fails on any warning (a broken link between pages, a page left out of the nav).

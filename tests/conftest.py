@@ -19,6 +19,49 @@ import pytest
 # libtpu with the others, as moegen's own verify workers do.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The tests' CPU programs are small and each compiled once or twice: LLVM's optimisations cost
+# more than they save (a fifth of a twin-parity test's time). Results do not change: XLA's CPU
+# code has no fast math either way, and libtpu's compiles (byte-exact memory figures,
+# tests/test_ledger.py) ignore the flag.
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+    ).strip()
+
+# The GPU libraries that lower GPU targets for CUDA: what each test marked
+# @pytest.mark.gpu_library(name) needs, the variable under which CI requires it, and its install.
+# `make test` skips those tests (TE is still building beside it in CI); `make test-te` runs
+# exactly them (-m gpu_library), with both variables set.
+GPU_LIBRARIES = {
+    "te": ("MOEGEN_REQUIRE_TE", "make te"),
+    "tokamax": ("MOEGEN_REQUIRE_TOKAMAX", "make gpu-kernels"),
+}
+
+
+def missing_gpu_library(name: str) -> list[str]:
+    """What keeps GPU library `name` from loading here (read at call time: tests patch it)."""
+    from moegen.kernels import te, tokamax
+
+    return te.missing_te() if name == "te" else tokamax.missing_tokamax()
+
+
+def require_gpu_library(name: str) -> None:
+    """Skip the running test without GPU library `name`, or fail it where CI requires it."""
+    missing = missing_gpu_library(name)
+    if not missing:
+        return
+    required_by, install = GPU_LIBRARIES[name]
+    reason = f"{name} is not installed here ({'; '.join(missing)}): {install}"
+    if os.environ.get(required_by) == "1":
+        pytest.fail(f"{required_by}=1 but {reason}")
+    pytest.skip(reason)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for marker in item.iter_markers("gpu_library"):
+        for name in marker.args:
+            require_gpu_library(name)
+
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SPEC_DIR = REPO_ROOT / "specs"

@@ -10,12 +10,10 @@ are skipped (they fail under MOEGEN_REQUIRE_TE=1, as in CI: `make test-te`).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from moegen.kernels.te import missing_te
 from moegen.load import LoadedSpec
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
@@ -35,15 +33,6 @@ GPU_SPECS = {
 def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> LoadedSpec:
     monkeypatch.chdir(REPO_ROOT)
     return load_valid(Path(f"specs/{name}.yaml"))
-
-
-def _require_te() -> None:
-    missing = missing_te()
-    if missing:
-        reason = f"Transformer Engine not installed ({'; '.join(missing)}): scripts/install-te"
-        if os.environ.get("MOEGEN_REQUIRE_TE") == "1":
-            pytest.fail(f"MOEGEN_REQUIRE_TE=1 but {reason}")
-        pytest.skip(reason)
 
 
 @pytest.mark.parametrize("name", list(GPU_SPECS))
@@ -83,9 +72,9 @@ def test_twin_runs_the_portable_kernel_in_place_of_te(name, monkeypatch) -> None
         assert all(case["max_relative_error"] < bound for case in step["cases"])
 
 
+@pytest.mark.gpu_library("te")
 @pytest.mark.parametrize("name", list(GPU_SPECS))
 def test_lowered_for_cuda_with_te_grouped_gemms(name, monkeypatch) -> None:
-    _require_te()
     sm, quantization, quantize_call, forward_q, training_q = GPU_SPECS[name]
     loaded = _load(name, monkeypatch)
     report = verify(loaded, render(make_plan(loaded)), run_twins=False)

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, run_moegen
+from conftest import REPO_ROOT, CliResult, run_moegen
 from golden_runner import INVALID, expected_text
 
 from moegen.diagnostics import SpecError
@@ -58,18 +58,23 @@ def test_load_valid_reports_golden_diagnostics(case: Path, monkeypatch: pytest.M
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_cli_validate_reports_golden_in_every_format(case: Path) -> None:
+def test_cli_validate_reports_golden_in_every_format(case: Path, invoke_main) -> None:
+    """The console script's `main`, in this process (a process per case and format was most of
+    this file's time); the next test holds a `python -m moegen` process to the same output."""
     golden = _golden(case)
     path = _relative(case).as_posix()
 
+    def run_moegen(*args: str) -> CliResult:
+        return invoke_main(*args, cwd=REPO_ROOT)
+
     text = run_moegen("validate", path)
-    assert text.returncode == EXIT_INVALID, text
+    assert text.code == EXIT_INVALID, text
     assert golden.rstrip("\n") in text.stderr
     assert "Traceback" not in text.stdout + text.stderr
     assert "internal error" not in text.stderr
 
     as_json = run_moegen("validate", "--format", "json", path)
-    assert as_json.returncode == EXIT_INVALID, as_json
+    assert as_json.code == EXIT_INVALID, as_json
     assert "Traceback" not in as_json.stdout + as_json.stderr
     items = json.loads(as_json.stdout)
     assert isinstance(items, list) and items
@@ -86,10 +91,32 @@ def test_cli_validate_reports_golden_in_every_format(case: Path) -> None:
     assert "\n".join(rebuilt) + "\n" == golden
 
     github = run_moegen("validate", "--format", "github", path)
-    assert github.returncode == EXIT_INVALID, github
+    assert github.code == EXIT_INVALID, github
     assert "Traceback" not in github.stdout + github.stderr
     lines = github.stdout.splitlines()
     assert len(lines) == len(golden.splitlines())
     for line, expected in zip(lines, golden.splitlines(), strict=True):
         assert line.startswith(f"::error file={path},line="), line
         assert line.endswith("::" + expected), line
+
+
+# A spread sample of the corpus (every sixth case; none a known bug): a process adds only its
+# own encoding and exit status to what `main` prints.
+PROCESS_SAMPLE = [
+    REPO_ROOT / INVALID.case(name)
+    for name in INVALID.case_names()[::6]
+    if name not in INVALID.known_bugs
+]
+
+
+@pytest.mark.parametrize("case", PROCESS_SAMPLE)
+@pytest.mark.parametrize("output", ["text", "json", "github"])
+def test_a_moegen_process_reports_what_main_does(case: Path, output: str, invoke_main) -> None:
+    path = _relative(case).as_posix()
+    process = run_moegen("validate", "--format", output, path)
+    in_process = invoke_main("validate", "--format", output, path, cwd=REPO_ROOT)
+    assert (process.returncode, process.stdout, process.stderr) == (
+        in_process.code,
+        in_process.stdout,
+        in_process.stderr,
+    )

@@ -8,7 +8,6 @@ without it under MOEGEN_REQUIRE_TE=1 (`make test-te`).
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -16,7 +15,8 @@ import pytest
 import yaml
 from conftest import assert_no_traceback, run_moegen
 
-from moegen.kernels import te as te_kernel
+pytestmark = pytest.mark.gpu_library("te")
+
 
 GPU = {"hardware": "gpu-h100", "topology": 8, "kernel": "te"}
 LAYER = {"num_experts": 16, "embed_dim": 512, "ffn_dim": 512}
@@ -66,16 +66,6 @@ FAMILIES = {
         "none",
     ),
 }
-
-
-@pytest.fixture(autouse=True)
-def _require_te() -> None:
-    if te_kernel.te_available():
-        return
-    reason = f"Transformer Engine {te_kernel.TE_VERSION} (JAX) is not installed: make te"
-    if os.environ.get("MOEGEN_REQUIRE_TE") == "1":
-        pytest.fail(f"MOEGEN_REQUIRE_TE=1 but {reason}")
-    pytest.skip(reason)
 
 
 @pytest.mark.slow

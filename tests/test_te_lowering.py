@@ -17,13 +17,13 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import require_gpu_library
 
 from moegen.kernels import te as te_kernel
 from moegen.kernels.te import TeConfig
 from moegen.render import _environment
 from moegen.verify import cuda
 
-REQUIRE_TE = os.environ.get("MOEGEN_REQUIRE_TE") == "1"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 GROUPS, ROWS, EMBED, FFN = 4, 256, 128, 256
@@ -46,15 +46,7 @@ CASES = {
 
 
 def require_te(sm: int) -> types.ModuleType:
-    """transformer_engine.jax prepared for `sm`; skip (fail under MOEGEN_REQUIRE_TE=1) without TE."""
-    if not te_kernel.te_available():
-        reason = (
-            f"Transformer Engine {te_kernel.TE_VERSION} (JAX) is not installed here "
-            f"({'; '.join(te_kernel.missing_te())}): run scripts/install-te"
-        )
-        if REQUIRE_TE:
-            pytest.fail(f"MOEGEN_REQUIRE_TE=1 but {reason}")
-        pytest.skip(reason)
+    """transformer_engine.jax prepared for `sm` (the test is marked gpu_library("te"))."""
     return te_kernel.prepare_te(sm)
 
 
@@ -177,17 +169,31 @@ def test_te_that_fails_to_import_raises_the_clear_error(monkeypatch):
 
 def test_te_tests_skip_without_te_or_fail_when_ci_requires_it(monkeypatch):
     monkeypatch.setattr(te_kernel, "missing_te", lambda: ["transformer_engine_jax==2.20.2"])
-    monkeypatch.setattr(sys.modules[__name__], "REQUIRE_TE", False)
-    with pytest.raises(pytest.skip.Exception, match="scripts/install-te"):
-        require_te(90)
-    monkeypatch.setattr(sys.modules[__name__], "REQUIRE_TE", True)
-    with pytest.raises(pytest.fail.Exception, match="MOEGEN_REQUIRE_TE=1.*scripts/install-te"):
-        require_te(90)
+    monkeypatch.delenv("MOEGEN_REQUIRE_TE", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="make te"):
+        require_gpu_library("te")
+    monkeypatch.setenv("MOEGEN_REQUIRE_TE", "1")
+    with pytest.raises(pytest.fail.Exception, match="MOEGEN_REQUIRE_TE=1.*transformer_engine_jax"):
+        require_gpu_library("te")
+
+
+def test_make_test_te_runs_every_test_that_needs_a_gpu_library():
+    """make test skips them (no TE yet); make test-te runs only its files' marked tests."""
+    makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
+    listed = next(line for line in makefile.splitlines() if line.startswith("TE_TESTS :="))
+    marked = {
+        f"tests/{path.name}"
+        for path in (REPO_ROOT / "tests").glob("test_*.py")
+        if "mark.gpu_library(" in path.read_text(encoding="utf-8")
+    }
+    assert marked and marked <= set(listed.split(":=")[1].split())
+    assert "-m gpu_library $(TE_TESTS)" in makefile
 
 
 # -- with TE (lowering only) ----------------------------------------------------------------
 
 
+@pytest.mark.gpu_library("te")
 @pytest.mark.parametrize(("quantization", "sm"), list(CASES), ids=lambda v: str(v))
 def test_grouped_dense_lowers_to_te_custom_calls(quantization, sm):
     """TE's public grouped_dense, as it is: forward one GEMM, forward+backward three."""
@@ -221,6 +227,7 @@ def _quantizers(quantization):
     )
 
 
+@pytest.mark.gpu_library("te")
 @pytest.mark.parametrize(("quantization", "sm"), list(CASES), ids=lambda v: str(v))
 def test_ragged_dot_helper_lowers_to_te_grouped_gemms_only(quantization, sm):
     """The ragged_dot-shaped helper: TE's calls, and no dense matmul left for XLA."""
@@ -233,6 +240,7 @@ def test_ragged_dot_helper_lowers_to_te_grouped_gemms_only(quantization, sm):
         assert "dot_general" not in text and "ragged_dot" not in text
 
 
+@pytest.mark.gpu_library("te")
 def test_template_helper_renders_and_lowers_like_the_hand_written_one():
     """templates/kernels/te.jinja's functions(p) and call macros, rendered and lowered."""
     require_te(90)
@@ -273,6 +281,7 @@ def test_template_helper_renders_and_lowers_like_the_hand_written_one():
         assert f"tensor<{ROWS}x{FFN}xf32>" in text
 
 
+@pytest.mark.gpu_library("te")
 def test_te_sm_rules():
     """TE's own rule: MXFP8 needs Blackwell (SM 100); FP8 current scaling runs on Hopper."""
     require_te(90)
@@ -314,6 +323,7 @@ SHARD_MAP_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.gpu_library("te")
 @pytest.mark.parametrize("quantization", ["none", "fp8"])
 def test_helper_inside_shard_map_over_two_devices_lowers_for_cuda(quantization):
     """Inside jax.shard_map (2 CPU devices stand in for 2 GPUs): the per-device calls are TE's.

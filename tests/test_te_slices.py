@@ -9,26 +9,16 @@ twins, which stand ragged_dot in for TE, cannot catch that; only the lowering ca
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import pytest
 from conftest import SPEC_DIR, assert_no_traceback, run_moegen
 
-from moegen.kernels import te as te_kernel
+pytestmark = pytest.mark.gpu_library("te")
+
 
 TE_EXAMPLES = ["mixtral_8x7b_h100", "mixtral_8x7b_ep_h100_fp8", "qwen3_30b_a3b_b200_mxfp8"]
-
-
-@pytest.fixture(autouse=True)
-def _require_te() -> None:
-    if te_kernel.te_available():
-        return
-    reason = f"Transformer Engine {te_kernel.TE_VERSION} (JAX) is not installed: make te"
-    if os.environ.get("MOEGEN_REQUIRE_TE") == "1":
-        pytest.fail(f"MOEGEN_REQUIRE_TE=1 but {reason}")
-    pytest.skip(reason)
 
 
 @pytest.mark.slow

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from moegen.kernels import tokamax as tokamax_kernel
-from moegen.kernels.tokamax import missing_tokamax
 from moegen.load import LoadedSpec
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
@@ -33,15 +32,6 @@ SPEC = "mixtral_8x7b_h200_tokamax"
 def _load(monkeypatch: pytest.MonkeyPatch, name: str = SPEC) -> LoadedSpec:
     monkeypatch.chdir(REPO_ROOT)
     return load_valid(Path(f"specs/{name}.yaml"))
-
-
-def _require_tokamax() -> None:
-    missing = missing_tokamax()
-    if missing:
-        reason = f"tokamax not installed ({'; '.join(missing)}): make gpu-kernels"
-        if os.environ.get("MOEGEN_REQUIRE_TOKAMAX") == "1":
-            pytest.fail(f"MOEGEN_REQUIRE_TOKAMAX=1 but {reason}")
-        pytest.skip(reason)
 
 
 def test_plan_and_module_of_the_tokamax_spec(monkeypatch) -> None:
@@ -83,10 +73,10 @@ def test_missing_tokamax_is_located_with_the_fix(monkeypatch) -> None:
     assert "make gpu-kernels" in message and "Traceback" not in message
 
 
+@pytest.mark.gpu_library("tokamax")
 def test_lowered_for_cuda_with_mosaic_gpu_kernels(monkeypatch) -> None:
     """Full size, SM 9.0: gate, up, down one Mosaic GPU kernel each forward; tokamax's VJP adds
     the input-gradient and weight-gradient kernels (9); XLA's ragged dot nowhere."""
-    _require_tokamax()
     loaded = _load(monkeypatch)
     report = verify(loaded, render(make_plan(loaded)), run_twins=False)
     lowered = {s["step"]: s for s in report.steps if s["step"].startswith("lower ")}
@@ -99,11 +89,11 @@ def test_lowered_for_cuda_with_mosaic_gpu_kernels(monkeypatch) -> None:
     assert verdict.startswith("not compiled here (lowered for CUDA only); plan estimate")
 
 
+@pytest.mark.gpu_library("tokamax")
 @pytest.mark.slow
 def test_latent_experts_lower_with_mosaic_gpu_kernels(tmp_path, monkeypatch) -> None:
     """The experts in a latent width (Nemotron-H's moe_latent_size): tokamax's kernels see the
     latent rows, the projections around them are plain dots; the same 3 + 6 kernels."""
-    _require_tokamax()
     text = (REPO_ROOT / "specs" / f"{SPEC}.yaml").read_text(encoding="utf-8")
     text = text.replace("  ffn_dim: 14336\n", "  ffn_dim: 14336\n  latent_dim: 1024\n")
     assert "latent_dim: 1024" in text
@@ -149,9 +139,9 @@ print(json.dumps({
 """
 
 
+@pytest.mark.gpu_library("tokamax")
 @pytest.mark.slow
 def test_the_forward_kernel_in_mosaic_gpu_interpret_mode(monkeypatch) -> None:
-    _require_tokamax()
     module = REPO_ROOT / "generated" / f"{SPEC}.py"
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO_ROOT))
     result = subprocess.run(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from conftest import (
 import moegen.pipeline
 import moegen.verify.verification
 from moegen.load import load_spec
+from moegen.plan import make_plan
 
 
 def _is_tpu_spec(path: Path) -> bool:
@@ -67,10 +69,19 @@ def test_mixtral_v5e_builds_through_the_cli_and_matches_the_committed_module(tmp
         "verify: twin parity (bfloat16 compute, float32 params)",
     ):
         assert f"  {step} " in err, step
+    # Arguments on one device: its parameter shards and its slice of x (bfloat16 compute).
+    plan = make_plan(load_spec(tmp_project / "specs" / f"{name}.yaml"))
+    arguments = plan.cost.param_bytes + plan.local_tokens * plan.embed_dim * 2
     for step in ("compile forward", "compile forward+backward"):
-        assert re.search(
-            rf"^  verify: {re.escape(step)}\s+\d+\.\d+ s  per device: args ", err, re.M
+        compiled = re.search(
+            rf"^  verify: {re.escape(step)}\s+\d+\.\d+ s  per device: args ([\d.]+) MiB, .*; "
+            r"([\d.e+]+) FLOPs",
+            err,
+            re.M,
         )
+        assert compiled, err
+        assert math.isclose(float(compiled.group(1)) * 2**20, arguments, rel_tol=0.05)
+        assert float(compiled.group(2)) > 0
     verdict = re.search(r"^  verify: memory verdict\s+\d+\.\d+ s  (.*)$", err, re.M)
     assert verdict, err
     assert re.match(
