@@ -307,8 +307,8 @@ ROUND_TRIP = textwrap.dedent(
     probe = jnp.asarray(np.random.default_rng(2).normal(size=plain.INPUT_SHAPE), jnp.float32)
     out = {"same_shapes": plain.PARAM_SHAPES == replicas.PARAM_SHAPES}
     for name, m in (("plain", plain), ("replicas", replicas)):
-        y, aux = m.moe_layer(params, x)
-        with jax.set_mesh(mesh):
+        with jax.set_mesh(mesh):  # jitted: a shard_map called eagerly runs op by op
+            y, aux = jax.jit(lambda w: m.moe_layer(w, x))(params)
             grads = jax.jit(jax.grad(lambda w: jnp.sum(m.moe_layer(w, x)[0] * probe)))(params)
         out[name] = {"y": np.asarray(y).tolist(), "received_rows": int(aux.received_rows),
                      "tokens": np.asarray(aux.tokens_per_expert).tolist(),
