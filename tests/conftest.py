@@ -4,6 +4,7 @@ for the cases where a subprocess per call would be too slow)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
@@ -29,25 +30,19 @@ if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     ).strip()
 
 # The GPU libraries that lower GPU targets for CUDA: what each test marked
-# @pytest.mark.gpu_library(name) needs, the variable under which CI requires it, and its install.
-# `make test` skips those tests (TE is still building beside it in CI); `make test-te` runs
-# exactly them (-m gpu_library), with both variables set.
+# @pytest.mark.gpu_library(name) needs (moegen.kernels.<name>.missing_<name>), the variable
+# under which CI requires it, and its install. `make test` skips those tests (TE is still
+# building beside it in CI); `make test-te` runs exactly them (-m gpu_library), both variables set.
 GPU_LIBRARIES = {
     "te": ("MOEGEN_REQUIRE_TE", "make te"),
     "tokamax": ("MOEGEN_REQUIRE_TOKAMAX", "make gpu-kernels"),
 }
 
 
-def missing_gpu_library(name: str) -> list[str]:
-    """What keeps GPU library `name` from loading here (read at call time: tests patch it)."""
-    from moegen.kernels import te, tokamax
-
-    return te.missing_te() if name == "te" else tokamax.missing_tokamax()
-
-
 def require_gpu_library(name: str) -> None:
     """Skip the running test without GPU library `name`, or fail it where CI requires it."""
-    missing = missing_gpu_library(name)
+    kernel = importlib.import_module(f"moegen.kernels.{name}")
+    missing = getattr(kernel, f"missing_{name}")()  # looked up now: tests patch it
     if not missing:
         return
     required_by, install = GPU_LIBRARIES[name]

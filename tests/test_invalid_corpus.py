@@ -64,16 +64,16 @@ def test_cli_validate_reports_golden_in_every_format(case: Path, invoke_main) ->
     golden = _golden(case)
     path = _relative(case).as_posix()
 
-    def run_moegen(*args: str) -> CliResult:
-        return invoke_main(*args, cwd=REPO_ROOT)
+    def validate(*args: str) -> CliResult:
+        return invoke_main("validate", *args, cwd=REPO_ROOT)
 
-    text = run_moegen("validate", path)
+    text = validate(path)
     assert text.code == EXIT_INVALID, text
     assert golden.rstrip("\n") in text.stderr
     assert "Traceback" not in text.stdout + text.stderr
     assert "internal error" not in text.stderr
 
-    as_json = run_moegen("validate", "--format", "json", path)
+    as_json = validate("--format", "json", path)
     assert as_json.code == EXIT_INVALID, as_json
     assert "Traceback" not in as_json.stdout + as_json.stderr
     items = json.loads(as_json.stdout)
@@ -90,7 +90,7 @@ def test_cli_validate_reports_golden_in_every_format(case: Path, invoke_main) ->
     ]
     assert "\n".join(rebuilt) + "\n" == golden
 
-    github = run_moegen("validate", "--format", "github", path)
+    github = validate("--format", "github", path)
     assert github.code == EXIT_INVALID, github
     assert "Traceback" not in github.stdout + github.stderr
     lines = github.stdout.splitlines()

@@ -45,11 +45,6 @@ CASES = {
 }
 
 
-def require_te(sm: int) -> types.ModuleType:
-    """transformer_engine.jax prepared for `sm` (the test is marked gpu_library("te"))."""
-    return te_kernel.prepare_te(sm)
-
-
 def te_ragged_dot(lhs, rhs, group_sizes, quantization, out_dtype=None):
     """jax.lax.ragged_dot(lhs [m, k], rhs [G, k, n], group_sizes [G]) through TE grouped_dense.
 
@@ -197,7 +192,7 @@ def test_make_test_te_runs_every_test_that_needs_a_gpu_library():
 @pytest.mark.parametrize(("quantization", "sm"), list(CASES), ids=lambda v: str(v))
 def test_grouped_dense_lowers_to_te_custom_calls(quantization, sm):
     """TE's public grouped_dense, as it is: forward one GEMM, forward+backward three."""
-    require_te(sm)
+    te_kernel.prepare_te(sm)
     from transformer_engine.jax import dense as te_dense
 
     forward_calls, training_calls = CASES[quantization, sm]
@@ -231,7 +226,7 @@ def _quantizers(quantization):
 @pytest.mark.parametrize(("quantization", "sm"), list(CASES), ids=lambda v: str(v))
 def test_ragged_dot_helper_lowers_to_te_grouped_gemms_only(quantization, sm):
     """The ragged_dot-shaped helper: TE's calls, and no dense matmul left for XLA."""
-    require_te(sm)
+    te_kernel.prepare_te(sm)
     forward_calls, training_calls = CASES[quantization, sm]
     fwd, train = forward_and_backward(lambda *a: te_ragged_dot(*a, quantization))
     for program, calls in ((fwd, forward_calls), (train, training_calls)):
@@ -243,7 +238,7 @@ def test_ragged_dot_helper_lowers_to_te_grouped_gemms_only(quantization, sm):
 @pytest.mark.gpu_library("te")
 def test_template_helper_renders_and_lowers_like_the_hand_written_one():
     """templates/kernels/te.jinja's functions(p) and call macros, rendered and lowered."""
-    require_te(90)
+    te_kernel.prepare_te(90)
     template = _environment().get_template("kernels/te.jinja").make_module()
     for quantization, sm in CASES:
         te_kernel.prepare_te(sm)
@@ -284,7 +279,7 @@ def test_template_helper_renders_and_lowers_like_the_hand_written_one():
 @pytest.mark.gpu_library("te")
 def test_te_sm_rules():
     """TE's own rule: MXFP8 needs Blackwell (SM 100); FP8 current scaling runs on Hopper."""
-    require_te(90)
+    te_kernel.prepare_te(90)
     assert te_kernel.te_supports("fp8") == (True, "")
     supported, reason = te_kernel.te_supports("mxfp8")
     assert not supported and "9.9 or higher" in reason
@@ -331,7 +326,7 @@ def test_helper_inside_shard_map_over_two_devices_lowers_for_cuda(quantization):
     An AbstractMesh is not enough: TE's primitives use custom partitioning, which needs devices
     when lowering. A child process gets its two devices (JAX fixes the count at start-up).
     """
-    require_te(90)
+    te_kernel.prepare_te(90)
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     env["JAX_PLATFORMS"] = "cpu"

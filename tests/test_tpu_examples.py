@@ -20,6 +20,7 @@ import moegen.pipeline
 import moegen.verify.verification
 from moegen.load import load_spec
 from moegen.plan import make_plan
+from moegen.plan.costs import DTYPE_BYTES
 
 
 def _is_tpu_spec(path: Path) -> bool:
@@ -69,9 +70,11 @@ def test_mixtral_v5e_builds_through_the_cli_and_matches_the_committed_module(tmp
         "verify: twin parity (bfloat16 compute, float32 params)",
     ):
         assert f"  {step} " in err, step
-    # Arguments on one device: its parameter shards and its slice of x (bfloat16 compute).
-    plan = make_plan(load_spec(tmp_project / "specs" / f"{name}.yaml"))
-    arguments = plan.cost.param_bytes + plan.local_tokens * plan.embed_dim * 2
+    # Arguments on one device: its parameter shards and its slice of x.
+    loaded = load_spec(tmp_project / "specs" / f"{name}.yaml")
+    plan = make_plan(loaded)
+    x_bytes = plan.local_tokens * plan.embed_dim * DTYPE_BYTES[loaded.spec.dtypes.compute]
+    arguments = plan.cost.param_bytes + x_bytes
     for step in ("compile forward", "compile forward+backward"):
         compiled = re.search(
             rf"^  verify: {re.escape(step)}\s+\d+\.\d+ s  per device: args ([\d.]+) MiB, .*; "

@@ -19,6 +19,7 @@ from conftest import EXAMPLE_NAMES, REPO_ROOT
 import moegen.verify.verification
 from moegen.pipeline import generate
 from moegen.plan import make_plan
+from moegen.plan.costs import DTYPE_BYTES
 from moegen.sizes import axes_product
 from moegen.verify import TOLERANCES, VerifyError, verify
 from moegen.verify.parity import KINK_SHARE, relative_error, set_aside_share
@@ -124,8 +125,7 @@ def test_example_spec_verifies(name, in_repo):
         assert step["flops"] > 0
     forward = report.step("compile forward")
     # Arguments on one device: its parameter shards plus its slice of x.
-    compute_bytes = {"float32": 4, "bfloat16": 2}[spec.dtypes.compute]
-    x_bytes = plan.local_tokens * plan.embed_dim * compute_bytes
+    x_bytes = plan.local_tokens * plan.embed_dim * DTYPE_BYTES[spec.dtypes.compute]
     assert math.isclose(
         forward["memory"]["argument"], plan.cost.param_bytes + x_bytes, rel_tol=0.05
     )
