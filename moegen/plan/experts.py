@@ -76,6 +76,28 @@ def expert_capacity(loaded: LoadedSpec, local_tokens: int) -> int | None:
     return capacity_groups(loaded, local_tokens) * per_group
 
 
+def _row_request(
+    loaded: LoadedSpec, call_tokens: int, local_slots: int, capacity: int | None
+) -> RowRequest:
+    """What the strategy needs to size one call's grouped-matmul rows."""
+    spec = loaded.spec
+    shards = spec.mesh.axes.get("expert", 1)
+    return RowRequest(
+        call_tokens=call_tokens,
+        group_tokens=call_tokens * shards,
+        # A token sends at most min(top_k, local slots) copies to any one device (its slots
+        # hold distinct experts): the most rows a device can be asked to process, when every
+        # token of the group picks them.
+        per_token=min(spec.router.top_k, local_slots),
+        top_k=spec.router.top_k,
+        num_experts=spec.layer.num_experts,
+        local_experts=local_slots,
+        shards=shards,
+        overlap_chunks=spec.parallelism.overlap_chunks,
+        capacity=capacity,
+    )
+
+
 def expert_plan(
     loaded: LoadedSpec, local_tokens: int, token_chunks: int, *, emulate: bool
 ) -> ExpertPlan:
@@ -93,20 +115,7 @@ def expert_plan(
     call_tokens = local_tokens // token_chunks
     chunks = spec.parallelism.overlap_chunks
     capacity = expert_capacity(loaded, local_tokens)
-    rows = RowRequest(
-        call_tokens=call_tokens,
-        group_tokens=call_tokens * shards,
-        # A token sends at most min(top_k, local slots) copies to any one device (its slots
-        # hold distinct experts): the most rows a device can be asked to process, when every
-        # token of the group picks them.
-        per_token=min(top_k, local_slots),
-        top_k=top_k,
-        num_experts=spec.layer.num_experts,
-        local_experts=local_slots,
-        shards=shards,
-        overlap_chunks=chunks,
-        capacity=capacity,
-    )
+    rows = _row_request(loaded, call_tokens, local_slots, capacity)
     ffn_rows, calls = chosen.rows(rows)
     embed = spec.layer.routed_dim
     return ExpertPlan(

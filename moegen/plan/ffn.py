@@ -10,7 +10,6 @@ others (`ffn_chunk_options`); `ffn_plan` is what the templates read of the chose
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -25,13 +24,12 @@ from moegen.load import LoadedSpec
 from moegen.plan.activation import GluPlan, glu_plan
 from moegen.plan.costs import DTYPE_BYTES, CostPlan
 from moegen.plan.experts import ExpertPlan
-from moegen.plan.memory import TRADE_HEADROOM, FfnBuffers, MemoryPlan, fits, memory_plan
+from moegen.plan.ffn_buffers import ffn_buffers, local_ffn_dim, recompute_flops
+from moegen.plan.memory import TRADE_HEADROOM, MemoryPlan, fits, memory_plan
 from moegen.plan.params import ParamPlan, side_by_side
-from moegen.plan.replicas import expert_bytes
 from moegen.plan.slicing import casts_per_slice, regathers_weights, slice_grads_by_hand
 from moegen.sizes import ffn_slice_problem
 from moegen.spec import GATED_ACTIVATIONS, Spec
-from moegen.strategies import strategy
 
 # Slice counts `moegen plan` lists (beside the chosen one), and the most the plan picks itself.
 LISTED_CHUNKS = (1, 2, 4, 8, 16)
@@ -113,11 +111,6 @@ def _slice_problem(loaded: LoadedSpec, chunks: int) -> str:
     return ffn_slice_problem(local_ffn_dim(spec), chunks, name, kernel(name).width_multiple)
 
 
-def local_ffn_dim(spec: Spec) -> int:
-    """The expert FFN columns one device holds: FFN_DIM over the tensor axis."""
-    return spec.layer.ffn_dim // spec.tensor_shards
-
-
 def layouts(
     loaded: LoadedSpec,
     experts: ExpertPlan,
@@ -143,7 +136,6 @@ def layouts(
     layer = spec.layer
     gated = layer.activation in GATED_ACTIVATIONS
     compute_bytes = DTYPE_BYTES[spec.dtypes.compute]
-    param_bytes = DTYPE_BYTES[spec.dtypes.params]
     whole_gather = "fsdp" in spec.mesh.axes
     ffn_dim = local_ffn_dim(spec)
 
@@ -158,44 +150,9 @@ def layouts(
         row_tiles = [*tiles, *(layout(1).tiles if chunks > 1 else ())] if tiles else []
         rows = padded_rows(experts.ffn_rows, row_tiles) if tiles else experts.ffn_rows
         kernel_rows = rows * experts.ffn_calls  # of one token chunk (all tokens: one chunk)
-        matmuls = 3 if gated else 2
-        # FFN slices and token chunks, alone or together, run (gate and) up once more in the
-        # backward pass
-        recompute = (
-            2 * (matmuls - 1) * kernel_rows * experts.token_chunks * layer.routed_dim * ffn_dim
-        )
-        recomputes = chunks > 1 or experts.token_chunks > 1
-        cost = replace(base_cost, recompute_flops=recompute if recomputes else 0)
-        buffers = FfnBuffers(
-            rows=kernel_rows,
-            embed_dim=layer.routed_dim,
-            width=ffn_dim // chunks,
-            chunks=chunks,
-            matmuls=matmuls,
-            gate_up_calls=len(outputs),
-            # cast slice by slice, only the slice's copy is live (counted as gathered)
-            sliced_cast_bytes=0
-            if casts_per_slice(spec, chunks)
-            else sum(
-                math.prod(p.local_shape) * compute_bytes for p in params if p.ffn_axis is not None
-            ),
-            sliced_param_bytes=sum(
-                math.prod(p.local_shape) for p in params if p.ffn_axis is not None
-            )
-            * (compute_bytes if slice_grads_by_hand(spec, chunks, experts) else param_bytes),
-            token_chunks=experts.token_chunks,
-            kept_output_bytes=_kept_output_bytes(experts, kernel_rows, spec, compute_bytes),
-            exchanged=strategy(experts.strategy).exchanges_rows and experts.shards > 1,
-            gathers_whole=spec.mesh.axes.get("fsdp", 1) > 1 and chunks == 1,
-            biased=layer.ffn_bias,
-            ring=strategy(experts.strategy).gathers_group,
-            calls=experts.ffn_calls,
-            all_reduced=not whole_gather
-            and any(spec.mesh.axes.get(axis, 1) > 1 for axis in ("data", "sequence")),
-            replica_bytes=(extra := spec.parallelism.redundant_experts // experts.shards)
-            * (one_expert := expert_bytes(params, spec.mesh.axes.get("fsdp", 1))),
-            slot_weight_bytes=(experts.local_experts + extra) * one_expert if extra else 0,
-        )
+        recompute = recompute_flops(spec, experts, kernel_rows, chunks)
+        cost = replace(base_cost, recompute_flops=recompute)
+        buffers = ffn_buffers(spec, experts, params, chunks, kernel_rows, len(outputs))
         memory = memory_plan(
             cost,
             buffers,
@@ -217,17 +174,6 @@ def _forward_whole(sliced: MemoryPlan, whole: MemoryPlan, pinned: bool | None) -
     """Whether the sliced FFN's forward pass runs whole: `pinned`, else when the whole layout's
     planned forward peak is the lower."""
     return whole.forward_peak < sliced.forward_peak if pinned is None else pinned
-
-
-def _kept_output_bytes(experts: ExpertPlan, rows: int, spec: Spec, compute_bytes: int) -> int:
-    """What the token chunks keep for the backward pass: each chunk's expert outputs as they
-    are combined: a gathering strategy's grouped-matmul rows of the group's tokens, else this
-    device's copies (returned to it, or sorted where they stay). 0 without token chunks."""
-    if experts.token_chunks == 1:
-        return 0
-    gathers = strategy(experts.strategy).gathers_group
-    kept_rows = rows if gathers else experts.call_tokens * spec.router.top_k
-    return experts.token_chunks * kept_rows * spec.layer.routed_dim * compute_bytes
 
 
 def ffn_plan(

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from moegen.kernels import KernelConfig, MatmulQuantities, RowPadding, TileShape, kernel
 from moegen.load import LoadedSpec
 from moegen.plan.experts import ExpertPlan
-from moegen.plan.ffn import FfnLayout, local_ffn_dim
+from moegen.plan.ffn import FfnLayout
+from moegen.plan.ffn_buffers import local_ffn_dim
 from moegen.plan.prose import vma_unchecked_reason
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moegen.hardware import Hardware
-from moegen.plan.network import NetworkPlan
+from moegen.plan.network import NetworkPlan, Transfer
 
 # No datasheet figure: a 200 Gb/s NIC per host of 8 chips (v5e/v6e) is ~3 GB/s per chip; we
 # assume 6.25 GB/s per chip (a 200 Gb/s NIC per 4 chips) for every TPU generation.
@@ -92,53 +92,95 @@ def roofline(
     routed = 2 * matmuls * routed_rows * routed_dim * ffn_dim + latent
     shared = 2 * matmuls * local_tokens * embed_dim * shared_ffn_dim
     kernel = 2 * matmuls * kernel_rows * routed_dim * ffn_dim + latent
-    forward_transfers = [t for t in network.transfers if _in_forward(t.name)]
-    passes = []
-    for name, scale, transfers in (
-        ("forward", 1, forward_transfers),
-        ("forward+backward", 3, list(network.transfers)),
-    ):
-        ici = sum(t.ici_bytes for t in transfers)
-        dcn = sum(t.dcn_bytes for t in transfers)
-        # FFN slices recompute (gate and) up in the backward pass
-        run = scale * (router + kernel + shared) + (recompute_flops if scale > 1 else 0)
-        compute_s = run / peak if peak else 0.0
-        hbm_s = scale * hbm_forward_bytes / hbm_bw if hbm_bw else 0.0
-        exposed = 0.0
-        for t in transfers:
-            comm_s = (t.ici_bytes / ici_bw if ici_bw else 0.0) + (
-                t.dcn_bytes / dcn_bw if dcn_bw else 0.0
-            )
-            overlapped = overlap_chunks > 1 and "tokens" in t.name
-            if overlapped:
-                # the routed matmuls of its own pass hide the ring transfer but one chunk's:
-                # the forward's matmuls for the forward exchange, the backward's (2x) for it
-                share = 2 if t.name.endswith(", backward") else 1
-                expert_s = share * kernel / peak if peak else 0.0
-                total = max(comm_s, expert_s) + min(comm_s, expert_s) / overlap_chunks
-                comm_s = max(0.0, total - expert_s)
-            exposed += comm_s
-        passes.append(
-            PassRoofline(
-                name=name,
-                router_flops=scale * router,
-                routed_flops=scale * routed,
-                shared_flops=scale * shared,
-                useful_flops=scale * (router + routed + shared),
-                kernel_flops=run,
-                hbm_bytes=scale * hbm_forward_bytes,
-                ici_bytes=ici,
-                dcn_bytes=dcn,
-                compute_s=compute_s,
-                hbm_s=hbm_s,
-                ici_s=ici / ici_bw if ici_bw else 0.0,
-                dcn_s=dcn / dcn_bw if dcn_bw else 0.0,
-                exposed_comm_s=exposed,
-                bound_s=max(compute_s, hbm_s) + exposed,
-                bound_by=("compute" if compute_s >= hbm_s else "HBM") if peak else "",
-            )
-        )
-    return Roofline(peak, hbm_bw, ici_bw, dcn_bw, tuple(passes))
+    work = _Work(router, routed, shared, kernel)
+    rates = _Rates(peak, hbm_bw, ici_bw, dcn_bw)
+    forward_transfers = tuple(t for t in network.transfers if _in_forward(t.name))
+    forward = _Pass("forward", 1, forward_transfers, 0)
+    # FFN slices recompute (gate and) up in the backward pass
+    training = _Pass("forward+backward", 3, network.transfers, recompute_flops)
+    passes = tuple(
+        _pass_roofline(p, work, rates, hbm_forward_bytes, overlap_chunks)
+        for p in (forward, training)
+    )
+    return Roofline(peak, hbm_bw, ici_bw, dcn_bw, passes)
+
+
+@dataclass(frozen=True)
+class _Work:
+    """FLOPs of one forward pass per device."""
+
+    router: int
+    routed: int  # the routed experts' useful FLOPs (latent projections included)
+    shared: int
+    kernel: int  # what the grouped-matmul kernels run, on worst-case buffers
+
+
+@dataclass(frozen=True)
+class _Rates:
+    """Per device: peak FLOP/s, HBM, ICI (one direction) and DCN bytes/s."""
+
+    peak: float
+    hbm: float
+    ici: float
+    dcn: float
+
+
+@dataclass(frozen=True)
+class _Pass:
+    name: str
+    scale: int  # forward passes' work it does: 1 forward, 3 forward+backward
+    transfers: tuple[Transfer, ...]
+    extra_flops: int  # recomputed in the backward pass
+
+
+def _pass_roofline(
+    p: _Pass, work: _Work, rates: _Rates, hbm_forward_bytes: int, overlap_chunks: int
+) -> PassRoofline:
+    ici = sum(t.ici_bytes for t in p.transfers)
+    dcn = sum(t.dcn_bytes for t in p.transfers)
+    run = p.scale * (work.router + work.kernel + work.shared) + p.extra_flops
+    compute_s = run / rates.peak if rates.peak else 0.0
+    hbm_s = p.scale * hbm_forward_bytes / rates.hbm if rates.hbm else 0.0
+    kernel_s = work.kernel / rates.peak if rates.peak else 0.0
+    exposed = sum(
+        _exposed_seconds(t, rates.ici, rates.dcn, overlap_chunks, kernel_s) for t in p.transfers
+    )
+    return PassRoofline(
+        name=p.name,
+        router_flops=p.scale * work.router,
+        routed_flops=p.scale * work.routed,
+        shared_flops=p.scale * work.shared,
+        useful_flops=p.scale * (work.router + work.routed + work.shared),
+        kernel_flops=run,
+        hbm_bytes=p.scale * hbm_forward_bytes,
+        ici_bytes=ici,
+        dcn_bytes=dcn,
+        compute_s=compute_s,
+        hbm_s=hbm_s,
+        ici_s=ici / rates.ici if rates.ici else 0.0,
+        dcn_s=dcn / rates.dcn if rates.dcn else 0.0,
+        exposed_comm_s=exposed,
+        bound_s=max(compute_s, hbm_s) + exposed,
+        bound_by=("compute" if compute_s >= hbm_s else "HBM") if rates.peak else "",
+    )
+
+
+def _exposed_seconds(
+    transfer: Transfer, ici_bw: float, dcn_bw: float, overlap_chunks: int, kernel_s: float
+) -> float:
+    """The seconds of a transfer that no matmul hides.
+
+    The routed matmuls of its own pass hide an overlapped ring transfer but one chunk's: the
+    forward's matmuls for the forward exchange, the backward's (2x) for it.
+    """
+    comm_s = (transfer.ici_bytes / ici_bw if ici_bw else 0.0) + (
+        transfer.dcn_bytes / dcn_bw if dcn_bw else 0.0
+    )
+    if overlap_chunks <= 1 or "tokens" not in transfer.name:
+        return comm_s
+    expert_s = (2 if transfer.name.endswith(", backward") else 1) * kernel_s
+    total = max(comm_s, expert_s) + min(comm_s, expert_s) / overlap_chunks
+    return max(0.0, total - expert_s)
 
 
 def _in_forward(transfer_name: str) -> bool:

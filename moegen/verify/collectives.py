@@ -171,9 +171,106 @@ def collective_counters(hlo_text: str) -> dict[str, Any]:
     module = parse_hlo(hlo_text)
     contents = _Contents(module)
     items: list[dict[str, Any]] = []
+    for computation in _scheduled_computations(module):
+        scan = _Scan(computation, contents, items)
+        for instruction in module.computations[computation]:
+            scan.step(instruction)
+        scan.finish()
+    return summarize(items)
 
-    def record(window: _Window, *, is_async: bool, nbytes: int, matched: bool = True) -> None:
-        items.append(
+
+class _Scan:
+    """One scheduled computation, in order: each collective's window and what runs inside it."""
+
+    def __init__(self, computation: str, contents: _Contents, items: list[dict[str, Any]]) -> None:
+        self.computation = computation
+        self.contents = contents
+        self.items = items
+        self.pending: dict[str, _Window] = {}
+        self.alias: dict[str, str] = {}  # async-update or get-tuple-element -> the start it reads
+
+    def step(self, instruction: Instruction) -> None:
+        opcode = instruction.opcode
+        inner = self.contents.of_calls(instruction)
+        if self._opens(instruction, inner) or self._closes(instruction, inner):
+            return
+        if opcode in COLLECTIVE_KINDS:
+            self._record_synchronous(opcode, instruction)
+            return
+        # A TPU async collective fusion passes its in-flight state through the fusions
+        # scheduled inside it (each may run a step of the collective beside its own
+        # compute): whatever reads that state carries it on to the done.
+        carried = _started(instruction.operands, self.pending, self.alias)
+        if carried is not None:
+            self.alias[instruction.name] = carried
+            if opcode == "fusion" and not inner.computes:
+                return
+        elif opcode == "fusion" and inner.kind is not None:
+            # A collective fusion runs the collective itself: synchronous here.
+            self._record_synchronous(inner.kind, instruction)
+            return
+        self._count_compute(instruction, inner)
+
+    def finish(self) -> None:
+        for window in self.pending.values():  # started, never waited for here
+            self._record(window, is_async=True, nbytes=0, matched=False)
+
+    def _opens(self, instruction: Instruction, inner: _Summary) -> bool:
+        """A collective's start: its window opens."""
+        opcode = instruction.opcode
+        if opcode in _STARTS:
+            kind = _STARTS[opcode]
+        elif (
+            opcode in ("async-start", "fusion")
+            and inner.kind
+            and not inner.waits
+            and (opcode == "async-start" or inner.starts)
+        ):
+            kind = inner.kind
+        else:
+            return False
+        self.pending[instruction.name] = _Window(kind, instruction.name, self.computation)
+        return True
+
+    def _closes(self, instruction: Instruction, inner: _Summary) -> bool:
+        """An update of an in-flight collective (an alias of its start), or its done."""
+        opcode = instruction.opcode
+        if opcode in ("async-update", "get-tuple-element", "bitcast"):
+            start = _started(instruction.operands[:1], self.pending, self.alias)
+            if start is not None:
+                self.alias[instruction.name] = start
+                return True
+        if opcode in _DONES or opcode == "async-done" or (opcode == "fusion" and inner.waits):
+            start = _started(instruction.operands, self.pending, self.alias)
+            if start is not None:
+                window = self.pending.pop(start)
+                self._record(window, is_async=True, nbytes=shape_bytes(instruction.shape))
+                return True
+        return False
+
+    def _count_compute(self, instruction: Instruction, inner: _Summary) -> None:
+        """Compute scheduled while collectives are in flight hides them."""
+        opcode = instruction.opcode
+        if opcode not in COMPUTE_OPCODES:
+            return
+        if opcode == "custom-call" and not is_kernel(instruction):
+            return
+        matmul = opcode in MATMUL_OPCODES or is_kernel(instruction) or inner.matmul
+        if opcode in ("while", "call", "conditional"):
+            called = instruction.scheduled_calls()
+            matmul = matmul or any(self.contents.of(c).matmul for c in called)
+        for window in self.pending.values():
+            window.compute_between += 1
+            window.matmul_between = window.matmul_between or matmul
+
+    def _record_synchronous(self, kind: str, instruction: Instruction) -> None:
+        window = _Window(kind, instruction.name, self.computation)
+        self._record(window, is_async=False, nbytes=shape_bytes(instruction.shape))
+
+    def _record(
+        self, window: _Window, *, is_async: bool, nbytes: int, matched: bool = True
+    ) -> None:
+        self.items.append(
             {
                 "kind": window.kind,
                 "name": window.name,
@@ -187,76 +284,6 @@ def collective_counters(hlo_text: str) -> dict[str, Any]:
                 "bytes": nbytes,
             }
         )
-
-    for computation in _scheduled_computations(module):
-        pending: dict[str, _Window] = {}
-        alias: dict[str, str] = {}  # async-update or get-tuple-element -> the start it reads
-
-        for instruction in module.computations[computation]:
-            opcode = instruction.opcode
-            inner = contents.of_calls(instruction)
-            if opcode in _STARTS:
-                pending[instruction.name] = _Window(_STARTS[opcode], instruction.name, computation)
-                continue
-            if (
-                opcode in ("async-start", "fusion")
-                and inner.kind
-                and not inner.waits
-                and (opcode == "async-start" or inner.starts)
-            ):
-                pending[instruction.name] = _Window(inner.kind, instruction.name, computation)
-                continue
-            if opcode in ("async-update", "get-tuple-element", "bitcast"):
-                start = _started(instruction.operands[:1], pending, alias)
-                if start is not None:
-                    alias[instruction.name] = start
-                    continue
-            is_done = (
-                opcode in _DONES or opcode == "async-done" or (opcode == "fusion" and inner.waits)
-            )
-            if is_done:
-                start = _started(instruction.operands, pending, alias)
-                if start is not None:
-                    window = pending.pop(start)
-                    record(window, is_async=True, nbytes=shape_bytes(instruction.shape))
-                    continue
-            if opcode in COLLECTIVE_KINDS:
-                record(
-                    _Window(opcode, instruction.name, computation),
-                    is_async=False,
-                    nbytes=shape_bytes(instruction.shape),
-                )
-                continue
-            # A TPU async collective fusion passes its in-flight state through the fusions
-            # scheduled inside it (each may run a step of the collective beside its own
-            # compute): whatever reads that state carries it on to the done.
-            carried = _started(instruction.operands, pending, alias)
-            if carried is not None:
-                alias[instruction.name] = carried
-                if opcode == "fusion" and not inner.computes:
-                    continue
-            elif opcode == "fusion" and inner.kind is not None:
-                # A collective fusion runs the collective itself: synchronous here.
-                record(
-                    _Window(inner.kind, instruction.name, computation),
-                    is_async=False,
-                    nbytes=shape_bytes(instruction.shape),
-                )
-                continue
-            if opcode not in COMPUTE_OPCODES:
-                continue
-            if opcode == "custom-call" and not is_kernel(instruction):
-                continue
-            matmul = opcode in MATMUL_OPCODES or is_kernel(instruction) or inner.matmul
-            if opcode in ("while", "call", "conditional"):
-                matmul = matmul or any(contents.of(c).matmul for c in instruction.scheduled_calls())
-            for window in pending.values():
-                window.compute_between += 1
-                window.matmul_between = window.matmul_between or matmul
-        for window in pending.values():  # started, never waited for here
-            record(window, is_async=True, nbytes=0, matched=False)
-
-    return summarize(items)
 
 
 def summarize(items: list[dict[str, Any]]) -> dict[str, Any]:

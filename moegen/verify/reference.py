@@ -4,7 +4,8 @@ Every token goes through every expert (one einsum per projection) and a dense [t
 combine matrix keeps the routed outputs: the GShard-style formulation, O(tokens * experts) work,
 only for small twins. It shares no code with the generated module, and it sorts nothing: top-k,
 group limits and capacity are all written as pairwise comparisons ("how many entries beat this
-one"), so that it shares no method with a sort- or top_k-based implementation either.
+one"), so that it shares no method with a sort- or top_k-based implementation either (the
+router is in `moegen.verify.reference_routing`).
 
 Features follow from `ReferenceConfig` and from which keys `params` holds:
 
@@ -43,6 +44,13 @@ from moegen.verify.reference_fields import (
     RouterConfig,
     SharedGlu,
 )
+from moegen.verify.reference_routing import (
+    Routing,
+    highest_einsum,
+    rank,
+    route,
+    router_combine,
+)
 
 __all__ = [
     "ACTIVATIONS", "DROP_POLICIES", "GATED_ACTIVATIONS", "SCORES", "ReferenceAux",
@@ -56,30 +64,6 @@ class ReferenceAux(NamedTuple):
     dropped_per_expert: jax.Array  # int32 [E]: copies dropped by capacity (zeros when dropless)
     load_balance_loss: jax.Array  # float32 [] (0.0 when the weight is 0)
     router_z_loss: jax.Array  # float32 [] (0.0 when the weight is 0)
-
-
-class Routing(NamedTuple):
-    logits: jax.Array  # [T, E]
-    scores: jax.Array  # [T, E] the score function of the logits (no bias)
-    chosen: jax.Array  # bool [T, E]: the top-k experts of each token
-    weights: jax.Array  # [T, E]: final weight of each chosen copy (after renormalize, scaling)
-    kept: jax.Array  # bool [T, E]: chosen and not dropped by capacity
-    shared: jax.Array | None = None  # [T, S]: the weights of the shared experts it weighs
-
-
-def _einsum(spec: str, *operands: jax.Array) -> jax.Array:
-    return jnp.einsum(spec, *operands, precision="highest")
-
-
-def _rank(values: jax.Array) -> jax.Array:
-    """rank[..., i]: how many entries along the last axis come before entry i in descending
-    order, a larger value or an equal one at a lower index (the order of jax.lax.top_k)."""
-    n = values.shape[-1]
-    mine = values[..., :, None]
-    other = values[..., None, :]
-    lower_index = jnp.arange(n)[None, :] < jnp.arange(n)[:, None]  # [i, j]: j < i
-    before = (other > mine) | ((other == mine) & lower_index)
-    return before.sum(axis=-1)
 
 
 def _gelu(cfg: ReferenceConfig, v: jax.Array) -> jax.Array:
@@ -134,114 +118,6 @@ def _hidden(
     return activated * (up + glu.up_offset)
 
 
-def route(
-    tokens: jax.Array,
-    router: jax.Array,
-    cfg: ReferenceConfig,
-    routing_bias: jax.Array | None = None,
-    router_bias: jax.Array | None = None,
-    per_expert_scale: jax.Array | None = None,
-    router_scale: jax.Array | None = None,
-) -> Routing:
-    """Dense routing of float32 tokens [T, D]: every decision a [T, E] mask."""
-    logits = _einsum("td,dx->tx", tokens, router)  # x: the experts
-    if router_bias is not None:
-        logits = logits + router_bias[None, :]
-    if cfg.logit_softcap is not None:
-        logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
-    # The last columns may score shared experts: they weigh them, never get chosen.
-    experts = router.shape[1] - cfg.weighed_shared_experts
-    logits, shared_logits = logits[:, :experts], logits[:, experts:]
-    scores = _score(cfg, logits)
-
-    # Selection decides which experts, never how much: no gradient flows through it.
-    elementwise = cfg.score in ("sigmoid", "sqrtsoftplus")
-    if cfg.score_after_top_k or (elementwise and routing_bias is None and cfg.num_groups == 1):
-        selection = logits  # an elementwise increasing score keeps the logits' order exactly
-    elif routing_bias is not None:
-        biased = logits if cfg.bias_on_logits else scores
-        selection = biased + routing_bias[None, :]
-    else:
-        selection = scores
-    selection = jax.lax.stop_gradient(selection)
-
-    if cfg.num_groups > 1:
-        selection = _limit_to_groups(cfg, selection)
-    chosen = _rank(selection) < cfg.top_k  # [T, E]
-
-    if cfg.score_after_top_k:
-        weights = jax.nn.softmax(jnp.where(chosen, logits, -jnp.inf), axis=-1)
-    else:
-        weights = jnp.where(chosen, scores, 0.0)
-    shared = _score(cfg, shared_logits)  # [T, S]: S may be 0
-    if cfg.renormalize:  # the shared experts' scores are normalised with the chosen ones'
-        total = weights.sum(axis=-1, keepdims=True) + shared.sum(axis=-1, keepdims=True)
-        weights = weights / (total + cfg.renormalize_epsilon)
-        shared = shared / (total + cfg.renormalize_epsilon)
-    if per_expert_scale is not None:
-        weights = weights * per_expert_scale[None, :]
-    weights, shared = weights * cfg.routed_scaling, shared * cfg.routed_scaling
-    if router_scale is not None:
-        weights, shared = weights * router_scale[0], shared * router_scale[0]
-
-    kept = chosen if cfg.capacity is None else _kept_under_capacity(cfg, chosen, weights)
-    return Routing(logits, scores, chosen, weights, kept, shared)
-
-
-def _limit_to_groups(cfg: ReferenceConfig, selection: jax.Array) -> jax.Array:
-    """Only the experts of each token's top_groups best groups stay selectable (-inf elsewhere);
-    a group's score is the sum of its group_top_n best selection scores."""
-    num_tokens, experts = selection.shape
-    size = experts // cfg.num_groups
-    grouped = selection.reshape(num_tokens, cfg.num_groups, size)
-    best_in_group = _rank(grouped) < cfg.group_top_n
-    group_score = jnp.where(best_in_group, grouped, 0.0).sum(axis=-1)  # [T, G]
-    kept_group = _rank(group_score) < cfg.top_groups
-    return jnp.where(jnp.repeat(kept_group, size, axis=1), selection, -jnp.inf)
-
-
-def _kept_under_capacity(cfg: ReferenceConfig, chosen: jax.Array, weights: jax.Array) -> jax.Array:
-    """The chosen copies each expert keeps: those fewer than `capacity` copies of its shard
-    (device, or sequence) come before, by weight or by position."""
-    num_tokens, experts = chosen.shape
-    # A token routes to an expert at most once, so among the copies of one expert the
-    # (token, k-slot) order is the token order. ahead[t, u, e]: u's copy of e goes first.
-    index = jnp.arange(num_tokens)
-    shard = _capacity_shard(cfg, index, num_tokens)
-    same_shard = shard[:, None] == shard[None, :]  # [t, u]
-    earlier = index[None, :] < index[:, None]  # [t, u]: u < t
-    if cfg.drop_policy == "position":
-        ahead = jnp.broadcast_to(earlier[:, :, None], (num_tokens, num_tokens, experts))
-    else:
-        w = jax.lax.stop_gradient(weights)
-        mine, other = w[:, None, :], w[None, :, :]
-        ahead = (other > mine) | ((other == mine) & earlier[:, :, None])
-    competing = ahead & same_shard[:, :, None] & chosen[None, :, :]
-    return chosen & (competing.sum(axis=1) < cfg.capacity)
-
-
-def _score(cfg: ReferenceConfig, logits: jax.Array) -> jax.Array:
-    if cfg.score == "softmax":
-        return jax.nn.softmax(logits, axis=-1)
-    if cfg.score == "sigmoid":
-        return jax.nn.sigmoid(logits)
-    if cfg.score == "sqrtsoftplus":
-        return jnp.sqrt(jax.nn.softplus(logits))
-    raise ValueError(f"unknown score function {cfg.score!r}")
-
-
-def _capacity_shard(cfg: ReferenceConfig, index: jax.Array, num_tokens: int) -> jax.Array:
-    """The device each token is on, whose capacity it competes for: contiguous groups of
-    sequences (batch shards), and with a sequence axis a part of each sequence."""
-    if cfg.sequence_shards == 1:
-        return index // (num_tokens // cfg.token_shards)
-    if cfg.seq_len is None:
-        raise ValueError("sequence_shards needs seq_len")
-    sequence, position = index // cfg.seq_len, index % cfg.seq_len
-    batch_shard = sequence // (num_tokens // cfg.seq_len // cfg.token_shards)
-    return batch_shard * cfg.sequence_shards + position // (cfg.seq_len // cfg.sequence_shards)
-
-
 def _rms_norm(tokens: jax.Array, eps: float) -> jax.Array:
     return tokens * (jnp.mean(tokens**2, axis=-1, keepdims=True) + eps) ** -0.5
 
@@ -252,19 +128,6 @@ def _router_input(cfg: ReferenceConfig, tokens: jax.Array, p: dict[str, jax.Arra
         return tokens
     normed = _rms_norm(tokens, cfg.router_norm_eps) * p["router_input_scale"][None]
     return normed * tokens.shape[-1] ** -0.5
-
-
-def router_combine(
-    tokens: jax.Array,
-    router: jax.Array,
-    cfg: ReferenceConfig,
-    routing_bias: jax.Array | None = None,
-    router_bias: jax.Array | None = None,
-) -> tuple[jax.Array, jax.Array]:
-    """Dense [tokens, experts] combine weights (kept copies, zero elsewhere) and the number of
-    token copies the router sends each expert (before dropping)."""
-    r = route(tokens, router, cfg, routing_bias, router_bias)
-    return jnp.where(r.kept, r.weights, 0.0), r.chosen.sum(axis=0).astype(jnp.int32)
 
 
 def dense_moe(
@@ -294,7 +157,7 @@ def dense_moe(
     # zero experts, the columns after them, contribute nothing.
     experts = p["w_up"].shape[0]
     identity_weights = weights[:, experts : experts + cfg.identity_experts]
-    identity = _einsum("tx,td->td", identity_weights, tokens)
+    identity = highest_einsum("tx,td->td", identity_weights, tokens)
     weights, kept = weights[:, :experts], r.kept[:, :experts]
     if cfg.expert_norm_eps is not None:  # the experts run on the normalised tokens
         tokens = _rms_norm(tokens, cfg.expert_norm_eps) * p["expert_input_norm"][None]
@@ -303,19 +166,25 @@ def dense_moe(
     input_scale = weights[:, :, None] if cfg.weights_on_input else 1.0
 
     def projection(name: str) -> jax.Array:
-        value = _einsum("td,edf->tef", routed, p[f"w_{name}"]) * input_scale
+        value = highest_einsum("td,edf->tef", routed, p[f"w_{name}"]) * input_scale
         return value + p[f"b_{name}"][None] if biased else value
 
     hidden = _hidden(cfg, projection("gate") if gated else None, projection("up"))
-    out = _einsum("tef,efd->ted", hidden, p["w_down"])
+    out = highest_einsum("tef,efd->ted", hidden, p["w_down"])
     if biased:
         out = out + p["b_down"][None]
     combine = jnp.where(kept, 1.0, 0.0) if cfg.weights_on_input else weights
-    y = _latent(_einsum("txd,tx->td", out, combine), p, "out") + identity
+    y = _latent(highest_einsum("txd,tx->td", out, combine), p, "out") + identity
 
     if "shared_up" in p:
         y = y + _shared_expert(cfg, tokens, p, gated, r.shared)
 
+    aux = _reference_aux(cfg, r, batch)
+    return y.reshape(batch, seq, embed), aux
+
+
+def _reference_aux(cfg: ReferenceConfig, r: Routing, batch: int) -> ReferenceAux:
+    """Copies chosen and dropped per expert, and the router's weighted losses."""
     counts = r.chosen.sum(axis=0).astype(jnp.int32)
     dropped = (r.chosen & ~r.kept).sum(axis=0).astype(jnp.int32)
     load_balance = jnp.zeros((), jnp.float32)
@@ -324,9 +193,7 @@ def dense_moe(
     z_loss = jnp.zeros((), jnp.float32)
     if cfg.z_loss_weight:
         z_loss = cfg.z_loss_weight * jnp.mean(jax.nn.logsumexp(r.logits, axis=-1) ** 2)
-
-    aux = ReferenceAux(counts, dropped, load_balance.astype(jnp.float32), z_loss)
-    return y.reshape(batch, seq, embed), aux
+    return ReferenceAux(counts, dropped, load_balance.astype(jnp.float32), z_loss)
 
 
 def _latent(values: jax.Array, p: dict[str, jax.Array], way: str) -> jax.Array:
@@ -334,7 +201,7 @@ def _latent(values: jax.Array, p: dict[str, jax.Array], way: str) -> jax.Array:
     have them; unchanged where they have none."""
     if "latent_in" not in p:
         return values
-    projected = _einsum("td,dl->tl", values, p[f"latent_{way}"])
+    projected = highest_einsum("td,dl->tl", values, p[f"latent_{way}"])
     bias = p.get(f"latent_{way}_bias")
     return projected if bias is None else projected + bias[None]
 
@@ -352,7 +219,7 @@ def _shared_expert(
     biased = "shared_b_up" in p
 
     def projection(name: str) -> jax.Array:
-        value = _einsum("td,ds->ts", tokens, p[f"shared_{name}"])
+        value = highest_einsum("td,ds->ts", tokens, p[f"shared_{name}"])
         return value + p[f"shared_b_{name}"][None] if biased else value
 
     hidden = _hidden(cfg, projection("gate") if gated else None, projection("up"), shared=True)
@@ -360,11 +227,11 @@ def _shared_expert(
         count = cfg.weighed_shared_experts
         blocks = hidden.reshape(hidden.shape[0], count, -1) * router_weights[:, :, None]
         hidden = blocks.reshape(hidden.shape)
-    shared = _einsum("ts,sd->td", hidden, p["shared_down"])
+    shared = highest_einsum("ts,sd->td", hidden, p["shared_down"])
     if biased:
         shared = shared + p["shared_b_down"][None]
     if "shared_expert_gate" in p:
-        share = jax.nn.sigmoid(_einsum("td,d->t", tokens, p["shared_expert_gate"]))
+        share = jax.nn.sigmoid(highest_einsum("td,d->t", tokens, p["shared_expert_gate"]))
         shared = shared * share[:, None]
     return shared
 
@@ -384,7 +251,7 @@ def _balance_term(cfg: ReferenceConfig, r: Routing, counts: jax.Array, batch: in
     if cfg.load_balance_form == "transformers":
         probs = jax.nn.softmax(r.logits, axis=-1)
         # the logits' top-k, whatever the layer selected (pairwise, as everything here)
-        picks = (_rank(r.logits) < cfg.top_k).sum(axis=0).astype(jnp.float32)
+        picks = (rank(r.logits) < cfg.top_k).sum(axis=0).astype(jnp.float32)
         return experts * jnp.sum(picks / tokens * probs.mean(axis=0))
     if cfg.score == "softmax":
         probs = jax.nn.softmax(r.logits, axis=-1)

@@ -1,0 +1,84 @@
+"""What the memory ledger counts of the routed FFN in a given number of slices, and the FLOPs
+its slices or token chunks recompute."""
+
+from __future__ import annotations
+
+import math
+
+from moegen.plan.costs import DTYPE_BYTES
+from moegen.plan.experts import ExpertPlan
+from moegen.plan.memory import FfnBuffers
+from moegen.plan.params import ParamPlan
+from moegen.plan.replicas import expert_bytes
+from moegen.plan.slicing import casts_per_slice, slice_grads_by_hand
+from moegen.spec import GATED_ACTIVATIONS, Spec
+from moegen.strategies import strategy
+
+
+def local_ffn_dim(spec: Spec) -> int:
+    """The expert FFN columns one device holds: FFN_DIM over the tensor axis."""
+    return spec.layer.ffn_dim // spec.tensor_shards
+
+
+def recompute_flops(spec: Spec, experts: ExpertPlan, kernel_rows: int, chunks: int) -> int:
+    """FFN slices and token chunks, alone or together, run (gate and) up once more in the
+    backward pass."""
+    if chunks == 1 and experts.token_chunks == 1:
+        return 0
+    matmuls = 3 if spec.layer.activation in GATED_ACTIVATIONS else 2
+    rows = kernel_rows * experts.token_chunks
+    return 2 * (matmuls - 1) * rows * spec.layer.routed_dim * local_ffn_dim(spec)
+
+
+def ffn_buffers(
+    spec: Spec,
+    experts: ExpertPlan,
+    params: tuple[ParamPlan, ...],
+    chunks: int,
+    kernel_rows: int,
+    gate_up_calls: int,
+) -> FfnBuffers:
+    """The buffers the ledger counts for the FFN run in `chunks` slices."""
+    compute_bytes = DTYPE_BYTES[spec.dtypes.compute]
+    param_bytes = DTYPE_BYTES[spec.dtypes.params]
+    ffn_params = [p for p in params if p.ffn_axis is not None]
+    axes = spec.mesh.axes
+    routes = strategy(experts.strategy)
+    extra = spec.parallelism.redundant_experts // experts.shards
+    one_expert = expert_bytes(params, axes.get("fsdp", 1))
+    return FfnBuffers(
+        rows=kernel_rows,
+        embed_dim=spec.layer.routed_dim,
+        width=local_ffn_dim(spec) // chunks,
+        chunks=chunks,
+        matmuls=3 if spec.layer.activation in GATED_ACTIVATIONS else 2,
+        gate_up_calls=gate_up_calls,
+        # cast slice by slice, only the slice's copy is live (counted as gathered)
+        sliced_cast_bytes=0
+        if casts_per_slice(spec, chunks)
+        else sum(math.prod(p.local_shape) * compute_bytes for p in ffn_params),
+        sliced_param_bytes=sum(math.prod(p.local_shape) for p in ffn_params)
+        * (compute_bytes if slice_grads_by_hand(spec, chunks, experts) else param_bytes),
+        token_chunks=experts.token_chunks,
+        kept_output_bytes=_kept_output_bytes(experts, kernel_rows, spec, compute_bytes),
+        exchanged=routes.exchanges_rows and experts.shards > 1,
+        gathers_whole=axes.get("fsdp", 1) > 1 and chunks == 1,
+        biased=spec.layer.ffn_bias,
+        ring=routes.gathers_group,
+        calls=experts.ffn_calls,
+        all_reduced="fsdp" not in axes
+        and any(axes.get(axis, 1) > 1 for axis in ("data", "sequence")),
+        replica_bytes=extra * one_expert,
+        slot_weight_bytes=(experts.local_experts + extra) * one_expert if extra else 0,
+    )
+
+
+def _kept_output_bytes(experts: ExpertPlan, rows: int, spec: Spec, compute_bytes: int) -> int:
+    """What the token chunks keep for the backward pass: each chunk's expert outputs as they
+    are combined: a gathering strategy's grouped-matmul rows of the group's tokens, else this
+    device's copies (returned to it, or sorted where they stay). 0 without token chunks."""
+    if experts.token_chunks == 1:
+        return 0
+    gathers = strategy(experts.strategy).gathers_group
+    kept_rows = rows if gathers else experts.call_tokens * spec.router.top_k
+    return experts.token_chunks * kept_rows * spec.layer.routed_dim * compute_bytes
