@@ -30,8 +30,7 @@ from checkpoint_cases import (
     block_and_input_gradient,
     multi_layer_model,
 )
-from spec_builder import spec_yaml
-from test_checkpoints import (
+from checkpoint_helpers import (
     MIXTRAL_CONFIG,
     deepseek_tensors,
     mixtral_tensors,
@@ -41,6 +40,7 @@ from test_checkpoints import (
     relative_error,
     save_numpy,
 )
+from spec_builder import spec_yaml
 
 from moegen.checkpoints import CheckpointError, StackedParams, find_moe_layers, load_model_params
 from moegen.checkpoints.layouts import FAMILIES

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from checkpoint_cases import CASES, ERNIE_SHARED_BIASES
-from test_checkpoints import check_family, module_for, oracle, tiny_model
+from checkpoint_helpers import check_family, module_for, oracle, tiny_model
 
 from moegen.checkpoints import CheckpointError, load_layer_params
 
