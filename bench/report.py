@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.report_notes import READING_NOTES
+
 # the generated layer and the baselines it is measured against (bench.baselines)
 VARIANTS = ("moegen", "dense_dispatch", "ragged_dot")
 BASELINE_NAMES = VARIANTS[1:]
@@ -15,40 +17,6 @@ LABELS = {
     "dense_dispatch": "dense dispatch",
     "ragged_dot": "ragged_dot",
 }
-
-
-READING_NOTES = (
-    "Compiled flops and bytes of a megablox call are the kernel's own static CostEstimate: "
-    "2*m*k*n and its operands' bytes over the whole row buffer, whatever the routing. The "
-    "kernel's grid only runs the row tiles that hold rows of its groups (megablox's "
-    "`num_active_tiles`, computed from the group sizes at run time), so where the plan sizes "
-    "the buffer for the worst case (ragged_all_to_all: RECEIVE_ROWS, 4x the routed rows in "
-    "mixtral_8x7b_ep_a2a_v5e; ring of experts: every copy of the expert group, 8x in "
-    "qwen3_30b_a3b_ring_v6e) the compiled figure is "
-    "an upper bound of the work done at run time, and */ useful* shows that bound, not waste "
-    "at balanced routing. The XLA figures of the baselines come from XLA's own cost model of "
-    "what GSPMD made of them.",
-    "The two models also count a matmul differently: megablox's estimate counts its tiles as "
-    "it moves them (the rows once per output tile, one expert's weights once per row tile), "
-    "XLA counts a dot or a ragged dot as its operands and result once, whatever tiles its "
-    "emitter uses. *bytes, kernel operands once* takes from the compiled bytes what each "
-    "kernel call's estimate counts beyond one read of its operands and one write of its result "
-    "(`moegen.verify.loops.kernel_tile_bytes`, loop trips included), so that the Pallas layers "
-    "are counted as XLA counts the baselines; it equals *bytes accessed* for a layer without "
-    "Pallas kernels.",
-    "Where a baseline's */ useful* is above 1 without a worst-case buffer, GSPMD replicated work: "
-    "e.g. ragged_dot on an expert-sharded mesh sorts the global batch and runs the grouped "
-    "matmuls unsharded over the expert axis.",
-    "*exposed / all collectives* counts static collectives of the scheduled HLO (one inside a "
-    "loop body counts once). Synchronous collectives are exposed by definition; an async one "
-    "is hidden when any compute is scheduled between its start and its done (XLA:TPU async "
-    "collective fusions included). *exposed collective MiB* sums their result buffers (for a "
-    "ragged all-to-all, the whole receive buffer: an upper bound of what moves).",
-    "Peak memory is per device from the compiler; *fits HBM* compares it with the chip's HBM "
-    "per device (moegen/hardware.py).",
-    "CPU twin times are tens-of-tokens programs: they measure dispatch overhead and op count, "
-    "not arithmetic, and say nothing about TPU speed. Pallas twins run interpreted.",
-)
 
 
 def _counters(spec: dict, variant: str) -> dict | None:
@@ -140,6 +108,15 @@ def losses(spec: dict) -> list[str]:
 
 def format_report(results: dict[str, Any]) -> str:
     """The markdown of bench/RESULTS.md from the collected results (pure)."""
+    out = _intro(results) + _counters_table(results)
+    out += memory_section(results)
+    out += _ratios_table(results) + _cpu_table(results) + _losses_and_notes(results)
+    tool = results.get("tool")
+    return "\n".join(out + (_tool_section(tool) if tool else []))
+
+
+def _intro(results: dict[str, Any]) -> list[str]:
+    """The title, the command and what the figures are."""
     out: list[str] = []
     w = out.append
     w("# Benchmark: generated layers against plain-JAX baselines")
@@ -178,6 +155,13 @@ def format_report(results: dict[str, Any]) -> str:
         "combined."
     )
     w("")
+    return out
+
+
+def _counters_table(results: dict[str, Any]) -> list[str]:
+    """Each spec's compiled counters, moegen's and the baselines'."""
+    out: list[str] = []
+    w = out.append
     w("## TPU compiled counters (per device, forward+backward)")
     w("")
     w(
@@ -230,7 +214,13 @@ def format_report(results: dict[str, Any]) -> str:
         + "."
     )
     w("")
-    out.extend(memory_section(results))
+    return out
+
+
+def _ratios_table(results: dict[str, Any]) -> list[str]:
+    """Each metric's baseline / moegen ratio."""
+    out: list[str] = []
+    w = out.append
     w("## Ratios: baseline / moegen (above 1: moegen does better)")
     w("")
     w(
@@ -260,6 +250,13 @@ def format_report(results: dict[str, Any]) -> str:
                 cells.append(_fmt(tr))
             w(f"| {spec['name']} | {LABELS[base]} | " + " | ".join(cells) + " |")
     w("")
+    return out
+
+
+def _cpu_table(results: dict[str, Any]) -> list[str]:
+    """The twins' CPU wall times."""
+    out: list[str] = []
+    w = out.append
     w("## CPU wall time of the twins (forward+backward, median)")
     w("")
     w(
@@ -295,6 +292,13 @@ def format_report(results: dict[str, Any]) -> str:
             )
             twin = ""
     w("")
+    return out
+
+
+def _losses_and_notes(results: dict[str, Any]) -> list[str]:
+    """Where a baseline does better, and how to read the figures."""
+    out: list[str] = []
+    w = out.append
     lost = [line for spec in results["specs"] for line in losses(spec)]
     w("## Where moegen loses")
     w("")
@@ -312,36 +316,41 @@ def format_report(results: dict[str, Any]) -> str:
     for note in READING_NOTES:
         w(f"- {note}")
     w("")
-    tool = results.get("tool")
-    if tool:
-        w("## The tool's own speed")
-        w("")
-        check = tool["check"]
-        w(
-            f"`moegen check` over all {check['specs']} specs: {check['seconds']:.1f} s "
-            f"(exit {check['rc']})."
+    return out
+
+
+def _tool_section(tool: dict[str, Any]) -> list[str]:
+    """The tool's own build and check times."""
+    out: list[str] = []
+    w = out.append
+    w("## The tool's own speed")
+    w("")
+    check = tool["check"]
+    w(
+        f"`moegen check` over all {check['specs']} specs: {check['seconds']:.1f} s "
+        f"(exit {check['rc']})."
+    )
+    w("")
+    w("| spec | `moegen build --no-verify` (s) | `moegen build` (s) | of which verify (s) |")
+    w("|---|---:|---:|---:|")
+    for name, r in tool["build_no_verify"].items():
+        v = tool["verify"].get(name)
+        rc = "" if r["rc"] == 0 else f" (exit {r['rc']})"
+        full = (
+            ""
+            if v is None
+            else f"{v['seconds']:.1f}" + ("" if v["rc"] == 0 else f" (exit {v['rc']})")
         )
-        w("")
-        w("| spec | `moegen build --no-verify` (s) | `moegen build` (s) | of which verify (s) |")
-        w("|---|---:|---:|---:|")
-        for name, r in tool["build_no_verify"].items():
-            v = tool["verify"].get(name)
-            rc = "" if r["rc"] == 0 else f" (exit {r['rc']})"
-            full = (
-                ""
-                if v is None
-                else f"{v['seconds']:.1f}" + ("" if v["rc"] == 0 else f" (exit {v['rc']})")
-            )
-            verify = "" if v is None else f"{v['verify_seconds']:.1f}"
-            w(f"| {name} | {r['seconds']:.1f}{rc} | {full} | {verify} |")
-        w("")
-        w(
-            "Each figure is the wall time of a fresh `python -m moegen` process (interpreter and "
-            "import included). `moegen build` with verification is run for the cpu specs only; for "
-            "TPU specs the compile times in the first table show the cost of the full-size compile."
-        )
-        w("")
-    return "\n".join(out)
+        verify = "" if v is None else f"{v['verify_seconds']:.1f}"
+        w(f"| {name} | {r['seconds']:.1f}{rc} | {full} | {verify} |")
+    w("")
+    w(
+        "Each figure is the wall time of a fresh `python -m moegen` process (interpreter and "
+        "import included). `moegen build` with verification is run for the cpu specs only; for "
+        "TPU specs the compile times in the first table show the cost of the full-size compile."
+    )
+    w("")
+    return out
 
 
 def memory_section(results: dict[str, Any]) -> list[str]:
