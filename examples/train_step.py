@@ -104,20 +104,17 @@ def import_module(path: Path) -> ModuleType:
     return module
 
 
-def make_trainer(moe: ModuleType, args: argparse.Namespace) -> Any:
-    """`run(bias_rate) -> (losses, loads)`: one training run, `loads` [steps, NUM_EXPERTS].
+def make_step(moe: ModuleType, args: argparse.Namespace, mesh: Any) -> tuple[Any, Any, dict]:
+    """The jitted `train_step`, the optimizer and the initial parameters.
 
-    Every run starts from the same parameters and sees the same batches; the jitted step takes
-    the bias rate as an argument, so all runs share one compilation.
+    The step takes the bias rate as an argument, so all runs share one compilation.
     """
     import jax
     import jax.numpy as jnp
     import numpy as np
     import optax
     from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
-    mesh = moe.make_mesh(jax.devices()[: moe.NUM_DEVICES])
     has_bias = "routing_bias" in moe.PARAM_SHAPES
     embed = moe.EMBED_DIM
 
@@ -158,12 +155,29 @@ def make_trainer(moe: ModuleType, args: argparse.Namespace) -> Any:
             bias = moe.update_routing_bias(bias, loads, bias_rate)
         return trainable, opt_state, bias, loss, loads
 
+    return train_step, optimizer, initial
+
+
+def make_trainer(moe: ModuleType, args: argparse.Namespace) -> Any:
+    """`run(bias_rate) -> (losses, loads)`: one training run, `loads` [steps, NUM_EXPERTS].
+
+    Every run starts from the same parameters and sees the same batches.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = moe.make_mesh(jax.devices()[: moe.NUM_DEVICES])
+    train_step, optimizer, initial = make_step(moe, args, mesh)
+
     def replicated(value: Any) -> Any:
         return jax.device_put(value, NamedSharding(mesh, P()))
 
     def run(bias_rate: float) -> tuple[list[float], np.ndarray]:
-        trainable = {name: initial[name] for name in trainable_names}
-        bias = initial["routing_bias"] if has_bias else None
+        trainable = {name: value for name, value in initial.items() if name != "routing_bias"}
+        bias = initial.get("routing_bias")
         # Adam's step count is created unplaced: put it where train_step returns it, or the
         # second step would compile again.
         opt_state = jax.tree.map(
@@ -195,6 +209,33 @@ def show_loads(label: str, loads: Any) -> str:
     return f"  loads {label}: min {low:.1f} max {high:.1f} spread {high - low:.1f} cv {cv:.3f}"
 
 
+def summarise(results: dict[str, tuple[list[float], Any]], w: int) -> list[str]:
+    """Print each run's loss and loads over its last `w` steps; what failed, if anything."""
+    print(f"summary (last: mean of the last {w} steps; loads: token copies per expert and step)")
+    failures = []
+    for label, (losses, _) in results.items():
+        first, last = losses[0], sum(losses[-w:]) / w
+        print(f"  loss {label}: step 0 {first:.5f} last {last:.5f}")
+        if not last < first:
+            failures.append(f"run '{label}': the loss did not fall ({first:.5f} -> {last:.5f})")
+    step0 = next(iter(results.values()))[1][0]  # every run starts alike
+    print(show_loads("step 0", step0))
+    after = {label: loads[-w:].mean(axis=0) for label, (_, loads) in results.items()}
+    for label, loads in after.items():
+        print(show_loads(f"{label} last", loads))
+    if "bias update" in after:
+        even, frozen = after["bias update"], after["bias frozen"]
+        spread = {k: v.max() - v.min() for k, v in (("update", even), ("frozen", frozen))}
+        cv = {k: v.std() / v.mean() for k, v in (("update", even), ("frozen", frozen))}
+        if not (spread["update"] < spread["frozen"] and cv["update"] < cv["frozen"]):
+            failures.append(
+                "the bias update did not even out the loads: spread "
+                f"{spread['update']:.1f} vs {spread['frozen']:.1f} frozen, "
+                f"cv {cv['update']:.3f} vs {cv['frozen']:.3f} frozen"
+            )
+    return failures
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
@@ -224,35 +265,13 @@ def main(argv: list[str] | None = None) -> int:
         results[label] = run(rate)
         print(f"  {time.perf_counter() - run_start:.1f} s", flush=True)
 
-    w = args.window
-    print(f"summary (last: mean of the last {w} steps; loads: token copies per expert and step)")
-    failures = []
-    for label, (losses, _) in results.items():
-        first, last = losses[0], sum(losses[-w:]) / w
-        print(f"  loss {label}: step 0 {first:.5f} last {last:.5f}")
-        if not last < first:
-            failures.append(f"run '{label}': the loss did not fall ({first:.5f} -> {last:.5f})")
-    step0 = next(iter(results.values()))[1][0]  # every run starts alike
-    print(show_loads("step 0", step0))
-    after = {label: loads[-w:].mean(axis=0) for label, (_, loads) in results.items()}
-    for label, loads in after.items():
-        print(show_loads(f"{label} last", loads))
-    if "bias update" in after:
-        even, frozen = after["bias update"], after["bias frozen"]
-        spread = {k: v.max() - v.min() for k, v in (("update", even), ("frozen", frozen))}
-        cv = {k: v.std() / v.mean() for k, v in (("update", even), ("frozen", frozen))}
-        if not (spread["update"] < spread["frozen"] and cv["update"] < cv["frozen"]):
-            failures.append(
-                "the bias update did not even out the loads: spread "
-                f"{spread['update']:.1f} vs {spread['frozen']:.1f} frozen, "
-                f"cv {cv['update']:.3f} vs {cv['frozen']:.3f} frozen"
-            )
+    failures = summarise(results, args.window)
     print(f"total {time.perf_counter() - start:.1f} s")
     if failures:
         for failure in failures:
             print(f"FAILED: {failure}", file=sys.stderr)
         return 1
-    evened = " and the bias update evened out the expert loads" if "bias update" in after else ""
+    evened = " and the bias update evened out the expert loads" if "bias update" in results else ""
     print(f"OK: the loss fell{evened}")
     return 0
 
