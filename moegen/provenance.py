@@ -123,6 +123,7 @@ def signed_by_us(purpose: str, payload: bytes, signature: object) -> bool:
     return (
         expected is not None
         and isinstance(signature, str)
+        and signature.isascii()  # compare_digest refuses other strings (a forged record)
         and hmac.compare_digest(expected, signature)
     )
 

@@ -185,6 +185,9 @@ DAMAGED = {
     "seconds 'fast'": ("finite", _seconds("fast"), True),
     "bool as a figure": ("finite", _seconds(True), True),
     "negative bytes": ("count", lambda d: _compiled(d)["memory"].update(temp=-5), True),
+    "bytes past 2**63": ("count", lambda d: _compiled(d)["memory"].update(temp=10**400), True),
+    "seconds past float's range": ("finite", _seconds(10**400), True),
+    "a non-ASCII signature": ("not signed", lambda d: d.update(signature="\u00e9" * 64), False),
     "unknown key": ("unknown keys", lambda d: _steps(d)[0].update(verdict="pass"), True),
     "peak that does not add up": ("peak", lambda d: _compiled(d)["memory"].update(peak=1), True),
     "parent's step": (

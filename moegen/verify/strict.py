@@ -28,6 +28,9 @@ from moegen.verify.messages import (
     as_step,
 )
 
+# No figure of a compiled program (bytes, FLOPs, seconds, counts) comes near 2**63; a record
+# holding one larger was not written by a worker.
+MAX_FIGURE = 2**63 - 1
 _DERIVED = {Memory: {"peak"}}  # keys to_json adds beside the fields (checked against them)
 _PARENT_ONLY = (
     Reused,
@@ -106,10 +109,12 @@ def _check_value(value: Any, hint: Any, where: str) -> None:
         if not isinstance(value, str):
             raise BadRecord(f"{where}: not a string")
     elif hint is int:
-        if type(value) is not int or value < 0:
+        if type(value) is not int or not 0 <= value <= MAX_FIGURE:
             raise BadRecord(f"{where}: not a count")
     elif hint is float:
-        if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        # an int past float's range would overflow the figures' arithmetic: bounded first
+        number = type(value) in (int, float) and -MAX_FIGURE <= value <= MAX_FIGURE
+        if not number or not math.isfinite(value) or value < 0:
             raise BadRecord(f"{where}: not a finite non-negative number")
     elif hint is not Any:
         raise BadRecord(f"{where}: of a type records never hold")
