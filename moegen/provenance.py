@@ -72,6 +72,20 @@ def _private(st: os.stat_result, kind: int) -> bool:
     )
 
 
+def private_directory(name: str) -> Path | None:
+    """`name` under the state directory, made mode 0700 if need be: a place only this user
+    can write, for what moegen runs without checking it (JAX's compiled executables). None
+    when the state directory or it is not private."""
+    directory = state_dir()
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (directory / name).mkdir(mode=0o700, exist_ok=True)
+        private = all(_private(os.lstat(d), stat.S_IFDIR) for d in (directory, directory / name))
+    except OSError:
+        return None
+    return directory / name if private else None
+
+
 def _key_file(directory: Path) -> bytes | None:
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)

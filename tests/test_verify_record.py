@@ -192,6 +192,33 @@ def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
     assert record.cache_root() == tmp_path / "xdg" / "moegen"
 
 
+def test_the_compilation_cache_is_private_state_not_the_shared_cache(monkeypatch, tmp_path):
+    """JAX's cache entries are executables the twins run unchecked: a cache restored from a
+    fork must not be able to plant one, so they live where only this user writes."""
+    monkeypatch.setenv(record.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("MOEGEN_STATE_DIR", str(tmp_path / "state"))
+    directory = record.compilation_cache_dir()
+    assert directory == tmp_path / "state" / "jax-cache"
+    assert not directory.is_relative_to(record.cache_root())
+    assert (directory.stat().st_mode & 0o777) == 0o700
+
+
+@pytest.mark.parametrize("where", ["state", "state/jax-cache"])
+def test_no_compilation_cache_where_others_may_write(where, monkeypatch, tmp_path):
+    monkeypatch.setenv("MOEGEN_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / where).mkdir(parents=True)
+    (tmp_path / where).chmod(0o777)
+    assert record.compilation_cache_dir() is None
+
+
+def test_a_link_for_the_compilation_cache_is_not_followed(monkeypatch, tmp_path):
+    monkeypatch.setenv("MOEGEN_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "state").mkdir(mode=0o700)
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (tmp_path / "state" / "jax-cache").symlink_to(tmp_path / "elsewhere")
+    assert record.compilation_cache_dir() is None
+
+
 # ---------------------------------------------------------------------------------------
 # verify() with a record: the worker is not started
 

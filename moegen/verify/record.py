@@ -80,9 +80,12 @@ def records_dir() -> Path:
     return cache_root() / "verify" / "records"
 
 
-def compilation_cache_dir() -> Path:
-    """JAX's persistent compilation cache for the verify workers' CPU compiles."""
-    return cache_root() / "verify" / "jax"
+def compilation_cache_dir() -> Path | None:
+    """JAX's persistent compilation cache for the verify workers' CPU compiles: in the private
+    state directory, not the cache. Its entries are executables the verifier runs unchecked,
+    so one planted in a shared or restored cache could make a broken twin pass; None (no
+    compilation cache) when there is no private directory for it."""
+    return provenance.private_directory("jax-cache")
 
 
 def verified_text(source: str) -> str:

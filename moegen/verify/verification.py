@@ -170,6 +170,11 @@ def _programs(compile_forward: bool) -> tuple[str, ...]:
     return PROGRAMS if compile_forward else ("forward+backward",)
 
 
+def _compilation_cache() -> str | None:
+    directory = record.compilation_cache_dir()
+    return None if directory is None else str(directory)
+
+
 def _write_job(
     workdir: Path,
     loaded: LoadedSpec,
@@ -199,7 +204,7 @@ def _write_job(
         cuda=_cuda_target(plan),
         tpu=tpu_target(plan),
         variants=tuple(variant.name for variant in plan.variants),
-        compilation_cache=str(record.compilation_cache_dir()) if cache else None,
+        compilation_cache=_compilation_cache() if cache else None,
     )
     return job, sources
 
