@@ -44,7 +44,7 @@ import os
 import platform
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -115,16 +115,22 @@ def _write_file(path: Path, blob: bytes) -> None:
         os.fsync(handle.fileno())
 
 
+def check_out_dir(out_dir: Path, targets: Iterable[Path]) -> None:
+    """OSError when no protocol could write `targets` into `out_dir`: asked before a build
+    spends minutes verifying, and again at the write."""
+    real = Path(os.path.realpath(out_dir))  # a symlinked OUT: its target is written
+    relative = [os.path.relpath(os.path.abspath(t), os.path.abspath(out_dir)) for t in targets]
+    if any(rel.split(os.sep)[0] in ("..", ".") for rel in relative):
+        raise ValueError(f"not every file is inside {out_dir}")
+    _refuse_unwritable_out(out_dir, real, relative)
+
+
 def _write_tree(out_dir: Path, data: dict[Path, bytes], *, swap: bool) -> None:
+    check_out_dir(out_dir, data)
     real = Path(os.path.realpath(out_dir))  # a symlinked OUT: swap its target, keep the link
     relative = {
         os.path.relpath(os.path.abspath(t), os.path.abspath(out_dir)): b for t, b in data.items()
     }
-    if any(rel.split(os.sep)[0] in ("..", ".") for rel in relative):
-        raise ValueError(f"not every file is inside {out_dir}")
-    if os.path.lexists(real) and not real.is_dir():
-        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(out_dir))
-    _refuse_dangling_links(out_dir)
     real.parent.mkdir(parents=True, exist_ok=True)
     with _locked(real.parent):
         _recover(real)
@@ -133,6 +139,22 @@ def _write_tree(out_dir: Path, data: dict[Path, bytes], *, swap: bool) -> None:
             with suppress(_NoExchange):
                 return _swap(real, relative)
         _write_journaled(real, {real / rel: blob for rel, blob in relative.items()})
+
+
+def _refuse_unwritable_out(out_dir: Path, real: Path, relative: list[str]) -> None:
+    """What no protocol can write, refused before anything is staged."""
+    if not str(out_dir).isprintable():  # as a spec's path: a name that prints as another
+        raise OSError(errno.EINVAL, "a path with a control character", str(out_dir))
+    if real.parent == real:
+        message = "the file system's root (moegen stages its output beside it)"
+        raise OSError(errno.EINVAL, message, str(out_dir))
+    if os.path.lexists(real) and not real.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(out_dir))
+    for rel in relative:
+        if (real / rel).is_dir():
+            message = "a directory where the module would be written"
+            raise IsADirectoryError(errno.EISDIR, message, str(out_dir / rel))
+    _refuse_dangling_links(out_dir)
 
 
 def _refuse_dangling_links(path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from moegen.diagnostics import SpecError
-from moegen.emit import write_all
+from moegen.emit import check_out_dir, write_all
 from moegen.load import FieldPath, LoadedSpec, load_spec
 from moegen.parallel import OrderedProgress, TaskFailed, run_tasks
 from moegen.plan import Plan, fit_problems, make_plan
@@ -118,6 +118,7 @@ def build(
     try:
         results = [(i, generate(path, ordered.for_spec(i))) for i, path in enumerate(paths)]
         _refuse_collisions([(output_path(out_dir, g), g) for _, g in results])
+        check_out_dir(out_dir, [output_path(out_dir, g) for _, g in results])
         if run_verify:
             require_verifiers([(g.loaded, g.plan) for _, g in results])
             tasks = [_verifying(i, g, ordered, cache) for i, g in results]
