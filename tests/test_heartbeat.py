@@ -206,3 +206,23 @@ def test_compile_only_tpu_worker_compiles_without_libtpu_noise(tmp_path, monkeyp
     report = verify(generated.loaded, generated.source, timeout_s=300, run_twins=False)
     assert report.step("memory verdict")["verdict"].startswith("fits")
     assert stderr and not [word for word in LIBTPU_NOISE if word in stderr[0]], stderr[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0.5", 0.5),
+        ("inf", heartbeat.MAX_ENV_SECONDS),
+        ("1e400", heartbeat.MAX_ENV_SECONDS),
+        ("nan", 20.0),
+        ("abc", 20.0),
+        ("", 20.0),
+        ("-3", 20.0),
+        ("0", 20.0),
+    ],
+)
+def test_seconds_from_the_environment_are_positive_finite_and_bounded(text, expected, monkeypatch):
+    """MOEGEN_HEARTBEAT_S=inf made the heartbeat thread's timer raise (a traceback mid-build);
+    MOEGEN_VERIFY_TIMEOUT=abc was an internal error."""
+    monkeypatch.setenv("MOEGEN_TEST_SECONDS", text)
+    assert heartbeat.seconds_from_env("MOEGEN_TEST_SECONDS", 20.0) == expected

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import threading
 import time
@@ -44,12 +45,23 @@ class _Settings:
 _settings = _Settings()
 
 
-def interval_from_env() -> float:
+MAX_ENV_SECONDS = 7 * 86400.0  # "inf" and the like: a week, which time.monotonic can add
+
+
+def seconds_from_env(name: str, default: float) -> float:
+    """Seconds from the environment variable `name`: `default` when unset, not a number or
+    not positive; at most a week (a timer past time_t's range raises in its thread)."""
     try:
-        value = float(os.environ.get(INTERVAL_ENV, DEFAULT_INTERVAL_S))
+        value = float(os.environ.get(name, default))
     except ValueError:
-        return DEFAULT_INTERVAL_S
-    return value if value > 0 else DEFAULT_INTERVAL_S
+        return default
+    if math.isnan(value) or value <= 0:
+        return default
+    return min(value, MAX_ENV_SECONDS)
+
+
+def interval_from_env() -> float:
+    return seconds_from_env(INTERVAL_ENV, DEFAULT_INTERVAL_S)
 
 
 @contextlib.contextmanager

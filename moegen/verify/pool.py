@@ -24,6 +24,7 @@ from moegen.verify.messages import Message, Step, VerifyReport, WorkerFailed, de
 from moegen.verify.verdict import VerifyError
 
 DEFAULT_TIMEOUT_S = 1800
+TIMEOUT_ENV = "MOEGEN_VERIFY_TIMEOUT"  # seconds a verify worker may run
 OnStep = Callable[[Step], None]
 
 
@@ -41,7 +42,7 @@ def run_worker(
     # Compile-only TPU devices need no exclusive hold on libtpu: let verifications run side by side.
     env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
     env.update(_quiet_libtpu(env))
-    timeout = timeout_s or float(os.environ.get("MOEGEN_VERIFY_TIMEOUT", DEFAULT_TIMEOUT_S))
+    timeout = timeout_s or heartbeat.seconds_from_env(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
     # The worker dies with this process (interrupts.guard_worker, before it imports JAX) and
     # then removes the scratch directory itself.
     env[interrupts.PARENT_ENV] = str(os.getpid())
