@@ -14,9 +14,10 @@ def axes_product(axes: Mapping[str, int], names: Iterable[str]) -> int:
 
 
 def nearest_multiples(value: int, divisor: int) -> list[int]:
-    """The positive multiples of `divisor` just below and above `value`."""
+    """The positive multiples of `divisor` just below and above `value` that a spec's size
+    may hold (below 2**31)."""
     below = value // divisor * divisor
-    return [m for m in (below, below + divisor) if m > 0 and m != value]
+    return [m for m in (below, below + divisor) if 0 < m < INT32_LIMIT and m != value]
 
 
 def axes_label(names: Iterable[str]) -> str:

@@ -338,3 +338,10 @@ def test_divisors_and_listed() -> None:
         listed(list(range(1, 101)), 50)
         == "46, 47, 48, 49, 50, 51, 52, 53 (the 8 nearest 50 of 100)"
     )
+
+
+def test_no_nearest_valid_size_is_past_what_a_spec_may_hold():
+    from moegen.sizes import nearest_multiples
+
+    assert nearest_multiples(2**31 - 1, 8) == [2**31 - 8]  # 2**31 would be refused in turn
+    assert nearest_multiples(13, 4) == [12, 16]

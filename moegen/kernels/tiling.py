@@ -131,7 +131,7 @@ def tile_problems(
 
 def _nearest(value: int, multiple: int) -> str:
     below = value // multiple * multiple
-    options = [m for m in (below, below + multiple) if m > 0]
+    options = [m for m in (below, below + multiple) if 0 < m < 2**31]  # what a spec may hold
     return " or ".join(map(str, options))
 
 
