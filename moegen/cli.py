@@ -309,26 +309,30 @@ def _choice_text(choices: dict, to_yaml: Any) -> str:
 def schema_command(check_only: bool, write: bool, schema_path: Path) -> None:
     """Print the spec's JSON Schema (for editors via yaml-language-server)."""
     from moegen.schema import schema_text
+    from moegen.schema_file import SchemaPathError, check_file, shown, write_file
 
     text = schema_text()
-    if check_only:
-        fix = "moegen schema --write" + (
-            "" if schema_path == SCHEMA_PATH else f" --path {schema_path}"
-        )
-        if not schema_path.is_file():
-            _err(f"missing: {schema_path} (run `{fix}`)")
-            sys.exit(EXIT_STALE)
-        if schema_path.read_text(encoding="utf-8") != text:
-            _err(f"stale: {schema_path} (run `{fix}`)")
-            sys.exit(EXIT_STALE)
-        _err(f"{schema_path} is fresh")
-    elif write:
-        from moegen.emit import write_all
-
-        write_all({schema_path: text})
-        _err(f"wrote {schema_path}")
-    else:
+    if not (check_only or write):
         click.echo(text, nl=False)
+        return
+    # --path is the user's: a path that cannot be read or written is their mistake, told
+    # located with `moegen init`'s exit code (2), not an internal error
+    try:
+        if write and not check_only:
+            write_file(schema_path, text)
+            _err(f"wrote {shown(schema_path)}")
+            return
+        verdict, note = check_file(schema_path, text)
+    except SchemaPathError as err:
+        _err(f"moegen schema: {err}" + ("" if check_only else "; nothing written"))
+        sys.exit(EXIT_USAGE)
+    if verdict == "fresh":
+        _err(f"{shown(schema_path)} is fresh")
+        return
+    path_option = "" if schema_path == SCHEMA_PATH else f" --path {shown(schema_path, shell=True)}"
+    fix = f"moegen schema --write{path_option}"
+    _err(f"{verdict}: {shown(schema_path)} ({note + '; ' if note else ''}run `{fix}`)")
+    sys.exit(EXIT_STALE)
 
 
 cli.add_command(init_command)  # moegen.cli_init

@@ -60,6 +60,7 @@ STAGE_OF = {
     "moegen.check": "top",
     "moegen.tune": "top",
     "moegen.schema": "top",
+    "moegen.schema_file": "top",  # --check and --write of the schema file
     "moegen.init": "top",  # a starter spec, validated before it is written
     "moegen.hf": "top",  # init --from-hf: specs from a transformers config.json
     "moegen.install_te": "top",  # runs the shipped TE installer
