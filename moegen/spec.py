@@ -266,7 +266,8 @@ class Memory(_Section):
         "after another: the exchange, the expert FFN and the combine of one chunk at a time, "
         "each chunk's buffers certified for the chunk alone and recomputed in the backward "
         "pass up to the experts' outputs, which are kept. Buffers shrink to one chunk's, for "
-        "the gate and up matmuls run twice. Dropless, like the whole layer. 1 = one chunk. "
+        "the gate and up matmuls run twice. Drops what the whole layer drops: nothing when "
+        "dropless, the same copies with a router capacity. 1 = one chunk. "
         "auto: chosen by `moegen tune`. Omit: the plan chooses, per shape: 1 when the layer "
         "fits the target's memory (FFN slices included), else the fewest chunks that leave the "
         "ledger's headroom (30% of HBM) free, else the fewest that fit.",

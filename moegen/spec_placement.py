@@ -79,8 +79,9 @@ class Mesh(_Section):
         "inside the layer; expert: experts sharded over it (tokens too), with "
         "parallelism.experts saying how tokens travel; tensor: expert tensor parallelism, the "
         "FFN width of the routed and shared experts sharded over it and the partial outputs "
-        "summed (tokens are not sharded over it); sequence: tokens sharded along seq_len. A "
-        "model mesh may hold further axes (pipeline, ...): the layer runs replicated over them.",
+        "summed (tokens are not sharded over it); sequence: tokens sharded along seq_len. No "
+        "other axis is listed here; the model's mesh the layer runs in may hold further axes "
+        "(pipeline, ...), and the layer runs replicated over them.",
     )
     batch_axes: list[AxisName] | None = Field(
         None,

@@ -15,10 +15,12 @@ GLU_ON_RELU = (
     "offset) of swiglu or geglu; remove glu or use activation: swiglu"
 )
 
-GATE_SOFTCAP_ON_SWIGLU = (
+GATE_SOFTCAP = (
     "gate_softcap caps the linear factor g of swiglu's g * sigmoid(g), with the sigmoid "
-    "unscaled; use activation: swiglu without sigmoid_scale, or remove gate_softcap"
+    "unscaled; {}, or remove gate_softcap"
 )
+GATE_SOFTCAP_ON_SCALED_SWIGLU = GATE_SOFTCAP.format("remove sigmoid_scale")
+GATE_SOFTCAP_ON_GEGLU = GATE_SOFTCAP.format("use activation: swiglu without sigmoid_scale")
 CLAMP_WITHOUT_LIMIT = (
     "gate_clamp says where gate_limit clamps, and this {} has no gate_limit; set gate_limit "
     "or remove gate_clamp"
@@ -56,11 +58,11 @@ CASES: Cases = {
         ({"glu": {"gate_softcap": 10.0, "up_softcap": 10.0}}, []),  # Inkling2
         (
             {"glu": {"gate_softcap": 10.0, "sigmoid_scale": 1.702}},
-            [("layer.glu.gate_softcap", VALUE, GATE_SOFTCAP_ON_SWIGLU)],
+            [("layer.glu.gate_softcap", VALUE, GATE_SOFTCAP_ON_SCALED_SWIGLU)],
         ),
         (
             {"activation": "geglu", "glu": {"gate_softcap": 10.0}},
-            [("layer.glu.gate_softcap", VALUE, GATE_SOFTCAP_ON_SWIGLU)],
+            [("layer.glu.gate_softcap", VALUE, GATE_SOFTCAP_ON_GEGLU)],
         ),
         (
             {"glu": {"up_limit": 7.0, "gate_clamp": "after_activation"}},

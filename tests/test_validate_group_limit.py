@@ -118,6 +118,21 @@ CASES: Cases = {
                 )
             ],
         ),
+        # every expert is needed: no group count leaves one out
+        (
+            {"experts": 4, "top_k": 4, "group_limit": (2, 1)},
+            [
+                (
+                    "router.group_limit.keep",
+                    VALUE,
+                    (
+                        "1 kept groups of 2 experts cannot supply top_k = 4; no keep works for "
+                        "top_k = 4 with 2 groups of 2; no number of groups works for top_k = 4 "
+                        "of 4 experts; or remove group_limit"
+                    ),
+                )
+            ],
+        ),
         (
             {"experts": 8, "top_k": 2, "group_limit": (1, 1)},
             [

@@ -168,6 +168,20 @@ CASES: Cases = {
                 )
             ],
         ),
+        (
+            {"axes": {"data": 2, "expert": 1}},
+            [
+                (
+                    "mesh.axes.expert",
+                    KEY,
+                    (
+                        "an expert axis shards experts, but parallelism.experts is replicated; "
+                        "set it to ragged_all_to_all or ring_of_experts; or remove the axis "
+                        "(of size 1, it shards nothing)"
+                    ),
+                )
+            ],
+        ),
         # a strategy that moves tokens to experts, with no expert axis to shard them over
         (
             {"strategy": "ragged_all_to_all"},

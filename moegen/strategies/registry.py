@@ -55,13 +55,15 @@ def expert_axis_matches_strategy(loaded: LoadedSpec) -> list[Diagnostic]:
     spec = loaded.spec
     chosen = strategy(spec.parallelism.experts)
     has_axis = "expert" in spec.mesh.axes
+    size = spec.mesh.axes.get("expert", 0)
     if not chosen.shards_experts and has_axis:
         return [
             loaded.diagnostic(
                 ("mesh", "axes", "expert"),
                 at_key=True,
                 message=f"an expert axis shards experts, but parallelism.experts is "
-                f"{chosen.name}; set it to {' or '.join(sharding_strategies())}",
+                f"{chosen.name}; set it to {' or '.join(sharding_strategies())}"
+                + ("; or remove the axis (of size 1, it shards nothing)" if size == 1 else ""),
             )
         ]
     if chosen.shards_experts and not has_axis:

@@ -49,8 +49,13 @@ def _glu_problems(loaded: LoadedSpec, path: tuple[str, ...], glu: Glu) -> list[D
             loaded.diagnostic(
                 (*path, "gate_softcap"),
                 "gate_softcap caps the linear factor g of swiglu's g * sigmoid(g), with the "
-                "sigmoid unscaled; use activation: swiglu without sigmoid_scale, or remove "
-                "gate_softcap",
+                "sigmoid unscaled; "
+                + (
+                    "remove sigmoid_scale"
+                    if loaded.spec.layer.activation == "swiglu"
+                    else "use activation: swiglu without sigmoid_scale"
+                )
+                + ", or remove gate_softcap",
             )
         ]
     if glu.gate_clamp != "before_activation" and glu.gate_limit is None:

@@ -134,7 +134,11 @@ def _keep_fix(experts: int, top_k: int, groups: int, top_per_group: int) -> str:
         for g in divisors(experts)
         if 1 < g and -(-top_k // (experts // g)) < g and experts // g >= top_per_group
     ]
-    works = f"groups that work: {listed(workable, groups)}" if workable else "none works"
+    works = (
+        f"groups that work: {listed(workable, groups)}"
+        if workable
+        else f"no number of groups works for top_k = {top_k} of {experts} experts"
+    )
     return f"no keep works for top_k = {top_k} with {groups} groups of {experts // groups}; {works}"
 
 
