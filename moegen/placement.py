@@ -38,6 +38,9 @@ with one slot per device). Rounding down keeps receivers at or under the mean. A
 1024ths of each expert stay home while balancing, one for each device that may still fill a
 slot with it, so that every slot can be filled. Deterministic: ties go to the lower index.
 
+A placement depends only on the load's proportions: `place` scales the load by a power of two
+(exact) so that no sum of huge counts overflows and no subnormal load underflows to 0.
+
 The load is `aux.tokens_per_expert` summed over training steps (`accumulate_load` inside a
 jitted step, `save_load` to write it). Everything read from disk is untrusted input: a bad
 load file is a `LoadError` naming the file and what is wrong, never a traceback. This
@@ -48,10 +51,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 LOAD_FORMAT = "moegen-load-1"
 PLACEMENT_FORMAT = "moegen-placement-2"  # the file moegen.load.placement_file reads
@@ -59,6 +65,9 @@ MAX_LOAD_BYTES = 16 << 20  # a load file is a few numbers per expert
 # The layer splits an expert's copies on a device in 1024ths (moegen.validate.replicas
 # holds the same number; this runtime library imports nothing from moegen).
 SHARE_UNITS = 1024
+# The largest float64's digits: a longer JSON integer is no count, so it is never converted
+# (Python refuses over 4300 digits, and converting is quadratic in the length).
+MAX_COUNT_DIGITS = 309
 
 
 class LoadError(ValueError):
@@ -89,14 +98,16 @@ class Placement:
         out = []
         for device, slots in enumerate(self.extra):
             own = range(device * local, (device + 1) * local)
-            units = sum(load[e] * home[e] for e in own) + sum(load[e] * s for e, s in slots)
-            out.append(units / SHARE_UNITS)
+            # units / 1024 first (exact): load * 1024 could overflow where the rows do not
+            rows = sum(load[e] * (home[e] / SHARE_UNITS) for e in own)
+            out.append(rows + sum(load[e] * (s / SHARE_UNITS) for e, s in slots))
         return out
 
     def busiest_over_mean(self, load: Sequence[float]) -> float:
         """The busiest device's rows over the mean (1.0: perfectly even, or no load)."""
-        mean = sum(load) / self.devices
-        return max(self.rows(load)) / mean if mean > 0 else 1.0
+        scaled = _scaled([float(v) for v in load])  # the ratio does not depend on the scale
+        mean = sum(scaled) / self.devices
+        return max(self.rows(scaled)) / mean if mean > 0 else 1.0
 
     def as_json(self, source: str) -> dict[str, Any]:
         """The placement file the spec names (format moegen-placement-2); units / 1024 is
@@ -122,12 +133,18 @@ def place(load: Sequence[float], devices: int, extra_per_device: int) -> Placeme
     number per expert) by water-filling towards the mean (the module's docstring)."""
     _check_request(len(load), devices, extra_per_device)
     for expert, value in enumerate(load):
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"load[{expert}] = {value!r}: not a count of copies")
-    layout = _Layout(load, devices, extra_per_device)
+        if not 0 <= value <= sys.float_info.max:  # NaN, inf, or an integer past float64
+            raise ValueError(f"load[{expert}] = {value!r:.40}: not a count of copies")
+    layout = _Layout(_scaled([float(v) for v in load]), devices, extra_per_device)
     _balance(layout)
     _fill(layout)
     return Placement(len(load), devices, tuple(tuple(slots) for slots in layout.extra))
+
+
+def _scaled(load: list[float]) -> list[float]:
+    """`load` times the power of two that brings its largest count to [0.5, 1): exact."""
+    _, exponent = math.frexp(max(load))
+    return [math.ldexp(value, -exponent) for value in load]
 
 
 def _check_request(experts: int, devices: int, extra_per_device: int) -> None:
@@ -293,29 +310,78 @@ def _peak_after(layout: _Layout, expert: int, device: int) -> float:
 
 def read_load(path: Path, experts: int) -> list[float]:
     """The per-expert copies of a load file written by `save_load` (or by hand: a JSON object
-    with "tokens_per_expert", one non-negative number per expert)."""
-    try:  # a bounded read: a device file or a growing file must not be read to its end
-        with path.open("rb") as stream:
-            raw = stream.read(MAX_LOAD_BYTES + 1)
-    except OSError as error:
-        raise LoadError(f"{path}: cannot be read: {error.strerror or error}") from None
-    if len(raw) > MAX_LOAD_BYTES:
-        raise LoadError(f"{path}: over {MAX_LOAD_BYTES} bytes; a load file is at most that")
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as error:
-        raise LoadError(f"{path}: not JSON: {str(error)[:200]}") from None
+    with "tokens_per_expert", one non-negative number per expert, their total a float64)."""
+    data = _parse(_read_regular(path), path)
     counts = data.get("tokens_per_expert") if isinstance(data, dict) else None
     if not isinstance(counts, list):
         raise LoadError(f'{path}: expected a JSON object with a "tokens_per_expert" list')
     if len(counts) != experts:
         raise LoadError(f"{path}: {len(counts)} counts for a layer of {experts} experts")
-    for index, value in enumerate(counts):
-        if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
-            raise LoadError(f"{path}: tokens_per_expert[{index}] = {value!r:.40}: not a count")
-    if not sum(counts) > 0:
+    values = [_count(path, index, value) for index, value in enumerate(counts)]
+    if not math.isfinite(sum(values)):  # refused, not scaled: the report gives rows in copies
+        raise LoadError(f"{path}: tokens_per_expert sums to over {sys.float_info.max:.4g}")
+    if not sum(values) > 0:
         raise LoadError(f"{path}: every count is 0: no load to place for")
-    return [float(v) for v in counts]
+    return values
+
+
+def _read_regular(path: Path) -> bytes:
+    """At most MAX_LOAD_BYTES + 1 bytes of `path` if it is a regular file, checked before it is
+    opened (a FIFO without a writer blocks an open for ever) and through the non-blocking
+    descriptor (the path may have changed): moegen.load.spec_file's way, not importable here."""
+    raw = None
+    try:
+        if stat.S_ISREG(os.stat(path).st_mode):
+            with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as stream:
+                if stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+                    raw = stream.read(MAX_LOAD_BYTES + 1)
+    except (OSError, ValueError) as error:  # ValueError: a NUL in the path
+        reason = getattr(error, "strerror", None) or error
+        raise LoadError(f"{path}: cannot be read: {reason}") from None
+    if raw is None:
+        raise LoadError(f"{path}: not a regular file (a directory, a FIFO or a device?)")
+    if len(raw) > MAX_LOAD_BYTES:
+        raise LoadError(f"{path}: over {MAX_LOAD_BYTES} bytes; a load file is at most that")
+    return raw
+
+
+class _LongInteger(NamedTuple):
+    """A JSON integer of over MAX_COUNT_DIGITS digits, left unconverted (no count is one)."""
+
+    digits: int
+
+
+def _parse(raw: bytes, path: Path) -> Any:
+    """The JSON of a load file; a key twice in one object is refused: which was meant?"""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in data:
+                raise LoadError(f"{path}: the key {key!r:.60} appears twice in one object")
+            data[key] = value
+        return data
+
+    def integer(text: str) -> int | _LongInteger:
+        return int(text) if len(text) <= MAX_COUNT_DIGITS else _LongInteger(len(text.lstrip("-")))
+
+    try:
+        return json.loads(raw, object_pairs_hook=unique, parse_int=integer)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+        raise LoadError(f"{path}: not JSON: {str(error)[:200]}") from None
+
+
+def _count(path: Path, index: int, value: Any) -> float:
+    """tokens_per_expert[index] as a float64, or a LoadError saying why it is no count."""
+    where = f"{path}: tokens_per_expert[{index}]"
+    largest = f"a count is at most {sys.float_info.max:.4g}, the largest float64"
+    if isinstance(value, _LongInteger):
+        raise LoadError(f"{where} is a {value.digits}-digit number: too long ({largest})")
+    if type(value) not in (int, float) or not value >= 0:  # NaN is not >= 0
+        raise LoadError(f"{where} = {value!r:.40}: not a count")
+    if not value <= sys.float_info.max:  # inf, or an integer that float() would not take
+        raise LoadError(f"{where} = {value!r:.40}: too large ({largest})")
+    return float(value)
 
 
 def save_load(path: Path, tokens_per_expert: Any, steps: int) -> None:

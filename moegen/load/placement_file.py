@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -17,6 +18,9 @@ from moegen.spec_parallelism import Placement
 PLACEMENT_FORMAT = "moegen-placement-2"
 MAX_PLACEMENT_BYTES = 1 << 20  # a few numbers per extra slot
 _KEYS = {"format", "placement", "source"}
+# An expert index is an int32 and a share at most 1: an integer of more digits is refused
+# before it is converted (Python refuses over 4300 digits, and converting is quadratic).
+MAX_INTEGER_DIGITS = 20
 _READER = TypeAdapter(Placement, config={"strict": True})
 
 
@@ -33,8 +37,8 @@ def read_placement_file(name: str, spec_dir: Path | None) -> tuple[list[list[dic
         )
     raw = _read(spec_dir / name)
     try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as error:
+        data = json.loads(raw, object_pairs_hook=_unique, parse_int=_integer)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
         raise PlacementFileProblem(f"not JSON: {str(error)[:200]}") from None
     if not isinstance(data, dict) or "placement" not in data or set(data) - _KEYS:
         raise PlacementFileProblem(
@@ -50,6 +54,24 @@ def read_placement_file(name: str, spec_dir: Path | None) -> tuple[list[list[dic
         where = "".join(f"[{part!r}]" for part in first["loc"])
         raise PlacementFileProblem(f"placement{where}: {first['msg']}") from None
     return [[replica.model_dump() for replica in device] for device in placement], raw
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys differ: a key twice is refused, not resolved last-wins (which
+    of the two was meant?)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise PlacementFileProblem(f"the key {key!r:.60} appears twice in one object")
+        data[key] = value
+    return data
+
+
+def _integer(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INTEGER_DIGITS:
+        raise PlacementFileProblem(f"a {digits}-digit integer: too long for an expert or a share")
+    return int(text)
 
 
 def _read(path: Path) -> bytes:
