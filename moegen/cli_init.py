@@ -32,7 +32,13 @@ def _mesh_axes(ctx: click.Context, param: click.Parameter, text: str | None) -> 
     axes: dict[str, int] = {}
     for item in text.split(","):
         name, _, size = item.strip().partition("=")
-        if not name.isidentifier() or not size.isdigit() or len(size) > 9 or name in axes:
+        if name in axes:  # a mesh has each axis once; which size was meant is not ours to pick
+            raise click.BadParameter(
+                f"{item!r}: the axis {name!r} is given twice; give each axis once, "
+                "e.g. data=2,expert=4"
+            )
+        # ASCII digits: "²" is a digit to str.isdigit, and int() raises on it
+        if not name.isidentifier() or not (size.isascii() and size.isdigit()) or len(size) > 9:
             raise click.BadParameter(f"{item!r}: write NAME=SIZE pairs, e.g. data=2,expert=4")
         axes[name] = int(size)
     return axes

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from moegen.diagnostics import SpecError
+from moegen.diagnostics import Diagnostic, SpecError
 
 STARTERS_DIR = Path(__file__).resolve().parent / "starters"
 SCHEMA_NAME = "moegen.schema.json"  # what the starters' modeline names, beside the spec
@@ -55,12 +57,19 @@ def init_spec(path: Path, model: str = DEFAULT_STARTER, *, schema: bool = True) 
     return write_specs({path: starter_text(model)}, schema=schema)
 
 
-def write_specs(texts: dict[Path, str], *, schema: bool = True) -> list[Path]:
+def write_specs(
+    texts: dict[Path, str],
+    *,
+    schema: bool = True,
+    origins: Mapping[Path, Mapping[int, str]] | None = None,
+) -> list[Path]:
     """Write each spec text to its path, all in one folder, and the schema beside them; all
-    or nothing: every path checked and every spec validated before anything is written."""
+    or nothing: every path checked and every spec validated before anything is written.
+    With `origins` (written from a config: {path: {line: where its value came from}}), a
+    diagnostic says its file was not written, and where the value on its line came from."""
     for path, text in texts.items():
         _check_target(path)
-        _validate_as(path, text)
+        _validate_as(path, text, None if origins is None else origins.get(path, {}))
     folder = next(iter(texts)).parent
     assert all(path.parent == folder for path in texts), "the specs share one folder"
     schema_path = folder / SCHEMA_NAME
@@ -103,15 +112,45 @@ def _check_target(path: Path) -> None:
             "specs/*.yaml), e.g. specs/moe.yaml"
         )
     if os.path.lexists(path):
-        what = "a folder" if path.is_dir() else "a file"
-        raise InitError(f"{path} exists ({what}); not replacing it: choose another path")
+        raise InitError(f"{path} exists ({_what(path)}); not replacing it: choose another path")
     for parent in path.parents:
         if os.path.lexists(parent) and not parent.is_dir():
             raise InitError(f"{parent} is not a folder; cannot create {path} under it")
 
 
-def _validate_as(path: Path, text: str) -> None:
-    """The spec as moegen will read it at `path` (its name is the module's); else SpecError."""
+# what a path that is there is, by its lstat mode (a link is said as a link, not followed)
+_KINDS = (
+    (stat.S_ISREG, "a file"),
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO, a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _what(path: Path) -> str:
+    """What is at `path`, for the refusal: "a file", "a FIFO, a named pipe", "a dangling
+    symbolic link to 'x'" ("a file" for all of them misleads)."""
+    try:
+        mode = path.lstat().st_mode
+        if stat.S_ISLNK(mode):
+            target = os.readlink(path)
+            try:
+                os.stat(path)
+            except FileNotFoundError:
+                return f"a dangling symbolic link to {target!r}"
+            except OSError as err:  # ELOOP: a loop of links
+                return f"a symbolic link to {target!r} that cannot be followed: {err.strerror}"
+            return f"a symbolic link to {target!r}, {_what(path.resolve())}"
+    except OSError as err:
+        return f"which cannot be inspected: {err.strerror}"
+    return next((what for test, what in _KINDS if test(mode)), "not a file nor a folder")
+
+
+def _validate_as(path: Path, text: str, origins: Mapping[int, str] | None = None) -> None:
+    """The spec as moegen will read it at `path` (its name is the module's); else SpecError
+    naming that path, with "(not written)" and each line's origin when `origins` is given."""
     from moegen.load import display_path, load_spec_bytes
     from moegen.validate import validate
 
@@ -119,7 +158,19 @@ def _validate_as(path: Path, text: str) -> None:
     try:
         validate(load_spec_bytes(text.encode("utf-8"), display, path.stem))
     except SpecError as err:  # name the file to be written, not a temporary
-        raise SpecError([dataclasses.replace(d, file=display) for d in err.diagnostics]) from None
+        if origins is None:
+            raise SpecError(
+                [dataclasses.replace(d, file=display) for d in err.diagnostics]
+            ) from None
+        raise SpecError([_unwritten(d, display, origins) for d in err.diagnostics]) from None
+
+
+def _unwritten(diagnostic: Diagnostic, display: str, origins: Mapping[int, str]) -> Diagnostic:
+    """The diagnostic of a spec that was drafted, refused and so not written: its file:line
+    names nothing on disk, so it says so, and where the value on that line came from."""
+    origin = origins.get(diagnostic.line)
+    message = diagnostic.message + (f" (from {origin})" if origin else "")
+    return dataclasses.replace(diagnostic, file=f"{display} (not written)", message=message)
 
 
 def _make_parents(folder: Path) -> list[Path]:
@@ -221,7 +272,9 @@ def _from_hf(source: Path, path: Path | None, placement: Any, schema: bool) -> l
     from moegen.hf import HfConfigError, Placement, specs_from_hf
 
     try:
-        texts = specs_from_hf(source, path, placement or Placement())
+        drafts = specs_from_hf(source, path, placement or Placement())
     except HfConfigError as err:
         raise InitError(str(err)) from None
-    return write_specs(texts, schema=schema)
+    texts = {target: draft.text for target, draft in drafts.items()}
+    origins = {target: draft.origins for target, draft in drafts.items()}
+    return write_specs(texts, schema=schema, origins=origins)

@@ -13,13 +13,22 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 CONFIG_NAME = "config.json"
 MAX_BYTES = 4 * 1024 * 1024  # published configs are a few KiB; a bigger one is not a config
 MAX_SIZE = 2**31 - 1  # a spec's sizes are int32 (moegen.spec_placement.INT32_MAX)
-MAX_LAYERS = 100_000  # decoder layers: a list is built per layer
+# Decoder layers moegen reads one at a time (a per-layer list, per_layer_config, a list of
+# layer types): real models have under 200 (DeepSeek-V3 61, Llama 3.1 405B 126), so 10,000 is
+# 50 times the deepest while each layer's rules (about 40 us) stay under half a second in all.
+# A rule over a layer count (first k dense, every n-th) has no bound but MAX_SIZE: it is
+# arithmetic (moegen.hf.layer_set).
+MAX_LAYERS = 10_000
+# Digits of a JSON integer: 2**64 has 20, so no count, width or token id needs 100; a longer
+# one is refused before int() spends quadratic time on it, or raises past Python's own limit.
+MAX_INT_DIGITS = 100
 MISSING: Any = object()
 
 
@@ -54,14 +63,23 @@ def read_json(path: Path) -> dict[str, Any]:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise HfConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    refused: list[_Refused] = []
     try:
-        data = json.loads(text, parse_constant=_no_constants)
+        data = json.loads(
+            text,
+            parse_constant=_no_constants,
+            parse_int=lambda digits: _integer(digits, refused),
+            object_pairs_hook=lambda pairs: _unique(pairs, refused),
+        )
     except json.JSONDecodeError as err:
         raise HfConfigError(f"{path}:{err.lineno}:{err.colno}: not JSON: {err.msg}") from None
     except ValueError as err:  # the constants refused below
         raise HfConfigError(f"{path}: {err}") from None
     except RecursionError:
         raise HfConfigError(f"{path}: nested too deeply to be a model config") from None
+    if refused:  # the first in the file, named by its key (none: the file is that value)
+        key, why = _first_refused(data)
+        raise HfConfigError(f"{path}: {key}: {why}" if key else f"{path}: {why}")
     if not isinstance(data, dict):
         raise HfConfigError(f"{path}: holds a JSON {type(data).__name__}, not an object")
     return data
@@ -70,6 +88,62 @@ def read_json(path: Path) -> dict[str, Any]:
 def _no_constants(name: str) -> Any:
     # Python's json reads NaN and Infinity, which JSON does not have
     raise ValueError(f"{name} is not a JSON number")
+
+
+class _Refused:
+    """A value read_json refuses, left where it stands in the parsed tree, so that the walk
+    after parsing can name its key (a parse hook sees the value, not where it is). `key`: a
+    duplicate key of the object that stands here."""
+
+    def __init__(self, why: str, key: str = "") -> None:
+        self.why, self.key = why, key
+
+
+def _integer(digits: str, refused: list[_Refused]) -> Any:
+    if len(digits.lstrip("-")) <= MAX_INT_DIGITS:
+        return int(digits)
+    refused.append(
+        _Refused(
+            f"an integer of {len(digits.lstrip('-'))} digits, over "
+            f"{MAX_INT_DIGITS}: not a value of a model config"
+        )
+    )
+    return refused[-1]
+
+
+def _unique(pairs: list[tuple[str, Any]], refused: list[_Refused]) -> Any:
+    """The object, unless a key repeats: Python keeps the last value, transformers too, but a
+    file that says two things of one key has no single meaning to map."""
+    found = dict(pairs)
+    if len(found) == len(pairs):
+        return found
+    seen: set[str] = set()
+    for key, _ in pairs:  # the first key given again
+        if key in seen:
+            break
+        seen.add(key)
+    count = sum(1 for k, _ in pairs if k == key)
+    refused.append(_Refused(f"given {count} times in one object: keys must be unique", key))
+    return refused[-1]
+
+
+def _first_refused(data: Any) -> tuple[str, str]:
+    """(dotted key, why) of the first refused value in document order: a walk with its own
+    stack (the tree is as deep as the parser allowed)."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, _Refused):
+            key = f"{where}.{value.key}" if where and value.key else where or value.key
+            return key, value.why
+        if isinstance(value, dict):
+            items = [(f"{where}.{k}" if where else k, v) for k, v in value.items()]
+        elif isinstance(value, list):
+            items = [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+        else:
+            continue
+        stack.extend(reversed(items))
+    raise AssertionError("a refused value the walk did not find")
 
 
 @dataclass(frozen=True)
@@ -105,13 +179,23 @@ class ConfigView:
     def layer_override(self, key: str, layer: int) -> Any:
         """transformers' per_layer_config (a heterogeneous config): {layer index, written
         zero-padded: {attribute: value}} overrides the key for that layer; MISSING if not."""
+        overrides = self.overrides.get(layer)
+        return MISSING if overrides is None else overrides.get(key, MISSING)
+
+    @cached_property
+    def overrides(self) -> dict[int, Mapping[str, Any]]:
+        """per_layer_config by layer index (the first entry of an index, as written twice
+        zero-padded differently): indexed once, not searched at every key of every layer.
+        An index of over 10 digits (leading zeros aside) is no layer's (they are int32), nor
+        is one of other digits ("²"): int() of either would raise, not skip it."""
         table = self.data.get("per_layer_config")
-        if not isinstance(table, Mapping):
-            return MISSING
-        for index, overrides in table.items():
-            if isinstance(overrides, Mapping) and index.isdigit() and int(index) == layer:
-                return overrides.get(key, MISSING)
-        return MISSING
+        found: dict[int, Mapping[str, Any]] = {}
+        for index, overrides in table.items() if isinstance(table, Mapping) else ():
+            digits = index.lstrip("0") or "0"
+            if isinstance(overrides, Mapping) and index.isascii() and index.isdigit():
+                if len(digits) <= 10:
+                    found.setdefault(int(digits), overrides)
+        return found
 
     def first_key(self, keys: tuple[str, ...]) -> str | None:
         return next((key for key in keys if self.has(key)), None)
@@ -125,22 +209,22 @@ class ConfigView:
         if type(value) is float and value.is_integer():
             value = int(value)  # some configs write 4096.0
         if type(value) is not int or not low <= value <= MAX_SIZE:
-            raise self.fail(key, f"must be an integer from {low} to {MAX_SIZE}, not {value!r}")
+            raise self.fail(key, f"must be an integer from {low} to {MAX_SIZE}, not {short(value)}")
         return value
 
     def number(self, key: str, value: Any) -> float:
         if type(value) not in (int, float) or not math.isfinite(value) or abs(value) > 1e6:
-            raise self.fail(key, f"must be a number of magnitude at most 1e6, not {value!r}")
+            raise self.fail(key, f"must be a number of magnitude at most 1e6, not {short(value)}")
         return float(value)
 
     def flag(self, key: str, value: Any) -> bool:
         if type(value) is not bool:
-            raise self.fail(key, f"must be true or false, not {value!r}")
+            raise self.fail(key, f"must be true or false, not {short(value)}")
         return value
 
     def text(self, key: str, value: Any) -> str:
         if type(value) is not str or len(value) > 200:
-            raise self.fail(key, f"must be a short string, not {_short(value)}")
+            raise self.fail(key, f"must be a short string, not {short(value)}")
         return value
 
     def int_list(self, key: str, value: Any, *, zero: bool = True) -> list[int]:
@@ -154,6 +238,8 @@ class ConfigView:
         return [self.text(f"{key}[{i}]", item) for i, item in enumerate(value)]
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
+    """repr(value), cut to 60 characters: a message quotes a value from the file, which may
+    be a list of a million entries."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

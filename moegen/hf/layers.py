@@ -1,15 +1,17 @@
 """Which decoder layers of a model are MoE layers, as each family's transformers decoder layer
 decides it from config.json (the rest run a dense MLP, or something moegen does not build).
 
-Each rule returns the MoE layers' indices and a sentence saying how they were found, which the
-written spec keeps in its description.
+Each rule returns the MoE layers (a LayerSet: runs, never one entry a layer, as
+num_hidden_layers may be anything an int holds) and a sentence saying how they were found,
+which the written spec keeps in its description.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moegen.hf.config_file import MISSING, ConfigView
+from moegen.hf.config_file import MAX_LAYERS, MISSING, ConfigView
+from moegen.hf.layer_set import LayerSet
 from moegen.hf.rules import lookup
 
 LAYERS = "num_hidden_layers"
@@ -29,9 +31,10 @@ def _int(view: ConfigView, key: str, default: int) -> int:
 class AllLayers:
     count: str = LAYERS
 
-    def moe_layers(self, view: ConfigView) -> tuple[list[int], str]:
+    def moe_layers(self, view: ConfigView) -> tuple[LayerSet, str]:
         total = layer_count(view, self.count)
-        return list(range(total)), f"every one of the {total} decoder layers ({self.count})"
+        how = f"every one of the {total} decoder layers ({self.count})"
+        return LayerSet.span(range(total)), how
 
 
 @dataclass(frozen=True)
@@ -41,9 +44,9 @@ class FirstDense:
     first: str
     default: int
 
-    def moe_layers(self, view: ConfigView) -> tuple[list[int], str]:
+    def moe_layers(self, view: ConfigView) -> tuple[LayerSet, str]:
         total, dense = layer_count(view, LAYERS), _int(view, self.first, self.default)
-        return list(range(dense, total)), f"layers from {self.first} = {dense} on"
+        return LayerSet.span(range(dense, total)), f"layers from {self.first} = {dense} on"
 
 
 @dataclass(frozen=True)
@@ -53,14 +56,12 @@ class SparseStep:
     step: str = "decoder_sparse_step"
     skip: str = "mlp_only_layers"
 
-    def moe_layers(self, view: ConfigView) -> tuple[list[int], str]:
+    def moe_layers(self, view: ConfigView) -> tuple[LayerSet, str]:
         total, step = layer_count(view, LAYERS), _int(view, self.step, 1)
         if step == 0:
             raise view.fail(self.step, "must be at least 1")
-        skipped = (
-            set(view.int_list(self.skip, view.raw(self.skip))) if view.has(self.skip) else set()
-        )
-        layers = [i for i in range(total) if (i + 1) % step == 0 and i not in skipped]
+        skipped = view.int_list(self.skip, view.raw(self.skip)) if view.has(self.skip) else []
+        layers = LayerSet.span(range(step - 1, total, step)).without(skipped)  # (i + 1) % step
         return layers, f"every {self.step} = {step} layers, less {self.skip}"
 
 
@@ -71,12 +72,12 @@ class Period:
     period: str = "expert_layer_period"
     offset: str = "expert_layer_offset"
 
-    def moe_layers(self, view: ConfigView) -> tuple[list[int], str]:
+    def moe_layers(self, view: ConfigView) -> tuple[LayerSet, str]:
         total = layer_count(view, LAYERS)
         period, offset = _int(view, self.period, 2), _int(view, self.offset, 1)
         if period == 0 or offset >= period:
             raise view.fail(self.offset, f"{offset} must be below {self.period} = {period}")
-        layers = [i for i in range(total) if i % period == offset]
+        layers = LayerSet.span(range(offset, total, period))
         return layers, f"layers i with i % {self.period} = {offset} ({self.offset})"
 
 
@@ -88,13 +89,14 @@ class Window:
     end: str = "moe_layer_end_index"
     interval: str = "moe_layer_interval"
 
-    def moe_layers(self, view: ConfigView) -> tuple[list[int], str]:
+    def moe_layers(self, view: ConfigView) -> tuple[LayerSet, str]:
         total = layer_count(view, LAYERS)
         start, interval = _int(view, self.start, 1), _int(view, self.interval, 1)
         end = _int(view, self.end, total - 1)
         if interval == 0:
             raise view.fail(self.interval, "must be at least 1")
-        layers = [i for i in range(total) if (i + 1) % interval == 0 and start <= i <= end]
+        first = start + (interval - 1 - start) % interval  # the first i >= start, (i+1) % n == 0
+        layers = LayerSet.span(range(first, min(end, total - 1) + 1, interval))
         return layers, f"layers {self.start} to {self.end}, every {self.interval}"
 
 
@@ -105,15 +107,15 @@ class Listed:
     key: str = "moe_layers"
     step: str = "interleave_moe_layer_step"
 
-    def moe_layers(self, view: ConfigView) -> tuple[list[int], str]:
+    def moe_layers(self, view: ConfigView) -> tuple[LayerSet, str]:
         total = layer_count(view, LAYERS)
         if view.has(self.key) and view.raw(self.key) is not None:
             listed = view.int_list(self.key, view.raw(self.key))
-            return sorted({i for i in listed if i < total}), f"the {self.key} list"
+            return LayerSet.of(i for i in listed if i < total), f"the {self.key} list"
         step = _int(view, self.step, 1)
         if step == 0:
             raise view.fail(self.step, "must be at least 1")
-        return list(range(step - 1, total, step)), f"every {self.step} = {step} layers"
+        return LayerSet.span(range(step - 1, total, step)), f"every {self.step} = {step} layers"
 
 
 @dataclass(frozen=True)
@@ -127,24 +129,25 @@ class DenseFirst:
     default: int
     freq: str | None = None
 
-    def moe_layers(self, view: ConfigView) -> tuple[list[int], str]:
+    def moe_layers(self, view: ConfigView) -> tuple[LayerSet, str]:
         total = layer_count(view, LAYERS)
         dense = _int(view, self.first, self.default) if self.first else self.default
         how = f"layers from {self.first or 'the fixed'} {dense} on"
         freq = view.raw(self.freq) if self.freq and view.has(self.freq) else 1
-        if type(freq) is list:
-            flags = [bool(f) for f in freq]
-            if len(flags) < total:
-                raise view.fail(self.freq, f"a per-layer list of {len(flags)}, not {total}")
-            return [i for i in range(dense, total) if flags[i]], f"{how} where {self.freq}"
+        if type(freq) is list and self.freq:
+            if len(freq) < total:
+                raise view.fail(self.freq, f"a per-layer list of {len(freq)}, not {total}")
+            per_layer_bound(view, self.freq, total)
+            layers = LayerSet.of(i for i in range(dense, total) if freq[i])
+            return layers, f"{how} where {self.freq}"
         step = view.size(self.freq or "", freq)
-        layers = [i for i in range(dense, total) if i % step == 0]
+        layers = LayerSet.span(range(dense + (-dense) % step, total, step))  # i % step == 0
         return layers, how + (f", i % {self.freq} = 0" if self.freq else "")
 
 
 def typed_layers(
     view: ConfigView, key: str, types: list[str], moe: str, others: tuple[tuple[str, str], ...]
-) -> tuple[list[int], str]:
+) -> tuple[LayerSet, str]:
     """The layers whose type is `moe`; the other known types are left out, each for its
     reason (said in the description), an unknown type refused."""
     reasons = dict(others)
@@ -152,7 +155,7 @@ def typed_layers(
         if kind != moe and kind not in reasons:
             known = ", ".join([moe, *reasons])
             raise view.fail(f"{key}[{i}]", f"{kind!r} is not a known type ({known})")
-    layers = [i for i, kind in enumerate(types) if kind == moe]
+    layers = LayerSet.of(i for i, kind in enumerate(types) if kind == moe)
     left = sorted({kind for kind in types if kind != moe})
     notes = "; ".join(f"{kind} layers left out: {reasons[kind]}" for kind in left)
     return layers, f"{key} '{moe}'" + (f" ({notes})" if notes else "")
@@ -170,7 +173,7 @@ class Typed:
     others: tuple[tuple[str, str], ...]
     fallback: LayerRule | None = None
 
-    def moe_layers(self, view: ConfigView) -> tuple[list[int], str]:
+    def moe_layers(self, view: ConfigView) -> tuple[LayerSet, str]:
         total = layer_count(view, LAYERS)
         if self.fallback is not None and view.raw(self.key) in (MISSING, None):
             layers, how = self.fallback.moe_layers(view)
@@ -194,18 +197,20 @@ class IndexList:
     key: str = "moe_layers_enum"
     first: int = 3
 
-    def moe_layers(self, view: ConfigView) -> tuple[list[int], str]:
+    def moe_layers(self, view: ConfigView) -> tuple[LayerSet, str]:
         total = layer_count(view, LAYERS)
         value = view.raw(self.key)
         if value in (MISSING, None):
-            return list(range(self.first, total)), f"layers from the fixed {self.first} on"
+            return LayerSet.span(range(self.first, total)), f"layers from the fixed {self.first} on"
         if isinstance(value, str):
             items = [item.strip() for item in value.split(",") if item.strip()]
-            if not all(item.isdigit() for item in items):
+            # ASCII digits, at most 10 (an index is below 2**31): int() of "²" or of 5,000
+            # digits raises, where this is to refuse
+            if not all(item.isascii() and item.isdigit() and len(item) <= 10 for item in items):
                 raise view.fail(self.key, f"must list layer indices, not {value[:60]!r}")
             value = [int(item) for item in items]
-        listed = set(view.int_list(self.key, value))
-        return [i for i in range(total) if i in listed], f"the {self.key} list"
+        listed = view.int_list(self.key, value)
+        return LayerSet.of(i for i in listed if i < total), f"the {self.key} list"
 
 
 @dataclass(frozen=True)
@@ -216,7 +221,7 @@ class Switched:
     flag: str
     default: bool = False
 
-    def moe_layers(self, view: ConfigView) -> tuple[list[int], str]:
+    def moe_layers(self, view: ConfigView) -> tuple[LayerSet, str]:
         total = layer_count(view, LAYERS)
         value, _ = lookup(view, (self.flag,), 0, self.default)
         if not view.flag(self.flag, value):
@@ -226,7 +231,8 @@ class Switched:
                 f"is false{absent}: no decoder layer builds the MoE block, so there is no "
                 "MoE layer to map",
             )
-        return list(range(total)), f"every one of the {total} decoder layers ({self.flag} true)"
+        layers = LayerSet.span(range(total))
+        return layers, f"every one of the {total} decoder layers ({self.flag} true)"
 
 
 # Nemotron-H's legacy pattern letters and the block type each stands for
@@ -264,7 +270,7 @@ class BlockPattern:
     def total(self, view: ConfigView) -> int:
         return len(self.types(view)[0])
 
-    def moe_layers(self, view: ConfigView) -> tuple[list[int], str]:
+    def moe_layers(self, view: ConfigView) -> tuple[LayerSet, str]:
         types, source = self.types(view)
         return typed_layers(view, source, types, self.moe, self.others)
 
@@ -292,12 +298,12 @@ def decoder_layers(rule: LayerRule, view: ConfigView) -> int:
     return layer_count(view, getattr(rule, "count", LAYERS))
 
 
-def ranges(layers: list[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
-    spans: list[list[int]] = []
-    for i in layers:
-        if spans and i == spans[-1][1] + 1:
-            spans[-1][1] = i
-        else:
-            spans.append([i, i])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+def per_layer_bound(view: ConfigView, key: str, count: int) -> None:
+    """Refuse reading `key` one layer at a time for more than MAX_LAYERS layers: that work
+    grows with the layer count, which a hostile file sets as it likes (see MAX_LAYERS)."""
+    if count > MAX_LAYERS:
+        raise view.fail(
+            key,
+            f"read one decoder layer at a time, for {count} layers: moegen maps at most "
+            f"{MAX_LAYERS} that way (real models have under 200 decoder layers)",
+        )

@@ -3,24 +3,28 @@ config.json.
 
 The family table (moegen/hf/families.py) maps each supported model_type's keys to spec
 fields; every MoE decoder layer gets its choices, and layers with the same choices share one
-spec (a model whose MoE layers differ, in top-k or width, gets one spec per kind). Nothing is
-written here: `specs_from_hf` returns {path: text} and moegen.init validates and writes it,
-all or nothing.
+spec (a model whose MoE layers differ, in top-k or width, gets one spec per kind; the layers
+are grouped without running the rules once a layer: moegen.hf.layer_kinds). Nothing is
+written here: `specs_from_hf` returns {path: Draft (text, and each line's source)} and
+moegen.init validates and writes it, all or nothing.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moegen.hf.config_file import ConfigView, HfConfigError, config_file, read_json
+from moegen.hf.config_file import ConfigView, HfConfigError, config_file, read_json, short
 from moegen.hf.families import FAMILIES, REFUSED
 from moegen.hf.family_base import HfFamily
-from moegen.hf.layers import decoder_layers, ranges
+from moegen.hf.layer_kinds import layer_kinds
+from moegen.hf.layer_set import LayerSet, describe
+from moegen.hf.layers import decoder_layers
 from moegen.hf.rules import Choice, Size
-from moegen.hf.spec_text import Placement, spec_text
+from moegen.hf.spec_text import Draft, Placement, spec_text
 
 # layouts' size names -> the spec fields they give
 SIZE_FIELDS = {
@@ -43,7 +47,7 @@ class LayerKind:
     """MoE layers that map to the same spec."""
 
     choices: tuple[Choice, ...]
-    layers: tuple[int, ...]
+    layers: LayerSet
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ class Model:
 def _family(file: Path, data: dict[str, Any]) -> tuple[str, HfFamily, ConfigView]:
     model_type = data.get("model_type")
     if type(model_type) is not str:
-        raise HfConfigError(f"{file}: model_type: missing or not a string ({model_type!r})")
+        raise HfConfigError(f"{file}: model_type: missing or not a string ({short(model_type)})")
     if model_type in REFUSED:
         raise HfConfigError(
             f"{file}: model_type {model_type!r} is not supported: {REFUSED[model_type]}"
@@ -71,7 +75,8 @@ def _family(file: Path, data: dict[str, Any]) -> tuple[str, HfFamily, ConfigView
     if model_type not in FAMILIES:
         names = ", ".join(sorted(FAMILIES))
         raise HfConfigError(
-            f"{file}: model_type {model_type!r} is not a family moegen maps; supported: {names}"
+            f"{file}: model_type {short(model_type)} is not a family moegen maps; "
+            f"supported: {names}"
         )
     family = FAMILIES[model_type]
     if not family.text_config:
@@ -94,9 +99,14 @@ def _size_rules(family: HfFamily) -> list[Size]:
     return [Size(spec_field, keys(name)) for name, spec_field in SIZE_FIELDS.items()]
 
 
-def layer_choices(family: HfFamily, view: ConfigView, layer: int) -> tuple[Choice, ...]:
+def choices_of(family: HfFamily) -> Callable[[ConfigView, int], tuple[Choice, ...]]:
+    """A layer's spec choices under the family's rules (its size rules found once)."""
     rules = [*_size_rules(family), *family.rules]
-    return _tidied([choice for rule in rules for choice in rule.choices(view, layer)])
+
+    def layer_choices(view: ConfigView, layer: int) -> tuple[Choice, ...]:
+        return _tidied([choice for rule in rules for choice in rule.choices(view, layer)])
+
+    return layer_choices
 
 
 # fields of the shared expert: a block whose shared width is 0 builds none, so they do nothing
@@ -121,14 +131,7 @@ def model_of(source: Path) -> Model:
     layers, how = family.layers.moe_layers(view)
     if not layers:
         raise HfConfigError(f"{file}: no MoE layer: {how} selects none")
-    grouped: dict[str, list[int]] = {}
-    choices_of: dict[str, tuple[Choice, ...]] = {}
-    for layer in layers:
-        choices = layer_choices(family, view, layer)
-        key = json.dumps([(c.field, c.value) for c in choices], sort_keys=True)
-        grouped.setdefault(key, []).append(layer)
-        choices_of.setdefault(key, choices)
-    kinds = tuple(LayerKind(choices_of[k], tuple(v)) for k, v in grouped.items())
+    kinds = tuple(LayerKind(c, k) for c, k in layer_kinds(view, layers, choices_of(family)))
     return Model(file, model_type, family, view, how, kinds)
 
 
@@ -139,22 +142,26 @@ def _kind_names(kinds: tuple[LayerKind, ...]) -> list[str]:
     values = [{c.field: c.value for c in kind.choices} for kind in kinds]
     differing = [f for f in values[0] if len({json.dumps(v.get(f)) for v in values}) > 1]
     named = [f for f in differing if f in SHORT_NAMES]
-    names = ["_".join(f"{SHORT_NAMES[f]}{v[f]}" for f in named) for v in values]
+    # a field another kind lacks is its shared expert's width: it has none, 0 wide
+    names = ["_".join(f"{SHORT_NAMES[f]}{v.get(f, 0)}" for f in named) for v in values]
     if len(set(names)) < len(names):  # told apart by something else: number them
         names = [f"kind{i + 1}" for i in range(len(kinds))]
     return ["_" + name for name in names]
 
 
-def specs_from_hf(source: Path, target: Path | None, placement: Placement) -> dict[Path, str]:
-    """{spec path: YAML text} for each kind of MoE layer of the model at `source`, at
+def specs_from_hf(source: Path, target: Path | None, placement: Placement) -> dict[Path, Draft]:
+    """{spec path: its draft} for each kind of MoE layer of the model at `source`, at
     `target` (default specs/<model_type>.yaml; several kinds: a suffix each)."""
-    model = model_of(source)
+    try:
+        model = model_of(source)
+    except RecursionError:  # a value nested past what comparing or showing it can follow
+        raise HfConfigError(f"{source}: nested too deeply to be a model config") from None
     target = target or Path("specs") / f"{model.model_type}.yaml"
     total = decoder_layers(model.family.layers, model.view)
-    found: dict[Path, str] = {}
+    found: dict[Path, Draft] = {}
     for kind, suffix in zip(model.kinds, _kind_names(model.kinds), strict=True):
         path = target.with_name(f"{target.stem}{suffix}{target.suffix}")
-        listed = ranges(list(kind.layers))
+        listed = describe(kind.layers)
         header = [
             f"Written by `moegen init --from-hf` from {model.file} (model_type "
             f"{model.model_type}: {model.family.title}).",
@@ -168,5 +175,6 @@ def specs_from_hf(source: Path, target: Path | None, placement: Placement) -> di
         if model.family.note:
             header.append(model.family.note)
             description = f"{description}. {model.family.note}"
-        found[path] = spec_text(header, description, list(kind.choices), placement)
+        origin = str(model.file)
+        found[path] = spec_text(header, description, list(kind.choices), placement, origin)
     return found

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moegen.hf.config_file import MISSING, ConfigView
+from moegen.hf.config_file import MISSING, ConfigView, short
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class Choose:
         if isinstance(value, (list, dict)) or value not in self.table:
             known = ", ".join(repr(v) for v in self.table)
             raise view.fail(
-                self.keys[0], f"{value!r} is not mapped (moegen maps {known}){self.why}"
+                self.keys[0], f"{short(value)} is not mapped (moegen maps {known}){self.why}"
             )
         return [Choice(self.field, self.table[value], f"{source}: {value}")]
 
@@ -135,7 +135,7 @@ class Expect:
         value = at_layer(view, self.key, layer)
         if isinstance(value, (list, dict)) or value not in self.allowed:
             wanted = " or ".join(repr(v) for v in self.allowed)
-            raise view.fail(self.key, f"is {value!r}, not {wanted}: {self.why}")
+            raise view.fail(self.key, f"is {short(value)}, not {wanted}: {self.why}")
         return []
 
 
@@ -181,9 +181,9 @@ class Groups:
         top_per_group, source = self.top_per_group, ""
         if self.method is not None and self.methods is not None:
             name, source = lookup(view, (self.method,), layer, self.method_default)
-            if name not in self.methods:
+            if isinstance(name, (list, dict)) or name not in self.methods:
                 known = ", ".join(map(repr, self.methods))
-                raise view.fail(self.method, f"{name!r} is not mapped (moegen maps {known})")
+                raise view.fail(self.method, f"{short(name)} is not mapped (moegen maps {known})")
             if self.methods[name] is None:
                 return []
             top_per_group, source = self.methods[name], f"{source}: {name}; "
@@ -319,7 +319,7 @@ class Switch:
         value, source = lookup(view, (self.key,), layer, self.default)
         if isinstance(value, (list, dict)) or value not in self.cases:
             known = ", ".join(repr(v) for v in self.cases)
-            raise view.fail(self.key, f"{value!r} is not mapped (moegen maps {known})")
+            raise view.fail(self.key, f"{short(value)} is not mapped (moegen maps {known})")
         found = [choice for rule in self.cases[value] for choice in rule.choices(view, layer)]
         return [Choice(c.field, c.value, f"{c.source} ({source}: {value})") for c in found]
 
