@@ -8,6 +8,8 @@ what is wrong, which the loader reports at the spec's `placement` value."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +82,12 @@ def _read(path: Path) -> bytes:
     if not path.is_file():  # a directory, a device, a pipe: nothing to read a placement from
         raise PlacementFileProblem("not a regular file")
     try:  # bounded: a device or a growing file must not be read to its end
-        with path.open("rb") as stream:
+        # non-blocking, and checked again through the descriptor: a FIFO swapped in since
+        # the check above must not hang the open
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as stream:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise PlacementFileProblem("not a regular file")
             raw = stream.read(MAX_PLACEMENT_BYTES + 1)
     except OSError as error:
         raise PlacementFileProblem(f"cannot be read: {error.strerror or error}") from None
