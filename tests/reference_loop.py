@@ -173,22 +173,17 @@ def slow_router_input(token: np.ndarray, p: dict[str, np.ndarray], cfg: Referenc
     return scaled / math.sqrt(len(token))
 
 
-def slow_moe(params: dict[str, np.ndarray], x: np.ndarray, cfg: ReferenceConfig) -> dict:
-    """y, counts, dropped and both losses from the definition."""
-    p = {k: np.asarray(v, np.float64) for k, v in params.items()}
-    batch, seq, embed = x.shape
-    tokens = np.asarray(x, np.float64).reshape(batch * seq, embed)
-    num_tokens, experts = len(tokens), p["router"].shape[1]
-    routes = [slow_route(slow_router_input(token, p, cfg), p, cfg) for token in tokens]
-    if cfg.expert_norm_eps is not None:  # the experts run on the normalised tokens
-        tokens = np.array([slow_rms_norm(t, cfg.expert_norm_eps) for t in tokens])
-        tokens = tokens * p["expert_input_norm"]
-    copies = [  # (token, k-slot, expert, weight)
+def slow_copies(routes: list) -> list[tuple[int, int, int, float]]:
+    """Every routed copy as (token, k-slot, expert, weight), token by token, slot by slot."""
+    return [
         (t, k, e, w)
         for t, (_, _, chosen, weights) in enumerate(routes)
         for k, (e, w) in enumerate(zip(chosen, weights, strict=True))
     ]
 
+
+def slow_kept(copies: list, num_tokens: int, experts: int, cfg: ReferenceConfig) -> set:
+    """The copies that fit each (device, expert)'s capacity; all of them without a capacity."""
     kept = set(copies)
     if cfg.capacity is not None:
         shard_of = [slow_device_of(t, num_tokens, cfg) for t in range(num_tokens)]
@@ -200,7 +195,15 @@ def slow_moe(params: dict[str, np.ndarray], x: np.ndarray, cfg: ReferenceConfig)
                 else:
                     mine.sort(key=lambda c: (-c[3], c[0], c[1]))
                 kept -= set(mine[cfg.capacity :])
+    return kept
 
+
+def slow_combine(
+    tokens: np.ndarray, p: dict[str, np.ndarray], copies: list, kept: set, cfg: ReferenceConfig
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(y, counts, dropped): every kept copy's weighted expert output summed into its token's
+    row, plus the shared expert; every copy counted, kept or dropped."""
+    num_tokens, experts = len(tokens), p["router"].shape[1]
     # Nemotron-H: the experts run in a latent width, between two projections of the token
     latent = "latent_in" in p
     routed = [slow_latent(token, p, "in") for token in tokens] if latent else tokens
@@ -221,7 +224,14 @@ def slow_moe(params: dict[str, np.ndarray], x: np.ndarray, cfg: ReferenceConfig)
     if "shared_up" in p:
         for t in range(num_tokens):
             y[t] += slow_shared(tokens[t], p, cfg)
+    return y, counts, dropped
 
+
+def slow_losses(
+    routes: list, counts: np.ndarray, batch: int, cfg: ReferenceConfig
+) -> tuple[float, float]:
+    """(load balance, router z-loss), both before their weights."""
+    num_tokens, experts = len(routes), len(counts)
     fraction = counts / (num_tokens * cfg.top_k)
     transformers_form = cfg.load_balance_form == "transformers"
     if transformers_form:  # each token's top-k logits, per token, whatever the layer selects
@@ -240,6 +250,23 @@ def slow_moe(params: dict[str, np.ndarray], x: np.ndarray, cfg: ReferenceConfig)
     balance = experts * float(fraction @ mean_prob)
     if cfg.load_balance_form == "sequence":
         balance = slow_sequence_balance(routes, batch, experts, cfg.top_k)
+    return balance, z_loss
+
+
+def slow_moe(params: dict[str, np.ndarray], x: np.ndarray, cfg: ReferenceConfig) -> dict:
+    """y, counts, dropped and both losses from the definition."""
+    p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    batch, seq, embed = x.shape
+    tokens = np.asarray(x, np.float64).reshape(batch * seq, embed)
+    num_tokens, experts = len(tokens), p["router"].shape[1]
+    routes = [slow_route(slow_router_input(token, p, cfg), p, cfg) for token in tokens]
+    if cfg.expert_norm_eps is not None:  # the experts run on the normalised tokens
+        tokens = np.array([slow_rms_norm(t, cfg.expert_norm_eps) for t in tokens])
+        tokens = tokens * p["expert_input_norm"]
+    copies = slow_copies(routes)
+    kept = slow_kept(copies, num_tokens, experts, cfg)
+    y, counts, dropped = slow_combine(tokens, p, copies, kept, cfg)
+    balance, z_loss = slow_losses(routes, counts, batch, cfg)
     return {
         "y": y.reshape(batch, seq, embed),
         "counts": counts,

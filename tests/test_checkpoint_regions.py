@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,37 +105,39 @@ CHILD = textwrap.dedent(
 SHARDED = {"axes": {"fsdp": 2, "expert": 4}, "strategy": "ragged_all_to_all", "batch": 8}
 
 
-def _sharded_cases(tmp_path: Path) -> list[dict[str, Any]]:
-    """Per-expert (Mixtral), merged (DBRX), interleaved (gpt-oss) and fused (DeepSeek-V3)
-    checkpoints, written by hand, with each parameter's expected value computed here."""
-    rng = np.random.default_rng(7)
-    normal = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
-    cases = []
+# Draws float32 normal samples of the given shape, in call order from one seeded generator.
+Normal = Callable[..., np.ndarray]
+# (checkpoint tensors by key, each moegen parameter's expected value)
+Checkpoint = tuple[dict[str, np.ndarray], dict[str, np.ndarray]]
 
-    def case(
-        name: str, spec: dict, family: str, tensors: dict, expected: dict, run: bool = False
-    ) -> None:
-        module = module_for(spec_yaml(SPEC_BASE | spec | SHARDED), tmp_path)
-        assert module.NUM_DEVICES == 8
-        np.savez(tmp_path / f"{name}.npz", **expected)
-        cases.append(
-            {
-                "name": name,
-                "module": module.__file__,
-                "checkpoint": str(save_numpy(tmp_path / name, tensors, None)),
-                "family": family,
-                "expected": str(tmp_path / f"{name}.npz"),
-                "run": run,
-            }
-        )
 
-    # Mixtral, per expert
-    router, w1, w3, w2 = (
-        normal(8, EMBED),
-        normal(8, FFN, EMBED),
-        normal(8, FFN, EMBED),
-        normal(8, EMBED, FFN),
-    )
+def _sharded_case(
+    tmp_path: Path,
+    name: str,
+    spec: dict,
+    family: str,
+    checkpoint: Checkpoint,
+    run: bool = False,
+) -> dict[str, Any]:
+    """Render the sharded module of `spec`, save the checkpoint and expected values; CHILD's
+    description of the case (`run`: also run the layer on the loaded parameters)."""
+    tensors, expected = checkpoint
+    module = module_for(spec_yaml(SPEC_BASE | spec | SHARDED), tmp_path)
+    assert module.NUM_DEVICES == 8
+    np.savez(tmp_path / f"{name}.npz", **expected)
+    return {
+        "name": name,
+        "module": module.__file__,
+        "checkpoint": str(save_numpy(tmp_path / name, tensors, None)),
+        "family": family,
+        "expected": str(tmp_path / f"{name}.npz"),
+        "run": run,
+    }
+
+
+def _mixtral_checkpoint(normal: Normal, router: np.ndarray) -> Checkpoint:
+    """Mixtral, per expert: w1 (gate), w3 (up), w2 (down), each [out, in]."""
+    w1, w3, w2 = normal(8, FFN, EMBED), normal(8, FFN, EMBED), normal(8, EMBED, FFN)
     p = "model.layers.1.block_sparse_moe."
     tensors = {p + "gate.weight": router}
     for i in range(8):
@@ -149,8 +152,11 @@ def _sharded_cases(tmp_path: Path) -> list[dict[str, Any]]:
         "w_up": w3.transpose(0, 2, 1),
         "w_down": w2.transpose(0, 2, 1),
     }
-    case("mixtral", {"renormalize": True}, "mixtral", tensors, mixtral, run=True)
-    # DBRX: experts merged into the rows, [E * F, D], down not transposed
+    return tensors, mixtral
+
+
+def _dbrx_checkpoint(normal: Normal, router: np.ndarray) -> Checkpoint:
+    """DBRX: experts merged into the rows, [E * F, D], down not transposed."""
     w1, v1, w2 = normal(8 * FFN, EMBED), normal(8 * FFN, EMBED), normal(8 * FFN, EMBED)
     p = "transformer.blocks.1.ffn."
     tensors = {
@@ -165,8 +171,11 @@ def _sharded_cases(tmp_path: Path) -> list[dict[str, Any]]:
         "w_up": v1.reshape(8, FFN, EMBED).transpose(0, 2, 1),
         "w_down": w2.reshape(8, FFN, EMBED),
     }
-    case("dbrx", {"renormalize": True}, "dbrx", tensors, dbrx)
-    # gpt-oss: gate and up interleaved in [E, D, 2F] and [E, 2F]
+    return tensors, dbrx
+
+
+def _gpt_oss_checkpoint(normal: Normal, router: np.ndarray) -> Checkpoint:
+    """gpt-oss: gate and up interleaved in [E, D, 2F] and [E, 2F]."""
     gate_up, bias, down, down_bias = (
         normal(8, EMBED, 2 * FFN),
         normal(8, 2 * FFN),
@@ -190,8 +199,11 @@ def _sharded_cases(tmp_path: Path) -> list[dict[str, Any]]:
         "b_up": bias[:, 1::2],
         "b_down": down_bias,
     }
-    case("gpt_oss", {"score_after_top_k": True, "ffn_bias": True}, "gpt_oss", tensors, gpt_oss)
-    # DeepSeek-V3, fused, with its selection bias and shared expert
+    return tensors, gpt_oss
+
+
+def _deepseek_v3_checkpoint() -> Checkpoint:
+    """DeepSeek-V3, fused, with its selection bias and shared expert."""
     tensors = deepseek_tensors(seed=8)
     p = "model.layers.1.mlp."
     gate_up, down = tensors[p + "experts.gate_up_proj"], tensors[p + "experts.down_proj"]
@@ -205,8 +217,37 @@ def _sharded_cases(tmp_path: Path) -> list[dict[str, Any]]:
         "shared_up": tensors[p + "shared_experts.up_proj.weight"].T,
         "shared_down": tensors[p + "shared_experts.down_proj.weight"].T,
     }
-    case("deepseek_v3", dict(CASES["deepseek_v3"].spec), "deepseek_v3", tensors, deepseek)
-    return cases
+    return tensors, deepseek
+
+
+def _sharded_cases(tmp_path: Path) -> list[dict[str, Any]]:
+    """Per-expert (Mixtral), merged (DBRX), interleaved (gpt-oss) and fused (DeepSeek-V3)
+    checkpoints, written by hand, with each parameter's expected value computed here."""
+    rng = np.random.default_rng(7)
+    normal = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
+    # One router for the three hand-made layouts; the list is built, and the generator drawn,
+    # in order: the expected values depend on it.
+    router = normal(8, EMBED)
+    renormalize = {"renormalize": True}
+    gpt_oss_spec = {"score_after_top_k": True, "ffn_bias": True}
+    deepseek_spec = dict(CASES["deepseek_v3"].spec)
+    return [
+        _sharded_case(
+            tmp_path,
+            "mixtral",
+            renormalize,
+            "mixtral",
+            _mixtral_checkpoint(normal, router),
+            run=True,
+        ),
+        _sharded_case(tmp_path, "dbrx", renormalize, "dbrx", _dbrx_checkpoint(normal, router)),
+        _sharded_case(
+            tmp_path, "gpt_oss", gpt_oss_spec, "gpt_oss", _gpt_oss_checkpoint(normal, router)
+        ),
+        _sharded_case(
+            tmp_path, "deepseek_v3", deepseek_spec, "deepseek_v3", _deepseek_v3_checkpoint()
+        ),
+    ]
 
 
 @pytest.mark.slow

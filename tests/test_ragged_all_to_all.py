@@ -17,6 +17,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -160,55 +161,75 @@ def module_source(case: ModuleCase) -> tuple[str, int]:
     return render(plan), plan.experts.receive_rows
 
 
-def run_module(case: ModuleCase, tmp: Path) -> Run:
-    source, receive_rows = module_source(case)
-    module_path = tmp / f"a2a_{case.name}.py"
-    module_path.write_text(source, encoding="utf-8")
-    local = case.experts // case.shards
-    inputs: dict[str, np.ndarray] = {}
+# The exchange-level cases sent to the child: one name, counts and sorted rows each.
+class ExchangeCases(NamedTuple):
+    names: list[str]
+    counts: list[np.ndarray]
+    rows: list[np.ndarray]
 
-    # Exchange-level cases: every routed case's counts and sorted rows, plus hand-made counts.
-    routed = routed_cases(case)
+
+def routed_exchange_cases(
+    case: ModuleCase, routed: dict[str, np.ndarray]
+) -> tuple[ExchangeCases, list[dict[str, np.ndarray]]]:
+    """Every routed case's counts and sorted rows, with the inputs its _routed_experts run gets."""
+    local = case.experts // case.shards
     tokens = token_values(case.shards, case.seq_len, WIDTH)
     rng = np.random.default_rng(5)
-    exchange_names, exchange_counts, exchange_rows = [], [], []
+    cases = ExchangeCases([], [], [])
     routed_inputs = []
     for name, ids in routed.items():
         weights = rng.uniform(0.1, 1.0, ids.shape).astype(np.float32)
         model = np_dispatch(ids, tokens, weights, local)
-        exchange_names.append(name)
-        exchange_counts.append(model.counts.astype(np.int32))
-        exchange_rows.append(model.sorted_rows.astype(np.float32))
+        cases.names.append(name)
+        cases.counts.append(model.counts.astype(np.int32))
+        cases.rows.append(model.sorted_rows.astype(np.float32))
         routed_inputs.append({"tokens": tokens, "weights": weights, "ids": ids})
+    return cases, routed_inputs
+
+
+def add_hand_made_count_cases(case: ModuleCase, cases: ExchangeCases) -> None:
+    """Hand-made counts; each device's rows are distinct (+1000 per device), NaN past its copies."""
     for name, counts in count_cases(case).items():
         rows = np.full((case.shards, case.seq_len * case.top_k, WIDTH), np.nan, np.float32)
         for d in range(case.shards):
             n = int(counts[d].sum())
             rows[d, :n] = token_values(1, n, WIDTH)[0] + 1000 * (d + 1)
-        exchange_names.append(name)
-        exchange_counts.append(counts.astype(np.int32))
-        exchange_rows.append(rows)
-    for i, (counts, rows) in enumerate(zip(exchange_counts, exchange_rows, strict=True)):
+        cases.names.append(name)
+        cases.counts.append(counts.astype(np.int32))
+        cases.rows.append(rows)
+
+
+def child_inputs(
+    cases: ExchangeCases,
+    routed_inputs: list[dict[str, np.ndarray]],
+    generic: list[dict[str, np.ndarray]],
+) -> dict[str, np.ndarray]:
+    """Flatten every case into the .npz keys SCRIPT reads (counts_i, tokens_i, g{i}_operand...)."""
+    inputs: dict[str, np.ndarray] = {}
+    for i, (counts, rows) in enumerate(zip(cases.counts, cases.rows, strict=True)):
         inputs[f"counts_{i}"], inputs[f"rows_{i}"] = counts, rows
     for i, routed_input in enumerate(routed_inputs):
         inputs |= {f"{k}_{i}": v for k, v in routed_input.items()}
-    generic = generic_cases(case.shards, rows=8, out_rows=10, n=4)
     for i, g in enumerate(generic):
         inputs |= {f"g{i}_{k}": v for k, v in g.items()}
     inputs |= {
-        "n_exchange": np.array(len(exchange_names)),
+        "n_exchange": np.array(len(cases.names)),
         "n_routed": np.array(len(routed_inputs)),
         "n_generic": np.array(len(generic)),
     }
+    return inputs
+
+
+def run_child(
+    case: ModuleCase, module_path: Path, inputs: dict[str, np.ndarray], tmp: Path
+) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+    """Run SCRIPT on case.shards fake CPU devices; return the module's constants and outputs."""
     inputs_path, outputs_path = tmp / f"in_{case.name}.npz", tmp / f"out_{case.name}.npz"
     np.savez(inputs_path, **inputs)
     script = tmp / "exchange.py"
     script.write_text(SCRIPT, encoding="utf-8")
-    env = dict(
-        os.environ,
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={case.shards}",
-        JAX_PLATFORMS="cpu",
-    )
+    flags = f"--xla_force_host_platform_device_count={case.shards}"
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     result = subprocess.run(
         [sys.executable, str(script), str(module_path), str(inputs_path), str(outputs_path)],
         capture_output=True,
@@ -219,20 +240,23 @@ def run_module(case: ModuleCase, tmp: Path) -> Run:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     constants = json.loads(result.stdout.strip().splitlines()[-1])["constants"]
-    assert constants["RECEIVE_ROWS"] == receive_rows
     with np.load(outputs_path) as out:
         outputs = {k: out[k] for k in out.files}
-    return Run(
-        case,
-        constants,
-        exchange_names,
-        exchange_counts,
-        exchange_rows,
-        list(routed),
-        routed_inputs,
-        generic,
-        outputs,
-    )
+    return constants, outputs
+
+
+def run_module(case: ModuleCase, tmp: Path) -> Run:
+    source, receive_rows = module_source(case)
+    module_path = tmp / f"a2a_{case.name}.py"
+    module_path.write_text(source, encoding="utf-8")
+    routed = routed_cases(case)
+    cases, routed_inputs = routed_exchange_cases(case, routed)
+    add_hand_made_count_cases(case, cases)
+    generic = generic_cases(case.shards, rows=8, out_rows=10, n=4)
+    inputs = child_inputs(cases, routed_inputs, generic)
+    constants, outputs = run_child(case, module_path, inputs, tmp)
+    assert constants["RECEIVE_ROWS"] == receive_rows
+    return Run(case, constants, *cases, list(routed), routed_inputs, generic, outputs)
 
 
 @pytest.fixture(scope="module", params=[K3, K1], ids=lambda c: c.name)

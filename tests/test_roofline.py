@@ -22,25 +22,26 @@ def transfer_bytes(plan: Plan, forward_only: bool) -> tuple[int, int]:
 
 # ---------------------------------------------------------------------------------------
 # by hand: tpu-v5e 2x2, fsdp 2 x expert 2, ragged_all_to_all, swiglu, kernel xla
+#
+# t tokens per device, d embed, f ffn, e experts, k top_k, m matmuls per expert (swiglu: 3)
+V5E_DIMS = (128, 256, 512, 8, 2, 3)
+# rows of the grouped matmul's worst-case buffer (derivation: _v5e_flops_by_hand)
+V5E_KERNEL_ROWS = 512
 
 
-def test_v5e_swiglu_ragged_all_to_all_by_hand() -> None:
-    plan = plan_of(axes={"fsdp": 2, "expert": 2}, target=V5E, experts="ragged_all_to_all")
-    r = plan.roofline
-    fwd, train = r.passes
-    assert (fwd.name, train.name) == ("forward", "forward+backward")
-
+def _v5e_flops_by_hand(plan: Plan) -> tuple[int, int, int]:
+    """(router, routed, kernel) forward FLOPs per device, checked against the plan."""
+    fwd = plan.roofline.passes[0]
     # batch 8 over fsdp x expert = 4 devices: 2 sequences of 64 -> t = 128 tokens per device
     assert plan.local_tokens == 128
-    t, d, f, e, k, m = 128, 256, 512, 8, 2, 3
+    t, d, f, e, k, m = V5E_DIMS
     # worst-case rows of the grouped matmul: every token of the 2-device expert group sends
     # min(top_k 2, 4 local experts) = 2 copies here -> 256 x 2 = 512; xla: no tile padding
     assert (plan.experts.ffn_rows, plan.kernel.config, plan.experts.ffn_calls) == (512, None, 1)
-    kernel_rows = 512
 
     router = 2 * t * d * e  # 524,288
     routed = 2 * m * t * k * d * f  # 201,326,592
-    kernel = router + 2 * m * kernel_rows * d * f  # 524,288 + 402,653,184
+    kernel = router + 2 * m * V5E_KERNEL_ROWS * d * f  # 524,288 + 402,653,184
     assert (router, routed, kernel) == (524_288, 201_326_592, 403_177_472)
     assert fwd.router_flops == router
     assert fwd.routed_flops == routed
@@ -49,19 +50,30 @@ def test_v5e_swiglu_ragged_all_to_all_by_hand() -> None:
     assert fwd.kernel_flops == kernel
     # the cost plan counts the same useful FLOPs
     assert fwd.useful_flops == plan.cost.forward_flops
+    return router, routed, kernel
 
+
+def _v5e_hbm_bytes_by_hand(plan: Plan) -> int:
+    """Forward HBM bytes per device, checked against the plan."""
+    t, d, f, *_ = V5E_DIMS
     # HBM, forward: stored params (float32): router [256/2, 8], three experts [8/2, 256/2, 512]
     stored = (128 * 8 + 3 * 4 * 128 * 512) * 4  # 3,149,824
     # gathered weights, written by the fsdp gather and read: router [256, 8] float32, three
     # [4, 256, 512] bfloat16
     gathered = 256 * 8 * 4 + 3 * 4 * 256 * 512 * 2  # 3,153,920
     # routed buffers, written and read: 512 rows of (row + output [D], gate, up, hidden [F])
-    routed_buffers = kernel_rows * (2 * d + 3 * f) * 2  # 2,097,152
+    routed_buffers = V5E_KERNEL_ROWS * (2 * d + 3 * f) * 2  # 2,097,152
     in_out = 2 * t * d * 2  # layer input and output, bfloat16
     hbm = stored + 2 * gathered + 2 * routed_buffers + in_out
     assert hbm == 13_783_040
-    assert fwd.hbm_bytes == hbm
+    assert plan.roofline.passes[0].hbm_bytes == hbm
+    return hbm
 
+
+def _v5e_ici_bytes_by_hand(plan: Plan) -> tuple[int, int]:
+    """(forward, forward+backward) ICI bytes per device, checked against the plan."""
+    fwd, train = plan.roofline.passes
+    t, d, _, _, k, _ = V5E_DIMS
     # communication: the fsdp gather receives the other shard of every gathered weight
     gather = 128 * 8 * 4 + 3 * 4 * 128 * 512 * 2  # 1,576,960 (reduce-scatter: the same)
     all_reduce = 2 * (128 * 8 * 4) * (2 - 1) // 2  # router gradient over expert: 4,096
@@ -71,6 +83,17 @@ def test_v5e_swiglu_ragged_all_to_all_by_hand() -> None:
     assert fwd.dcn_bytes == train.dcn_bytes == 0
     assert (fwd.ici_bytes, fwd.dcn_bytes) == transfer_bytes(plan, forward_only=True)
     assert (train.ici_bytes, train.dcn_bytes) == transfer_bytes(plan, forward_only=False)
+    return gather + tokens, 2 * gather + all_reduce + 2 * tokens
+
+
+def test_v5e_swiglu_ragged_all_to_all_by_hand() -> None:
+    plan = plan_of(axes={"fsdp": 2, "expert": 2}, target=V5E, experts="ragged_all_to_all")
+    r = plan.roofline
+    fwd, train = r.passes
+    assert (fwd.name, train.name) == ("forward", "forward+backward")
+    router, routed, kernel = _v5e_flops_by_hand(plan)
+    hbm = _v5e_hbm_bytes_by_hand(plan)
+    fwd_ici, train_ici = _v5e_ici_bytes_by_hand(plan)
 
     # tpu-v5e: 197 TFLOP/s, 819 GB/s HBM, ICI 400 GB/s bidirectional, 1 device per chip
     peak, hbm_bw, ici_bw = 197e12, 819e9, 400e9 / 2
@@ -79,7 +102,7 @@ def test_v5e_swiglu_ragged_all_to_all_by_hand() -> None:
     assert r.ici_bytes_per_s == ici_bw
     assert r.dcn_bytes_per_s == 6.25e9
 
-    compute_s, hbm_s, ici_s = kernel / peak, hbm / hbm_bw, (gather + tokens) / ici_bw
+    compute_s, hbm_s, ici_s = kernel / peak, hbm / hbm_bw, fwd_ici / ici_bw
     assert fwd.compute_s == pytest.approx(compute_s, rel=REL)  # 2.05 us
     assert fwd.hbm_s == pytest.approx(hbm_s, rel=REL)  # 16.8 us
     assert fwd.ici_s == pytest.approx(ici_s, rel=REL)  # 8.54 us
@@ -95,7 +118,7 @@ def test_v5e_swiglu_ragged_all_to_all_by_hand() -> None:
     assert train.useful_flops == 3 * (router + routed) == plan.cost.train_flops
     assert train.kernel_flops == 3 * kernel
     assert train.hbm_bytes == 3 * hbm
-    train_ici_s = (2 * gather + all_reduce + 2 * tokens) / ici_bw
+    train_ici_s = train_ici / ici_bw
     assert train.compute_s == pytest.approx(3 * compute_s, rel=REL)
     assert train.hbm_s == pytest.approx(3 * hbm_s, rel=REL)
     assert train.ici_s == pytest.approx(train_ici_s, rel=REL)
@@ -166,21 +189,19 @@ def test_cpu_replicated_gelu_shared_by_hand() -> None:
 
 # ---------------------------------------------------------------------------------------
 # by hand: tpu7x 2x2x1 (2 devices per chip), gelu + shared expert, fsdp 2 x expert 4
+#
+# t tokens per device, d embed, f ffn, s shared ffn, e experts, k top_k, m matmuls per
+# expert (gelu: 2)
+TPU7X_DIMS = (64, 256, 512, 128, 8, 2, 2)
 
 
-def test_tpu7x_gelu_shared_ragged_all_to_all_by_hand() -> None:
-    plan = plan_of(
-        axes={"fsdp": 2, "expert": 4},
-        target=TPU7X,
-        experts="ragged_all_to_all",
-        layer_extra=GELU_SHARED,
-    )
-    r = plan.roofline
-    fwd, train = r.passes
+def _tpu7x_flops_by_hand(plan: Plan) -> int:
+    """The forward kernel FLOPs per device; router, routed and shared checked on the way."""
+    fwd = plan.roofline.passes[0]
     # 4 chips x 2 devices = 8 devices; batch 8 -> 1 sequence of 64 tokens per device
     assert plan.mesh.num_devices == 8
     assert plan.local_tokens == 64
-    t, d, f, s, e, k, m = 64, 256, 512, 128, 8, 2, 2
+    t, d, f, s, e, k, m = TPU7X_DIMS
     # worst case: 4 x 64 group tokens, each sending min(2, 2 local experts) = 2 copies here
     assert (plan.experts.ffn_rows, plan.kernel.config, plan.experts.ffn_calls) == (512, None, 1)
 
@@ -192,7 +213,12 @@ def test_tpu7x_gelu_shared_ragged_all_to_all_by_hand() -> None:
     assert (fwd.router_flops, fwd.routed_flops, fwd.shared_flops) == (router, routed, shared)
     assert fwd.useful_flops == router + routed + shared == 75_759_616
     assert fwd.kernel_flops == kernel
+    return kernel
 
+
+def _tpu7x_hbm_bytes_by_hand(plan: Plan) -> int:
+    """Forward HBM bytes per device, checked against the plan."""
+    t, d, f, s, *_ = TPU7X_DIMS
     stored = (128 * 8 + 2 * 2 * 128 * 512 + 2 * 128 * 128) * 4  # 1,183,744
     gathered = 256 * 8 * 4 + 2 * 2 * 256 * 512 * 2 + 2 * 256 * 128 * 2  # 1,187,840
     routed_buffers = 512 * (2 * d + 2 * f) * 2
@@ -200,8 +226,14 @@ def test_tpu7x_gelu_shared_ragged_all_to_all_by_hand() -> None:
     shared_act = t * 2 * s * 2
     hbm = stored + 2 * gathered + 2 * routed_buffers + in_out + 2 * shared_act
     assert hbm == 6_836_224
-    assert fwd.hbm_bytes == hbm
+    assert plan.roofline.passes[0].hbm_bytes == hbm
+    return hbm
 
+
+def _tpu7x_ici_bytes_by_hand(plan: Plan) -> tuple[int, int]:
+    """(forward, forward+backward) ICI bytes per device, checked against the plan."""
+    fwd, train = plan.roofline.passes
+    t, d, _, _, _, k, _ = TPU7X_DIMS
     gather = 128 * 8 * 4 + 2 * 2 * 128 * 512 * 2 + 2 * 128 * 128 * 2  # 593,920
     # router and shared expert are replicated over expert: all-reduce of their gradients
     replicated_over_expert = (128 * 8 + 2 * 128 * 128) * 4  # 135,168
@@ -211,6 +243,21 @@ def test_tpu7x_gelu_shared_ragged_all_to_all_by_hand() -> None:
     assert train.ici_bytes == 2 * gather + all_reduce + 2 * tokens == 1_587_200
     assert (fwd.ici_bytes, fwd.dcn_bytes) == transfer_bytes(plan, forward_only=True)
     assert (train.ici_bytes, train.dcn_bytes) == transfer_bytes(plan, forward_only=False)
+    return gather + tokens, 2 * gather + all_reduce + 2 * tokens
+
+
+def test_tpu7x_gelu_shared_ragged_all_to_all_by_hand() -> None:
+    plan = plan_of(
+        axes={"fsdp": 2, "expert": 4},
+        target=TPU7X,
+        experts="ragged_all_to_all",
+        layer_extra=GELU_SHARED,
+    )
+    r = plan.roofline
+    fwd, train = r.passes
+    kernel = _tpu7x_flops_by_hand(plan)
+    hbm = _tpu7x_hbm_bytes_by_hand(plan)
+    fwd_ici, train_ici = _tpu7x_ici_bytes_by_hand(plan)
 
     # tpu7x: 2,307 TFLOP/s, 7,380 GB/s, ICI 1,200 GB/s bidirectional per chip of 2 devices
     peak, hbm_bw, ici_bw = 2307e12 / 2, 7380e9 / 2, 1200e9 / 2 / 2
@@ -220,7 +267,7 @@ def test_tpu7x_gelu_shared_ragged_all_to_all_by_hand() -> None:
     assert r.dcn_bytes_per_s == 6.25e9 / 2
 
     compute_s, hbm_s = kernel / peak, hbm / hbm_bw
-    ici_s = (gather + tokens) / ici_bw
+    ici_s = fwd_ici / ici_bw
     assert fwd.compute_s == pytest.approx(compute_s, rel=REL)
     assert fwd.hbm_s == pytest.approx(hbm_s, rel=REL)
     assert fwd.ici_s == pytest.approx(ici_s, rel=REL)
@@ -228,7 +275,7 @@ def test_tpu7x_gelu_shared_ragged_all_to_all_by_hand() -> None:
     assert fwd.bound_s == pytest.approx(max(compute_s, hbm_s) + ici_s, rel=REL)
     assert fwd.bound_by == "HBM"
 
-    train_ici_s = (2 * gather + all_reduce + 2 * tokens) / ici_bw
+    train_ici_s = train_ici / ici_bw
     assert train.kernel_flops == 3 * kernel
     assert train.compute_s == pytest.approx(3 * compute_s, rel=REL)
     assert train.hbm_s == pytest.approx(3 * hbm_s, rel=REL)

@@ -107,6 +107,73 @@ def no_orphans(project: Path, out: Path) -> None:
         assert check(specs, out, find_orphans=True).orphans == []
 
 
+def untouched_build(project: Path, cwd: Path, args: list[str], out: Path, old: dict):
+    """The same build on a copy of `project`, never signalled: (its steps, the new set)."""
+    reference = project.parent / "reference"
+    shutil.copytree(project, reference, symlinks=True)
+    steps, code, stderr = traced_build(reference / cwd.relative_to(project), args)
+    assert code == 0, stderr
+    new = snapshot(reference / out.relative_to(project))
+    assert new != old and len(steps) >= 4, steps
+    shutil.rmtree(reference)
+    return steps, new
+
+
+def zero_figures(steps: list[str]) -> dict:
+    """The report's counters, all zero, and the untouched build's steps."""
+    figures = dict.fromkeys(["cases", "mixed", "leftovers"], 0)
+    figures |= dict.fromkeys(
+        ["SIGKILL: mixed until recovered", "SIGKILL: temporaries until recovered"], 0
+    )
+    figures["steps"] = steps
+    return figures
+
+
+def after_sigkill(
+    project: Path,
+    out: Path,
+    old: dict,
+    new: dict,
+    *,
+    commit: str,
+    committed: bool,
+    figures: dict,
+    case: str,
+) -> None:
+    """Judge (or, for the journal, count) what SIGKILL left, then recover as the next write
+    would."""
+    if commit == "exchange":  # whole at once, before any clean-up
+        assert_state(out, old, new, want_new=committed, case=case)
+        no_orphans(project, out)  # a stage left beside it is not check's business
+    else:  # the journal's documented limit, until the next write recovers
+        now = snapshot(out) if out.exists() else {}
+        modules = {k: v for k, v in now.items() if ".moegen-" not in k}
+        figures["SIGKILL: mixed until recovered"] += modules not in (old, new)
+        figures["SIGKILL: temporaries until recovered"] += modules != now
+    emit.recover(out)  # what the next write does first
+
+
+def assert_aborted_by(sig: int, code: int, stderr: str, case: str) -> None:
+    """A caught signal: the conventional exit status and a one-line message, no traceback."""
+    assert code == 128 + sig, (case, code, stderr)
+    assert f"aborted ({signal.Signals(sig).name})" in stderr, (case, stderr)
+    assert "Traceback" not in stderr, (case, stderr)
+
+
+def assert_whole_set_and_nothing_left(
+    project: Path, out: Path, old: dict, new: dict, *, committed: bool, figures: dict, case: str
+) -> None:
+    """The output holds exactly the old or the new set, and moegen left nothing behind."""
+    try:
+        assert_state(out, old, new, want_new=committed, case=case)
+    except AssertionError:
+        figures["mixed"] += 1
+        raise
+    left = leftovers(project.parent)
+    figures["leftovers"] += bool(left)
+    assert left == [], (case, left)
+
+
 def run_matrix(
     project: Path,
     cwd: Path,
@@ -123,18 +190,8 @@ def run_matrix(
     section where the other signals wait).
     """
     old = snapshot(out) if out.exists() else {}
-    reference = project.parent / "reference"  # the same build, untouched: the new set
-    shutil.copytree(project, reference, symlinks=True)
-    steps, code, stderr = traced_build(reference / cwd.relative_to(project), args)
-    assert code == 0, stderr
-    new = snapshot(reference / out.relative_to(project))
-    assert new != old and len(steps) >= 4, steps
-    shutil.rmtree(reference)
-    figures = dict.fromkeys(["cases", "mixed", "leftovers"], 0)
-    figures |= dict.fromkeys(
-        ["SIGKILL: mixed until recovered", "SIGKILL: temporaries until recovered"], 0
-    )
-    figures["steps"] = steps
+    steps, new = untouched_build(project, cwd, args, out, old)
+    figures = zero_figures(steps)
     base = project.parent / f"{project.name}-base"
     shutil.copytree(project, base)
     for k in range(len(steps)):
@@ -149,27 +206,21 @@ def run_matrix(
             committed = any(step.startswith(point) for step in got[: k + 1])
             if sig == signal.SIGKILL:
                 assert code == -signal.SIGKILL, (case, stderr)
-                if commit == "exchange":  # whole at once, before any clean-up
-                    assert_state(out, old, new, want_new=committed, case=case)
-                    no_orphans(project, out)  # a stage left beside it is not check's business
-                else:  # the journal's documented limit, until the next write recovers
-                    now = snapshot(out) if out.exists() else {}
-                    modules = {k: v for k, v in now.items() if ".moegen-" not in k}
-                    figures["SIGKILL: mixed until recovered"] += modules not in (old, new)
-                    figures["SIGKILL: temporaries until recovered"] += modules != now
-                emit.recover(out)  # what the next write does first
+                after_sigkill(
+                    project,
+                    out,
+                    old,
+                    new,
+                    commit=commit,
+                    committed=committed,
+                    figures=figures,
+                    case=case,
+                )
             else:
-                assert code == 128 + sig, (case, code, stderr)
-                assert f"aborted ({signal.Signals(sig).name})" in stderr, (case, stderr)
-                assert "Traceback" not in stderr, (case, stderr)
-            try:
-                assert_state(out, old, new, want_new=committed, case=case)
-            except AssertionError:
-                figures["mixed"] += 1
-                raise
-            left = leftovers(project.parent)
-            figures["leftovers"] += bool(left)
-            assert left == [], (case, left)
+                assert_aborted_by(sig, code, stderr, case)
+            assert_whole_set_and_nothing_left(
+                project, out, old, new, committed=committed, figures=figures, case=case
+            )
     shutil.rmtree(base)
     print(f"\n{args}: {figures}")
     return figures

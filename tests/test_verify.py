@@ -57,35 +57,30 @@ def _with_variants(steps: list[str], variants: list[str]) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("name", EXAMPLE_NAMES)
-@pytest.mark.slow
-def test_example_spec_verifies(name, in_repo):
-    generated = generate(Path("specs") / f"{name}.yaml")
-    assert generated.source.encode() == (REPO_ROOT / "generated" / f"{name}.py").read_bytes()
-    events = []
-    compiles = generated.plan.hardware == "cpu"
-    report = verify(
-        generated.loaded, generated.source, on_step=events.append, run_compiles=compiles
-    )
-    assert events == report.steps  # progress sees every step as it happens
+def _low_precision_label(spec) -> str | None:
+    """The second twin's label ("bfloat16 compute, float32 params"); None for a float32 spec."""
+    if (spec.dtypes.params, spec.dtypes.compute) == ("float32", "float32"):
+        return None
+    return f"{spec.dtypes.compute} compute, {spec.dtypes.params} params"
 
-    names = [step["step"] for step in report.steps]
-    spec = generated.loaded.spec
-    low_precision = (spec.dtypes.params, spec.dtypes.compute) != ("float32", "float32")
+
+def _expected_steps(generated, compiles: bool) -> list[str]:
+    """The step names verify must report for this example, in order."""
     expected = list(REQUIRED_STEPS if compiles else REQUIRED_STEPS[:2])
     if generated.plan.kernel.name in ("te", "tokamax"):
         # the full module imports its GPU library, needed only to lower it for CUDA
         # (tests/test_gpu_targets.py, tests/test_tokamax.py); its twins run kernel xla
         expected.remove("import")
-    if low_precision:
-        label = f"{spec.dtypes.compute} compute, {spec.dtypes.params} params"
+    label = _low_precision_label(generated.loaded.spec)
+    if label:
         expected.insert(2, f"twin parity ({label})")
     # each shape variant repeats the twins and compiles after the main shape's, named by it
-    expected = _with_variants(expected, [v.name for v in generated.plan.variants])
-    assert names == expected
-    assert all(step["seconds"] >= 0 for step in report.steps)
+    return _with_variants(expected, [v.name for v in generated.plan.variants])
 
-    # Twin parity in float32: both cases, forward + aux + gradients within 1e-5.
+
+def _assert_float32_twin_parity(generated, report) -> None:
+    """Twin parity in float32: both cases, forward + aux + gradients within 1e-5."""
+    spec = generated.loaded.spec
     twin = twin_of(generated.loaded)
     twin_plan = make_plan(twin)
     shards = axes_product(spec.mesh.axes, spec.batch_axes)
@@ -110,14 +105,10 @@ def test_example_spec_verifies(name, in_repo):
     assert all(starved["tokens_per_expert"][e] == 0 for e in starved["starved_experts"])
     assert len(starved["starved_experts"]) <= spec.layer.num_experts - spec.router.top_k
 
-    if low_precision:
-        low = report.step(f"twin parity ({label})")
-        for case in low["cases"]:
-            assert case["max_relative_error"] < TOLERANCES["bfloat16"], case
 
-    # Full-size compiles, with per-device memory and a FLOP count.
-    if not compiles:
-        return
+def _assert_full_compiles(generated, report) -> None:
+    """Full-size compiles, with per-device memory and a FLOP count."""
+    spec = generated.loaded.spec
     plan = make_plan(generated.loaded)
     for step_name in ("compile forward", "compile forward+backward"):
         step = report.step(step_name)
@@ -129,6 +120,33 @@ def test_example_spec_verifies(name, in_repo):
     assert math.isclose(
         forward["memory"]["argument"], plan.cost.param_bytes + x_bytes, rel_tol=0.05
     )
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+@pytest.mark.slow
+def test_example_spec_verifies(name, in_repo):
+    generated = generate(Path("specs") / f"{name}.yaml")
+    assert generated.source.encode() == (REPO_ROOT / "generated" / f"{name}.py").read_bytes()
+    events = []
+    compiles = generated.plan.hardware == "cpu"
+    report = verify(
+        generated.loaded, generated.source, on_step=events.append, run_compiles=compiles
+    )
+    assert events == report.steps  # progress sees every step as it happens
+
+    names = [step["step"] for step in report.steps]
+    assert names == _expected_steps(generated, compiles)
+    assert all(step["seconds"] >= 0 for step in report.steps)
+
+    _assert_float32_twin_parity(generated, report)
+    label = _low_precision_label(generated.loaded.spec)
+    if label:
+        low = report.step(f"twin parity ({label})")
+        for case in low["cases"]:
+            assert case["max_relative_error"] < TOLERANCES["bfloat16"], case
+
+    if compiles:
+        _assert_full_compiles(generated, report)
 
 
 @pytest.mark.slow
