@@ -118,6 +118,13 @@ def bench_spec(name: str, workdir: Path, repeats: int, log) -> dict[str, Any]:
         result["variants"][variant] = outcome
         log(f"{name}: compiled {variant} for {plan.mesh.tpu_topology_name}: {_brief(outcome)}")
 
+    result["cpu"] = _time_twins(name, loaded, plan, workdir, repeats)
+    log(f"{name}: timed the CPU twins: {_brief_cpu(result['cpu'])}")
+    return result
+
+
+def _time_twins(name: str, loaded: Any, plan: Any, workdir: Path, repeats: int) -> dict:
+    """The spec's CPU twin timed beside the baselines (and, for pallas, its kernel-xla twin)."""
     twin = twin_of(loaded, plan, dtype=None)
     twin_plan = plan_twin(twin, plan)
     twin_path = workdir / f"{name}_twin.py"
@@ -138,9 +145,7 @@ def bench_spec(name: str, workdir: Path, repeats: int, log) -> dict[str, Any]:
             xla_path = workdir / f"{name}_twin_xla.py"
             xla_path.write_text(render(make_plan(xla_twin, interpret=True)), encoding="utf-8")
             job["xla_module"] = str(xla_path)
-    result["cpu"] = _run_child("time", job, _child_env(twin_plan.mesh.num_devices), TIME_TIMEOUT_S)
-    log(f"{name}: timed the CPU twins: {_brief_cpu(result['cpu'])}")
-    return result
+    return _run_child("time", job, _child_env(twin_plan.mesh.num_devices), TIME_TIMEOUT_S)
 
 
 def _plan_memory(plan) -> dict[str, int]:
