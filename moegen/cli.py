@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -229,6 +230,13 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool) -> None:
         click.echo(f"  {step.step:<26} {describe_step(step)}")
 
 
+def _a_number(value: float, param: click.Parameter) -> float:
+    """click's FloatRange lets NaN through (every comparison with it is false)."""
+    if math.isnan(value):
+        raise click.BadParameter("nan is not a number of seconds", param=param)
+    return value
+
+
 @cli.command(name="tune")
 @click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--dry-run", is_flag=True, help="Print the patch instead of rewriting SPEC.")
@@ -238,6 +246,7 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool) -> None:
     default=240.0,
     show_default=True,
     type=click.FloatRange(1, 3600),
+    callback=lambda ctx, param, value: _a_number(value, param),
     help="Seconds after which no further candidate is compiled.",
 )
 def tune_command(spec: Path, dry_run: bool, budget_s: float) -> None:

@@ -77,6 +77,7 @@ USAGE_ERRORS = {
     "spec is a directory": ["validate", "specs"],
     "bad format": ["validate", "--format", "xml"],
     "out is a file": ["build", "--no-verify", "--out", "README.md", "specs/mixtral_small_cpu.yaml"],
+    "tune budget nan": ["tune", "--budget", "nan", "specs/mixtral_small_cpu.yaml"],
 }
 
 
