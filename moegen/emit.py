@@ -59,6 +59,29 @@ _RENAME_NOREPLACE, _RENAME_EXCHANGE, _AT_FDCWD = 1, 2, -100
 _SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "riscv64": 276, "ppc64le": 357, "s390x": 347}
 
 
+def make_folders(folder: Path) -> list[Path]:
+    """Create `folder` and its missing ancestors; the ones created, outermost first, for
+    `remove_folders` to undo. On OSError those made so far are removed, then it is raised."""
+    missing = [p for p in [folder, *folder.parents] if not os.path.lexists(p)]
+    made: list[Path] = []
+    try:
+        for parent in reversed(missing):
+            parent.mkdir()
+            made.append(parent)
+    except OSError:
+        remove_folders(made)
+        raise
+    return made
+
+
+def remove_folders(made: list[Path]) -> None:
+    """Remove the folders `make_folders` made, innermost first, each only while empty (one
+    that is not is someone else's now)."""
+    for folder in reversed(made):
+        with suppress(OSError):
+            folder.rmdir()
+
+
 class _NoExchange(Exception):
     """OUT cannot be swapped as a whole: use the journaled protocol."""
 

@@ -73,6 +73,8 @@ def write_specs(
     folder = next(iter(texts)).parent
     assert all(path.parent == folder for path in texts), "the specs share one folder"
     schema_path = folder / SCHEMA_NAME
+    from moegen.emit import remove_folders
+
     made_dirs = _make_parents(folder)
     written: list[Path] = []
     try:
@@ -87,8 +89,7 @@ def write_specs(
     except BaseException:
         for done in reversed(written):
             done.unlink(missing_ok=True)
-        for made in reversed(made_dirs):
-            _remove_empty(made)
+        remove_folders(made_dirs)
         raise
     return written[1:] + written[:1] if written[0] == schema_path else written
 
@@ -174,20 +175,15 @@ def _unwritten(diagnostic: Diagnostic, display: str, origins: Mapping[int, str])
 
 
 def _make_parents(folder: Path) -> list[Path]:
-    """Create `folder` and its missing ancestors; returns the ones created, outermost first."""
-    missing = [p for p in [folder, *folder.parents] if not os.path.lexists(p)]
-    made: list[Path] = []
+    """Create `folder` and its missing ancestors (moegen.emit.make_folders); InitError if not."""
+    from moegen.emit import make_folders
+
     try:
-        for parent in reversed(missing):
-            parent.mkdir()
-            made.append(parent)
+        return make_folders(folder)
     except OSError as err:
-        for parent in reversed(made):
-            _remove_empty(parent)
         raise InitError(
             f"cannot create the folder {err.filename or folder}: {err.strerror}"
         ) from None
-    return made
 
 
 def _write_new(path: Path, text: str) -> None:
@@ -217,13 +213,6 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
-
-
-def _remove_empty(folder: Path) -> None:
-    try:
-        folder.rmdir()
-    except OSError:
-        pass  # not empty any more: someone else's now
 
 
 def command(

@@ -77,15 +77,20 @@ def write_file(path: Path, text: str) -> None:
     """`text` to `path` atomically (moegen.emit: a temporary beside it, fsynced, renamed over
     it): a regular file there is replaced (a symlink's target, keeping the link), anything
     else refused. SchemaPathError when it cannot be written; the disk is then as it was."""
-    from moegen.emit import write_all
+    from moegen.emit import make_folders, remove_folders, write_all
 
     target = _write_target(path)
-    made = _make_parents(path, target.parent)
+    try:
+        made = make_folders(target.parent)
+    except OSError as err:
+        folder = shown(Path(err.filename or target.parent))
+        raise SchemaPathError(
+            f"cannot write {shown(path)}: cannot create the folder {folder}: {err.strerror}"
+        ) from None
     try:
         write_all({target: text})  # removes its temporary whatever happens
     except BaseException as err:
-        for folder in reversed(made):
-            _remove_empty(folder)
+        remove_folders(made)  # nothing is left behind
         if isinstance(err, OSError):
             raise SchemaPathError(f"cannot write {shown(path)}: {err.strerror or err}") from None
         raise
@@ -152,29 +157,3 @@ def _kind(path: Path) -> str:
         (stat.S_ISBLK, "a block device"),
     ]
     return next((words for test, words in kinds if test(mode)), "not a regular file")
-
-
-def _make_parents(path: Path, folder: Path) -> list[Path]:
-    """Create `folder` and its missing ancestors; returns the ones created, outermost first
-    (a failed write removes them: nothing is left behind)."""
-    missing = [p for p in [folder, *folder.parents] if not os.path.lexists(p)]
-    made: list[Path] = []
-    try:
-        for parent in reversed(missing):
-            parent.mkdir()
-            made.append(parent)
-    except OSError as err:
-        for parent in reversed(made):
-            _remove_empty(parent)
-        folder = Path(err.filename or folder)
-        raise SchemaPathError(
-            f"cannot write {shown(path)}: cannot create the folder {shown(folder)}: {err.strerror}"
-        ) from None
-    return made
-
-
-def _remove_empty(folder: Path) -> None:
-    try:
-        folder.rmdir()
-    except OSError:
-        pass  # not empty any more: someone else's now
