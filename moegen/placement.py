@@ -54,7 +54,7 @@ import math
 import os
 import stat
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -311,7 +311,7 @@ def _peak_after(layout: _Layout, expert: int, device: int) -> float:
 def read_load(path: Path, experts: int) -> list[float]:
     """The per-expert copies of a load file written by `save_load` (or by hand: a JSON object
     with "tokens_per_expert", one non-negative number per expert, their total a float64)."""
-    data = _parse(_read_regular(path), path)
+    data = strict_json(_read_regular(path), lambda why: LoadError(f"{path}: {why}"), _count_integer)
     counts = data.get("tokens_per_expert") if isinstance(data, dict) else None
     if not isinstance(counts, list):
         raise LoadError(f'{path}: expected a JSON object with a "tokens_per_expert" list')
@@ -326,9 +326,8 @@ def read_load(path: Path, experts: int) -> list[float]:
 
 
 def _read_regular(path: Path) -> bytes:
-    """At most MAX_LOAD_BYTES + 1 bytes of `path` if it is a regular file, checked before it is
-    opened (a FIFO without a writer blocks an open for ever) and through the non-blocking
-    descriptor (the path may have changed): moegen.load.spec_file's way, not importable here."""
+    """At most MAX_LOAD_BYTES + 1 bytes of the regular file `path`, checked before the open (a
+    FIFO blocks it for ever) and through the descriptor (moegen.load.spec_file's way)."""
     raw = None
     try:
         if stat.S_ISREG(os.stat(path).st_mode):
@@ -351,24 +350,26 @@ class _LongInteger(NamedTuple):
     digits: int
 
 
-def _parse(raw: bytes, path: Path) -> Any:
-    """The JSON of a load file; a key twice in one object is refused: which was meant?"""
+def strict_json(raw: bytes, refuse: Callable[[str], Exception], parse_int: Any = int) -> Any:
+    """JSON read back from disk, `refuse`d when it is none or holds a key twice in one object
+    (which was meant? not last-wins). moegen.load's placement-file reader uses it too."""
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         data: dict[str, Any] = {}
         for key, value in pairs:
             if key in data:
-                raise LoadError(f"{path}: the key {key!r:.60} appears twice in one object")
+                raise refuse(f"the key {key!r:.60} appears twice in one object")
             data[key] = value
         return data
 
-    def integer(text: str) -> int | _LongInteger:
-        return int(text) if len(text) <= MAX_COUNT_DIGITS else _LongInteger(len(text.lstrip("-")))
-
     try:
-        return json.loads(raw, object_pairs_hook=unique, parse_int=integer)
+        return json.loads(raw, object_pairs_hook=unique, parse_int=parse_int)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
-        raise LoadError(f"{path}: not JSON: {str(error)[:200]}") from None
+        raise refuse(f"not JSON: {str(error)[:200]}") from None
+
+
+def _count_integer(text: str) -> int | _LongInteger:
+    return int(text) if len(text) <= MAX_COUNT_DIGITS else _LongInteger(len(text.lstrip("-")))
 
 
 def _count(path: Path, index: int, value: Any) -> float:

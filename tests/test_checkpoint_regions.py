@@ -6,7 +6,6 @@ arithmetic on its own."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -28,6 +27,7 @@ from checkpoint_helpers import (
     save_numpy,
 )
 from spec_builder import spec_yaml
+from tpu_cases import fake_cpu_env
 
 from moegen.checkpoints.sources import PARAM_AXES, Source, Split
 
@@ -255,14 +255,11 @@ def test_each_device_reads_only_its_region(tmp_path: Path) -> None:
     cases = _sharded_cases(tmp_path)
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     (tmp_path / "child.py").write_text(CHILD)
-    env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
-    )
     result = subprocess.run(
         [sys.executable, str(tmp_path / "child.py"), str(tmp_path / "cases.json")],
         capture_output=True,
         text=True,
-        env=env,
+        env=fake_cpu_env(8),
         timeout=600,
         check=False,
     )

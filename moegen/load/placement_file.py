@@ -7,14 +7,13 @@ what is wrong, which the loader reports at the spec's `placement` value."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from moegen.placement import strict_json
 from moegen.spec_parallelism import Placement
 
 PLACEMENT_FORMAT = "moegen-placement-2"
@@ -38,10 +37,7 @@ def read_placement_file(name: str, spec_dir: Path | None) -> tuple[list[list[dic
             "a spec read from text has no directory to read it from; write the placement inline"
         )
     raw = _read(spec_dir / name)
-    try:
-        data = json.loads(raw, object_pairs_hook=_unique, parse_int=_integer)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
-        raise PlacementFileProblem(f"not JSON: {str(error)[:200]}") from None
+    data = strict_json(raw, PlacementFileProblem, _integer)
     if not isinstance(data, dict) or "placement" not in data or set(data) - _KEYS:
         raise PlacementFileProblem(
             f'expected a JSON object with a "placement" list (keys: {sorted(_KEYS)})'
@@ -56,17 +52,6 @@ def read_placement_file(name: str, spec_dir: Path | None) -> tuple[list[list[dic
         where = "".join(f"[{part!r}]" for part in first["loc"])
         raise PlacementFileProblem(f"placement{where}: {first['msg']}") from None
     return [[replica.model_dump() for replica in device] for device in placement], raw
-
-
-def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object whose keys differ: a key twice is refused, not resolved last-wins (which
-    of the two was meant?)."""
-    data: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in data:
-            raise PlacementFileProblem(f"the key {key!r:.60} appears twice in one object")
-        data[key] = value
-    return data
 
 
 def _integer(text: str) -> int:
