@@ -25,6 +25,7 @@ import importlib.metadata
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,25 +135,41 @@ def recorded(
     return data["modules"][key]
 
 
+Errors = dict[str, list[tuple[float, str]]]  # program -> (planned / compiled - 1, spec)
+
+
 def run(count: int, seed: int, store: Path = STORE, compile_missing: bool = True) -> int:
-    data = _load(store)
-    errors: dict[str, list[tuple[float, str]]] = {key: [] for key in PROGRAMS}
-    out_of_memory = []
     hold_out = " (hold-out: no ledger constant was fitted on it)" if seed in HOLD_OUT_SEEDS else ""
     print(f"population seed {seed}, {count} specs{hold_out}", flush=True)
     print("spec | target | mesh | plan fwd / fwd+bwd GiB | compiled | error", flush=True)
+    errors, out_of_memory = ledger_errors(count, seed, store, compile_missing, echo=print)
+    _distribution(errors, out_of_memory)
+    return 0
+
+
+def ledger_errors(
+    count: int,
+    seed: int,
+    store: Path = STORE,
+    compile_missing: bool = False,
+    echo: Callable[..., None] = lambda *args, **kwargs: None,
+) -> tuple[Errors, list[str]]:
+    """The plan's error on each compiled program of the population, and the specs the
+    compiler found out of memory; each spec's row to `echo`."""
+    data = _load(store)
+    errors: Errors = {key: [] for key in PROGRAMS}
+    out_of_memory = []
     for name, text in population(count, seed):
         peaks, source = planned(name, text)
         figures = recorded(data, store, name, text, source, compile_missing)
         if figures is None:
-            print(f"{name} | not compiled yet", flush=True)
+            echo(f"{name} | not compiled yet", flush=True)
             continue
         row = _row(name, text, peaks, figures, errors)
         if "oom" in json.dumps(figures):
             out_of_memory.append(name)
-        print(row, flush=True)
-    _distribution(errors, out_of_memory)
-    return 0
+        echo(row, flush=True)
+    return errors, out_of_memory
 
 
 def _row(name, text, peaks, figures, errors) -> str:

@@ -130,3 +130,19 @@ def test_a_spec_shrinks_to_a_shorter_sequence_only_where_it_splits_evenly() -> N
         k: v for k, v in tree.items() if k not in ("shapes", "description")
     }
     assert shrunk(text, 64) is None  # 16 tokens over 2 sequence shards in 8 chunks: refused
+
+
+def test_the_share_moegen_plan_states_is_the_recorded_populations():
+    """`moegen plan` tells the user how often its estimate is over 10% off: that figure is the
+    records' of both 60-spec populations (planned now, against the recorded compiles)."""
+    from bench.ledger_population import ledger_errors
+    from moegen.plan.report import LEDGER_MISSES_PERCENT
+
+    programs = outside = 0
+    for seed in (0, 1):
+        errors, _ = ledger_errors(60, seed)
+        for found in errors.values():
+            programs += len(found)
+            outside += sum(1 for error, _ in found if abs(error) > LEDGER_TOLERANCE)
+    assert programs >= 200, programs  # both populations are compiled: a missing record shows
+    assert abs(100 * outside / programs - LEDGER_MISSES_PERCENT) <= 5, (outside, programs)
