@@ -70,6 +70,7 @@ def ffn_buffers(
         and any(axes.get(axis, 1) > 1 for axis in ("data", "sequence")),
         replica_bytes=extra * one_expert,
         slot_weight_bytes=(experts.local_experts + extra) * one_expert if extra else 0,
+        tensor_alone={axis for axis, size in axes.items() if size > 1} == {"tensor"},
     )
 
 
