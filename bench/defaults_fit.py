@@ -4,8 +4,9 @@
 
 Each spec of the generated population (bench.population) is made too big to run whole: its
 memory trades are dropped (the plan decides) and its batch doubled, a multiple of its batch
-shards, until the plan says the layer whole (one token chunk, the FFN whole) cannot fit its
-HBM, at most MAX_DOUBLINGS times. The plan's default for that spec (its FFN slices and token
+shards, until the plan puts the layer whole (one token chunk, the FFN whole) above its HBM
+by more than LEDGER_OVERESTIMATE (where the plan trades memory of its own), at most
+MAX_DOUBLINGS times. The plan's default for that spec (its FFN slices and token
 chunks) is then compiled for the TPU slice, forward and forward+backward, by moegen's own
 verifier (twins off), and the compiled peak judged against HBM. The figures go to the same
 store as the ledger's population (bench/ledger_population.json, keyed by the module's hash
@@ -33,7 +34,7 @@ from moegen.diagnostics import SpecError
 from moegen.load import load_spec_bytes
 from moegen.pipeline import refuse_unfit
 from moegen.plan import make_plan
-from moegen.plan.fit import cannot_fit, peak
+from moegen.plan.fit import over_hbm, peak
 from moegen.render import render
 from moegen.validate import validate
 from moegen.variants import unchecked
@@ -45,8 +46,9 @@ GiB = 2**30
 def too_big(name: str, text: str) -> tuple[str, str] | None:
     """(name, YAML) of the spec with its memory trades dropped and the smallest batch (a
     multiple of the batch shards, at most 2**MAX_DOUBLINGS times the spec's) whose whole
-    layer the plan says cannot fit; None when there is none below the largest batch the
-    validator admits (its int32 indexing bound on a device's rows comes first)."""
+    layer the plan puts above HBM by more than LEDGER_OVERESTIMATE; None when there is none
+    below the largest batch the validator admits (its int32 indexing bound on a device's rows
+    comes first)."""
     tree = yaml.safe_load(text)
     tree.pop("memory", None)
     batch = tree["shapes"]["batch"]
@@ -73,7 +75,7 @@ def too_big(name: str, text: str) -> tuple[str, str] | None:
 
 
 def _whole_verdict(tree: dict[str, Any], batch: int) -> str:
-    """ "too big" (the plan says the layer whole cannot fit), "fits", or "refused" (the
+    """ "too big" (the plan trades: the layer whole is over HBM), "fits", or "refused" (the
     validator refuses the batch for another rule)."""
     tree = tree | {"shapes": tree["shapes"] | {"batch": batch}}
     text = yaml.safe_dump(tree, sort_keys=False)
@@ -82,7 +84,7 @@ def _whole_verdict(tree: dict[str, Any], batch: int) -> str:
     except SpecError as err:
         return "too big" if "cannot fit" in str(err) else "refused"
     whole = make_plan(unchecked(loaded, WHOLE), options=False)
-    return "too big" if cannot_fit(whole) else "fits"
+    return "too big" if over_hbm(whole.memory) else "fits"
 
 
 # The spec run whole: one token chunk, the FFN unsliced (the layer as first written).

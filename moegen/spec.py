@@ -281,6 +281,15 @@ class Memory(_Section):
         "that XLA does not move), so only one slice's copy is live. Needs ffn_chunks > 1, "
         "dtypes.params float32 and dtypes.compute bfloat16.",
     )
+    fit_check: Literal["plan", "compile"] = Field(
+        "plan",
+        description="What refuses a layer too big for the target's HBM. plan: refused before "
+        "any twin or compile when the plan puts it more than 10% over HBM. compile: refused "
+        "before compiling only where that is proved (the parameters and their gradients alone "
+        "over HBM, or the plan more than 55% over it: the most its estimate has been measured "
+        "above the compiler's on generated TPU layers); nearer HBM, the full-size compile's "
+        "memory verdict decides. For a layer of a kind the plan over-estimates.",
+    )
 
 
 # Choices people reach for that moegen refuses on purpose: (field, value) -> why.

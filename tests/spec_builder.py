@@ -93,6 +93,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "ffn_chunks": ("memory", "ffn_chunks"),
     "token_chunks": ("memory", "token_chunks"),
     "weight_casts": ("memory", "weight_casts"),
+    "fit_check": ("memory", "fit_check"),
 }
 
 # Choices given as tuples, written as the mapping the schema expects.

@@ -146,3 +146,52 @@ def test_the_share_moegen_plan_states_is_the_recorded_populations():
             outside += sum(1 for error, _ in found if abs(error) > LEDGER_TOLERANCE)
     assert programs >= 200, programs  # both populations are compiled: a missing record shows
     assert abs(100 * outside / programs - LEDGER_MISSES_PERCENT) <= 5, (outside, programs)
+
+
+def _population_plans():
+    """(name, plan, record or None) of both 60-spec populations, planned now."""
+    from moegen.load import load_spec_bytes
+    from moegen.plan import make_plan
+    from moegen.render import render
+    from moegen.validate import validate
+
+    for seed in (0, 1):
+        for name, text in population(60, seed):
+            plan = make_plan(validate(load_spec_bytes(text.encode(), f"{name}.yaml", name)))
+            yield name, plan, STORED.get(module_key(render(plan)))
+
+
+def _compiled(record: dict, program: str) -> int | None:
+    figures = record.get(program)
+    return None if not figures or "oom" in figures else figures["peak"]
+
+
+def test_the_refusal_margin_covers_every_recorded_overestimate():
+    """memory.fit_check: compile refuses a plan more than REFUSAL_OVERESTIMATE over HBM as
+    proved: never less than the most the plan is over the compiled peak on either population
+    (the larger of the two programs, as moegen.plan.fit compares), or it is no proof."""
+    from moegen.plan import REFUSAL_OVERESTIMATE
+    from moegen.plan.fit import peak
+
+    overs = []
+    for name, plan, record in _population_plans():
+        compiled = [_compiled(record or {}, program) for program in PROGRAMS]
+        if None not in compiled:
+            overs.append((peak(plan) / max(compiled) - 1, name))
+    assert len(overs) >= 100, len(overs)
+    assert 0.5 < max(overs)[0] <= REFUSAL_OVERESTIMATE, max(overs)
+
+
+def test_every_population_spec_the_plan_refuses_is_out_of_hbm_in_the_compiler():
+    """The default refusal (LEDGER_OVERESTIMATE, set on the examples) has not refused a
+    population spec that compiles to fit: each one it refuses is out of HBM in the compiler
+    (or its stored parameters and gradients alone are over HBM)."""
+    from moegen.plan import cannot_fit
+
+    refused = []
+    for name, plan, record in _population_plans():
+        if cannot_fit(plan):
+            refused.append(name)
+            exact_over = plan.memory.exact_bytes > plan.memory.hbm_bytes_per_device
+            assert exact_over or "oom" in json.dumps(record), name
+    assert len(refused) >= 6, refused

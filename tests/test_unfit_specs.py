@@ -16,12 +16,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import EXAMPLE_SPECS, REPO_ROOT, assert_no_traceback, run_moegen
 from golden_runner import UNFIT, expected_text
 
 from moegen.diagnostics import SpecError
+from moegen.load import load_spec_bytes
 from moegen.pipeline import load_fitting, load_valid, refuse_unfit
-from moegen.plan import LEDGER_OVERESTIMATE, cannot_fit, make_plan
+from moegen.plan import LEDGER_OVERESTIMATE, REFUSAL_OVERESTIMATE, cannot_fit, make_plan
+from moegen.validate import validate
 
 CORPUS_DIR = UNFIT.folder  # relative to REPO_ROOT, as shown in messages
 CASES = [REPO_ROOT / UNFIT.case(name) for name in UNFIT.case_names()]
@@ -97,3 +100,45 @@ def test_within_the_ledgers_error_of_hbm_the_compile_decides() -> None:
     assert not cannot_fit(with_peak(hbm))
     assert not cannot_fit(with_peak(int(hbm * (1 + LEDGER_OVERESTIMATE))))
     assert cannot_fit(with_peak(int(hbm * (1 + LEDGER_OVERESTIMATE)) + 1))
+    # memory.fit_check: compile refuses only what is proved: over the plan's measured error
+    assert not cannot_fit(with_peak(int(hbm * (1 + REFUSAL_OVERESTIMATE))), compile_decides=True)
+    assert cannot_fit(with_peak(int(hbm * (1 + REFUSAL_OVERESTIMATE)) + 1), compile_decides=True)
+
+
+def test_the_parameters_and_their_gradients_over_hbm_are_refused_whatever_the_estimate() -> None:
+    """What the compiled program's arguments and outputs hold is exact: over HBM, no compile
+    can fit it, even where the estimate of the rest would be within the band."""
+    loaded = load_valid(REPO_ROOT / "specs" / "mixtral_8x7b_v5e.yaml")
+    plan = make_plan(loaded)
+    hbm = plan.memory.hbm_bytes_per_device
+    assert plan.memory.exact_bytes < hbm
+    exact = replace(plan, memory=replace(plan.memory, exact_bytes=hbm + 1, train_peak=hbm + 1))
+    assert cannot_fit(exact, compile_decides=True) and cannot_fit(exact)
+
+
+def _with_fit_check(case: str, check: str):
+    tree = yaml.safe_load((REPO_ROOT / UNFIT.case(case)).read_text(encoding="utf-8"))
+    tree.setdefault("memory", {})["fit_check"] = check
+    text = yaml.safe_dump(tree, sort_keys=False)
+    return validate(load_spec_bytes(text.encode(), f"{case}.yaml", case))
+
+
+def test_with_fit_check_compile_a_layer_the_plan_does_not_prove_unfit_goes_to_the_compile() -> None:
+    """pinned_whole_ffn_v5e is planned 40% over HBM: refused by default (the golden), and left
+    to the compile's memory verdict with memory.fit_check: compile."""
+    loaded = _with_fit_check("pinned_whole_ffn_v5e", "compile")
+    plan = make_plan(loaded)
+    assert plan.memory.hbm_bytes_per_device < plan.memory.train_peak
+    assert refuse_unfit(loaded, plan) is plan
+    with pytest.raises(SpecError, match="memory.fit_check: compile lets"):
+        refuse_unfit(*_loaded_and_plan(_with_fit_check("pinned_whole_ffn_v5e", "plan")))
+
+
+@pytest.mark.parametrize("case", ["batch_too_large_v5e", "experts_too_many_v5e"])
+def test_with_fit_check_compile_a_proved_refusal_stands(case: str) -> None:
+    with pytest.raises(SpecError, match="it cannot fit"):
+        refuse_unfit(*_loaded_and_plan(_with_fit_check(case, "compile")))
+
+
+def _loaded_and_plan(loaded):
+    return loaded, make_plan(loaded)

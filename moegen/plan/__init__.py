@@ -10,7 +10,7 @@ from moegen.plan.assemble import MAIN_SHAPE, make_plan
 from moegen.plan.costs import CostPlan
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.ffn import FfnChunkOption, FfnPlan
-from moegen.plan.fit import LEDGER_OVERESTIMATE, cannot_fit, fit_problems
+from moegen.plan.fit import LEDGER_OVERESTIMATE, REFUSAL_OVERESTIMATE, cannot_fit, fit_problems
 from moegen.plan.kernel import KernelPlan
 from moegen.plan.memory import MemoryPlan
 from moegen.plan.mesh import MeshPlan
@@ -38,6 +38,7 @@ __all__ = [
     "ParamPlan",
     "PartitionSpec",
     "PassRoofline",
+    "REFUSAL_OVERESTIMATE",
     "Plan",
     "Roofline",
     "RouterPlan",

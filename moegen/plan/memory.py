@@ -84,6 +84,9 @@ class MemoryPlan:
     forward_peak: int
     train_peak: int
     hbm_bytes_per_device: int  # 0 when the target has no fixed memory (cpu)
+    # the stored parameters and their gradients: the compiled program's arguments and
+    # outputs, to the byte (no estimate), below any peak
+    exact_bytes: int = 0
 
 
 def fits(memory: MemoryPlan, headroom: float = 0.0) -> bool:
@@ -149,7 +152,7 @@ def memory_plan(
         items["the replicas' weight gradients, sent back"] = ffn.replica_bytes
         forward += ffn.replica_bytes
     ledger = tuple(sorted(items.items(), key=lambda item: -item[1]))
-    return MemoryPlan(ledger, forward, sum(items.values()), hbm)
+    return MemoryPlan(ledger, forward, sum(items.values()), hbm, 2 * cost.param_bytes)
 
 
 def _whole_backward_peak(
