@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.population import population
 from moegen.load import load_spec_bytes
-from moegen.plan import make_plan
+from moegen.plan import Plan, make_plan
 from moegen.render import render
 from moegen.validate import validate
 from moegen.verify import VerifyError, verify
@@ -85,9 +85,13 @@ def compile_spec(name: str, text: str) -> dict[str, Any]:
     return figures
 
 
+def plan_of(name: str, text: str) -> Plan:
+    """The plan of the population spec `name` (YAML `text`)."""
+    return make_plan(validate(load_spec_bytes(text.encode(), f"{name}.yaml", name)))
+
+
 def planned(name: str, text: str) -> tuple[dict[str, int], str]:
-    loaded = validate(load_spec_bytes(text.encode(), f"{name}.yaml", name))
-    plan = make_plan(loaded)
+    plan = plan_of(name, text)
     peaks = {"forward": plan.memory.forward_peak, "train": plan.memory.train_peak}
     return peaks, render(plan)
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from bench.extrapolate import shrunk
-from bench.ledger_population import STORE, merge_stores, module_key, planned
+from bench.ledger_population import STORE, merge_stores, module_key, plan_of, planned
 from bench.population import population
 
 LEDGER_TOLERANCE = 0.10  # |planned - compiled| / compiled
@@ -150,14 +150,11 @@ def test_the_share_moegen_plan_states_is_the_recorded_populations():
 
 def _population_plans():
     """(name, plan, record or None) of both 60-spec populations, planned now."""
-    from moegen.load import load_spec_bytes
-    from moegen.plan import make_plan
     from moegen.render import render
-    from moegen.validate import validate
 
     for seed in (0, 1):
         for name, text in population(60, seed):
-            plan = make_plan(validate(load_spec_bytes(text.encode(), f"{name}.yaml", name)))
+            plan = plan_of(name, text)
             yield name, plan, STORED.get(module_key(render(plan)))
 
 
