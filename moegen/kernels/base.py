@@ -165,6 +165,10 @@ class Kernel:
     vma_unchecked_reason: str = ""  # why shard_map's varying-axes check is off around it
     # its calls leave the rows past the groups unwritten (no such row may reach a gradient)
     leaves_rows_unwritten: bool = False
+    # it reads weights stored in the compute dtype where they lie (megablox's gmm): sliced,
+    # no whole copy of them is made; XLA lays out ragged_dot's weights anew, a copy of every
+    # one (the memory ledger, bench/LEDGER.md)
+    reads_weights_in_place: bool = False
     preflight: Preflight | None = None  # what verification needs installed (None: nothing)
     # verified by lowering for CUDA without a GPU (None: compiled, or run, instead)
     cuda_lowering: CudaLowering | None = None

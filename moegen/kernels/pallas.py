@@ -230,4 +230,5 @@ PALLAS = Kernel(
     # megablox leaves the rows past its groups unwritten, in the input gradient too (stale
     # memory on a TPU, NaN interpreted)
     leaves_rows_unwritten=True,
+    reads_weights_in_place=True,
 )

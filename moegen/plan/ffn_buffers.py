@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from moegen.kernels import kernel
 from moegen.plan.costs import DTYPE_BYTES
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.memory import FfnBuffers
@@ -46,6 +47,15 @@ def ffn_buffers(
     routes = strategy(experts.strategy)
     extra = spec.parallelism.redundant_experts // experts.shards
     one_expert = expert_bytes(params, axes.get("fsdp", 1))
+    compute_copy = sum(math.prod(p.local_shape) * compute_bytes for p in ffn_params)
+    # Cast slice by slice, only the slice's copy is live (counted as gathered). Stored in the
+    # compute dtype and read in place by the kernel, nothing is copied, but the forward keeps
+    # the slices' weights whole for the backward pass, unless fsdp gathers each slice again
+    # there (in token chunks it gathers the weights once, before the chunks: kept too).
+    in_place = param_bytes == compute_bytes and kernel(spec.target.kernel).reads_weights_in_place
+    casts_once = chunks > 1 and not casts_per_slice(spec, chunks) and not in_place
+    regathers = axes.get("fsdp", 1) > 1 and experts.token_chunks == 1
+    keeps_slices = chunks > 1 and in_place and not regathers
     return FfnBuffers(
         rows=kernel_rows,
         embed_dim=spec.layer.routed_dim,
@@ -53,10 +63,8 @@ def ffn_buffers(
         chunks=chunks,
         matmuls=3 if spec.layer.activation in GATED_ACTIVATIONS else 2,
         gate_up_calls=gate_up_calls,
-        # cast slice by slice, only the slice's copy is live (counted as gathered)
-        sliced_cast_bytes=0
-        if casts_per_slice(spec, chunks)
-        else sum(math.prod(p.local_shape) * compute_bytes for p in ffn_params),
+        sliced_cast_bytes=compute_copy if casts_once else 0,
+        sliced_kept_bytes=compute_copy if keeps_slices else 0,
         sliced_param_bytes=sum(math.prod(p.local_shape) for p in ffn_params)
         * (compute_bytes if slice_grads_by_hand(spec, chunks, experts) else param_bytes),
         token_chunks=experts.token_chunks,

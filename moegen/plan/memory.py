@@ -52,7 +52,8 @@ class FfnBuffers:
     chunks: int  # FFN slices run one at a time (1: whole)
     matmuls: int  # 3 gated (gate, up, down), 2 plain
     gate_up_calls: int  # grouped-matmul calls for gate and up: 1 side by side (or up alone), 2
-    sliced_cast_bytes: int  # the sliced weights' local shards in the compute dtype
+    sliced_cast_bytes: int  # the sliced weights' local shards cast to the compute dtype
+    sliced_kept_bytes: int = 0  # the same, uncast, kept whole by the forward for the backward
     exchanged: bool = False  # the rows arrive by ragged all-to-all (and go back so)
     ring: bool = False  # a gathering strategy: the group's tokens, outputs reduce-scattered in f32
     gathers_whole: bool = False  # fsdp gathers the whole expert weights (FFN not sliced)
@@ -355,8 +356,9 @@ def _sliced(
     gradient of the expert output, the slice's activations being differentiated ((gate,) up,
     the hidden gradient and one projection's gradient), one slice's gathered weights, the
     stored shards cast once to the compute dtype (the compiler hoists the cast out of the
-    loop), and the row gradient summed over slices in float32. Measured on the memory
-    reference (mixtral_8x7b_ep_a2a_v5e, 8 slices)."""
+    loop; read in place, uncast, the slices kept whole instead: s0_056 of the population),
+    and the row gradient summed over slices in float32. Measured on the memory reference
+    (mixtral_8x7b_ep_a2a_v5e, 8 slices)."""
     row_block = ffn.rows * ffn.embed_dim * compute_bytes
     activation = ffn.rows * ffn.width * compute_bytes
     sliced = cost.gathered_weight_bytes // ffn.chunks
@@ -372,8 +374,10 @@ def _sliced(
         # One row gradient per grouped-matmul call that reads the rows.
         "the slice's row gradients": ffn.gate_up_calls * row_block,
     }
-    if not ffn.sliced_cast_bytes:  # each slice is cast as it is used: no such copy
+    if not ffn.sliced_cast_bytes:  # cast slice by slice, or no cast: no such copy
         del items["stored expert weights cast to the compute dtype once"]
+    if ffn.sliced_kept_bytes:
+        items["the slices' weights, kept whole for the backward pass"] = ffn.sliced_kept_bytes
     if shared:
         items["shared expert activations and their gradients"] = 2 * shared
     if ffn.token_chunks == 1:  # in chunks, the sum over the chunks is counted below
