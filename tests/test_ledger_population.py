@@ -51,12 +51,14 @@ SAMPLE = (
     # bfloat16 parameters read in place by megablox, 4 slices x 4 token chunks (the
     # forward was +67% when the ledger counted a copy of the weights there)
     "s0_056_mixtral_8x7b",
+    # tpu7x, whose compiler holds more float32 weight gradients (HELD_WEIGHT_GRADIENTS):
+    "s0_002_gpt_oss_120b",  # ragged all-to-all, data x expert x tensor, all-reduced
+    "s0_049_mixtral_8x7b",  # ragged all-to-all, fsdp x expert, 4 token chunks, bfloat16
 )
 # (spec, program) -> the |error| the ledger has today, outside LEDGER_TOLERANCE
 NOT_YET_WITHIN = {
     ("s0_001_qwen3_30b_a3b", "forward"): 0.20,  # replicated, fsdp x tensor
     ("s0_007_gpt_oss_120b", "forward"): 0.52,  # fsdp x expert x tensor, biases, tpu7x
-    ("s0_007_gpt_oss_120b", "train"): 0.21,
     ("s0_020_qwen2_57b_a14b", "forward"): 0.28,  # expert x tensor, xla, 4 token chunks
     ("s0_031_llama4_scout", "forward"): 0.27,  # data x fsdp x expert, shared expert
 }
@@ -218,3 +220,30 @@ def test_sliced_weights_are_copied_whole_unless_the_kernel_reads_them_in_place(
     cast = items.get("stored expert weights cast to the compute dtype once", 0)
     kept = items.get("the slices' weights, kept whole for the backward pass", 0)
     assert (cast, kept) == ((weights, 0) if copied else (0, weights))
+
+
+def test_the_tpu7x_share_of_held_gradients_is_fitted_on_seed_0_alone():
+    """HELD_WEIGHT_GRADIENTS["tpu7x"] is the share, in hundredths, that leaves the fewest of
+    seed 0's tpu7x forward+backward programs outside 10% (then the least median error):
+    refitted here from the records, so the constant cannot drift from its fit. The hold-out
+    (seed 1) plays no part in it."""
+    import statistics
+
+    from moegen.plan.memory import HELD_WEIGHT_GRADIENTS
+
+    share = HELD_WEIGHT_GRADIENTS["tpu7x"]
+    programs = []  # (the plan's peak without the held gradients, all of them, compiled)
+    for name, text in population(60, 0):
+        record = STORED.get(module_key(planned(name, text)[1])) or {}
+        compiled = _compiled(record, "train")
+        plan = plan_of(name, text)
+        held = [v for k, v in plan.memory.ledger if k.startswith("float32 weight gradients")]
+        if compiled and plan.hardware == "tpu7x":
+            programs.append((plan.memory.train_peak - held[0], held[0] / share, compiled))
+    assert len(programs) >= 12, len(programs)
+
+    def misses(candidate: float) -> tuple[int, float]:
+        errors = [abs((base + candidate * grads) / peak - 1) for base, grads, peak in programs]
+        return sum(error > LEDGER_TOLERANCE for error in errors), statistics.median(errors)
+
+    assert min(range(101), key=lambda hundredths: misses(hundredths / 100)) / 100 == share

@@ -91,7 +91,7 @@ def test_cli_plan_tpu_example(monkeypatch: pytest.MonkeyPatch) -> None:
         == [
             "    (an estimate of XLA's buffer assignment: on two generated populations of TPU "
             "layers it was over 10% off the compiled peak",
-            "     on about 40% of the programs; `moegen plan --compile` shows the compiler's "
+            "     on about 31% of the programs; `moegen plan --compile` shows the compiler's "
             "figure)",
             "       2.625 GiB  gathered expert weights and one weight's gradient, at the weight "
             "gradients",

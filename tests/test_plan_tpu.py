@@ -24,6 +24,7 @@ from moegen.kernels.tiling import (
 from moegen.load import LoadedSpec, load_spec_bytes
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
+from moegen.plan.memory import HELD_WEIGHT_GRADIENTS
 from moegen.render import render
 from moegen.validate import validate
 
@@ -110,8 +111,10 @@ def test_memory_ledger_sorted_and_summed() -> None:
         assert sizes == sorted(sizes, reverse=True), m.ledger
         assert sum(sizes) == m.train_peak
         # whole: 4 fixed items, the peak's buffers (1 at the row gradient, 2 at the weight
-        # gradients), the activations and the packing; sliced: 11
-        expected = {7, 8} if plan.ffn.chunks == 1 else {11}
+        # gradients), the activations and the packing; sliced: 11; on a target whose
+        # compiler holds more float32 weight gradients (tpu7x), one item more
+        held = int(plan.hardware in HELD_WEIGHT_GRADIENTS)
+        expected = {7 + held, 8 + held} if plan.ffn.chunks == 1 else {11 + held}
         assert len({name for name, _ in m.ledger}) == len(m.ledger)
         assert len(m.ledger) in expected
         assert all(size > 0 for size in sizes)

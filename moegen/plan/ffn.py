@@ -25,7 +25,13 @@ from moegen.plan.activation import GluPlan, glu_plan
 from moegen.plan.costs import DTYPE_BYTES, CostPlan
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.ffn_buffers import ffn_buffers, local_ffn_dim, recompute_flops
-from moegen.plan.memory import TRADE_HEADROOM, MemoryPlan, fits, memory_plan
+from moegen.plan.memory import (
+    HELD_WEIGHT_GRADIENTS,
+    TRADE_HEADROOM,
+    MemoryPlan,
+    fits,
+    memory_plan,
+)
 from moegen.plan.params import ParamPlan, side_by_side
 from moegen.plan.slicing import casts_per_slice, regathers_weights, slice_grads_by_hand
 from moegen.sizes import ffn_slice_problem
@@ -160,6 +166,7 @@ def layouts(
             num_experts=layer.num_experts,
             compute_bytes=compute_bytes,
             hbm=hardware(spec.target.hardware).hbm_bytes_per_device,
+            held_gradients=HELD_WEIGHT_GRADIENTS.get(spec.target.hardware, 0.0),
         )
         whole = layout(1) if chunks > 1 and experts.token_chunks == 1 else None
         if whole is None or not _forward_whole(memory, whole.memory, whole_forward):

@@ -1,19 +1,54 @@
-"""What the memory ledger counts of the routed FFN in a given number of slices, and the FLOPs
-its slices or token chunks recompute."""
+"""What the memory ledger counts of the routed FFN (FfnBuffers) in a given number of
+slices, and the FLOPs its slices or token chunks recompute."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from moegen.kernels import kernel
 from moegen.plan.costs import DTYPE_BYTES
 from moegen.plan.experts import ExpertPlan
-from moegen.plan.memory import FfnBuffers
 from moegen.plan.params import ParamPlan
 from moegen.plan.replicas import expert_bytes
 from moegen.plan.slicing import casts_per_slice, slice_grads_by_hand
 from moegen.spec import GATED_ACTIVATIONS, Spec
 from moegen.strategies import strategy
+
+
+@dataclass(frozen=True)
+class FfnBuffers:
+    """What sizes the routed FFN's buffers on one device."""
+
+    rows: int  # rows of the grouped-matmul calls, padding and ring steps included
+    embed_dim: int  # the rows' width: embed_dim, or the experts' latent width
+    width: int  # FFN columns computed at once: FFN_DIM, or one slice of it
+    chunks: int  # FFN slices run one at a time (1: whole)
+    matmuls: int  # 3 gated (gate, up, down), 2 plain
+    gate_up_calls: int  # grouped-matmul calls for gate and up: 1 side by side (or up alone), 2
+    sliced_cast_bytes: int  # the sliced weights' local shards cast to the compute dtype
+    sliced_kept_bytes: int = 0  # the same, uncast, kept whole by the forward for the backward
+    exchanged: bool = False  # the rows arrive by ragged all-to-all (and go back so)
+    ring: bool = False  # a gathering strategy: the group's tokens, outputs reduce-scattered in f32
+    gathers_whole: bool = False  # fsdp gathers the whole expert weights (FFN not sliced)
+    biased: bool = False  # a bias after each projection, gathered per row
+    calls: int = 1  # grouped-matmul calls per projection (ring steps, overlapped)
+    token_chunks: int = 1  # chunks of the device's tokens run one at a time (rows: one chunk's)
+    kept_output_bytes: int = 0  # every token chunk's expert outputs, kept for the backward
+    # the sliced weights' stored shards, in the dtype of a token chunk's gradient buffer (the
+    # parameter dtype, or the compute dtype where the slices' backward is written out)
+    sliced_param_bytes: int = 0
+    # the weight gradients are all-reduced over data or sequence shards (no fsdp: it
+    # reduce-scatters them)
+    all_reduced: bool = False
+    # redundant expert slots: the replicas' weights received, in the compute dtype (their
+    # gradients, sent back, as many bytes), and every slot's weights (the own experts' and the
+    # replicas') concatenated for the grouped matmul
+    replica_bytes: int = 0
+    slot_weight_bytes: int = 0
+    # the mesh shards nothing but the FFN columns (tensor alone): every device routes all
+    # the tokens and holds every expert's slice of columns
+    tensor_alone: bool = False
 
 
 def local_ffn_dim(spec: Spec) -> int:

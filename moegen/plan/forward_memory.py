@@ -3,12 +3,8 @@ measured in its buffer assignment of the committed TPU examples (bench/LEDGER.md
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from moegen.plan.costs import CostPlan
-
-if TYPE_CHECKING:  # memory.py imports this module: the class is only a type here
-    from moegen.plan.memory import FfnBuffers
+from moegen.plan.ffn_buffers import FfnBuffers
 
 # XLA's block of temporaries over the forward's live peak, where the activations fit in the
 # space the rows free (`_forward_fits`): measured 1.06 (qwen3_30b_a3b_chunked_v5e: two
