@@ -139,9 +139,8 @@ def _beside_the_moment(
         items["the replicas' weight gradients, sent back"] = ffn.replica_bytes
     if held_gradients:
         float32_gradients = cost.gathered_weight_bytes * 4 // compute_bytes
-        items[
-            f"float32 weight gradients this target's compiler holds too ({held_gradients:.0%})"
-        ] = int(held_gradients * float32_gradients)
+        label = f"float32 weight gradients the compiler holds on this target ({held_gradients:.0%})"
+        items[label] = int(held_gradients * float32_gradients)
     return items
 
 
