@@ -233,12 +233,10 @@ def test_the_tpu7x_share_of_held_gradients_is_fitted_on_seed_0_alone():
 
     share = HELD_WEIGHT_GRADIENTS["tpu7x"]
     programs = []  # (the plan's peak without the held gradients, all of them, compiled)
-    for name, text in population(60, 0):
-        record = STORED.get(module_key(planned(name, text)[1])) or {}
-        compiled = _compiled(record, "train")
-        plan = plan_of(name, text)
+    for name, plan, record in _population_plans():
+        compiled = _compiled(record or {}, "train")
         held = [v for k, v in plan.memory.ledger if k.startswith("float32 weight gradients")]
-        if compiled and plan.hardware == "tpu7x":
+        if name.startswith("s0_") and compiled and plan.hardware == "tpu7x":
             programs.append((plan.memory.train_peak - held[0], held[0] / share, compiled))
     assert len(programs) >= 12, len(programs)
 

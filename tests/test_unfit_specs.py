@@ -105,6 +105,16 @@ def test_within_the_ledgers_error_of_hbm_the_compile_decides() -> None:
     assert cannot_fit(with_peak(int(hbm * (1 + REFUSAL_OVERESTIMATE)) + 1), compile_decides=True)
 
 
+def test_the_fit_check_field_states_the_margins_the_plan_uses() -> None:
+    """The spec reference (load stage, which cannot import the plan) writes both margins out:
+    they are the plan's constants."""
+    from moegen.spec import Memory
+
+    text = Memory.model_fields["fit_check"].description
+    assert f"{LEDGER_OVERESTIMATE:.0%} over HBM" in text
+    assert f"{REFUSAL_OVERESTIMATE:.0%} over it" in text
+
+
 def test_the_parameters_and_their_gradients_over_hbm_are_refused_whatever_the_estimate() -> None:
     """What the compiled program's arguments and outputs hold is exact: over HBM, no compile
     can fit it, even where the estimate of the rest would be within the band."""

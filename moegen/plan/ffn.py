@@ -216,7 +216,7 @@ def ffn_plan(
         chunk_width=local_ffn_dim(spec) // chunks,
         chunk_options=ffn_chunk_options(loaded, chunks, layout),
         recompute_flops_text=f"{chosen.cost.recompute_flops:.3g}",
-        regathers_weights=regathers_weights(loaded, chunks),
+        regathers_weights=regathers_weights(spec, chunks),
         casts_per_slice=casts_per_slice(spec, chunks),
         whole_forward=forward is not None,
         slice_grads_by_hand=slice_grads_by_hand(spec, chunks, experts),

@@ -11,7 +11,7 @@ from moegen.plan.costs import DTYPE_BYTES
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.params import ParamPlan
 from moegen.plan.replicas import expert_bytes
-from moegen.plan.slicing import casts_per_slice, slice_grads_by_hand
+from moegen.plan.slicing import casts_per_slice, regathers_weights, slice_grads_by_hand
 from moegen.spec import GATED_ACTIVATIONS, Spec
 from moegen.strategies import strategy
 
@@ -89,7 +89,7 @@ def ffn_buffers(
     # there (in token chunks it gathers the weights once, before the chunks: kept too).
     in_place = param_bytes == compute_bytes and kernel(spec.target.kernel).reads_weights_in_place
     casts_once = chunks > 1 and not casts_per_slice(spec, chunks) and not in_place
-    regathers = axes.get("fsdp", 1) > 1 and experts.token_chunks == 1
+    regathers = regathers_weights(spec, chunks) and experts.token_chunks == 1
     keeps_slices = chunks > 1 and in_place and not regathers
     return FfnBuffers(
         rows=kernel_rows,

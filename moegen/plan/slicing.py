@@ -3,7 +3,6 @@ FFN plan and its trades read alike."""
 
 from __future__ import annotations
 
-from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES
 from moegen.plan.experts import ExpertPlan
 from moegen.spec import Spec
@@ -26,6 +25,6 @@ def slice_grads_by_hand(spec: Spec, chunks: int, experts: ExpertPlan) -> bool:
     return chunks > 1 and experts.token_chunks > 1 and narrower
 
 
-def regathers_weights(loaded: LoadedSpec, chunks: int) -> bool:
+def regathers_weights(spec: Spec, chunks: int) -> bool:
     """Sliced weights sharded over fsdp are gathered slice by slice, again in the backward."""
-    return chunks > 1 and loaded.spec.mesh.axes.get("fsdp", 1) > 1
+    return chunks > 1 and spec.mesh.axes.get("fsdp", 1) > 1

@@ -140,7 +140,7 @@ def traded(basis: ShapeBasis, trade: Trade) -> Traded:
         dict(spec.mesh.dcn_axes or {}),
         spec.target.slices,
         spec.dtypes.params,
-        regather_sliced=regathers_weights(basis.loaded, chosen.chunks),
+        regather_sliced=regathers_weights(basis.loaded.spec, chosen.chunks),
         token_chunks=token_chunks,
         tensor_sum_bytes=basis.local_tokens
         * spec.layer.embed_dim
