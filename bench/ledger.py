@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.ledger_population import module_key
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
 from moegen.render import render
@@ -83,15 +84,18 @@ def measure(name: str, dump: Path | None = None) -> dict[str, Any]:
     flags = os.environ.get("XLA_FLAGS", "")
     if dump is not None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_dump_to={dump / name}".strip()
+    source = render(plan)
     start = time.perf_counter()
     try:
-        report = verify(loaded, render(plan), plan=plan, run_twins=False)
+        report = verify(loaded, source, plan=plan, run_twins=False)
     finally:
         os.environ["XLA_FLAGS"] = flags
     steps = {step.step: step for step in report.steps if isinstance(step, Compiled)}
     memory = {key: steps[step].memory.to_json() for key, step in PROGRAMS.items()}
     return {
         "ffn_chunks": plan.ffn.chunks,
+        # the module compiled, with the pinned compiler: the same key, the same figures
+        "module": module_key(source),
         **memory,
         "moegen_commit": versions()["moegen_commit"],
         "seconds": round(time.perf_counter() - start, 1),

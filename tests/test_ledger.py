@@ -9,15 +9,17 @@ and a pin bump fails here until the examples are measured again.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 
 import pytest
 from conftest import REPO_ROOT
 
-from bench.ledger import DEFAULT_JSON, measure, planned, tpu_specs
-from moegen.plan import LEDGER_OVERESTIMATE
+from bench.ledger import DEFAULT_JSON, SPEC_DIR, planned, tpu_specs
+from bench.ledger_population import module_key
+from moegen.pipeline import load_valid
+from moegen.plan import LEDGER_OVERESTIMATE, make_plan
+from moegen.render import render
 from moegen.verify.preflight import LIBTPU_PIN
 
 LEDGER_TOLERANCE = 0.10  # |planned - compiled| / compiled, forward and forward+backward
@@ -91,12 +93,14 @@ def test_the_refusal_margin_covers_the_ledgers_overestimate() -> None:
     assert 0 < worst <= LEDGER_OVERESTIMATE
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu")
-def test_the_committed_figures_are_current() -> None:
-    """Compile the smallest example again: the same bytes as the committed figures (a
-    template change that moves memory must come with a new measurement)."""
-    name = "qwen3_30b_a3b_ring_v6e"
-    compiled = measure(name)
-    for program in ("forward", "train"):
-        assert compiled[program] == COMPILED["specs"][name][program]
+@pytest.mark.parametrize("name", TPU_SPECS)
+def test_the_committed_figures_are_of_the_module_the_spec_renders_now(name: str) -> None:
+    """Each figure names the module it was compiled from (its key: the source and the pinned
+    jax, jaxlib and libtpu), so a template or plan change that alters an example's module fails
+    here until the example is measured again. The same key compiles to the same figures: the
+    five examples measured again at 640e1d3 gave the recorded peaks to the byte."""
+    source = render(make_plan(load_valid(SPEC_DIR / f"{name}.yaml")))
+    assert COMPILED["specs"][name]["module"] == module_key(source), (
+        f"{name}'s module changed since its figures were compiled: measure it again with "
+        f"python -m bench.ledger --specs {name} --write bench/ledger_compiled.json"
+    )
