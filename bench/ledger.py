@@ -77,6 +77,11 @@ def planned(name: str) -> dict[str, int]:
     }
 
 
+def rendered_key(name: str) -> str:
+    """The key (bench.ledger_population.module_key) of the module `name` renders now."""
+    return module_key(render(make_plan(load_valid(SPEC_DIR / f"{name}.yaml"))))
+
+
 def measure(name: str, dump: Path | None = None) -> dict[str, Any]:
     """Compile `name`'s main shape for its TPU slice: each program's memory_analysis sizes."""
     loaded = load_valid(SPEC_DIR / f"{name}.yaml")

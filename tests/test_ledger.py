@@ -15,11 +15,8 @@ import re
 import pytest
 from conftest import REPO_ROOT
 
-from bench.ledger import DEFAULT_JSON, SPEC_DIR, planned, tpu_specs
-from bench.ledger_population import module_key
-from moegen.pipeline import load_valid
-from moegen.plan import LEDGER_OVERESTIMATE, make_plan
-from moegen.render import render
+from bench.ledger import DEFAULT_JSON, planned, rendered_key, tpu_specs
+from moegen.plan import LEDGER_OVERESTIMATE
 from moegen.verify.preflight import LIBTPU_PIN
 
 LEDGER_TOLERANCE = 0.10  # |planned - compiled| / compiled, forward and forward+backward
@@ -99,8 +96,7 @@ def test_the_committed_figures_are_of_the_module_the_spec_renders_now(name: str)
     jax, jaxlib and libtpu), so a template or plan change that alters an example's module fails
     here until the example is measured again. The same key compiles to the same figures: the
     five examples measured again at 640e1d3 gave the recorded peaks to the byte."""
-    source = render(make_plan(load_valid(SPEC_DIR / f"{name}.yaml")))
-    assert COMPILED["specs"][name]["module"] == module_key(source), (
+    assert COMPILED["specs"][name]["module"] == rendered_key(name), (
         f"{name}'s module changed since its figures were compiled: measure it again with "
         f"python -m bench.ledger --specs {name} --write bench/ledger_compiled.json"
     )
