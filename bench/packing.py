@@ -27,7 +27,7 @@ import re
 import statistics
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from bench.ledger_population import STORE, _load, compile_spec, module_key, planned
@@ -128,6 +128,7 @@ class Measured:
     live: int
     exact: int
     planned: int
+    module: str = ""  # bench.ledger_population.module_key of the module compiled
 
     @property
     def peak(self) -> int:
@@ -146,7 +147,8 @@ class Measured:
 def measure_spec(name: str, text: str, folder: Path) -> list[Measured]:
     """Compile a population spec with a dump into `folder` and read each program's."""
     figures = dump_compile(name, text, folder)
-    peaks, _ = planned(name, text)
+    peaks, source = planned(name, text)
+    key = module_key(source)
     measured = []
     for program, prefix in program_prefixes(folder).items():
         compiled = figures.get(program)
@@ -154,7 +156,7 @@ def measure_spec(name: str, text: str, folder: Path) -> list[Measured]:
             continue
         temps = temporaries(prefix)
         exact = compiled["argument"] + compiled["output"] - compiled.get("alias", 0)
-        row = Measured(name, program, compiled["temp"], temps.live_peak, exact, peaks[program])
+        row = Measured(name, program, compiled["temp"], temps.live_peak, exact, peaks[program], key)
         print(row.line(), flush=True)
         measured.append(row)
     return measured
@@ -164,7 +166,8 @@ def from_dump(name: str, text: str, folder: Path) -> list[Measured]:
     """Read a dump already written for the population spec `name`: its compiled sizes are
     the store's record of the module it renders (bench.ledger --population)."""
     peaks, source = planned(name, text)
-    figures = _load(STORE)["modules"].get(module_key(source), {})
+    key = module_key(source)
+    figures = _load(STORE)["modules"].get(key, {})
     measured = []
     for program, prefix in program_prefixes(folder).items():
         compiled = figures.get(program)
@@ -176,9 +179,8 @@ def from_dump(name: str, text: str, folder: Path) -> list[Measured]:
             print(f"{name} {program}: the dump is not of the recorded module", file=sys.stderr)
             continue
         exact = compiled["argument"] + compiled["output"] - compiled.get("alias", 0)
-        measured.append(
-            Measured(name, program, compiled["temp"], temps.live_peak, exact, peaks[program])
-        )
+        live = temps.live_peak
+        measured.append(Measured(name, program, compiled["temp"], live, exact, peaks[program], key))
         print(measured[-1].line(), flush=True)
     return measured
 
@@ -218,6 +220,22 @@ def load_records(path: Path) -> list[Measured]:
     return [Measured(**item) for item in json.loads(path.read_text())]
 
 
+def current(rows: list[Measured]) -> list[Measured]:
+    """The recorded rows whose spec renders the module they were compiled from, with the
+    plan's peak as it plans now (the ledger may have changed since); the others, stale, are
+    named on stderr and left out."""
+    fresh = []
+    for row in rows:
+        seed, index = (int(part.lstrip("s")) for part in row.spec.split("_")[:2])
+        name, text = population(index + 1, seed)[-1]
+        peaks, source = planned(name, text)
+        if name != row.spec or module_key(source) != row.module:
+            print(f"{row.spec} {row.program}: stale (its module has changed)", file=sys.stderr)
+            continue
+        fresh.append(replace(row, planned=peaks[row.program]))
+    return fresh
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.packing", description=__doc__)
     parser.add_argument("--seed", type=int, default=0, help="the population's seed")
@@ -229,12 +247,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", nargs="*", type=Path, default=[], help="recorded files")
     args = parser.parse_args(argv)
     texts = dict(population(args.count, args.seed))
-    rows = [row for path in args.summary for row in load_records(path)]
+    rows = current([row for path in args.summary for row in load_records(path)])
     for folder in args.dumps:
         if folder.name not in texts:
             print(f"{folder}: not a spec of population seed {args.seed}", file=sys.stderr)
             return 2
-        rows += from_dump(folder.name, texts[folder.name], folder)
+        measured = from_dump(folder.name, texts[folder.name], folder)
+        if args.record:
+            record(args.record, measured)
+        rows += measured
     for name in args.specs:
         if name not in texts:
             print(f"{name}: not in population seed {args.seed} of {args.count}", file=sys.stderr)

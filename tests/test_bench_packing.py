@@ -3,11 +3,25 @@ it live at once, on a written-out dump in the compiler's format."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from bench.packing import block_values, live_peak, live_ranges, program_prefixes, temporaries
+from bench.ledger_population import module_key, planned
+from bench.packing import (
+    Measured,
+    block_values,
+    current,
+    live_peak,
+    live_ranges,
+    load_records,
+    program_prefixes,
+    record,
+    temporaries,
+    within,
+)
+from bench.population import population
 
 # Two preallocated-temp allocations (the small one is a scoped scratch colour), a parameter,
 # and in the block: `a` and `b` side by side, `c` over `a`'s offsets once `a` is dead, and
@@ -66,3 +80,25 @@ def test_a_dump_folder_is_read_per_program(tmp_path: Path) -> None:
 def test_an_assignment_without_temporaries_is_refused() -> None:
     with pytest.raises(ValueError, match="no preallocated-temp"):
         block_values(ASSIGNMENT.split("allocation 1:")[0])
+
+
+def _row(block: int, live: int, exact: int = 1000, planned: int = 0, module: str = "") -> Measured:
+    return Measured("s0_000_x", "train", block, live, exact, planned or exact + block, module)
+
+
+def test_the_floor_counts_what_one_fraction_would_leave_outside() -> None:
+    # peaks 2000 and 3000: x 1.2 of the live peaks gives 1840 (-8%) and 2440 (-19%)
+    rows = [_row(block=1000, live=700), _row(block=2000, live=1200)]
+    assert within(rows, 1.2) == 1
+    assert within(rows, 1.6) == 2  # 2120 (+6%), 2920 (-3%)
+
+
+def test_records_round_trip_and_a_stale_one_is_left_out(tmp_path: Path) -> None:
+    name, text = population(1, 0)[0]
+    peaks, source = planned(name, text)
+    fresh = replace(_row(10, 5, module=module_key(source)), spec=name, planned=1)
+    stale = replace(fresh, program="forward", module="0" * 64)
+    path = tmp_path / "packing.json"
+    record(path, [fresh, stale])
+    assert load_records(path) == [fresh, stale]
+    assert current(load_records(path)) == [replace(fresh, planned=peaks["train"])]
