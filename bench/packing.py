@@ -248,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     texts = dict(population(args.count, args.seed))
     rows = current([row for path in args.summary for row in load_records(path)])
+    for row in rows:
+        print(row.line())
     for folder in args.dumps:
         if folder.name not in texts:
             print(f"{folder}: not a spec of population seed {args.seed}", file=sys.stderr)
