@@ -102,3 +102,15 @@ def test_records_round_trip_and_a_stale_one_is_left_out(tmp_path: Path) -> None:
     record(path, [fresh, stale])
     assert load_records(path) == [fresh, stale]
     assert current(load_records(path)) == [replace(fresh, planned=peaks["train"])]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["not json", "{}", '[{"spec": 1}]', '[{"spec": "x", "program": "train", "block": 1, '
+     '"live": 1, "exact": 0, "planned": 1, "module": ""}]'],
+)  # fmt: skip
+def test_a_file_that_is_not_records_is_refused(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "packing.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="packing.json"):
+        load_records(path)
