@@ -1,0 +1,158 @@
+"""XLA's own memory figure of the full-size program, in seconds: the TPU compiler's buffer
+assignment, read as soon as it is written and before code generation, which is most of a
+compile's minutes.
+
+A compile for a TPU slice runs XLA's HLO passes (fusion, scheduling, buffer assignment: a
+second or a few) and then generates code (Mosaic kernels, LLO: 6 s to minutes). The peak a
+finished compile reports (`memory_analysis()`: arguments + outputs + temporaries) is fixed
+by the buffer assignment; code generation does not move it. So each program is compiled in
+a worker of its own (forward and forward+backward side by side) with an XLA dump of that
+module alone, and the worker is stopped once the assignment is on disk: the same figure as
+the full compile (bench/LEDGER.md: within 0.003% on every program measured), without the
+code generation. A program the compiler proves out of HBM is refused before any dump, with
+the compiler's own message.
+
+The worker is `python -c WORKER_MAIN MODULE TPU_JSON PROGRAM` and dies with moegen
+(moegen.interrupts.guard_worker), as the verify workers do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from moegen import interrupts
+from moegen.plan import Plan
+from moegen.verify.compiler_errors import out_of_memory
+from moegen.verify.messages import PROGRAMS
+from moegen.verify.verdict import VerifyError
+from moegen.verify.verification import tpu_target
+
+# the jitted function's name in each program, which names XLA's module and its dump files
+MODULE_NAMES = {"forward": "jit_moe_layer", "forward+backward": "jit_loss"}
+ASSIGNMENT = "after_optimizations-buffer-assignment.txt"
+# written after the assignment's own files: the assignment is complete on disk
+DONE = "after_optimizations_after_buffer_assignment.txt"
+POLL_S = 0.05
+WORKER_MAIN = (
+    "from moegen.interrupts import guard_worker; guard_worker(); import runpy; "
+    "runpy.run_module('moegen.verify.assigned_worker', run_name='__main__', alter_sys=True)"
+)
+_ALLOCATION = re.compile(r"^allocation \d+: size (\d+),(.*)$", re.M)
+_PARAMETER = re.compile(r"\bparameter \d+")
+
+
+@dataclass(frozen=True)
+class AssignedMemory:
+    """One program's bytes per device as XLA assigned them, and the seconds it took."""
+
+    argument: int
+    output: int
+    temp: int
+    seconds: float
+
+    @property
+    def peak(self) -> int:
+        return self.argument + self.output + self.temp
+
+
+def assigned_sizes(buffer_assignment: str) -> tuple[int, int, int]:
+    """(argument, output, temporaries) bytes of an XLA buffer assignment, as
+    `memory_analysis()` counts them: the entry parameters, the live-out allocations that are
+    not parameters (the output tuple's index table included), the preallocated temporaries
+    of the default memory space (another colour is another memory, not HBM)."""
+    argument = output = temp = 0
+    for size, rest in _ALLOCATION.findall(buffer_assignment):
+        parameter = _PARAMETER.search(rest) is not None
+        argument += int(size) if parameter else 0
+        output += int(size) if "maybe-live-out" in rest and not parameter else 0
+        temp += int(size) if "preallocated-temp" in rest and "color" not in rest else 0
+    return argument, output, temp
+
+
+def assigned_memory(plan: Plan, source: str, timeout_s: float = 600) -> dict[str, AssignedMemory]:
+    """XLA's assigned memory of each full-size program of `source` (rendered from `plan`)
+    for its TPU slice. Raises VerifyError off TPU, or when a compile fails or runs out of
+    HBM (the compiler's message), or after `timeout_s`."""
+    tpu = tpu_target(plan)
+    if tpu is None:
+        raise VerifyError("XLA's buffer assignment is read for TPU targets only")
+    with tempfile.TemporaryDirectory(prefix="moegen-assigned-") as tmp:
+        folder = Path(tmp)
+        (folder / "layer.py").write_text(source, encoding="utf-8")
+        start = time.perf_counter()
+        workers = {
+            program: _start(folder, program, json.dumps(tpu.to_json()), plan.mesh.num_devices)
+            for program in PROGRAMS
+        }
+        try:
+            return _wait(folder, workers, start, timeout_s)
+        finally:
+            for proc in workers.values():
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+
+
+def _start(folder: Path, program: str, tpu: str, num_devices: int) -> subprocess.Popen[bytes]:
+    """A worker compiling `program`, dumping XLA's files of that module alone."""
+    dump = folder / MODULE_NAMES[program]
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(
+        (
+            env.get("XLA_FLAGS", ""),
+            f"--xla_force_host_platform_device_count={num_devices}",
+            f"--xla_dump_to={dump}",
+            f"--xla_dump_hlo_module_re={MODULE_NAMES[program]}",
+        )
+    ).strip()
+    env |= {"JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    env.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    env.setdefault("TPU_HOST_BOUNDS", "1,1,1")
+    env[interrupts.PARENT_ENV] = str(os.getpid())
+    env[interrupts.SCRATCH_ENV] = ""  # the parent removes the folder
+    log = (folder / f"{MODULE_NAMES[program]}.log").open("wb")
+    command = [sys.executable, "-c", WORKER_MAIN, str(folder / "layer.py"), tpu, program]
+    with log:
+        return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)
+
+
+def _wait(
+    folder: Path, workers: dict[str, subprocess.Popen[bytes]], start: float, timeout_s: float
+) -> dict[str, AssignedMemory]:
+    """Poll each worker's dump until its assignment is complete, then stop that worker."""
+    found: dict[str, AssignedMemory] = {}
+    while len(found) < len(workers):
+        for program, proc in workers.items():
+            if program in found:
+                continue
+            dump = folder / MODULE_NAMES[program]
+            done = sorted(dump.glob(f"*.{MODULE_NAMES[program]}.*{DONE}"))
+            if done:
+                assignment = Path(str(done[-1]).removesuffix(DONE) + ASSIGNMENT)
+                sizes = assigned_sizes(assignment.read_text(encoding="utf-8"))
+                found[program] = AssignedMemory(*sizes, time.perf_counter() - start)
+                proc.kill()
+            elif proc.poll() is not None:
+                raise VerifyError(_failure(folder, program))
+        if time.perf_counter() - start > timeout_s:
+            raise VerifyError(f"XLA's buffer assignment not written after {timeout_s:.0f} s")
+        time.sleep(POLL_S)
+    return found
+
+
+def _failure(folder: Path, program: str) -> str:
+    """What a worker that ended before its assignment said: the compiler's HBM or VMEM
+    verdict where it gave one, else the end of its output."""
+    text = (folder / f"{MODULE_NAMES[program]}.log").read_text(errors="replace")
+    refused = out_of_memory(text[max(text.find("RESOURCE_EXHAUSTED"), 0) :])
+    if refused is not None:
+        return f"compile {program}: out of {refused.memory_space.upper()}: {refused.first_line}"
+    return f"compile {program} ended before XLA's buffer assignment:\n{text.strip()[-2000:]}"

@@ -1,0 +1,26 @@
+"""The worker of moegen.verify.assigned: compile one full-size program of a rendered module
+for its TPU slice. The parent reads XLA's buffer assignment from the dump and stops this
+process before code generation ends; a compile that fails says so on stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+
+from moegen.verify.compiled import target_devices
+from moegen.verify.messages import TpuTarget
+from moegen.verify.worker import full_size_programs, import_module
+
+
+def main(module_path: str, tpu_json: str, program: str) -> int:
+    module = import_module(module_path, "moegen_assigned")
+    tpu = TpuTarget.from_json(json.loads(tpu_json))
+    params, x, programs = full_size_programs(module, target_devices(module, tpu))
+    jax.jit(programs[program]).lower(params, x).compile()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:4]))
