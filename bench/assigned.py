@@ -1,0 +1,98 @@
+"""XLA's buffer assignment read before code generation (moegen.verify.assigned) against the
+finished compile, on the generated populations: the same figure, in how many seconds.
+
+    python -m bench.assigned --population 60 --seed S [--specs NAME ...]
+
+For every population spec whose compiled figures are recorded (bench.ledger --population:
+bench/ledger_population.json, under the key of the module the plan renders now), the
+assigned peak of each program (forward, forward+backward) is read and set beside the
+recorded compiled peak; a program the compiler found out of HBM should be refused the same
+way. Printed per spec: the assigned peaks, their difference from the compiled ones, and the
+seconds both took (the two programs' workers run side by side; the recorded compile ran
+them one after the other, code generation included); then the distribution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from bench.ledger_population import STORE, _load, module_key, plan_of
+from bench.population import population
+from moegen.render import render
+from moegen.verify import VerifyError
+from moegen.verify.assigned import assigned_memory
+
+GiB = 2**30
+PROGRAMS = {"forward": "forward", "forward+backward": "train"}
+
+
+def compare(name: str, text: str, store: Path = STORE) -> dict | None:
+    """The assigned figures of one spec beside its compiled record; None without one."""
+    plan = plan_of(name, text)
+    source = render(plan)
+    record = _load(store)["modules"].get(module_key(source))
+    if record is None:
+        return None
+    start = time.perf_counter()
+    try:
+        assigned = assigned_memory(plan, source)
+    except VerifyError as err:
+        return {"record": record, "refused": str(err), "seconds": time.perf_counter() - start}
+    return {"record": record, "assigned": assigned, "seconds": time.perf_counter() - start}
+
+
+def row(name: str, result: dict) -> tuple[str, list[float]]:
+    """The printed row and the relative differences of its compiled programs."""
+    record, cells, differences = result["record"], [name], []
+    if "refused" in result:
+        recorded = [k for k, v in record.items() if isinstance(v, dict) and "oom" in v]
+        reason = result["refused"].splitlines()[0][:90]
+        cells.append(f"refused ({reason}); compiler out of memory on: {recorded or 'none'}")
+    for program, key in PROGRAMS.items() if "assigned" in result else ():
+        got, compiled = result["assigned"][program].peak, record.get(key, {})
+        if "peak" not in compiled:
+            cells.append(f"{program}: {got / GiB:.2f} GiB, compiled: {compiled or '-'}")
+            continue
+        differences.append(got / compiled["peak"] - 1)
+        cells.append(f"{program}: {got / GiB:.2f} GiB ({differences[-1]:+.4%})")
+    cells.append(f"{result['seconds']:.1f} s (the compile: {record.get('seconds', '?')} s)")
+    return " | ".join(cells), differences
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.assigned", description=__doc__)
+    parser.add_argument("--population", type=int, default=60, help="the population's size")
+    parser.add_argument("--seed", type=int, default=0, help="the population's seed")
+    parser.add_argument("--specs", nargs="*", default=[], help="only these population specs")
+    args = parser.parse_args(argv)
+    differences, seconds, compiles = [], [], []
+    for name, text in population(args.population, args.seed):
+        if args.specs and name not in args.specs:
+            continue
+        result = compare(name, text)
+        if result is None:
+            print(f"{name} | no compiled record of the module it renders", flush=True)
+            continue
+        line, diffs = row(name, result)
+        print(line, flush=True)
+        differences += diffs
+        seconds.append(result["seconds"])
+        if isinstance(result["record"].get("seconds"), (int, float)):
+            compiles.append(result["record"]["seconds"])
+    if differences:
+        worst = max(abs(d) for d in differences)
+        print(f"{len(differences)} programs: assigned / compiled - 1 at most {worst:.4%}")
+    if seconds:
+        print(
+            f"seconds a spec: median {statistics.median(seconds):.1f}, worst {max(seconds):.1f}"
+            f" (the compiles: median {statistics.median(compiles):.0f}, worst {max(compiles):.0f})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
