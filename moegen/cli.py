@@ -6,8 +6,6 @@ the old set or the new one, and no temporary or verify worker is left."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
 import signal
@@ -20,14 +18,15 @@ import click
 
 from moegen import __version__
 from moegen.cli_init import init_command
-from moegen.cli_output import fail_invalid
+from moegen.cli_output import EXIT_FAILED, EXIT_INVALID, fail_invalid, terminal_heartbeat
+from moegen.cli_plan import plan_command
 from moegen.cli_rebalance import rebalance_command
 from moegen.diagnostics import FORMATS, SpecError, format_diagnostics
 
 if TYPE_CHECKING:  # imported where used: `moegen validate` must not pay for verify
     from moegen.verify.messages import Step
 
-EXIT_OK, EXIT_STALE, EXIT_USAGE, EXIT_INVALID, EXIT_FAILED = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_STALE, EXIT_USAGE = 0, 1, 2
 SCHEMA_PATH = Path("specs/moegen.schema.json")
 
 spec_paths = click.argument(
@@ -49,14 +48,7 @@ def _err(message: str) -> None:
     click.echo(message, err=True)
 
 
-def _terminal_heartbeat(name_modules: bool = False) -> contextlib.AbstractContextManager[None]:
-    """A line every MOEGEN_HEARTBEAT_S seconds (default 20) on stderr while a verify step
-    runs, when stderr is a terminal; elsewhere (CI, a pipe, a file) the output stays as is."""
-    if not sys.stderr.isatty():
-        return contextlib.nullcontext()
-    from moegen.verify import heartbeat
-
-    return heartbeat.enabled(_err, heartbeat.interval_from_env(), name_modules)
+_terminal_heartbeat = terminal_heartbeat  # the verify steps' heartbeat (moegen.cli_output)
 
 
 def _fail_invalid(err: SpecError, fmt: str = "text") -> None:
@@ -190,46 +182,6 @@ def check_command(specs: tuple[Path, ...], out_dir: Path) -> None:
     _err(f"{len(report.fresh)} generated module(s) fresh")
 
 
-@cli.command(name="plan")
-@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option(
-    "--compile",
-    "compile_too",
-    is_flag=True,
-    help="Also compile the full-size layer for the target and show its memory beside the plan's.",
-)
-def plan_command(spec: Path, as_json: bool, compile_too: bool) -> None:
-    """Print every static quantity moegen derives from SPEC."""
-    from moegen.pipeline import generate
-    from moegen.plan import format_plan
-    from moegen.verify import VerifyError, verify
-    from moegen.verify.describe import describe_step
-    from moegen.verify.messages import Imported
-
-    try:
-        generated = generate(spec)
-    except SpecError as err:
-        _fail_invalid(err)
-    plan = generated.plan
-    compiled: list[Step] = []
-    if compile_too:
-        try:
-            with _terminal_heartbeat():
-                report = verify(generated.loaded, generated.source, plan=plan, run_twins=False)
-        except VerifyError as err:
-            _err(f"compile failed:\n{err}")
-            sys.exit(EXIT_FAILED)
-        compiled = [s for s in report.steps if not isinstance(s, Imported)]
-    if as_json:
-        steps = [step.to_json() for step in compiled]
-        click.echo(json.dumps(plan.to_dict() | {"compiled": steps}, indent=2))
-        return
-    click.echo(format_plan(plan))
-    for step in compiled:
-        click.echo(f"  {step.step:<26} {describe_step(step)}")
-
-
 def _a_number(value: float, param: click.Parameter) -> float:
     """click's FloatRange lets NaN through (every comparison with it is false)."""
     if math.isnan(value):
@@ -346,6 +298,7 @@ def schema_command(check_only: bool, write: bool, schema_path: Path) -> None:
 
 cli.add_command(init_command)  # moegen.cli_init
 cli.add_command(rebalance_command)  # moegen.cli_rebalance
+cli.add_command(plan_command)  # moegen.cli_plan
 
 
 @cli.command(name="install-te")

@@ -54,8 +54,9 @@ STAGE_OF = {
     "moegen.parallel": "top",
     "moegen.cli": "top",
     "moegen.cli_init": "top",  # the init command
-    "moegen.cli_output": "top",  # refusing a spec on the command line
+    "moegen.cli_output": "top",  # refusing a spec, the heartbeat on a terminal
     "moegen.cli_rebalance": "top",  # the rebalance command
+    "moegen.cli_plan": "top",  # the plan command
     "moegen.__main__": "top",
     "moegen.check": "top",
     "moegen.tune": "top",

@@ -83,7 +83,7 @@ def assigned_memory(plan: Plan, source: str, timeout_s: float = 600) -> dict[str
     HBM (the compiler's message), or after `timeout_s`."""
     tpu = tpu_target(plan)
     if tpu is None:
-        raise VerifyError("XLA's buffer assignment is read for TPU targets only")
+        raise VerifyError("TPU targets only: this target has no compile-only TPU slice")
     with tempfile.TemporaryDirectory(prefix="moegen-assigned-") as tmp:
         folder = Path(tmp)
         (folder / "layer.py").write_text(source, encoding="utf-8")

@@ -1,0 +1,111 @@
+"""`moegen plan SPEC`: every static quantity moegen derives from SPEC; with --compile the
+full-size programs compiled for the target beside it, with --assigned XLA's buffer
+assignment of them (moegen.verify.assigned: the compiled peak in seconds). Registered on the
+`moegen` group by moegen.cli."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from moegen.cli_output import EXIT_FAILED, fail_invalid, terminal_heartbeat
+from moegen.diagnostics import SpecError
+
+if TYPE_CHECKING:
+    from moegen.plan import Plan
+    from moegen.verify.messages import Step
+
+
+def _to_stderr(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@click.command(name="plan")
+@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--compile",
+    "compile_too",
+    is_flag=True,
+    help="Also compile the full-size layer for the target and show its memory beside the plan's.",
+)
+@click.option(
+    "--assigned",
+    is_flag=True,
+    help="Also read XLA's buffer assignment of the full-size programs (TPU targets: the "
+    "compiled peak, in seconds, stopped before code generation) and show it beside the plan's.",
+)
+def plan_command(spec: Path, as_json: bool, compile_too: bool, assigned: bool) -> None:
+    """Print every static quantity moegen derives from SPEC."""
+    from moegen.pipeline import generate
+    from moegen.plan import format_plan
+    from moegen.verify import VerifyError, verify
+    from moegen.verify.describe import describe_step
+    from moegen.verify.messages import Imported
+
+    try:
+        generated = generate(spec)
+    except SpecError as err:
+        fail_invalid(err)
+    plan = generated.plan
+    compiled: list[Step] = []
+    if compile_too:
+        try:
+            with terminal_heartbeat():
+                report = verify(generated.loaded, generated.source, plan=plan, run_twins=False)
+        except VerifyError as err:
+            _to_stderr(f"compile failed:\n{err}")
+            sys.exit(EXIT_FAILED)
+        compiled = [s for s in report.steps if not isinstance(s, Imported)]
+    figures = {}
+    if assigned:
+        try:
+            with terminal_heartbeat():
+                figures = assigned_figures(plan, generated.source)
+        except VerifyError as err:
+            _to_stderr(f"XLA's buffer assignment: {err}")
+            sys.exit(EXIT_FAILED)
+    if as_json:
+        steps = [step.to_json() for step in compiled]
+        extra = {"assigned": figures} if assigned else {}
+        click.echo(json.dumps(plan.to_dict() | {"compiled": steps} | extra, indent=2))
+        return
+    click.echo(format_plan(plan))
+    for step in compiled:
+        click.echo(f"  {step.step:<26} {describe_step(step)}")
+    if figures:
+        click.echo(assigned_text(plan, figures))
+
+
+GiB = 2**30
+
+
+def assigned_figures(plan: Plan, source: str) -> dict[str, dict[str, float]]:
+    """Each program's assigned bytes (argument, output, temp, peak) and seconds; raises
+    VerifyError (off TPU, a failed compile, the compiler's out-of-memory verdict)."""
+    from moegen.verify.assigned import assigned_memory
+
+    memory = assigned_memory(plan, source)
+    return {
+        program: {**dataclasses.asdict(figure), "peak": figure.peak}
+        for program, figure in memory.items()
+    }
+
+
+def assigned_text(plan: Plan, figures: dict[str, dict[str, float]]) -> str:
+    """The figures beside the plan's ledger, as `moegen plan` prints them."""
+    seconds = max(figure["seconds"] for figure in figures.values())
+    planned = {"forward": plan.memory.forward_peak, "forward+backward": plan.memory.train_peak}
+    lines = [f"XLA's buffer assignment (read before code generation, {seconds:.1f} s), per device:"]
+    for program, figure in figures.items():
+        error = planned[program] / figure["peak"] - 1
+        lines.append(
+            f"  {program:<18} {figure['peak'] / GiB:.2f} GiB"
+            f" (the plan's ledger: {planned[program] / GiB:.2f} GiB, {error:+.1%})"
+        )
+    return "\n".join(lines)

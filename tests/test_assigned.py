@@ -1,0 +1,75 @@
+"""XLA's buffer assignment read before code generation (moegen.verify.assigned, `moegen plan
+--assigned`): the compiled peak, without the compile's minutes.
+
+bench/ledger_compiled.json records each TPU example's finished compile (memory_analysis), and
+tests/test_ledger.py holds those records to the module each example renders now; the
+assigned figures must be the same bytes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from moegen.verify.assigned import MODULE_NAMES, _failure, assigned_sizes
+
+RECORDS = Path(__file__).resolve().parent.parent / "bench" / "ledger_compiled.json"
+# XLA's text for a program's buffers: entry parameters, a parameter the output aliases, the
+# output tuple's index table and an output, scoped scratch (another colour) and the block
+ASSIGNMENT = """\
+allocation 0: size 4, color 8, page 0, thread-local:
+allocation 1: size 1000, page 0, parameter 0, shape |f32[250]| at ShapeIndex {}:
+allocation 2: size 500, page 0, parameter 1, maybe-live-out, shape |f32[125]| at ShapeIndex {}:
+allocation 3: size 32, page 0, output shape is |(f32[250], f32[125])|, maybe-live-out:
+allocation 4: size 1000, page 0, maybe-live-out:
+allocation 5: size 64, color 6, page 0, preallocated-temp:
+allocation 6: size 7000, page 0, preallocated-temp:
+allocation 7: size 512, page 0, constant:
+"""
+
+
+def test_the_sizes_are_counted_as_memory_analysis_counts_them() -> None:
+    assert assigned_sizes(ASSIGNMENT) == (1500, 1032, 7000)
+
+
+def test_a_worker_the_compiler_refused_reports_the_memory_it_ran_out_of(tmp_path: Path) -> None:
+    log = tmp_path / f"{MODULE_NAMES['forward+backward']}.log"
+    log.write_text(
+        "W0000 some warning\njaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: E1000: "
+        "CompileTimeHbmOom: Ran out of memory in memory space hbm. Used 17.2G of 15.75G hbm.\n"
+    )
+    message = _failure(tmp_path, "forward+backward")
+    assert message.startswith("compile forward+backward: out of HBM: RESOURCE_EXHAUSTED")
+    log.write_text("Traceback (most recent call last):\nValueError: bad module\n")
+    assert "ValueError: bad module" in _failure(tmp_path, "forward+backward")
+
+
+@pytest.mark.parametrize("name", ["mixtral_8x7b_ep_a2a_v5e"])
+def test_the_assigned_peaks_are_the_compiled_ones(name: str, invoke_main, repo_root) -> None:
+    result = invoke_main("plan", f"specs/{name}.yaml", "--assigned", "--json", cwd=repo_root)
+    assert result.code == 0, result.stderr
+    assigned = json.loads(result.stdout)["assigned"]
+    compiled = json.loads(RECORDS.read_text())["specs"][name]
+    for program, key in (("forward", "forward"), ("forward+backward", "train")):
+        # memory_analysis counts a few KiB of scoped scratch the block does not hold
+        assert assigned[program]["peak"] == pytest.approx(compiled[key]["peak"], rel=1e-4)
+        assert assigned[program]["argument"] == compiled[key]["argument"]
+        assert assigned[program]["seconds"] > 0
+
+
+def test_the_text_sets_the_figures_beside_the_ledger(invoke_main, repo_root) -> None:
+    result = invoke_main("plan", "specs/mixtral_8x7b_ep_a2a_v5e.yaml", "--assigned", cwd=repo_root)
+    assert result.code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    heading = next(
+        i for i, line in enumerate(lines) if line.startswith("XLA's buffer assignment (")
+    )
+    assert lines[heading + 1].split()[:3] == ["forward", "2.36", "GiB"]
+    assert "the plan's ledger" in lines[heading + 2]
+
+
+def test_a_target_without_a_tpu_slice_is_refused(invoke_main, repo_root) -> None:
+    result = invoke_main("plan", "specs/mixtral_small_cpu.yaml", "--assigned", cwd=repo_root)
+    assert result.code == 4
+    assert "TPU targets only" in result.stderr and "Traceback" not in result.stderr
