@@ -9,8 +9,9 @@ by the buffer assignment; code generation does not move it. So each program is c
 a worker of its own (forward and forward+backward side by side) with an XLA dump of that
 module alone, and the worker is stopped once the assignment is on disk: the same figure as
 the full compile (bench/LEDGER.md: within 0.003% on every program measured), without the
-code generation. A program the compiler proves out of HBM is refused before any dump, with
-the compiler's own message.
+code generation. A program the compiler proves out of HBM while it assigns is refused with
+the compiler's own message; its last HBM check, after code generation, also counts the
+generated code (tens of MiB), so a peak that close to HBM is the full compile's to decide.
 
 The worker is `python -c WORKER_MAIN MODULE TPU_JSON PROGRAM` and dies with moegen
 (moegen.interrupts.guard_worker), as the verify workers do.
