@@ -14,7 +14,7 @@ the compiler's own message; its last HBM check, after code generation, also coun
 generated code (tens of MiB), so a peak that close to HBM is the full compile's to decide.
 
 The worker is `python -c WORKER_MAIN MODULE TPU_JSON PROGRAM` and dies with moegen
-(moegen.interrupts.guard_worker), as the verify workers do.
+(moegen.interrupts.guard_worker), in the verify workers' private scratch directory.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from moegen.plan import Plan
 from moegen.verify.compiler_errors import out_of_memory
 from moegen.verify.messages import PROGRAMS
 from moegen.verify.verdict import VerifyError
-from moegen.verify.verification import tpu_target
+from moegen.verify.verification import scratch_directory, tpu_target
 
 # the jitted function's name in each program, which names XLA's module and its dump files
 MODULE_NAMES = {"forward": "jit_moe_layer", "forward+backward": "jit_loss"}
@@ -85,8 +84,7 @@ def assigned_memory(plan: Plan, source: str, timeout_s: float = 600) -> dict[str
     tpu = tpu_target(plan)
     if tpu is None:
         raise VerifyError("TPU targets only: this target has no compile-only TPU slice")
-    with tempfile.TemporaryDirectory(prefix="moegen-assigned-") as tmp:
-        folder = Path(tmp)
+    with scratch_directory() as folder:
         (folder / "layer.py").write_text(source, encoding="utf-8")
         start = time.perf_counter()
         workers = {
@@ -118,7 +116,8 @@ def _start(folder: Path, program: str, tpu: str, num_devices: int) -> subprocess
     env.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     env.setdefault("TPU_HOST_BOUNDS", "1,1,1")
     env[interrupts.PARENT_ENV] = str(os.getpid())
-    env[interrupts.SCRATCH_ENV] = ""  # the parent removes the folder
+    # removed by moegen; by the worker if it outlives moegen (a SIGKILL)
+    env[interrupts.SCRATCH_ENV] = str(folder)
     log = (folder / f"{MODULE_NAMES[program]}.log").open("wb")
     command = [sys.executable, "-c", WORKER_MAIN, str(folder / "layer.py"), tpu, program]
     with log:

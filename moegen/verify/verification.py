@@ -85,7 +85,7 @@ def verify(
     plan = make_plan(loaded) if plan is None else plan
     require_verifiers([(loaded, plan)], compiles=run_compiles)  # missing libtpu or TE: before twins
     ignored = None
-    with _scratch() as tmp:
+    with scratch_directory() as tmp:
         job, sources = _write_job(tmp, loaded, source, plan, run_twins, cache)
         job = dataclasses.replace(job, compile=run_compiles, programs=_programs(compile_forward))
         key = record.record_key(job, sources, plan.mesh.num_devices) if cache else ""
@@ -110,7 +110,7 @@ def verify(
 
 
 @contextlib.contextmanager
-def _scratch() -> Iterator[Path]:
+def scratch_directory() -> Iterator[Path]:
     """A private scratch directory in the system's temporary directory, named so that a later
     run can prove it this user's moegen's and remove it should this one be SIGKILLed before
     its worker could (the worker removes it when it outlives moegen)."""
