@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from moegen.cli_plan import assigned_text
+from moegen.pipeline import load_valid
+from moegen.plan import make_plan
 from moegen.verify.assigned import MODULE_NAMES, _failure, assigned_sizes
 
 RECORDS = Path(__file__).resolve().parent.parent / "bench" / "ledger_compiled.json"
@@ -58,15 +61,16 @@ def test_the_assigned_peaks_are_the_compiled_ones(name: str, invoke_main, repo_r
         assert assigned[program]["seconds"] > 0
 
 
-def test_the_text_sets_the_figures_beside_the_ledger(invoke_main, repo_root) -> None:
-    result = invoke_main("plan", "specs/mixtral_8x7b_ep_a2a_v5e.yaml", "--assigned", cwd=repo_root)
-    assert result.code == 0, result.stderr
-    lines = result.stdout.splitlines()
-    heading = next(
-        i for i, line in enumerate(lines) if line.startswith("XLA's buffer assignment (")
-    )
-    assert lines[heading + 1].split()[:3] == ["forward", "2.36", "GiB"]
-    assert "the plan's ledger" in lines[heading + 2]
+def test_the_text_sets_the_figures_beside_the_ledger(repo_root) -> None:
+    plan = make_plan(load_valid(repo_root / "specs" / "mixtral_8x7b_ep_a2a_v5e.yaml"))
+    figures = {
+        "forward": {"peak": plan.memory.forward_peak * 2, "seconds": 2.5},
+        "forward+backward": {"peak": plan.memory.train_peak, "seconds": 3.25},
+    }
+    lines = assigned_text(plan, figures).splitlines()
+    assert lines[0].startswith("XLA's buffer assignment (read before code generation, 3.2 s)")
+    assert lines[1].split()[0] == "forward" and lines[1].endswith("-50.0%)")
+    assert lines[2].split()[0] == "forward+backward" and lines[2].endswith("+0.0%)")
 
 
 def test_a_target_without_a_tpu_slice_is_refused(invoke_main, repo_root) -> None:
