@@ -15,8 +15,10 @@ and the pinned versions), so a rerun compiles only what changed.
 Printed, one row per spec: the batch, the whole layer's planned peak, the plan's choice, its
 planned and compiled peaks, and the verdict: "fits", "OOM" (the compiler's figure), or
 "refused" (the plan refuses it before any compile, naming what would fit: no default walked
-into the compiler). Specs whose whole layer fits even at the largest batch tried are listed as
-"fits whole" and not compiled.
+into the compiler). With `--assigned`, each traded spec's layer whole is read with XLA's buffer
+assignment (moegen.verify.assigned, seconds a spec): whether the trade was needed at all.
+Specs whose whole layer fits even at the largest batch tried are listed as "fits whole" and
+not compiled.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from moegen.plan.fit import over_hbm, peak
 from moegen.render import render
 from moegen.validate import validate
 from moegen.variants import unchecked
+from moegen.verify.assigned import whole_layer
 
 MAX_DOUBLINGS = 6
 GiB = 2**30
@@ -132,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--recorded-only", action="store_true", help="compile nothing new")
     parser.add_argument("--store", type=Path, default=STORE, help="the figures' JSON file")
+    parser.add_argument(
+        "--assigned",
+        action="store_true",
+        help="also read XLA's buffer assignment of each traded layer whole (seconds a spec)",
+    )
     args = parser.parse_args(argv)
     store = _load(args.store)
     print("spec | whole layer planned | plan's choice | planned GiB | compiled peak", flush=True)
@@ -144,8 +152,23 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             continue
-        print(judge(*found, store, not args.recorded_only, args.store), flush=True)
+        line = judge(*found, store, not args.recorded_only, args.store)
+        print(line + (whole_assigned(*found) if args.assigned else ""), flush=True)
     return 0
+
+
+def whole_assigned(label: str, text: str) -> str:
+    """XLA's assigned peak of the layer whole, where the plan trades (moegen plan --assigned):
+    whether the trade was needed at all."""
+    loaded = validate(load_spec_bytes(text.encode(), f"{label}.yaml", label))
+    plan = make_plan(loaded)
+    if plan.ffn.chunks == 1 and plan.experts.token_chunks == 1:
+        return ""
+    whole = whole_layer(loaded, plan)
+    if whole is None or whole["peak"] is None:
+        return " | whole, XLA's assignment: out of HBM"
+    share = whole["peak"] / whole["hbm"]
+    return f" | whole, XLA's assignment: {share:.0%} of HBM, {'fits' if whole['fits'] else 'over'}"
 
 
 if __name__ == "__main__":

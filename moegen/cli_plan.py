@@ -9,7 +9,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -62,17 +62,20 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool, assigned: bool) -
             _to_stderr(f"compile failed:\n{err}")
             sys.exit(EXIT_FAILED)
         compiled = [s for s in report.steps if not isinstance(s, Imported)]
-    figures = {}
+    figures, whole = {}, None
     if assigned:
+        from moegen.verify.assigned import whole_layer
+
         try:
             with terminal_heartbeat():
                 figures = assigned_figures(plan, generated.source)
+                whole = whole_layer(generated.loaded, plan)
         except VerifyError as err:
             _to_stderr(f"XLA's buffer assignment: {err}")
             sys.exit(EXIT_FAILED)
     if as_json:
         steps = [step.to_json() for step in compiled]
-        extra = {"assigned": figures} if assigned else {}
+        extra = {"assigned": figures, "assigned_whole": whole} if assigned else {}
         click.echo(json.dumps(plan.to_dict() | {"compiled": steps} | extra, indent=2))
         return
     click.echo(format_plan(plan))
@@ -80,6 +83,8 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool, assigned: bool) -
         click.echo(f"  {step.step:<26} {describe_step(step)}")
     if figures:
         click.echo(assigned_text(plan, figures))
+    if whole:
+        click.echo(whole_text(whole))
 
 
 GiB = 2**30
@@ -109,3 +114,15 @@ def assigned_text(plan: Plan, figures: dict[str, dict[str, float]]) -> str:
             f" (the plan's ledger: {planned[program] / GiB:.2f} GiB, {error:+.1%})"
         )
     return "\n".join(lines)
+
+
+def whole_text(whole: dict[str, Any]) -> str:
+    head = "  the layer whole (the FFN unsliced, one token chunk)"
+    if whole["peak"] is None:
+        return f"{head}: out of HBM, as the compiler says ({whole['compiler']})"
+    size = f"{whole['peak'] / GiB:.2f} GiB, {whole['peak'] / whole['hbm']:.0%} of HBM"
+    if whole["fits"]:
+        return (
+            f"{head}: {size}: it fits; memory.ffn_chunks: 1 and token_chunks: 1 recompute nothing"
+        )
+    return f"{head}: {size}: it does not fit"

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from moegen.cli_plan import assigned_text
+from moegen.cli_plan import assigned_text, whole_text
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
-from moegen.verify.assigned import MODULE_NAMES, _failure, assigned_sizes
+from moegen.verify.assigned import MODULE_NAMES, _failure, assigned_sizes, whole_layer
 
 RECORDS = Path(__file__).resolve().parent.parent / "bench" / "ledger_compiled.json"
 # XLA's text for a program's buffers: entry parameters, a parameter the output aliases, the
@@ -59,6 +59,10 @@ def test_the_assigned_peaks_are_the_compiled_ones(name: str, invoke_main, repo_r
         assert assigned[program]["peak"] == pytest.approx(compiled[key]["peak"], rel=1e-4)
         assert assigned[program]["argument"] == compiled[key]["argument"]
         assert assigned[program]["seconds"] > 0
+    # the example runs in 8 FFN slices; whole it compiles to 6.33 GB (the memory-ledger
+    # design page), which a 16 GiB v5e holds
+    whole = json.loads(result.stdout)["assigned_whole"]
+    assert whole["fits"] and whole["peak"] == pytest.approx(6.33e9, rel=0.01)
 
 
 def test_the_text_sets_the_figures_beside_the_ledger(repo_root) -> None:
@@ -77,3 +81,23 @@ def test_a_target_without_a_tpu_slice_is_refused(invoke_main, repo_root) -> None
     result = invoke_main("plan", "specs/mixtral_small_cpu.yaml", "--assigned", cwd=repo_root)
     assert result.code == 4
     assert "TPU targets only" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_layer_that_runs_whole_is_not_read_again(repo_root) -> None:
+    loaded = load_valid(repo_root / "specs" / "qwen3_30b_a3b_v6e.yaml")
+    assert whole_layer(loaded, make_plan(loaded)) is None
+
+
+@pytest.mark.parametrize(
+    ("whole", "says"),
+    [
+        ({"peak": 13 * 2**30, "hbm": 16 * 2**30, "fits": True}, "13.00 GiB, 81% of HBM: it fits"),
+        ({"peak": 16 * 2**30, "hbm": 16 * 2**30, "fits": False}, "100% of HBM: it does not fit"),
+        (
+            {"peak": None, "hbm": 1, "fits": False, "compiler": "E1000"},
+            "out of HBM, as the compiler",
+        ),
+    ],
+)
+def test_the_whole_layer_is_said_in_hbm_words(whole: dict, says: str) -> None:
+    assert says in whole_text(whole)

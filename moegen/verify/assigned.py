@@ -27,9 +27,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from moegen import interrupts
-from moegen.plan import Plan
+from moegen.load import LoadedSpec
+from moegen.plan import Plan, make_plan
+from moegen.render import render
+from moegen.variants import unchecked
 from moegen.verify.compiler_errors import out_of_memory
 from moegen.verify.messages import PROGRAMS
 from moegen.verify.verdict import VerifyError
@@ -156,3 +160,29 @@ def _failure(folder: Path, program: str) -> str:
     if refused is not None:
         return f"compile {program}: out of {refused.memory_space.upper()}: {refused.first_line}"
     return f"compile {program} ended before XLA's buffer assignment:\n{text.strip()[-2000:]}"
+
+
+# The layer as first written: one token chunk, the FFN unsliced.
+WHOLE = {("memory", "token_chunks"): 1, ("memory", "ffn_chunks"): 1}
+# What the compiler's last HBM check adds to the assigned peak: the generated code (s0_041 of
+# bench.population: assigned 15.74 GiB, refused at "15.77G of 15.75G"), a fraction of HBM.
+CODE_MARGIN = 0.01
+
+
+def whole_layer(loaded: LoadedSpec, plan: Plan) -> dict[str, Any] | None:
+    """Where the layer runs in FFN slices or token chunks: XLA's assigned peak of the layer
+    whole, and whether it fits HBM (the plan trades on its ledger, which can be over); None
+    where it already runs whole. Raises VerifyError as assigned_memory does, but for an
+    out-of-HBM refusal of the whole layer, which is its answer."""
+    if plan.ffn.chunks == 1 and plan.experts.token_chunks == 1:
+        return None
+    whole = make_plan(unchecked(loaded, WHOLE), options=False)
+    hbm = whole.memory.hbm_bytes_per_device
+    try:
+        figures = assigned_memory(whole, render(whole))
+    except VerifyError as err:
+        if "out of HBM" not in str(err):
+            raise
+        return {"peak": None, "hbm": hbm, "fits": False, "compiler": str(err)}
+    peak = max(figure.peak for figure in figures.values())
+    return {"peak": peak, "hbm": hbm, "fits": peak <= (1 - CODE_MARGIN) * hbm}
