@@ -40,7 +40,7 @@ from moegen.plan.fit import over_hbm, peak
 from moegen.render import render
 from moegen.validate import validate
 from moegen.variants import unchecked
-from moegen.verify.assigned import whole_layer
+from moegen.verify.assigned import WHOLE, whole_layer
 
 MAX_DOUBLINGS = 6
 GiB = 2**30
@@ -88,10 +88,6 @@ def _whole_verdict(tree: dict[str, Any], batch: int) -> str:
         return "too big" if "cannot fit" in str(err) else "refused"
     whole = make_plan(unchecked(loaded, WHOLE), options=False)
     return "too big" if over_hbm(whole.memory) else "fits"
-
-
-# The spec run whole: one token chunk, the FFN unsliced (the layer as first written).
-WHOLE = {("memory", "token_chunks"): 1, ("memory", "ffn_chunks"): 1}
 
 
 def judge(
@@ -161,11 +157,10 @@ def whole_assigned(label: str, text: str) -> str:
     """XLA's assigned peak of the layer whole, where the plan trades (moegen plan --assigned):
     whether the trade was needed at all."""
     loaded = validate(load_spec_bytes(text.encode(), f"{label}.yaml", label))
-    plan = make_plan(loaded)
-    if plan.ffn.chunks == 1 and plan.experts.token_chunks == 1:
+    whole = whole_layer(loaded, make_plan(loaded))
+    if whole is None:  # the plan runs it whole already
         return ""
-    whole = whole_layer(loaded, plan)
-    if whole is None or whole["peak"] is None:
+    if whole["peak"] is None:
         return " | whole, XLA's assignment: out of HBM"
     share = whole["peak"] / whole["hbm"]
     return f" | whole, XLA's assignment: {share:.0%} of HBM, {'fits' if whole['fits'] else 'over'}"

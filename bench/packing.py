@@ -39,10 +39,11 @@ from pathlib import Path
 
 from bench.ledger_population import STORE, _load, compile_spec, module_key, planned
 from bench.population import population
+from moegen.verify.assigned import MODULE_NAMES
 
 GiB = 2**30
-# the programs moegen's verifier compiles, by the name XLA gives their modules
-MODULES = {"forward": "jit_moe_layer", "train": "jit_loss"}
+# the programs moegen's verifier compiles, keyed as the population store keys them
+MODULES = {"forward": MODULE_NAMES["forward"], "train": MODULE_NAMES["forward+backward"]}
 _ALLOCATION = re.compile(r"^allocation \d+: size (\d+),.*preallocated-temp:$", re.M)
 _VALUE = re.compile(r"^ value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\)", re.M)
 _RANGE = re.compile(r"^\s+(\S+\{[^}]*\}):(\d+)-(\d+)$", re.M)

@@ -20,7 +20,7 @@ def fail_invalid(err: SpecError, fmt: str = "text") -> None:
     sys.exit(EXIT_INVALID)
 
 
-def _to_stderr(message: str) -> None:
+def to_stderr(message: str) -> None:
     click.echo(message, err=True)
 
 
@@ -31,4 +31,4 @@ def terminal_heartbeat(name_modules: bool = False) -> contextlib.AbstractContext
         return contextlib.nullcontext()
     from moegen.verify import heartbeat
 
-    return heartbeat.enabled(_to_stderr, heartbeat.interval_from_env(), name_modules)
+    return heartbeat.enabled(to_stderr, heartbeat.interval_from_env(), name_modules)

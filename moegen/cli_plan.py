@@ -13,16 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from moegen.cli_output import EXIT_FAILED, fail_invalid, terminal_heartbeat
+from moegen.cli_output import EXIT_FAILED, fail_invalid, terminal_heartbeat, to_stderr
 from moegen.diagnostics import SpecError
 
 if TYPE_CHECKING:
     from moegen.plan import Plan
     from moegen.verify.messages import Step
-
-
-def _to_stderr(message: str) -> None:
-    click.echo(message, err=True)
 
 
 @click.command(name="plan")
@@ -59,7 +55,7 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool, assigned: bool) -
             with terminal_heartbeat():
                 report = verify(generated.loaded, generated.source, plan=plan, run_twins=False)
         except VerifyError as err:
-            _to_stderr(f"compile failed:\n{err}")
+            to_stderr(f"compile failed:\n{err}")
             sys.exit(EXIT_FAILED)
         compiled = [s for s in report.steps if not isinstance(s, Imported)]
     figures, whole = {}, None
@@ -71,7 +67,7 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool, assigned: bool) -
                 figures = assigned_figures(plan, generated.source)
                 whole = whole_layer(generated.loaded, plan)
         except VerifyError as err:
-            _to_stderr(f"XLA's buffer assignment: {err}")
+            to_stderr(f"XLA's buffer assignment: {err}")
             sys.exit(EXIT_FAILED)
     if as_json:
         steps = [step.to_json() for step in compiled]

@@ -20,7 +20,6 @@ The worker is `python -c WORKER_MAIN MODULE TPU_JSON PROGRAM` and dies with moeg
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -29,13 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moegen import interrupts
 from moegen.load import LoadedSpec
 from moegen.plan import Plan, make_plan
 from moegen.render import render
 from moegen.variants import unchecked
 from moegen.verify.compiler_errors import out_of_memory
 from moegen.verify.messages import PROGRAMS
+from moegen.verify.pool import worker_env
 from moegen.verify.verdict import VerifyError
 from moegen.verify.verification import scratch_directory, tpu_target
 
@@ -107,21 +106,9 @@ def assigned_memory(plan: Plan, source: str, timeout_s: float = 600) -> dict[str
 def _start(folder: Path, program: str, tpu: str, num_devices: int) -> subprocess.Popen[bytes]:
     """A worker compiling `program`, dumping XLA's files of that module alone."""
     dump = folder / MODULE_NAMES[program]
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(
-        (
-            env.get("XLA_FLAGS", ""),
-            f"--xla_force_host_platform_device_count={num_devices}",
-            f"--xla_dump_to={dump}",
-            f"--xla_dump_hlo_module_re={MODULE_NAMES[program]}",
-        )
-    ).strip()
-    env |= {"JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
-    env.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    env.setdefault("TPU_HOST_BOUNDS", "1,1,1")
-    env[interrupts.PARENT_ENV] = str(os.getpid())
-    # removed by moegen; by the worker if it outlives moegen (a SIGKILL)
-    env[interrupts.SCRATCH_ENV] = str(folder)
+    module_only = (f"--xla_dump_to={dump}", f"--xla_dump_hlo_module_re={MODULE_NAMES[program]}")
+    # the scratch folder: removed by moegen, by the worker if it outlives moegen (a SIGKILL)
+    env = worker_env(num_devices, folder, module_only)
     log = (folder / f"{MODULE_NAMES[program]}.log").open("wb")
     command = [sys.executable, "-c", WORKER_MAIN, str(folder / "layer.py"), tpu, program]
     with log:

@@ -34,19 +34,8 @@ def run_worker(
     on_step: OnStep,
     timeout_s: float | None,
 ) -> VerifyReport:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (
-        env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={num_devices}"
-    ).strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    # Compile-only TPU devices need no exclusive hold on libtpu: let verifications run side by side.
-    env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
-    env.update(_quiet_libtpu(env))
+    env = worker_env(num_devices, job_path.parent)
     timeout = timeout_s or heartbeat.seconds_from_env(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
-    # The worker dies with this process (interrupts.guard_worker, before it imports JAX) and
-    # then removes the scratch directory itself.
-    env[interrupts.PARENT_ENV] = str(os.getpid())
-    env[interrupts.SCRATCH_ENV] = str(job_path.parent)
     command = [sys.executable, "-c", _WORKER_MAIN, str(job_path)]
     report = VerifyReport()
     # Not `with Popen`: its exit waits for the worker unless the exception is exactly
@@ -73,6 +62,22 @@ def run_worker(
         detail = errors[-1].error if errors else stderr.strip()[-4000:]
         raise VerifyError(detail or f"verifier exited with code {proc.returncode}")
     return report
+
+
+def worker_env(num_devices: int, scratch: Path, xla_flags: tuple[str, ...] = ()) -> dict[str, str]:
+    """The environment of a worker: `num_devices` host devices (and `xla_flags`), CPU JAX with
+    compile-only TPU devices, libtpu quiet; it dies with this process (interrupts.guard_worker,
+    before it imports JAX) and then removes `scratch` itself."""
+    env = dict(os.environ)
+    flags = (env.get("XLA_FLAGS", ""), f"--xla_force_host_platform_device_count={num_devices}")
+    env["XLA_FLAGS"] = " ".join((*flags, *xla_flags)).strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    # Compile-only TPU devices need no exclusive hold on libtpu: let verifications run side by side.
+    env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    env.update(_quiet_libtpu(env))
+    env[interrupts.PARENT_ENV] = str(os.getpid())
+    env[interrupts.SCRATCH_ENV] = str(scratch)
+    return env
 
 
 def _quiet_libtpu(env: dict[str, str]) -> dict[str, str]:
