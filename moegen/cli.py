@@ -206,14 +206,18 @@ def tune_command(spec: Path, dry_run: bool, budget_s: float) -> None:
     from moegen.emit import write_all
     from moegen.load import load_spec
     from moegen.tune import patch, tune, yaml_value
+    from moegen.tune_memory import NOT_READ
 
     def progress(i: int, n: int, candidate: Any) -> None:
         choice = _choice_text(candidate.choices, yaml_value)
+        if candidate.problem == NOT_READ:
+            return  # the table lists them
         if candidate.problem:
             _err(f"  [{i}/{n}] {choice}: {candidate.problem}")
         else:
+            how = "compiled" if candidate.peak_by == "compiler" else f"{candidate.peak_by} read"
             _err(
-                f"  [{i}/{n}] {choice}: compiled in {candidate.seconds:.1f} s, "
+                f"  [{i}/{n}] {choice}: {how} in {candidate.seconds:.1f} s, "
                 f"peak {candidate.peak_bytes / 2**30:.2f} GiB"
             )
 
@@ -226,30 +230,47 @@ def tune_command(spec: Path, dry_run: bool, budget_s: float) -> None:
     unit = result.unit
     click.echo(f"{'candidate':<60} {'FLOPs':>11} {'bytes':>11} {'peak GiB':>9} {'score':>12}")
     for c in sorted(result.candidates, key=lambda c: c.score):
-        choice = _choice_text(c.choices, yaml_value)
-        if c.problem:
-            click.echo(f"{choice:<60} {'-':>11} {'-':>11} {'-':>9} {'-':>12}  {c.problem}")
-            continue
-        mark = "  <- chosen" if c is result.winner else ""
-        score = f"{c.score * 1e3:.3f} ms" if unit == "s" else f"{c.score:.3e} B"
-        click.echo(
-            f"{choice:<60} {c.flops:>11.3e} {c.bytes_accessed:>11.3e} "
-            f"{c.peak_bytes / 2**30:>9.2f} {score:>12}{mark}"
-        )
-    if any(c.counted_by == "plan" for c in result.candidates):
-        click.echo(
-            "FLOPs and bytes are the plan's, for every candidate: XLA's cost analysis counts a "
-            "loop's body once, and some candidates loop (token chunks, FFN slices, ring "
-            "steps); the peak is the compiler's."
-        )
+        click.echo(_tune_row(c, c is result.winner, unit, _choice_text(c.choices, yaml_value)))
+    click.echo(_tune_footnote(result.candidates))
     if result.winner is None:
-        _err("no candidate compiled and fit the target; the spec is unchanged")
+        _err("no candidate fit the target; the spec is unchanged")
         sys.exit(EXIT_FAILED)
     if dry_run:
         click.echo(patch(loaded, result.new_text), nl=False)
         return
     write_all({spec: result.new_text})
     _err(f"wrote {loaded.source.display}: {_choice_text(result.winner.choices, yaml_value)}")
+
+
+def _tune_row(c: Any, chosen: bool, unit: str, choice: str) -> str:
+    """One candidate: the figures it was scored by ('-' where none), and its problem."""
+    scored = c.score != float("inf")
+    counts = f"{c.flops:>11.3e} {c.bytes_accessed:>11.3e}" if scored else f"{'-':>11} {'-':>11}"
+    peak = f"{c.peak_bytes / 2**30:>9.2f}" if c.peak_bytes else f"{'-':>9}"
+    score = "-" if not scored else f"{c.score * 1e3:.3f} ms" if unit == "s" else f"{c.score:.3e} B"
+    mark = "  <- chosen" if chosen else f"  {c.problem}" if c.problem else ""
+    return f"{choice:<60} {counts} {peak} {score:>12}{mark}"
+
+
+def _tune_footnote(candidates: list[Any]) -> str:
+    """Whose figures the table shows: the plan's counts where a candidate loops, and the
+    compiler's peak or XLA's buffer assignment of it."""
+    from moegen.tune_memory import READ_BY
+
+    if any(c.peak_by == READ_BY for c in candidates):
+        return (
+            "FLOPs and bytes are the plan's (memory trades only add recomputation); candidates "
+            f"are read fastest first, each peak is {READ_BY} of its full-size programs (the "
+            "compiled peak, read before code generation), and none after the first that fits "
+            "HBM is read. `moegen build` compiles the chosen one in full."
+        )
+    if any(c.counted_by == "plan" for c in candidates):
+        return (
+            "FLOPs and bytes are the plan's, for every candidate: XLA's cost analysis counts a "
+            "loop's body once, and some candidates loop (token chunks, FFN slices, ring "
+            "steps); the peak is the compiler's."
+        )
+    return "FLOPs, bytes and the peak are the compiler's."
 
 
 def _choice_text(choices: dict, to_yaml: Any) -> str:

@@ -12,6 +12,11 @@ of one kernel per generation (libtpu 0.0.51's CompileTimeScopedVmemOom names it:
 and v5p, 32 MiB on v6e and tpu7x). TPU HBM is counted in GiB, as the TPU compiler counts it
 (datasheets write "16 GB" for v5e's 16 GiB; libtpu reports 15.75 GiB of it available to a
 program); GPU HBM in the datasheets' GB.
+
+What the TPU compiler grants one program is less than the HBM (a reserve of its own): the
+figure its out-of-HBM refusal names, "exceeds available HBM (15.75G)", read from libtpu 0.0.51
+(the pinned version) on a layer too big for each generation: v5e 15.75, v5p 95.73, v6e 31.24
+and tpu7x 94.74 GiB per device.
 """
 
 from __future__ import annotations
@@ -37,10 +42,18 @@ class Hardware:
     topologies: tuple[str, ...]  # valid slice shapes, e.g. "2x4" or "2x2x1"
     vmem_bytes_for_tiles: int  # the compiler's scoped VMEM limit of one kernel (libtpu names it)
     sm: int = 0  # CUDA compute capability x 10 (GPUs only)
+    compiler_hbm_gib_per_device: float = 0.0  # TPU: what the compiler grants a program
 
     @property
     def hbm_bytes_per_device(self) -> int:
         return self.hbm_bytes_per_chip // max(self.devices_per_chip, 1)
+
+    @property
+    def compiler_hbm_bytes_per_device(self) -> int:
+        """The HBM the compiler lets one program use (TPU), else all of it."""
+        if self.compiler_hbm_gib_per_device:
+            return int(self.compiler_hbm_gib_per_device * GIB)
+        return self.hbm_bytes_per_device
 
     def chips(self, topology: str) -> int:
         count = 1
@@ -69,16 +82,56 @@ _MIB = 2**20
 CATALOGUE: dict[str, Hardware] = {
     "cpu": Hardware("cpu", "cpu", "", 1, 0, 0.0, 0.0, 0.0, (), 0),
     "tpu-v5e": Hardware(
-        "tpu-v5e", "tpu", "v5e", 1, 16 * GIB, 197e12, 819e9, 400e9, _PLANAR, 16 * _MIB
+        "tpu-v5e",
+        "tpu",
+        "v5e",
+        1,
+        16 * GIB,
+        197e12,
+        819e9,
+        400e9,
+        _PLANAR,
+        16 * _MIB,
+        compiler_hbm_gib_per_device=15.75,
     ),
     "tpu-v5p": Hardware(
-        "tpu-v5p", "tpu", "v5p", 1, 95 * GIB, 459e12, 2765e9, 1200e9, _CUBIC, 16 * _MIB
+        "tpu-v5p",
+        "tpu",
+        "v5p",
+        1,
+        95 * GIB,
+        459e12,
+        2765e9,
+        1200e9,
+        _CUBIC,
+        16 * _MIB,
+        compiler_hbm_gib_per_device=95.73,
     ),
     "tpu-v6e": Hardware(
-        "tpu-v6e", "tpu", "v6e", 1, 32 * GIB, 918e12, 1638e9, 800e9, _PLANAR, 32 * _MIB
+        "tpu-v6e",
+        "tpu",
+        "v6e",
+        1,
+        32 * GIB,
+        918e12,
+        1638e9,
+        800e9,
+        _PLANAR,
+        32 * _MIB,
+        compiler_hbm_gib_per_device=31.24,
     ),
     "tpu7x": Hardware(
-        "tpu7x", "tpu", "tpu7x", 2, 192 * GIB, 2307e12, 7380e9, 1200e9, _CUBIC[:9], 32 * _MIB
+        "tpu7x",
+        "tpu",
+        "tpu7x",
+        2,
+        192 * GIB,
+        2307e12,
+        7380e9,
+        1200e9,
+        _CUBIC[:9],
+        32 * _MIB,
+        compiler_hbm_gib_per_device=94.74,
     ),
 }
 

@@ -251,14 +251,15 @@ class Target(_Section):
 class Memory(_Section):
     """Memory traded for recomputation (omit a field: the plan decides)."""
 
-    ffn_chunks: Size | None = Field(
+    ffn_chunks: Size | Literal["auto"] | None = Field(
         None,
         description="Run the expert FFN in this many slices of its width, one at a time, each "
         "recomputed in the backward pass with its weights gathered again: the FFN's "
         "activations and gathered weights shrink to one slice, for about a third more expert "
         "FLOPs. With token_chunks, each chunk runs the FFN slice by slice. 1 = no slicing. "
         "Omit: 1, unless the layer would not fit the target's memory: then the fewest slices "
-        "that leave the ledger's headroom (30% of HBM) free (with token chunks: 1).",
+        "that leave the ledger's headroom (30% of HBM) free (with token chunks: 1). "
+        "auto: chosen by `moegen tune`, by XLA's own memory figure of each candidate.",
     )
     token_chunks: Size | Literal["auto"] | None = Field(
         None,
@@ -268,7 +269,8 @@ class Memory(_Section):
         "pass up to the experts' outputs, which are kept. Buffers shrink to one chunk's, for "
         "the gate and up matmuls run twice. Drops what the whole layer drops: nothing when "
         "dropless, the same copies with a router capacity. 1 = one chunk. "
-        "auto: chosen by `moegen tune`. Omit: the plan chooses, per shape: 1 when the layer "
+        "auto: chosen by `moegen tune` (with only memory choices left to it, by XLA's own "
+        "memory figure of each candidate). Omit: the plan chooses, per shape: 1 when the layer "
         "fits the target's memory (FFN slices included), else the fewest chunks that leave the "
         "ledger's headroom (30% of HBM) free, else the fewest that fit.",
     )
@@ -307,6 +309,7 @@ AUTO_FIELDS = (
     ("parallelism", "overlap_chunks"),
     ("target", "tiles"),
     ("memory", "token_chunks"),
+    ("memory", "ffn_chunks"),
 )
 
 

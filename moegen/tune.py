@@ -18,7 +18,6 @@ import difflib
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from moegen.diagnostics import SpecError
@@ -28,36 +27,17 @@ from moegen.plan import Plan, make_plan
 from moegen.render import render
 from moegen.spec import Tiles
 from moegen.strategies import STRATEGIES
+from moegen.tune_candidate import Candidate, TuneResult
+from moegen.tune_memory import by_assignment, choose_by_assignment
 from moegen.variants import derive
 from moegen.verify import VerifyError, verify
 from moegen.verify.messages import Compiled
 
 OVERLAP_CANDIDATES = (1, 2, 4, 8)
 TOKEN_CHUNK_CANDIDATES = (1, 2, 4, 8, 16)  # those that do not split the tokens are refused
+FFN_CHUNK_CANDIDATES = (1, 2, 4, 8, 16)  # those that do not split the FFN width are refused
 # (rows, contraction, output) variants tried beside the plan's own choice
 TILE_CANDIDATES = ((256, 512, 512), (512, 512, 1024), (512, 1024, 1024), (1024, 1024, 1024))
-
-
-@dataclass
-class Candidate:
-    choices: dict[FieldPath, Any]
-    loaded: LoadedSpec | None = None  # the spec with these choices, when it is valid
-    plan: Plan | None = None
-    problem: str = ""  # why it was not scored ('' when it was)
-    flops: float = 0.0
-    bytes_accessed: float = 0.0
-    peak_bytes: int = 0
-    score: float = float("inf")  # seconds on TPU targets, bytes on cpu
-    seconds: float = 0.0  # compile time
-    counted_by: str = "compiler"  # whose FLOPs and bytes scored it: "compiler" or "plan"
-
-
-@dataclass
-class TuneResult:
-    candidates: list[Candidate]
-    winner: Candidate | None
-    unit: str  # "s" or "bytes"
-    new_text: str
 
 
 def choice_values(loaded: LoadedSpec) -> dict[FieldPath, list[Any]]:
@@ -76,6 +56,8 @@ def choice_values(loaded: LoadedSpec) -> dict[FieldPath, list[Any]]:
             out[path] = [None, *(Tiles(gate_up=list(t), down=list(t)) for t in TILE_CANDIDATES)]
         elif path == ("memory", "token_chunks"):
             out[path] = list(TOKEN_CHUNK_CANDIDATES)
+        elif path == ("memory", "ffn_chunks"):
+            out[path] = list(FFN_CHUNK_CANDIDATES)
     return out
 
 
@@ -106,31 +88,46 @@ def tune(
     budget_s: float = 240.0,
     on_candidate: Callable[[int, int, Candidate], None] = lambda i, n, c: None,
 ) -> TuneResult:
-    """Compile and score every valid candidate (until `budget_s` runs out); pick the best."""
+    """Score every valid candidate (until `budget_s` runs out); pick the best. Candidates are
+    compiled, but where only memory trades are `auto` on a TPU target: then the plan ranks
+    them and XLA's buffer assignment decides their fit (moegen.tune_memory)."""
     if not loaded.spec.auto_fields():
         raise SpecError(
             [loaded.diagnostic((), "nothing to tune: write auto for parallelism.experts, "
-                               "parallelism.overlap_chunks, target.tiles or "
-                               "memory.token_chunks")]
+                               "parallelism.overlap_chunks, target.tiles, "
+                               "memory.token_chunks or memory.ffn_chunks")]
         )  # fmt: skip
     chip = hardware(loaded.spec.target.hardware)
     unit = "s" if chip.platform == "tpu" else "bytes"
     found = candidates(loaded)
+    if by_assignment(loaded):
+        winner = choose_by_assignment(found, count_by_plan, budget_s, on_candidate)
+    else:
+        winner = _compile_each(found, chip.hbm_bytes_per_device, budget_s, on_candidate)
+    new_text = write_back(loaded, winner.choices) if winner else loaded.source.text
+    return TuneResult(found, winner, unit, new_text)
+
+
+def _compile_each(
+    found: list[Candidate],
+    hbm: int,
+    budget_s: float,
+    on_candidate: Callable[[int, int, Candidate], None],
+) -> Candidate | None:
+    """Compile and score each valid candidate in turn; the best that fits."""
     start = time.perf_counter()
     for i, candidate in enumerate(found):
         if candidate.plan is not None:
             if time.perf_counter() - start > budget_s:
                 candidate.problem = f"not compiled: the {budget_s:.0f} s budget ran out"
             else:
-                _score(candidate, chip.hbm_bytes_per_device)
+                _score(candidate, hbm)
         on_candidate(i + 1, len(found), candidate)
     scored = [c for c in found if not c.problem]
     if any(_loops(c.plan) for c in scored):
         for candidate in scored:
-            _count_by_plan(candidate)
-    winner = min(scored, key=lambda c: c.score) if scored else None
-    new_text = write_back(loaded, winner.choices) if winner else loaded.source.text
-    return TuneResult(found, winner, unit, new_text)
+            count_by_plan(candidate)
+    return min(scored, key=lambda c: c.score) if scored else None
 
 
 def _score(candidate: Candidate, hbm: int) -> None:
@@ -161,7 +158,7 @@ def _loops(plan: Plan | None) -> bool:
     return plan.experts.token_chunks > 1 or plan.ffn.chunks > 1 or plan.experts.ffn_calls > 1
 
 
-def _count_by_plan(candidate: Candidate) -> None:
+def count_by_plan(candidate: Candidate) -> None:
     """Score with the plan's FLOPs and HBM bytes: XLA's cost analysis counts a loop's body
     once (a layer in 16 token chunks would count 1/16 of its expert FLOPs), so compiled counts
     of candidates that loop differently cannot be compared; the plan counts every iteration
@@ -199,31 +196,66 @@ def write_back(loaded: LoadedSpec, choices: dict[FieldPath, Any]) -> str:
     """The spec text with each `auto` replaced by its choice; all else byte for byte.
 
     A tiles choice of None (the plan's own) removes nothing: it writes the tiles the plan chose.
+    A choice of memory.fit_check (not an `auto` field: tune sets it where the compiler's
+    figure, not the plan's, found the choice to fit) replaces the value written, or is
+    written just before the first memory choice.
     """
     text = loaded.source.text
     # Lines as the loader counts them: '\n' ends a line, nothing else does; a leading
     # byte-order mark takes no column.
     lines = text.split("\n")
     bom = 1 if text.startswith("\ufeff") else 0
-    edits = []
-    for path, value in choices.items():
-        line, col = loaded.locations.of_value(path)
-        if value is None and path == ("target", "tiles"):
-            plan = make_plan(derive(loaded, choices))
-            # target.tiles: auto is a choice of a kernel that runs in tiles
-            gate_up, down = plan.kernel.tiles or ((), ())
-            value = Tiles(gate_up=list(gate_up), down=list(down))
-        edits.append((line, col, yaml_value(value)))
-    for line, col, new in sorted(edits, reverse=True):
+    edits = [_edit(loaded, path, value, choices) for path, value in choices.items()]
+    for line, col, tokens, new in sorted(edits, reverse=True):
         row = lines[line - 1]
         start = col - 1 + (bom if line == 1 else 0)
-        for token in ("auto", "'auto'", '"auto"'):
+        for token in tokens:
             if row.startswith(token, start):
                 lines[line - 1] = row[:start] + new + row[start + len(token) :]
                 break
         else:
-            raise ValueError(f"no auto at line {line}, column {col}")
+            raise ValueError(f"no {tokens[0]} at line {line}, column {col}")
     return "\n".join(lines)
+
+
+AUTO_TOKENS = ("auto", "'auto'", '"auto"')
+FIT_CHECK = ("memory", "fit_check")
+
+
+def _edit(
+    loaded: LoadedSpec, path: FieldPath, value: Any, choices: dict[FieldPath, Any]
+) -> tuple[int, int, tuple[str, ...], str]:
+    """(line, column, the tokens one of which is replaced there, the new text)."""
+    if path == FIT_CHECK:
+        return _fit_check_edit(loaded, value, [p for p in choices if p[0] == "memory"])
+    line, col = loaded.locations.of_value(path)
+    if value is None and path == ("target", "tiles"):
+        plan = make_plan(derive(loaded, choices))
+        # target.tiles: auto is a choice of a kernel that runs in tiles
+        gate_up, down = plan.kernel.tiles or ((), ())
+        value = Tiles(gate_up=list(gate_up), down=list(down))
+    return line, col, AUTO_TOKENS, yaml_value(value)
+
+
+def _fit_check_edit(
+    loaded: LoadedSpec, value: str, memory_autos: list[FieldPath]
+) -> tuple[int, int, tuple[str, ...], str]:
+    """memory.fit_check's value replaced where written; else a new entry just before the
+    first memory choice's key: `fit_check: V, ` in a flow mapping, a line of its own (at
+    the key's indentation) in a block one."""
+    values = loaded.locations.values
+    if FIT_CHECK in values:
+        line, col = values[FIT_CHECK]
+        quoted = tuple(f"{q}{word}{q}" for q in ("", "'", '"') for word in ("plan", "compile"))
+        return line, col, quoted, value
+    line, col = min(loaded.locations.of_key(p) for p in memory_autos if p != FIT_CHECK)
+    memory_line, memory_col = values[("memory",)]
+    bom = 1 if memory_line == 1 and loaded.source.text.startswith("\ufeff") else 0
+    row = loaded.source.text.split("\n")[memory_line - 1]
+    flow = row.startswith("{", memory_col - 1 + bom)
+    if flow:
+        return line, col, ("",), f"fit_check: {value}, "
+    return line, col, ("",), f"fit_check: {value}\n{' ' * (col - 1)}"
 
 
 def patch(loaded: LoadedSpec, new_text: str) -> str:

@@ -60,6 +60,8 @@ STAGE_OF = {
     "moegen.__main__": "top",
     "moegen.check": "top",
     "moegen.tune": "top",
+    "moegen.tune_candidate": "top",  # a candidate of tune and its result
+    "moegen.tune_memory": "top",  # tune of memory trades by XLA's buffer assignment
     "moegen.schema": "top",
     "moegen.schema_file": "top",  # --check and --write of the schema file
     "moegen.init": "top",  # a starter spec, validated before it is written

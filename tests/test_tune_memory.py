@@ -1,0 +1,171 @@
+"""`moegen tune` of memory trades alone on a TPU target: candidates ranked by the plan's
+counts, their fit read from XLA's buffer assignment fastest first, none read after the first
+that fits; the tuned spec says `memory.fit_check: compile` where the plan's ledger would
+refuse what the compiler's figure found to fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import run_moegen
+
+from moegen.hardware import hardware
+from moegen.load import load_spec
+from moegen.plan.fit import over_hbm
+from moegen.tune import candidates, count_by_plan, write_back
+from moegen.tune_memory import READ_BY, by_assignment, choose_by_assignment
+from moegen.verify import VerifyError
+
+# Qwen3-30B-A3B over fsdp 8 x tensor 2 on v5e 4x4 (bench.population s1_046 made too big to
+# run whole by the plan): the plan's ledger puts the layer whole 14% over HBM, XLA assigns
+# it 8.6 of 15.75 GiB.
+QWEN3_V5E = """\
+version: 1
+layer: {num_experts: 128, embed_dim: 2048, ffn_dim: 768}
+router: {top_k: 8, score: softmax, renormalize: true}
+shapes: {batch: 128, seq_len: 4096}
+dtypes: {params: float32, compute: bfloat16}
+mesh:
+  axes: {fsdp: 8, tensor: 2}
+parallelism: {experts: replicated}
+target: {hardware: tpu-v5e, topology: 4x4, kernel: xla}
+memory:
+  # left to moegen tune
+  ffn_chunks: auto
+  token_chunks: auto
+"""
+SMALL_V5E = """\
+version: 1
+layer: {num_experts: 8, embed_dim: 256, ffn_dim: 512}
+router: {top_k: 2}
+shapes: {batch: 8, seq_len: 256}
+mesh: {axes: {expert: 4}}
+parallelism: {experts: ragged_all_to_all}
+target: {hardware: tpu-v5e, topology: 2x2, kernel: xla}
+memory: {token_chunks: auto, ffn_chunks: auto}
+"""
+GiB = 2**30
+
+
+def _spec(tmp_path: Path, text: str, name: str = "layer") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _choice(candidate) -> tuple[int, int]:
+    return candidate.plan.experts.token_chunks, candidate.plan.ffn.chunks
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("", "", True),
+        ("parallelism: {experts: ragged_all_to_all}", "parallelism: {experts: auto}", False),
+        ("hardware: tpu-v5e, topology: 2x2, kernel: xla", "hardware: cpu", False),
+        ("shapes: {batch: 8, seq_len: 256}", "shapes: {batch: 8, seq_len: 256, "
+         "variants: {short: {batch: 8, seq_len: 128}}}", False),
+    ],
+)  # fmt: skip
+def test_only_memory_trades_on_tpu_are_read_by_assignment(tmp_path, old, new, expected):
+    loaded = load_spec(_spec(tmp_path, SMALL_V5E.replace(old, new)))
+    assert by_assignment(loaded) is expected
+
+
+def test_candidates_are_read_fastest_first_and_none_after_the_first_that_fits(tmp_path):
+    found = candidates(load_spec(_spec(tmp_path, SMALL_V5E)))
+    read: list[tuple[int, int]] = []
+    hbm = 16 * GiB
+
+    def read_peak(plan):  # one chunk does not fit, two chunks of it do
+        read.append((plan.experts.token_chunks, plan.ffn.chunks))
+        return 20 * GiB if plan.experts.token_chunks == 1 else 4 * GiB
+
+    reported = []
+    winner = choose_by_assignment(
+        found, count_by_plan, 60, lambda *a: reported.append(a[2]), read_peak
+    )
+    assert winner is not None and sorted(map(id, reported)) == sorted(map(id, found))
+    assert read[-1] == _choice(winner) and winner.peak_bytes == 4 * GiB <= hbm
+    assert all(c.problem.startswith(READ_BY) for c in found if c.plan and _choice(c) in read[:-1])
+    ranked = sorted(
+        (c for c in found if c.plan), key=lambda c: (c.score, _choice(c)[0] * _choice(c)[1])
+    )
+    assert ranked.index(winner) == len(read) - 1  # every faster candidate was read, none after
+    unread = [c for c in found if c.plan and _choice(c) not in read]
+    assert unread and all(c.problem == "not read: a faster candidate fits" for c in unread)
+
+
+def test_a_refusal_and_a_peak_within_the_code_margin_do_not_fit(tmp_path):
+    found = candidates(load_spec(_spec(tmp_path, SMALL_V5E)))
+
+    def read_peak(plan):
+        if plan.ffn.chunks == 1:
+            raise VerifyError("compile forward+backward: out of HBM: CompileTimeHbmOom")
+        return int(0.995 * hardware(plan.hardware).compiler_hbm_bytes_per_device)  # the generated code needs 1%
+
+    assert choose_by_assignment(found, count_by_plan, 60, lambda *a: None, read_peak) is None
+    problems = {c.problem for c in found if c.plan}
+    assert any("CompileTimeHbmOom" in p for p in problems)
+    assert any("99.5% of the 15.75 GiB" in p for p in problems)
+
+
+def test_the_budget_stops_the_reads(tmp_path):
+    found = candidates(load_spec(_spec(tmp_path, SMALL_V5E)))
+    winner = choose_by_assignment(found, count_by_plan, -1, lambda *a: None, lambda p: 1)
+    assert winner is None
+    assert all("budget" in c.problem for c in found if c.plan)
+
+
+@pytest.mark.parametrize(
+    ("memory", "tuned"),
+    [
+        ("memory: {token_chunks: auto, ffn_chunks: auto}",
+         "memory: {fit_check: compile, token_chunks: 2, ffn_chunks: 1}"),
+        ("memory:\n  # kept\n  ffn_chunks: 'auto'  # kept too\n  token_chunks: auto",
+         "memory:\n  # kept\n  fit_check: compile\n  ffn_chunks: 1  # kept too\n"
+         "  token_chunks: 2"),
+        ("memory: {fit_check: 'plan', token_chunks: auto, ffn_chunks: auto}",
+         "memory: {fit_check: compile, token_chunks: 2, ffn_chunks: 1}"),
+    ],
+)  # fmt: skip
+def test_fit_check_is_written_beside_the_choices(tmp_path, memory, tuned):
+    text = SMALL_V5E.replace("memory: {token_chunks: auto, ffn_chunks: auto}", memory)
+    loaded = load_spec(_spec(tmp_path, text))
+    choices = {
+        ("memory", "token_chunks"): 2,
+        ("memory", "ffn_chunks"): 1,
+        ("memory", "fit_check"): "compile",
+    }
+    new = write_back(loaded, choices)
+    assert new == text.replace(memory, tuned)
+    memory_section = yaml.safe_load(new)["memory"]
+    assert memory_section == {"fit_check": "compile", "token_chunks": 2, "ffn_chunks": 1}
+
+
+def test_fit_check_on_the_first_line_after_a_byte_order_mark(tmp_path):
+    text = "\ufeffmemory: {ffn_chunks: auto}\n" + SMALL_V5E.split("memory:")[0]
+    loaded = load_spec(_spec(tmp_path, text))
+    new = write_back(loaded, {("memory", "ffn_chunks"): 2, ("memory", "fit_check"): "compile"})
+    assert new.startswith("\ufeffmemory: {fit_check: compile, ffn_chunks: 2}\n")
+
+
+@pytest.mark.slow
+def test_tune_keeps_a_layer_whole_that_xla_fits_and_the_plan_would_trade(tmp_path):
+    """The plan's ledger puts this layer whole over HBM (its default trades memory); XLA's
+    assignment fits it whole, so tune writes no trade and lets the compile judge the fit."""
+    path = _spec(tmp_path, QWEN3_V5E)
+    loaded = load_spec(path)
+    result = run_moegen("tune", path.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"{READ_BY} read in" in result.stderr
+    tuned = path.read_text(encoding="utf-8")
+    assert "  # left to moegen tune\n  fit_check: compile\n  ffn_chunks: 1\n" in tuned
+    assert "token_chunks: 1" in tuned
+    whole = [c for c in candidates(loaded) if c.plan and _choice(c) == (1, 1)][0]
+    assert over_hbm(whole.plan.memory)  # the ledger alone would have traded
+    chosen = next(line for line in result.stdout.splitlines() if "<- chosen" in line)
+    peak_gib = float(chosen.split()[-5])
+    assert 0.3 < peak_gib / 15.75 < 0.9
