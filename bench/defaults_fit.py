@@ -17,6 +17,11 @@ planned and compiled peaks, and the verdict: "fits", "OOM" (the compiler's figur
 "refused" (the plan refuses it before any compile, naming what would fit: no default walked
 into the compiler). With `--assigned`, each traded spec's layer whole is read with XLA's buffer
 assignment (moegen.verify.assigned, seconds a spec): whether the trade was needed at all.
+With `--tuned`, each traded spec is also tuned with its memory trades left `auto`
+(`moegen tune`: the plan ranks the trades, XLA's buffer assignment decides their fit, in
+seconds each; moegen.tune_memory), and the tuned choice compiled in full where it differs
+from the plan's (recorded in the same store): does the choice by XLA's figure compile and
+fit, and what does it save?
 Specs whose whole layer fits even at the largest batch tried are listed as "fits whole" and
 not compiled.
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +44,7 @@ from moegen.pipeline import refuse_unfit
 from moegen.plan import make_plan
 from moegen.plan.fit import over_hbm, peak
 from moegen.render import render
+from moegen.tune import tune
 from moegen.validate import validate
 from moegen.variants import unchecked
 from moegen.verify.assigned import WHOLE, whole_layer
@@ -132,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recorded-only", action="store_true", help="compile nothing new")
     parser.add_argument("--store", type=Path, default=STORE, help="the figures' JSON file")
     parser.add_argument(
+        "--tuned",
+        action="store_true",
+        help="also tune each traded spec's memory trades by XLA's buffer assignment and "
+        "compile the choice (moegen tune)",
+    )
+    parser.add_argument(
         "--assigned",
         action="store_true",
         help="also read XLA's buffer assignment of each traded layer whole (seconds a spec)",
@@ -149,7 +162,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             continue
         line = judge(*found, store, not args.recorded_only, args.store)
-        print(line + (whole_assigned(*found) if args.assigned else ""), flush=True)
+        if args.assigned:
+            line += whole_assigned(*found)
+        if args.tuned:
+            line += tuned(*found, store, not args.recorded_only, args.store)
+        print(line, flush=True)
     return 0
 
 
@@ -164,6 +181,44 @@ def whole_assigned(label: str, text: str) -> str:
         return " | whole, XLA's assignment: out of HBM"
     share = whole["peak"] / whole["hbm"]
     return f" | whole, XLA's assignment: {share:.0%} of HBM, {'fits' if whole['fits'] else 'over'}"
+
+
+def tuned(
+    label: str, text: str, store: dict[str, Any], compile_missing: bool, path: Path = STORE
+) -> str:
+    """The spec's memory trades chosen by `moegen tune` (XLA's buffer assignment decides the
+    fit), and that choice compiled in full, where it is not the plan's own."""
+    tree = yaml.safe_load(text)
+    tree["memory"] = {"ffn_chunks": "auto", "token_chunks": "auto"}
+    loaded = load_spec_bytes(yaml.safe_dump(tree, sort_keys=False).encode(), f"{label}.yaml", label)
+    start = time.perf_counter()
+    result = tune(loaded)
+    seconds = time.perf_counter() - start
+    reads = sum(1 for c in result.candidates if c.seconds)
+    winner = result.winner
+    if winner is None or winner.plan is None:
+        return f" | tuned: nothing fits by XLA's assignment ({reads} read, {seconds:.0f} s)"
+    choice = f"{winner.plan.ffn.chunks} slices x {winner.plan.experts.token_chunks} token chunks"
+    cells = [f"tuned: {choice} ({reads} read, {seconds:.0f} s)", f"{winner.peak_bytes / GiB:.2f}"]
+    ledger = make_plan(validate(load_spec_bytes(text.encode(), f"{label}.yaml", label)))
+    if (ledger.ffn.chunks, ledger.experts.token_chunks) == (
+        winner.plan.ffn.chunks,
+        winner.plan.experts.token_chunks,
+    ):
+        return " | " + " | ".join([*cells, "the plan's own (compiled above)"])
+    tuned_label = f"{label}_tuned"
+    tuned_text = result.new_text.replace(f"{label}.yaml", f"{tuned_label}.yaml")
+    tuned_loaded = validate(
+        load_spec_bytes(tuned_text.encode(), f"{tuned_label}.yaml", tuned_label)
+    )
+    plan = make_plan(tuned_loaded)
+    figures = recorded(store, path, tuned_label, tuned_text, render(plan), compile_missing)
+    verdict = (
+        "not compiled yet"
+        if figures is None
+        else _verdict(figures, plan.memory.hbm_bytes_per_device)
+    )
+    return " | " + " | ".join([*cells, verdict])
 
 
 if __name__ == "__main__":

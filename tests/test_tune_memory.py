@@ -13,10 +13,13 @@ from conftest import run_moegen
 
 from moegen.hardware import hardware
 from moegen.load import load_spec
+from moegen.pipeline import load_valid
+from moegen.plan import make_plan
 from moegen.plan.fit import over_hbm
 from moegen.tune import candidates, count_by_plan, write_back
 from moegen.tune_memory import READ_BY, by_assignment, choose_by_assignment
 from moegen.verify import VerifyError
+from moegen.verify.verdict import own_trade_note
 
 # Qwen3-30B-A3B over fsdp 8 x tensor 2 on v5e 4x4 (bench.population s1_046 made too big to
 # run whole by the plan): the plan's ledger puts the layer whole 14% over HBM, XLA assigns
@@ -104,7 +107,9 @@ def test_a_refusal_and_a_peak_within_the_code_margin_do_not_fit(tmp_path):
     def read_peak(plan):
         if plan.ffn.chunks == 1:
             raise VerifyError("compile forward+backward: out of HBM: CompileTimeHbmOom")
-        return int(0.995 * hardware(plan.hardware).compiler_hbm_bytes_per_device)  # the generated code needs 1%
+        return int(
+            0.995 * hardware(plan.hardware).compiler_hbm_bytes_per_device
+        )  # the generated code needs 1%
 
     assert choose_by_assignment(found, count_by_plan, 60, lambda *a: None, read_peak) is None
     problems = {c.problem for c in found if c.plan}
@@ -169,3 +174,28 @@ def test_tune_keeps_a_layer_whole_that_xla_fits_and_the_plan_would_trade(tmp_pat
     chosen = next(line for line in result.stdout.splitlines() if "<- chosen" in line)
     peak_gib = float(chosen.split()[-5])
     assert 0.3 < peak_gib / 15.75 < 0.9
+
+
+@pytest.mark.parametrize(
+    ("memory", "noted"),
+    [
+        ("", True),  # the plan trades on its own
+        ("memory: {ffn_chunks: 1, token_chunks: 4}\n", False),
+    ],
+)
+def test_the_build_says_when_a_trade_is_the_ledgers_own(tmp_path, memory, noted):
+    """The memory verdict of a build whose FFN slices or token chunks the plan chose names
+    the ledger as what chose them, and `moegen tune` as what reads XLA's figure instead."""
+    text = QWEN3_V5E.split("memory:")[0] + memory
+    loaded = load_valid(_spec(tmp_path, text))
+    plan = make_plan(loaded)
+    note = own_trade_note(loaded.spec.memory, plan)
+    if noted:
+        assert plan.ffn.chunks * plan.experts.token_chunks > 1  # the ledger traded
+        assert "chosen by the plan's memory ledger" in note and "moegen tune" in note
+    else:
+        assert note == ""
+    cpu = load_valid(
+        _spec(tmp_path, text.replace("hardware: tpu-v5e, topology: 4x4", "hardware: cpu"), "cpu")
+    )
+    assert own_trade_note(cpu.spec.memory, make_plan(cpu)) == ""

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from moegen.hardware import hardware
 from moegen.plan import Plan
+from moegen.spec import Memory
 from moegen.verify.compiler_errors import KERNEL_ROLES
 from moegen.verify.messages import Compiled, CompilerOutOfMemory, VerifyReport
 
@@ -74,6 +75,24 @@ def memory_verdict(plan: Plan, report: VerifyReport) -> str | None:
         f"fits: {peaks} of {hbm / 2**30:.2f} GiB HBM per device "
         f"(plan estimate: forward {plan.memory.forward_peak / 2**30:.2f}, "
         f"forward+backward {plan.memory.train_peak / 2**30:.2f} GiB)"
+    )
+
+
+def own_trade_note(memory: Memory, plan: Plan) -> str:
+    """Where, on a TPU target, the plan chose FFN slices or token chunks the spec leaves to
+    it: that the choice rests on the plan's ledger (an estimate), and how to have it made by
+    the compiler's own figure instead (moegen.tune_memory)."""
+    own = []
+    if memory.ffn_chunks is None and plan.ffn.chunks > 1:
+        own.append(f"{plan.ffn.chunks} FFN slices")
+    if memory.token_chunks is None and plan.experts.token_chunks > 1:
+        own.append(f"{plan.experts.token_chunks} token chunks")
+    if not own or hardware(plan.hardware).platform != "tpu":
+        return ""
+    return (
+        f"; {' and '.join(own)} chosen by the plan's memory ledger, an estimate (write "
+        "memory.ffn_chunks: auto and memory.token_chunks: auto and run `moegen tune` to have "
+        "them chosen by XLA's buffer assignment, in seconds a candidate)"
     )
 
 

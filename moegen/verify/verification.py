@@ -49,7 +49,7 @@ from moegen.verify.pool import run_worker as _run_worker
 from moegen.verify.preflight import require_verifiers
 from moegen.verify.record import VerifyCache
 from moegen.verify.twin import TwinSpec, plan_twin, twins_of
-from moegen.verify.verdict import VerifyError, memory_verdict
+from moegen.verify.verdict import VerifyError, memory_verdict, own_trade_note
 
 OnStep = Callable[[Step], None]
 
@@ -103,6 +103,8 @@ def verify(
     if ignored is not None:
         report.steps.insert(0, ignored)
     for label, verdict in verdicts:
+        if verdict and not label:  # the main shape: the one the spec's memory section is
+            verdict += own_trade_note(loaded.spec.memory, plan)
         if verdict:
             report.steps.append(MemoryVerdict(f"memory verdict{label}", 0.0, verdict))
             on_step(report.steps[-1])
