@@ -1,7 +1,7 @@
 """XLA's buffer assignment read before code generation (moegen.verify.assigned) against the
 finished compile, on the generated populations: the same figure, in how many seconds.
 
-    python -m bench.assigned --population 60 --seed S [--specs NAME ...]
+    python -m bench.assigned --population 60 --seed S [--specs NAME ...] [--record]
 
 For every population spec whose compiled figures are recorded (bench.ledger --population:
 bench/ledger_population.json, under the key of the module the plan renders now), the
@@ -9,7 +9,10 @@ assigned peak of each program (forward, forward+backward) is read and set beside
 recorded compiled peak; a program the compiler found out of HBM should be refused the same
 way. Printed per spec: the assigned peaks, their difference from the compiled ones, and the
 seconds both took (the two programs' workers run side by side; the recorded compile ran
-them one after the other, code generation included); then the distribution.
+them one after the other, code generation included); then the distribution. With
+`--record`, each spec's assigned figures are kept in bench/assigned_population.json (keyed
+as the compiled records are), which `python -m bench.ledger --population` reads to print
+the assigned figure's distribution beside the ledger's.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.ledger_population import STORE, _load, module_key, plan_of
+from bench.ledger_population import STORE, Errors, _load, _save, module_key, plan_of
 from bench.population import population
 from moegen.render import render
 from moegen.verify import VerifyError
@@ -28,6 +31,7 @@ from moegen.verify.assigned import assigned_memory
 
 GiB = 2**30
 PROGRAMS = {"forward": "forward", "forward+backward": "train"}
+ASSIGNED_STORE = Path(__file__).resolve().parent / "assigned_population.json"
 
 
 def compare(name: str, text: str, store: Path = STORE) -> dict | None:
@@ -68,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--population", type=int, default=60, help="the population's size")
     parser.add_argument("--seed", type=int, default=0, help="the population's seed")
     parser.add_argument("--specs", nargs="*", default=[], help="only these population specs")
+    parser.add_argument(
+        "--record", action="store_true", help=f"keep the figures in {ASSIGNED_STORE.name}"
+    )
     args = parser.parse_args(argv)
     differences, seconds, compiles = [], [], []
     for name, text in population(args.population, args.seed):
@@ -79,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         line, diffs = row(name, result)
         print(line, flush=True)
+        if args.record:
+            record_assigned(ASSIGNED_STORE, name, text, result)
         differences += diffs
         seconds.append(result["seconds"])
         if isinstance(result["record"].get("seconds"), (int, float)):
@@ -92,6 +101,64 @@ def main(argv: list[str] | None = None) -> int:
             f" (the compiles: median {statistics.median(compiles):.0f}, worst {max(compiles):.0f})"
         )
     return 0
+
+
+def record_assigned(store: Path, name: str, text: str, result: dict) -> None:
+    """Keep one spec's assigned peaks (or the compiler's refusal) under its module's key."""
+    data = _load(store)
+    entry: dict = {"spec": name, "seconds": round(result["seconds"], 1)}
+    if "refused" in result:
+        entry["refused"] = result["refused"].splitlines()[0]
+    else:
+        entry |= {key: result["assigned"][program].peak for program, key in PROGRAMS.items()}
+    data["modules"][module_key(render(plan_of(name, text)))] = entry
+    _save(store, data)
+
+
+def assigned_errors(
+    count: int, seed: int, compiled: Path = STORE, assigned: Path = ASSIGNED_STORE
+) -> tuple[Errors, list[str], list[str]]:
+    """Each recorded assigned peak against the recorded compiled one (assigned / compiled - 1)
+    for the specs of the population that have both; the specs with none recorded; the specs
+    refused while assigning, each marked with whether the full compile refused it too."""
+    compiled_data, assigned_data = _load(compiled), _load(assigned)
+    errors: Errors = {key: [] for key in PROGRAMS.values()}
+    missing, refused = [], []
+    for name, text in population(count, seed):
+        key = module_key(render(plan_of(name, text)))
+        got, record = assigned_data["modules"].get(key), compiled_data["modules"].get(key)
+        if got is None or record is None:
+            missing.append(name)
+            continue
+        if "refused" in got:
+            too = any(isinstance(v, dict) and "oom" in v for v in record.values())
+            refused.append(f"{name} ({'the compile too' if too else 'NOT the compile'})")
+        for program in errors:
+            peak, compiled_peak = got.get(program), record.get(program, {}).get("peak")
+            if isinstance(peak, int) and isinstance(compiled_peak, int) and compiled_peak > 0:
+                errors[program].append((peak / compiled_peak - 1, name))
+    return errors, missing, refused
+
+
+def print_assigned(count: int, seed: int, compiled: Path = STORE) -> None:
+    """The assigned figure's distribution, as `bench.ledger --population` prints it."""
+    errors, missing, refused = assigned_errors(count, seed, compiled)
+    print("XLA's buffer assignment read before code generation (moegen plan --assigned, moegen")
+    print("tune of memory trades), against the same compiles; recorded by bench.assigned --record:")
+    for program, found in errors.items():
+        if not found:
+            continue
+        sizes = sorted(abs(e) for e, _ in found)
+        worst_error, worst_spec = max(found, key=lambda item: abs(item[0]))
+        outside = sum(1 for e in sizes if e > 0.10)
+        print(
+            f"{program}: {len(found)} programs, |error| median {statistics.median(sizes):.4%}, "
+            f"worst {worst_error:+.4%} ({worst_spec}); {outside} outside 10%"
+        )
+    if refused:
+        print(f"refused for HBM while assigning: {len(refused)} specs: {', '.join(refused)}")
+    if missing:
+        print(f"no assigned or compiled record: {len(missing)} specs: {', '.join(missing)}")
 
 
 if __name__ == "__main__":

@@ -172,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
 
         store = args.store or STORE
         merge_stores(store, args.merge)
-        return run(args.population, args.seed, store, compile_missing=not args.recorded_only)
+        status = run(args.population, args.seed, store, compile_missing=not args.recorded_only)
+        from bench.assigned import print_assigned
+
+        print_assigned(args.population, args.seed, store)
+        return status
     names = args.specs or tpu_specs()
     print(HEADER, flush=True)
     if args.from_json:

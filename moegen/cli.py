@@ -202,7 +202,8 @@ def _a_number(value: float, param: click.Parameter) -> float:
     help="Seconds after which no further candidate is compiled.",
 )
 def tune_command(spec: Path, dry_run: bool, budget_s: float) -> None:
-    """Choose SPEC's `auto` values by compiling each candidate for the target."""
+    """Choose SPEC's `auto` values by compiling each candidate for the target (memory trades
+    alone, on TPU: by XLA's buffer assignment of each, fastest first)."""
     from moegen.emit import write_all
     from moegen.load import load_spec
     from moegen.tune import patch, tune, yaml_value
