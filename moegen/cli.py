@@ -208,6 +208,7 @@ def tune_command(spec: Path, dry_run: bool, budget_s: float) -> None:
     from moegen.load import load_spec
     from moegen.tune import patch, tune, yaml_value
     from moegen.tune_memory import NOT_READ
+    from moegen.verify import MissingVerifier
 
     def progress(i: int, n: int, candidate: Any) -> None:
         choice = _choice_text(candidate.choices, yaml_value)
@@ -228,6 +229,9 @@ def tune_command(spec: Path, dry_run: bool, budget_s: float) -> None:
         result = tune(loaded, budget_s=budget_s, on_candidate=progress)
     except SpecError as err:
         _fail_invalid(err)
+    except MissingVerifier as err:
+        _err(f"cannot compile here; the spec is unchanged:\n{err}")
+        sys.exit(EXIT_FAILED)
     unit = result.unit
     click.echo(f"{'candidate':<60} {'FLOPs':>11} {'bytes':>11} {'peak GiB':>9} {'score':>12}")
     for c in sorted(result.candidates, key=lambda c: c.score):

@@ -199,3 +199,17 @@ def test_the_build_says_when_a_trade_is_the_ledgers_own(tmp_path, memory, noted)
         _spec(tmp_path, text.replace("hardware: tpu-v5e, topology: 4x4", "hardware: cpu"), "cpu")
     )
     assert own_trade_note(cpu.spec.memory, make_plan(cpu)) == ""
+
+
+def test_without_libtpu_tune_says_so_once_and_reads_nothing(tmp_path, monkeypatch):
+    from moegen.verify import MissingVerifier, preflight
+
+    real = preflight.module_installed
+    monkeypatch.setattr(preflight, "module_installed", lambda name: name != "libtpu" and real(name))
+    found = candidates(load_spec(_spec(tmp_path, SMALL_V5E)))
+
+    def read_peak(plan):
+        raise AssertionError("read without a compiler")
+
+    with pytest.raises(MissingVerifier, match="libtpu"):
+        choose_by_assignment(found, count_by_plan, 60, lambda *a: None, read_peak)
