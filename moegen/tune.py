@@ -18,11 +18,12 @@ import difflib
 import itertools
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from moegen.diagnostics import SpecError
 from moegen.hardware import hardware
-from moegen.load import FieldPath, LoadedSpec
+from moegen.load import FieldPath, LoadedSpec, load_spec_bytes
 from moegen.plan import Plan, make_plan
 from moegen.render import render
 from moegen.spec import Tiles
@@ -104,8 +105,33 @@ def tune(
         winner = choose_by_assignment(found, count_by_plan, budget_s, on_candidate)
     else:
         winner = _compile_each(found, chip.hbm_bytes_per_device, budget_s, on_candidate)
-    new_text = write_back(loaded, winner.choices) if winner else loaded.source.text
+    new_text = _written(loaded, winner.choices) if winner else loaded.source.text
     return TuneResult(found, winner, unit, new_text)
+
+
+def _written(loaded: LoadedSpec, choices: dict[FieldPath, Any]) -> str:
+    """write_back's text, read back: the memory choices must be there as chosen (a layout
+    the edit does not know, an anchored mapping say, is refused, located, not written)."""
+    try:
+        text = write_back(loaded, choices)
+        spec_dir = Path(loaded.source.display).parent
+        again = load_spec_bytes(text.encode(), loaded.source.display, loaded.source.name, spec_dir)
+        same = all(
+            getattr(again.spec.memory, path[1]) == value
+            for path, value in choices.items()
+            if path[0] == "memory"
+        )
+    except (ValueError, SpecError):
+        same = False
+    if not same:
+        where = next((p for p in choices if p[0] == "memory"), ())
+        message = "moegen tune cannot write its choice into this layout; write it by hand: "
+        raise SpecError([loaded.diagnostic(where, message + _choices_text(choices))])
+    return text
+
+
+def _choices_text(choices: dict[FieldPath, Any]) -> str:
+    return ", ".join(f"{'.'.join(map(str, path))}: {yaml_value(v)}" for path, v in choices.items())
 
 
 def _compile_each(

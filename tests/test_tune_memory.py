@@ -17,7 +17,7 @@ from moegen.pipeline import load_valid
 from moegen.plan import make_plan
 from moegen.plan.fit import over_hbm
 from moegen.tune import candidates, count_by_plan, write_back
-from moegen.tune_memory import READ_BY, by_assignment, choose_by_assignment
+from moegen.tune_memory import FIT_CHECK, READ_BY, by_assignment, choose_by_assignment
 from moegen.verify import VerifyError
 from moegen.verify.verdict import own_trade_note
 
@@ -213,3 +213,20 @@ def test_without_libtpu_tune_says_so_once_and_reads_nothing(tmp_path, monkeypatc
 
     with pytest.raises(MissingVerifier, match="libtpu"):
         choose_by_assignment(found, count_by_plan, 60, lambda *a: None, read_peak)
+
+
+def test_a_layout_the_edit_does_not_know_is_refused_located_and_unwritten(tmp_path):
+    """An anchored memory mapping: inserting fit_check there would break the YAML; tune reads
+    its text back, refuses at the memory line, and leaves the spec as it was."""
+    from moegen.diagnostics import SpecError
+    from moegen.tune import _written
+
+    text = SMALL_V5E.replace("memory: {", "memory: &trades {")
+    path = _spec(tmp_path, text)
+    loaded = load_spec(path)
+    choices = {("memory", "token_chunks"): 2, ("memory", "ffn_chunks"): 1, FIT_CHECK: "compile"}
+    with pytest.raises(SpecError, match="write it by hand") as refused:
+        _written(loaded, choices)
+    assert "memory.fit_check: compile" in str(refused.value)
+    assert refused.value.diagnostics[0].line == 8
+    assert path.read_text(encoding="utf-8") == text
