@@ -107,8 +107,9 @@ def record_assigned(store: Path, name: str, text: str, result: dict) -> None:
     """Keep one spec's assigned peaks (or the compiler's refusal) under its module's key."""
     data = _load(store)
     entry: dict = {"spec": name, "seconds": round(result["seconds"], 1)}
-    if "refused" in result:
-        entry["refused"] = result["refused"].splitlines()[0]
+    if "refused" in result:  # the compiler's HBM refusal, or a worker that failed
+        reason = result["refused"].splitlines()[0]
+        entry["refused" if "out of HBM" in reason else "failed"] = reason
     else:
         entry |= {key: result["assigned"][program].peak for program, key in PROGRAMS.items()}
     data["modules"][module_key(render(plan_of(name, text)))] = entry
@@ -133,6 +134,8 @@ def assigned_errors(
         if "refused" in got:
             too = any(isinstance(v, dict) and "oom" in v for v in record.values())
             refused.append(f"{name} ({'the compile too' if too else 'NOT the compile'})")
+        if "failed" in got:
+            missing.append(f"{name} (the read failed: {got['failed'][:80]})")
         for program in errors:
             peak, compiled_peak = got.get(program), record.get(program, {}).get("peak")
             if isinstance(peak, int) and isinstance(compiled_peak, int) and compiled_peak > 0:

@@ -55,4 +55,8 @@ def test_the_committed_store_is_keyed_like_the_compiled_one():
         return
     for entry in json.loads(ASSIGNED_STORE.read_text(encoding="utf-8"))["modules"].values():
         assert entry["spec"].startswith(("s0_", "s1_"))
-        assert "refused" in entry or {"forward", "train"} <= set(entry)
+        assert (
+            {"refused"} <= set(entry)
+            or {"failed"} <= set(entry)
+            or {"forward", "train"} <= set(entry)
+        )

@@ -133,21 +133,24 @@ def _wait(
                 found[program] = AssignedMemory(*sizes, time.perf_counter() - start)
                 proc.kill()
             elif proc.poll() is not None:
-                raise VerifyError(_failure(folder, program))
+                raise VerifyError(_failure(folder, program, proc.returncode))
         if time.perf_counter() - start > timeout_s:
             raise VerifyError(f"XLA's buffer assignment not written after {timeout_s:.0f} s")
         time.sleep(POLL_S)
     return found
 
 
-def _failure(folder: Path, program: str) -> str:
+def _failure(folder: Path, program: str, returncode: int | None = None) -> str:
     """What a worker that ended before its assignment said: the compiler's HBM or VMEM
-    verdict where it gave one, else the end of its output."""
+    verdict where it gave one, else the end of its output and how it ended (a signal: the
+    host's own memory, say, not the device's)."""
     text = (folder / f"{MODULE_NAMES[program]}.log").read_text(errors="replace")
     refused = out_of_memory(text[max(text.find("RESOURCE_EXHAUSTED"), 0) :])
     if refused is not None:
         return f"compile {program}: out of {refused.memory_space.upper()}: {refused.first_line}"
-    return f"compile {program} ended before XLA's buffer assignment:\n{text.strip()[-2000:]}"
+    how = f" (killed by signal {-returncode})" if returncode is not None and returncode < 0 else ""
+    tail = text.strip()[-2000:] or "no output"
+    return f"compile {program} ended before XLA's buffer assignment{how}:\n{tail}"
 
 
 # The layer as first written: one token chunk, the FFN unsliced.
