@@ -122,12 +122,12 @@ def assigned_errors(
     """Each recorded assigned peak against the recorded compiled one (assigned / compiled - 1)
     for the specs of the population that have both; the specs with none recorded; the specs
     refused while assigning, each marked with whether the full compile refused it too."""
-    compiled_data, assigned_data = _load(compiled), _load(assigned)
+    compiled_data, assigned_data = _records(compiled), _records(assigned)
     errors: Errors = {key: [] for key in PROGRAMS.values()}
     missing, refused = [], []
     for name, text in population(count, seed):
         key = module_key(render(plan_of(name, text)))
-        got, record = assigned_data["modules"].get(key), compiled_data["modules"].get(key)
+        got, record = assigned_data.get(key), compiled_data.get(key)
         if got is None or record is None:
             missing.append(name)
             continue
@@ -137,10 +137,27 @@ def assigned_errors(
         if "failed" in got:
             missing.append(f"{name} (the read failed: {got['failed'][:80]})")
         for program in errors:
-            peak, compiled_peak = got.get(program), record.get(program, {}).get("peak")
+            compiled_program = record.get(program)
+            peak = got.get(program)
+            compiled_peak = (
+                compiled_program.get("peak") if isinstance(compiled_program, dict) else None
+            )
             if isinstance(peak, int) and isinstance(compiled_peak, int) and compiled_peak > 0:
                 errors[program].append((peak / compiled_peak - 1, name))
     return errors, missing, refused
+
+
+def _records(store: Path) -> dict[str, dict]:
+    """A store's records by module key; a file that is not one is refused, named (records
+    read back from disk are untrusted: an entry that is not a mapping is left out)."""
+    try:
+        data = _load(store)
+        modules = data["modules"]
+        if not isinstance(modules, dict):
+            raise TypeError("modules is not a mapping")
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise SystemExit(f"{store}: not a store of figures ({err})") from None
+    return {key: entry for key, entry in modules.items() if isinstance(entry, dict)}
 
 
 def print_assigned(count: int, seed: int, compiled: Path = STORE) -> None:

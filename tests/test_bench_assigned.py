@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench.assigned import ASSIGNED_STORE, assigned_errors, record_assigned
 from bench.ledger_population import module_key, planned
 from bench.population import population
@@ -51,12 +53,24 @@ def test_recorded_figures_are_set_beside_the_compiled_ones(tmp_path):
 
 def test_the_committed_store_is_keyed_like_the_compiled_one():
     """Every committed assigned record names a population spec and holds peaks or a refusal."""
-    if not ASSIGNED_STORE.exists():
-        return
-    for entry in json.loads(ASSIGNED_STORE.read_text(encoding="utf-8"))["modules"].values():
+    entries = json.loads(ASSIGNED_STORE.read_text(encoding="utf-8"))["modules"].values()
+    assert len(entries) >= 100  # both seeds' populations
+    for entry in entries:
         assert entry["spec"].startswith(("s0_", "s1_"))
         assert (
             {"refused"} <= set(entry)
             or {"failed"} <= set(entry)
             or {"forward", "train"} <= set(entry)
         )
+
+
+def test_a_store_that_is_not_one_is_refused_by_name(tmp_path):
+    compiled, assigned = tmp_path / "compiled.json", tmp_path / "assigned.json"
+    _compiled_store(compiled, {name: 1000 for name, _ in SPECS})
+    for bad in ("not json", '{"modules": []}', "[]"):
+        assigned.write_text(bad, encoding="utf-8")
+        with pytest.raises(SystemExit, match="assigned.json: not a store of figures"):
+            assigned_errors(3, 0, compiled, assigned)
+    assigned.write_text('{"modules": {"x": 3, "y": {"forward": "big"}}}', encoding="utf-8")
+    errors, missing, _ = assigned_errors(3, 0, compiled, assigned)
+    assert errors == {"forward": [], "train": []} and len(missing) == 3
