@@ -130,8 +130,9 @@ def _next_candidates(plan: Plan) -> str:
         return ""
     return (
         f"Next candidates of the plan: {' or '.join(found)}; or set memory.token_chunks: auto "
-        "and run moegen tune SPEC, which compiles each count and writes the fastest that "
-        "fits into the spec.\n"
+        "and memory.ffn_chunks: auto and run moegen tune SPEC, which reads XLA's buffer "
+        "assignment of each trade (seconds each) and writes the fastest that fits into the "
+        "spec.\n"
     )
 
 
