@@ -42,7 +42,7 @@ NOT_RUN_HERE = {"run by .ci/run", TRANSCRIPT_CLAIM, GOLDEN_CLAIM}  # checked ins
 CLAIMS = NOT_RUN_HERE | {CHECKPOINT_CLAIM}
 TIME_LIMIT_S = 900
 DEVELOP_PAGE = "docs/how-to/develop.md"  # where the golden update commands are
-BLOCKS = [b for b in readme_blocks() if b.kind]
+BLOCKS = [b for b in readme_blocks() if b.kind or saved_file(b)]  # run, or saved as a file
 SECTIONS = list(dict.fromkeys(b.section_key for b in BLOCKS if b.claim not in NOT_RUN_HERE))
 COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".*_cache", "*.egg-info")
 
