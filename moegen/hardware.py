@@ -15,8 +15,7 @@ program); GPU HBM in the datasheets' GB.
 
 What the TPU compiler grants one program is less than the HBM (a reserve of its own): the
 figure its out-of-HBM refusal names, "exceeds available HBM (15.75G)", read from libtpu 0.0.51
-(the pinned version) on a layer too big for each generation: v5e 15.75, v5p 95.73, v6e 31.24
-and tpu7x 94.74 GiB per device.
+(the pinned version) on a layer too big for each generation (COMPILER_HBM_GIB).
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ class Hardware:
     topologies: tuple[str, ...]  # valid slice shapes, e.g. "2x4" or "2x2x1"
     vmem_bytes_for_tiles: int  # the compiler's scoped VMEM limit of one kernel (libtpu names it)
     sm: int = 0  # CUDA compute capability x 10 (GPUs only)
-    compiler_hbm_gib_per_device: float = 0.0  # TPU: what the compiler grants a program
 
     @property
     def hbm_bytes_per_device(self) -> int:
@@ -51,9 +49,8 @@ class Hardware:
     @property
     def compiler_hbm_bytes_per_device(self) -> int:
         """The HBM the compiler lets one program use (TPU), else all of it."""
-        if self.compiler_hbm_gib_per_device:
-            return int(self.compiler_hbm_gib_per_device * GIB)
-        return self.hbm_bytes_per_device
+        granted = COMPILER_HBM_GIB.get(self.name)
+        return int(granted * GIB) if granted else self.hbm_bytes_per_device
 
     def chips(self, topology: str) -> int:
         count = 1
@@ -82,58 +79,21 @@ _MIB = 2**20
 CATALOGUE: dict[str, Hardware] = {
     "cpu": Hardware("cpu", "cpu", "", 1, 0, 0.0, 0.0, 0.0, (), 0),
     "tpu-v5e": Hardware(
-        "tpu-v5e",
-        "tpu",
-        "v5e",
-        1,
-        16 * GIB,
-        197e12,
-        819e9,
-        400e9,
-        _PLANAR,
-        16 * _MIB,
-        compiler_hbm_gib_per_device=15.75,
+        "tpu-v5e", "tpu", "v5e", 1, 16 * GIB, 197e12, 819e9, 400e9, _PLANAR, 16 * _MIB
     ),
     "tpu-v5p": Hardware(
-        "tpu-v5p",
-        "tpu",
-        "v5p",
-        1,
-        95 * GIB,
-        459e12,
-        2765e9,
-        1200e9,
-        _CUBIC,
-        16 * _MIB,
-        compiler_hbm_gib_per_device=95.73,
+        "tpu-v5p", "tpu", "v5p", 1, 95 * GIB, 459e12, 2765e9, 1200e9, _CUBIC, 16 * _MIB
     ),
     "tpu-v6e": Hardware(
-        "tpu-v6e",
-        "tpu",
-        "v6e",
-        1,
-        32 * GIB,
-        918e12,
-        1638e9,
-        800e9,
-        _PLANAR,
-        32 * _MIB,
-        compiler_hbm_gib_per_device=31.24,
+        "tpu-v6e", "tpu", "v6e", 1, 32 * GIB, 918e12, 1638e9, 800e9, _PLANAR, 32 * _MIB
     ),
     "tpu7x": Hardware(
-        "tpu7x",
-        "tpu",
-        "tpu7x",
-        2,
-        192 * GIB,
-        2307e12,
-        7380e9,
-        1200e9,
-        _CUBIC[:9],
-        32 * _MIB,
-        compiler_hbm_gib_per_device=94.74,
+        "tpu7x", "tpu", "tpu7x", 2, 192 * GIB, 2307e12, 7380e9, 1200e9, _CUBIC[:9], 32 * _MIB
     ),
 }
+
+# What the TPU compiler grants one program, GiB per device (libtpu 0.0.51's own figure).
+COMPILER_HBM_GIB = {"tpu-v5e": 15.75, "tpu-v5p": 95.73, "tpu-v6e": 31.24, "tpu7x": 94.74}
 
 
 _GPU_TOPOLOGIES = ("1", "2", "4", "8", "2x8", "4x8", "8x8", "16x8", "32x8")

@@ -29,7 +29,7 @@ from moegen.render import render
 from moegen.spec import Tiles
 from moegen.strategies import STRATEGIES
 from moegen.tune_candidate import Candidate, TuneResult
-from moegen.tune_memory import by_assignment, choose_by_assignment
+from moegen.tune_memory import FIT_CHECK, by_assignment, choose_by_assignment
 from moegen.variants import derive
 from moegen.verify import VerifyError, verify
 from moegen.verify.messages import Compiled
@@ -245,7 +245,6 @@ def write_back(loaded: LoadedSpec, choices: dict[FieldPath, Any]) -> str:
 
 
 AUTO_TOKENS = ("auto", "'auto'", '"auto"')
-FIT_CHECK = ("memory", "fit_check")
 
 
 def _edit(

@@ -263,3 +263,15 @@ def test_hardware_spelling_hints(written: str, hint: str) -> None:
 )
 def test_another_generation_is_not_taken_for_a_typo(written: str, hint: str) -> None:
     assert _hardware_message(written) == f"{CHOICES}, got '{written}'{hint}"
+
+
+def test_every_tpu_generation_has_the_compilers_own_grant_of_hbm():
+    """What libtpu grants one program (its out-of-HBM message's "available HBM"), measured
+    per generation: tune's fit by XLA's buffer assignment is judged against it."""
+    from moegen.hardware import CATALOGUE, COMPILER_HBM_GIB
+
+    tpus = {name for name, chip in CATALOGUE.items() if chip.platform == "tpu"}
+    assert set(COMPILER_HBM_GIB) == tpus
+    for name in tpus:
+        granted = CATALOGUE[name].compiler_hbm_bytes_per_device
+        assert 0.9 < granted / CATALOGUE[name].hbm_bytes_per_device < 1.01
