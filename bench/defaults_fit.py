@@ -207,7 +207,7 @@ def tuned(
     ):
         return " | " + " | ".join([*cells, "the plan's own (compiled above)"])
     tuned_label = f"{label}_tuned"
-    tuned_text = result.new_text.replace(f"{label}.yaml", f"{tuned_label}.yaml")
+    tuned_text = result.new_text
     tuned_loaded = validate(
         load_spec_bytes(tuned_text.encode(), f"{tuned_label}.yaml", tuned_label)
     )

@@ -24,10 +24,9 @@ from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.plan import Plan
 from moegen.plan.fit import over_hbm, proved_unfit
-from moegen.render import render
 from moegen.tune_candidate import Candidate
 from moegen.verify import VerifyError
-from moegen.verify.assigned import assigned_memory, fits_by_assignment
+from moegen.verify.assigned import assigned_peak, fits_by_assignment
 from moegen.verify.preflight import require_verifiers
 
 MEMORY_FIELDS = frozenset({("memory", "ffn_chunks"), ("memory", "token_chunks")})
@@ -50,11 +49,6 @@ def by_assignment(loaded: LoadedSpec) -> bool:
         and hardware(spec.target.hardware).platform == "tpu"
         and not spec.shapes.variants
     )
-
-
-def assigned_peak(plan: Plan) -> int:
-    """The larger of the two programs' peaks as XLA assigned them, per device."""
-    return max(figure.peak for figure in assigned_memory(plan, render(plan)).values())
 
 
 def choose_by_assignment(

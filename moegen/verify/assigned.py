@@ -153,6 +153,12 @@ def _failure(folder: Path, program: str, returncode: int | None = None) -> str:
     return f"compile {program} ended before XLA's buffer assignment{how}:\n{tail}"
 
 
+def assigned_peak(plan: Plan) -> int:
+    """The larger of the two programs' peaks as XLA assigned them, per device (the module
+    rendered from `plan`). Raises VerifyError as assigned_memory does."""
+    return max(figure.peak for figure in assigned_memory(plan, render(plan)).values())
+
+
 # The layer as first written: one token chunk, the FFN unsliced.
 WHOLE = {("memory", "token_chunks"): 1, ("memory", "ffn_chunks"): 1}
 # What the compiler's last HBM check adds to the assigned peak: the generated code (s0_041 of
@@ -161,10 +167,10 @@ WHOLE = {("memory", "token_chunks"): 1, ("memory", "ffn_chunks"): 1}
 CODE_MARGIN = 0.01
 
 
-def fits_by_assignment(plan: Plan, assigned_peak: int) -> bool:
+def fits_by_assignment(plan: Plan, peak: int) -> bool:
     """Whether an assigned peak leaves the compiler's grant of HBM CODE_MARGIN to spare."""
     granted = hardware(plan.hardware).compiler_hbm_bytes_per_device
-    return assigned_peak <= (1 - CODE_MARGIN) * granted
+    return peak <= (1 - CODE_MARGIN) * granted
 
 
 def whole_layer(loaded: LoadedSpec, plan: Plan) -> dict[str, Any] | None:
@@ -177,10 +183,9 @@ def whole_layer(loaded: LoadedSpec, plan: Plan) -> dict[str, Any] | None:
     whole = make_plan(unchecked(loaded, WHOLE), options=False)
     hbm = whole.memory.hbm_bytes_per_device
     try:
-        figures = assigned_memory(whole, render(whole))
+        peak = assigned_peak(whole)
     except VerifyError as err:
         if "out of HBM" not in str(err):
             raise
         return {"peak": None, "hbm": hbm, "fits": False, "compiler": str(err)}
-    peak = max(figure.peak for figure in figures.values())
     return {"peak": peak, "hbm": hbm, "fits": fits_by_assignment(whole, peak)}
