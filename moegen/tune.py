@@ -33,6 +33,7 @@ from moegen.tune_memory import FIT_CHECK, by_assignment, choose_by_assignment
 from moegen.variants import derive
 from moegen.verify import VerifyError, verify
 from moegen.verify.messages import Compiled
+from moegen.verify.preflight import require_verifiers
 
 OVERLAP_CANDIDATES = (1, 2, 4, 8)
 TOKEN_CHUNK_CANDIDATES = (1, 2, 4, 8, 16)  # those that do not split the tokens are refused
@@ -101,12 +102,30 @@ def tune(
     chip = hardware(loaded.spec.target.hardware)
     unit = "s" if chip.platform == "tpu" else "bytes"
     found = candidates(loaded)
+    _refuse_a_spec_no_choice_mends(loaded, found)
+    _require_verifiers_once(found)
     if by_assignment(loaded):
         winner = choose_by_assignment(found, count_by_plan, budget_s, on_candidate)
     else:
         winner = _compile_each(found, chip.hbm_bytes_per_device, budget_s, on_candidate)
     new_text = _written(loaded, winner.choices) if winner else loaded.source.text
     return TuneResult(found, winner, unit, new_text)
+
+
+def _refuse_a_spec_no_choice_mends(loaded: LoadedSpec, found: list[Candidate]) -> None:
+    """Where every candidate is refused for one reason, the reason is the spec's own, not
+    its `auto` fields': raise it located, as `moegen build` would, instead of a table of
+    the same refusal."""
+    if found and all(c.plan is None for c in found) and len({c.problem for c in found}) == 1:
+        derive(loaded, found[0].choices)  # raises the SpecError the candidates got
+
+
+def _require_verifiers_once(found: list[Candidate]) -> None:
+    """A missing compiler (libtpu, a GPU kernel's package) is said once, before any
+    candidate is compiled or read: every candidate shares the target and the kernel."""
+    planned = next((c for c in found if c.plan is not None and c.loaded is not None), None)
+    if planned is not None:
+        require_verifiers([(planned.loaded, planned.plan)])
 
 
 def _written(loaded: LoadedSpec, choices: dict[FieldPath, Any]) -> str:

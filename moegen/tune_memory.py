@@ -27,7 +27,6 @@ from moegen.plan.fit import over_hbm, proved_unfit
 from moegen.tune_candidate import Candidate
 from moegen.verify import VerifyError
 from moegen.verify.assigned import assigned_peak, fits_by_assignment
-from moegen.verify.preflight import require_verifiers
 
 MEMORY_FIELDS = frozenset({("memory", "ffn_chunks"), ("memory", "token_chunks")})
 FIT_CHECK = ("memory", "fit_check")
@@ -61,11 +60,9 @@ def choose_by_assignment(
     """Rank the valid candidates by the plan's counts, read XLA's peak of each in that order
     and return the first that fits HBM with the generated code's margin to spare
     (moegen.verify.assigned.fits_by_assignment) (None: none does). Every
-    candidate is reported once, in the order it was decided. Raises MissingVerifier where
-    the compiler is not installed."""
+    candidate is reported once, in the order it was decided. (tune says a missing compiler
+    before this is called.)"""
     planned = [c for c in found if c.plan is not None]
-    if planned and planned[0].loaded is not None:  # libtpu missing: said once, before reads
-        require_verifiers([(planned[0].loaded, planned[0].plan)])
     for candidate in planned:
         count_by_plan(candidate)
     ranked = sorted(planned, key=lambda c: (c.score, _trades(c.plan)))

@@ -16,7 +16,7 @@ from moegen.load import load_spec
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
 from moegen.plan.fit import over_hbm
-from moegen.tune import candidates, count_by_plan, write_back
+from moegen.tune import candidates, count_by_plan, tune, write_back
 from moegen.tune_memory import FIT_CHECK, READ_BY, by_assignment, choose_by_assignment
 from moegen.verify import VerifyError
 from moegen.verify.verdict import own_trade_note
@@ -206,13 +206,28 @@ def test_without_libtpu_tune_says_so_once_and_reads_nothing(tmp_path, monkeypatc
 
     real = preflight.module_installed
     monkeypatch.setattr(preflight, "module_installed", lambda name: name != "libtpu" and real(name))
-    found = candidates(load_spec(_spec(tmp_path, SMALL_V5E)))
+    decided = []
+    with pytest.raises(MissingVerifier, match="libtpu") as refused:
+        tune(load_spec(_spec(tmp_path, SMALL_V5E)), on_candidate=lambda *a: decided.append(a))
+    assert decided == []  # nothing read
+    assert str(refused.value).count("needs libtpu") == 1
 
-    def read_peak(plan):
-        raise AssertionError("read without a compiler")
 
-    with pytest.raises(MissingVerifier, match="libtpu"):
-        choose_by_assignment(found, count_by_plan, 60, lambda *a: None, read_peak)
+def test_a_missing_gpu_kernel_package_is_said_once_before_any_compile(tmp_path, monkeypatch):
+    """The compile-each path (a GPU target) says a missing kernel package once, at the
+    kernel's line, instead of once a candidate after trying to compile each."""
+    from moegen.kernels import te
+    from moegen.verify import MissingVerifier
+
+    monkeypatch.setattr(te, "missing_te", lambda: ["transformer_engine_jax==2.20.2 (found none)"])
+    tpu_target = "target: {hardware: tpu-v5e, topology: 2x2, kernel: xla}"
+    assert tpu_target in SMALL_V5E
+    text = SMALL_V5E.replace(tpu_target, "target: {hardware: gpu-h100, topology: 4, kernel: te}")
+    decided = []
+    with pytest.raises(MissingVerifier, match="kernel te") as refused:
+        tune(load_spec(_spec(tmp_path, text, "gpu")), on_candidate=lambda *a: decided.append(a))
+    assert decided == []
+    assert str(refused.value).count("kernel te") == 1
 
 
 def test_a_layout_the_edit_does_not_know_is_refused_located_and_unwritten(tmp_path):
@@ -229,4 +244,18 @@ def test_a_layout_the_edit_does_not_know_is_refused_located_and_unwritten(tmp_pa
         _written(loaded, choices)
     assert "memory.fit_check: compile" in str(refused.value)
     assert refused.value.diagnostics[0].line == 8
+    assert path.read_text(encoding="utf-8") == text
+
+
+def test_a_spec_refused_whatever_tune_chooses_is_refused_at_its_own_line(tmp_path):
+    """A mistake no `auto` choice mends (a GPU target without its topology) is the spec's
+    own: refused once, located at the line that needs mending, not as 25 refused rows."""
+    from moegen.diagnostics import SpecError
+
+    tpu_target = "target: {hardware: tpu-v5e, topology: 2x2, kernel: xla}"
+    text = SMALL_V5E.replace(tpu_target, "target: {hardware: gpu-h100, kernel: te}")
+    path = _spec(tmp_path, text, "gpu")
+    with pytest.raises(SpecError, match="needs target.topology") as refused:
+        tune(load_spec(path))
+    assert refused.value.diagnostics[0].text().startswith(f"{path}:7:")
     assert path.read_text(encoding="utf-8") == text
