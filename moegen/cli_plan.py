@@ -9,7 +9,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -60,7 +60,7 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool, assigned: bool) -
         compiled = [s for s in report.steps if not isinstance(s, Imported)]
     figures, whole = {}, None
     if assigned:
-        from moegen.verify.assigned import whole_layer
+        from moegen.verify.assigned import whole_layer, whole_layer_text
 
         try:
             with terminal_heartbeat():
@@ -80,7 +80,7 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool, assigned: bool) -
     if figures:
         click.echo(assigned_text(plan, figures))
     if whole:
-        click.echo(whole_text(whole))
+        click.echo(f"  {whole_layer_text(whole)}")
 
 
 GiB = 2**30
@@ -110,15 +110,3 @@ def assigned_text(plan: Plan, figures: dict[str, dict[str, float]]) -> str:
             f" (the plan's ledger: {planned[program] / GiB:.2f} GiB, {error:+.1%})"
         )
     return "\n".join(lines)
-
-
-def whole_text(whole: dict[str, Any]) -> str:
-    head = "  the layer whole (the FFN unsliced, one token chunk)"
-    if whole["peak"] is None:
-        return f"{head}: out of HBM, as the compiler says ({whole['compiler']})"
-    size = f"{whole['peak'] / GiB:.2f} GiB, {whole['peak'] / whole['hbm']:.0%} of HBM"
-    if whole["fits"]:
-        return (
-            f"{head}: {size}: it fits; memory.ffn_chunks: 1 and token_chunks: 1 recompute nothing"
-        )
-    return f"{head}: {size}: it does not fit"

@@ -29,6 +29,8 @@ from moegen.verify import (
     stop_workers,
     verify,
 )
+from moegen.verify.assigned import whole_layer_verdict
+from moegen.verify.messages import MemoryVerdict
 from moegen.verify.preflight import require_verifiers
 
 DEFAULT_SPEC_DIR = Path("specs")
@@ -153,10 +155,24 @@ def _verifying(
         report = verify(
             generated.loaded, generated.source, plan=generated.plan, on_step=on_step, cache=cache
         )
+        whole = _whole_layer_step(generated)
+        if whole is not None:
+            report.steps.append(whole)
+            on_step(whole)
         ordered.finish(index)
         return Generated(generated.loaded, generated.plan, generated.source, report)
 
     return task
+
+
+def _whole_layer_step(generated: Generated) -> MemoryVerdict | None:
+    """Where the plan chose a memory trade on its own on a TPU target: the layer whole, read
+    by XLA's buffer assignment (moegen.verify.assigned), as a step after the verdict."""
+    start = time.perf_counter()
+    verdict = whole_layer_verdict(generated.loaded, generated.plan)
+    if verdict is None:
+        return None
+    return MemoryVerdict("memory: the layer whole", time.perf_counter() - start, verdict)
 
 
 def _refuse_collisions(results: list[tuple[Path, Generated]]) -> None:

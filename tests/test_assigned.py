@@ -12,10 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from moegen.cli_plan import assigned_text, whole_text
+from moegen.cli_plan import assigned_text
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
-from moegen.verify.assigned import MODULE_NAMES, _failure, assigned_sizes, whole_layer
+from moegen.verify import VerifyError, assigned
+from moegen.verify.assigned import (
+    MODULE_NAMES,
+    _failure,
+    assigned_sizes,
+    whole_layer,
+    whole_layer_text,
+    whole_layer_verdict,
+)
 
 RECORDS = Path(__file__).resolve().parent.parent / "bench" / "ledger_compiled.json"
 # XLA's text for a program's buffers: entry parameters, a parameter the output aliases, the
@@ -100,4 +108,92 @@ def test_a_layer_that_runs_whole_is_not_read_again(repo_root) -> None:
     ],
 )
 def test_the_whole_layer_is_said_in_hbm_words(whole: dict, says: str) -> None:
-    assert says in whole_text(whole)
+    assert says in whole_layer_text(whole)
+
+
+# The layer of the memory how-to: the ledger puts it whole 14% over a v5e's HBM, so with its
+# trades left to the plan the plan slices it; XLA assigns it whole 8.64 of 15.75 GiB.
+QWEN3_V5E = """\
+version: 1
+layer: {num_experts: 128, embed_dim: 2048, ffn_dim: 768}
+router: {top_k: 8, score: softmax, renormalize: true}
+shapes: {batch: 128, seq_len: 4096}
+mesh:
+  axes: {fsdp: 8, tensor: 2}
+parallelism: {experts: replicated}
+target: {hardware: tpu-v5e, topology: 4x4, kernel: xla}
+"""
+
+
+def _qwen3(tmp_path: Path, memory: str = ""):
+    path = tmp_path / "qwen3_v5e.yaml"
+    path.write_text(QWEN3_V5E + memory, encoding="utf-8")
+    loaded = load_valid(path)
+    return loaded, make_plan(loaded)
+
+
+@pytest.mark.parametrize(
+    ("whole", "says"),
+    [
+        (
+            {"peak": 9 * 2**30, "hbm": 16 * 2**30, "fits": True},
+            "9.00 GiB, 56% of HBM: it fits, and the trade recomputes for nothing: write "
+            "memory.ffn_chunks: 1 and memory.token_chunks: 1",
+        ),
+        ({"peak": 16 * 2**30, "hbm": 16 * 2**30, "fits": False}, "it does not fit, a trade is"),
+        (
+            {"peak": None, "hbm": 1, "fits": False, "compiler": "out of HBM: E1000\nmore"},
+            "the layer whole is out of HBM (out of HBM: E1000): a trade is needed",
+        ),
+    ],
+)
+def test_the_build_says_whether_the_plans_own_trade_was_needed(tmp_path, monkeypatch, whole, says):
+    loaded, plan = _qwen3(tmp_path)
+    assert plan.ffn.chunks * plan.experts.token_chunks > 1  # the ledger traded on its own
+    monkeypatch.setattr(assigned, "whole_layer", lambda loaded, plan: whole)
+    verdict = whole_layer_verdict(loaded, plan)
+    assert verdict.startswith("the plan's ledger chose ") and says in verdict
+
+
+def test_a_failed_read_is_said_and_a_written_trade_is_not_read(tmp_path, monkeypatch):
+    loaded, plan = _qwen3(tmp_path)
+
+    def killed(loaded, plan):
+        raise VerifyError("compile forward ended before XLA's buffer assignment (killed by 9)")
+
+    monkeypatch.setattr(assigned, "whole_layer", killed)
+    assert "could not be read (compile forward ended" in whole_layer_verdict(loaded, plan)
+
+    def never(loaded, plan):
+        raise AssertionError("read a trade the spec chose")
+
+    monkeypatch.setattr(assigned, "whole_layer", never)
+    written = _qwen3(tmp_path, "memory: {ffn_chunks: 4}\n")
+    assert whole_layer_verdict(*written) is None
+
+
+@pytest.mark.slow
+def test_the_build_reads_the_layer_whole_where_the_ledger_traded(tmp_path, monkeypatch):
+    """After its verification, the build reads the layer whole by XLA's assignment (real,
+    on the compile-only v5e, a few seconds) and says so as a step of its own. The full
+    compile (minutes here) is stood in for: it does not change what is read."""
+    import moegen.pipeline
+    from moegen.verify import VerifyReport
+    from moegen.verify.messages import Imported, MemoryVerdict
+
+    def verify(loaded, source, *, plan, on_step=lambda step: None, timeout_s=None, cache=None):
+        return VerifyReport(steps=[Imported("import", 0.0)])
+
+    monkeypatch.setattr(moegen.pipeline, "verify", verify)
+    monkeypatch.chdir(tmp_path)
+    Path("qwen3_v5e.yaml").write_text(QWEN3_V5E, encoding="utf-8")
+    said = []
+    moegen.pipeline.build(
+        [Path("qwen3_v5e.yaml")], Path("out"), progress=lambda *args: said.append(args)
+    )
+    verdicts = [a for args in said for a in args if isinstance(a, MemoryVerdict)]
+    assert len(verdicts) == 1 and verdicts[0].step == "memory: the layer whole"
+    verdict = verdicts[0].verdict
+    assert verdict.startswith("the plan's ledger chose ")
+    assert "XLA's buffer assignment of the layer whole: 8.64 GiB" in verdict
+    assert "it fits, and the trade recomputes for nothing" in verdict

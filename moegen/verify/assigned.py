@@ -36,7 +36,7 @@ from moegen.variants import unchecked
 from moegen.verify.compiler_errors import out_of_memory
 from moegen.verify.messages import PROGRAMS
 from moegen.verify.pool import worker_env
-from moegen.verify.verdict import VerifyError
+from moegen.verify.verdict import VerifyError, own_trades
 from moegen.verify.verification import scratch_directory, tpu_target
 
 # the jitted function's name in each program, which names XLA's module and its dump files
@@ -189,3 +189,50 @@ def whole_layer(loaded: LoadedSpec, plan: Plan) -> dict[str, Any] | None:
             raise
         return {"peak": None, "hbm": hbm, "fits": False, "compiler": str(err)}
     return {"peak": peak, "hbm": hbm, "fits": fits_by_assignment(whole, peak)}
+
+
+def whole_layer_text(whole: dict[str, Any]) -> str:
+    """whole_layer's answer in words."""
+    head = "the layer whole (the FFN unsliced, one token chunk)"
+    if whole["peak"] is None:
+        return f"{head}: out of HBM, as the compiler says ({whole['compiler']})"
+    if whole["fits"]:
+        return (
+            f"{head}: {_size(whole)}: it fits; memory.ffn_chunks: 1 and token_chunks: 1 "
+            "recompute nothing"
+        )
+    return f"{head}: {_size(whole)}: it does not fit"
+
+
+def _size(whole: dict[str, Any]) -> str:
+    return f"{whole['peak'] / 2**30:.2f} GiB, {whole['peak'] / whole['hbm']:.0%} of HBM"
+
+
+def whole_layer_verdict(loaded: LoadedSpec, plan: Plan) -> str | None:
+    """For the build: where the plan chose FFN slices or token chunks on its own on a TPU
+    target (by its ledger, an estimate), whether the layer whole fits by XLA's buffer
+    assignment (seconds, beside the full compile's minutes), and what to write if it does.
+    None where the plan chose no trade of its own. A read that fails is said, not raised:
+    the module the build verified stands either way."""
+    own = own_trades(loaded.spec.memory, plan)
+    if not own:
+        return None
+    chosen = f"the plan's ledger chose {' and '.join(own)}"
+    try:
+        whole = whole_layer(loaded, plan)
+    except VerifyError as err:
+        reason = str(err).strip().splitlines()[0]
+        return f"{chosen}; XLA's buffer assignment of the layer whole could not be read ({reason})"
+    if whole is None:
+        return None
+    tune = "auto for both and `moegen tune` find the fastest trade that fits, read this way"
+    if whole["peak"] is None:
+        refused = str(whole["compiler"]).strip().splitlines()[0]
+        return f"{chosen}; the layer whole is out of HBM ({refused}): a trade is needed ({tune})"
+    read = f"{chosen}; XLA's buffer assignment of the layer whole: {_size(whole)}"
+    if whole["fits"]:
+        return (
+            f"{read}: it fits, and the trade recomputes for nothing: write memory.ffn_chunks: 1 "
+            f"and memory.token_chunks: 1 ({tune})"
+        )
+    return f"{read}: it does not fit, a trade is needed ({tune})"

@@ -78,16 +78,25 @@ def memory_verdict(plan: Plan, report: VerifyReport) -> str | None:
     )
 
 
-def own_trade_note(memory: Memory, plan: Plan) -> str:
-    """Where, on a TPU target, the plan chose FFN slices or token chunks the spec leaves to
-    it: that the choice rests on the plan's ledger (an estimate), and how to have it made by
-    the compiler's own figure instead (moegen.tune_memory)."""
+def own_trades(memory: Memory, plan: Plan) -> list[str]:
+    """The FFN slices and token chunks the plan chose on a TPU target where the spec leaves
+    them to it (empty: none, or not a TPU target)."""
+    if hardware(plan.hardware).platform != "tpu":
+        return []
     own = []
     if memory.ffn_chunks is None and plan.ffn.chunks > 1:
         own.append(f"{plan.ffn.chunks} FFN slices")
     if memory.token_chunks is None and plan.experts.token_chunks > 1:
         own.append(f"{plan.experts.token_chunks} token chunks")
-    if not own or hardware(plan.hardware).platform != "tpu":
+    return own
+
+
+def own_trade_note(memory: Memory, plan: Plan) -> str:
+    """Where, on a TPU target, the plan chose FFN slices or token chunks the spec leaves to
+    it: that the choice rests on the plan's ledger (an estimate), and how to have it made by
+    the compiler's own figure instead (moegen.tune_memory)."""
+    own = own_trades(memory, plan)
+    if not own:
         return ""
     return (
         f"; {' and '.join(own)} chosen by the plan's memory ledger, an estimate (write "
