@@ -204,7 +204,7 @@ def _a_number(value: float, param: click.Parameter) -> float:
 def tune_command(spec: Path, dry_run: bool, budget_s: float) -> None:
     """Choose SPEC's `auto` values by compiling each candidate for the target (memory trades
     alone, on TPU: by XLA's buffer assignment of each, fastest first)."""
-    from moegen.emit import write_all
+    from moegen.emit import rewrite_in_place
     from moegen.load import load_spec
     from moegen.tune import patch, tune, yaml_value
     from moegen.tune_memory import NOT_READ
@@ -243,7 +243,11 @@ def tune_command(spec: Path, dry_run: bool, budget_s: float) -> None:
     if dry_run:
         click.echo(patch(loaded, result.new_text), nl=False)
         return
-    write_all({spec: result.new_text})
+    try:
+        rewrite_in_place(spec, result.new_text)
+    except (OSError, UnicodeError) as err:
+        _err(f"cannot write {loaded.source.display}; the spec is unchanged: {err}")
+        sys.exit(EXIT_FAILED)
     _err(f"wrote {loaded.source.display}: {_choice_text(result.winner.choices, yaml_value)}")
 
 

@@ -98,6 +98,15 @@ def write_all(files: dict[Path, str], *, out_dir: Path | None = None) -> None:
         _write_tree(Path(root), data, swap=out_dir is not None)
 
 
+def rewrite_in_place(path: Path, text: str) -> None:
+    """Replace a user's own file (the spec `moegen tune` rewrites) atomically, as write_all
+    writes one file, but through a symlink to the file it names (the link stays a link) and
+    keeping the file's permission bits."""
+    blob = text.encode("utf-8")
+    target = Path(os.path.realpath(path))
+    _write_one(target, blob, stat.S_IMODE(os.stat(target).st_mode))
+
+
 def recover(out_dir: Path) -> None:
     """Clear what dead runs left around `out_dir`: stages, journals (rolled back), temporaries."""
     real = Path(os.path.realpath(out_dir))
@@ -106,13 +115,13 @@ def recover(out_dir: Path) -> None:
             _recover(real)
 
 
-def _write_one(target: Path, blob: bytes) -> None:
+def _write_one(target: Path, blob: bytes, mode: int = 0o644) -> None:
     _refuse_dangling_links(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
     provenance.remove_leftovers(target.parent, _TMP)
     tmp = _sibling(target, _TMP)
     try:
-        _write_file(tmp, blob)
+        _write_file(tmp, blob, mode)
         _trace(f"write {target.name}")
         with interrupts.blocked():
             os.replace(tmp, target)
@@ -129,12 +138,12 @@ def _sibling(path: Path, mark: str) -> Path:
     return path.with_name(provenance.owned_name(path.parent, f".{path.name[:64]}", mark))
 
 
-def _write_file(path: Path, blob: bytes) -> None:
-    """`blob` in the new file `path`, mode 0644, fsynced."""
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as handle:
+def _write_file(path: Path, blob: bytes, mode: int = 0o644) -> None:
+    """`blob` in the new file `path`, `mode` (0644), fsynced."""
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
         handle.write(blob)
         handle.flush()
-        os.fchmod(handle.fileno(), 0o644)
+        os.fchmod(handle.fileno(), mode)
         os.fsync(handle.fileno())
 
 

@@ -259,3 +259,49 @@ def test_a_spec_refused_whatever_tune_chooses_is_refused_at_its_own_line(tmp_pat
         tune(load_spec(path))
     assert refused.value.diagnostics[0].text().startswith(f"{path}:7:")
     assert path.read_text(encoding="utf-8") == text
+
+
+@pytest.fixture
+def whole_fits(monkeypatch):
+    """tune's reads stood in for: every candidate's peak 1 GiB (the whole layer wins)."""
+    import moegen.tune
+
+    real = moegen.tune.choose_by_assignment
+
+    def choose(found, count, budget_s, on_candidate):
+        return real(found, count, budget_s, on_candidate, lambda plan: GiB)
+
+    monkeypatch.setattr(moegen.tune, "choose_by_assignment", choose)
+
+
+def test_tune_writes_through_a_symlink_and_keeps_the_files_mode(tmp_path, invoke_main, whole_fits):
+    """The spec a user links to is the one tuned: the link stays a link, the mode stays."""
+    real = _spec(tmp_path, SMALL_V5E, "shared")
+    real.chmod(0o640)
+    (tmp_path / "mine").mkdir()
+    link = tmp_path / "mine" / "layer.yaml"
+    link.symlink_to(real)
+    result = invoke_main("tune", "layer.yaml", cwd=tmp_path / "mine")
+    assert result.code == 0, result.stderr
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert "memory: {token_chunks: 1, ffn_chunks: 1}" in real.read_text(encoding="utf-8")
+    assert real.stat().st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "shared.yaml"]
+
+
+def test_a_failed_write_leaves_the_spec_as_it_was(tmp_path, invoke_main, whole_fits, monkeypatch):
+    import errno
+
+    import moegen.emit
+
+    def full(path, blob, mode=0o644):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(moegen.emit, "_write_file", full)
+    path = _spec(tmp_path, SMALL_V5E)
+    result = invoke_main("tune", path.name, cwd=tmp_path)
+    assert result.code == 4
+    assert "cannot write layer.yaml; the spec is unchanged: [Errno 28]" in result.stderr
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+    assert path.read_text(encoding="utf-8") == SMALL_V5E
+    assert [p.name for p in tmp_path.iterdir()] == ["layer.yaml"]
