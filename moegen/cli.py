@@ -268,10 +268,11 @@ def _tune_footnote(candidates: list[Any]) -> str:
 
     if any(c.peak_by == READ_BY for c in candidates):
         return (
-            "FLOPs and bytes are the plan's (memory trades only add recomputation); candidates "
-            f"are read fastest first, each peak is {READ_BY} of its full-size programs (the "
-            "compiled peak, read before code generation), and none after the first that fits "
-            "HBM is read. `moegen build` compiles the chosen one in full."
+            "FLOPs and bytes are the plan's (memory trades only add recomputation; the main "
+            f"shape's); candidates are read fastest first, each peak is {READ_BY} of its "
+            "full-size programs (every shape's, the largest: the compiled peak, read before "
+            "code generation), and none after the first that fits HBM is read. `moegen build` "
+            "compiles the chosen one in full."
         )
     if any(c.counted_by == "plan" for c in candidates):
         return (

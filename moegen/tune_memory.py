@@ -1,8 +1,8 @@
 """`moegen tune` when only memory trades are left to it (memory.ffn_chunks and
 memory.token_chunks written `auto`) on a TPU target: each candidate's fit is read from XLA's
-own buffer assignment of its full-size programs (moegen.verify.assigned: the compiled peak,
-in seconds, stopped before code generation) instead of from a full compile or the plan's
-ledger.
+own buffer assignment of its full-size programs, every shape's (moegen.verify.assigned: the
+compiled peak, in seconds, stopped before code generation) instead of from a full compile or
+the plan's ledger.
 
 A memory trade changes no result, only work: FFN slices and token chunks recompute the gate
 and up matmuls and gather weights again. The plan counts what each candidate runs, every
@@ -39,14 +39,11 @@ CountByPlan = Callable[[Candidate], None]  # sets a candidate's FLOPs, bytes and
 
 def by_assignment(loaded: LoadedSpec) -> bool:
     """Whether tune reads fits from XLA's buffer assignment: only memory trades are `auto`,
-    on a TPU target (compile-only slices), for one static shape (no shape variants)."""
+    on a TPU target (compile-only slices). With shape variants every shape is read."""
     spec = loaded.spec
     autos = set(spec.auto_fields())
     return (
-        bool(autos)
-        and autos <= MEMORY_FIELDS
-        and hardware(spec.target.hardware).platform == "tpu"
-        and not spec.shapes.variants
+        bool(autos) and autos <= MEMORY_FIELDS and hardware(spec.target.hardware).platform == "tpu"
     )
 
 
@@ -79,7 +76,7 @@ def choose_by_assignment(
                 _read(candidate, read_peak)
                 winner = None if candidate.problem else candidate
         on_candidate(i + 1, len(ranked), candidate)
-    if winner is not None and winner.plan is not None and over_hbm(winner.plan.memory):
+    if winner is not None and winner.plan is not None and _ledger_refuses(winner.plan):
         winner.choices[FIT_CHECK] = "compile"  # the plan's ledger would refuse it
     return winner
 
@@ -90,7 +87,7 @@ def _read(candidate: Candidate, read_peak: ReadPeak) -> None:
     plan = candidate.plan
     assert plan is not None
     candidate.peak_by = READ_BY
-    if proved_unfit(plan.memory):
+    if any(proved_unfit(shape.memory) for shape in _shapes(plan)):
         candidate.problem = "not read: the plan proves it out of HBM"
         return
     start = time.perf_counter()
@@ -108,6 +105,15 @@ def _read(candidate: Candidate, read_peak: ReadPeak) -> None:
             f"{candidate.peak_bytes / granted:.1%} of the {granted / 2**30:.2f} GiB the "
             "compiler grants a program (over 99%: the generated code needs the rest)"
         )
+
+
+def _shapes(plan: Plan) -> list[Plan]:
+    """The plan of every shape: the main one and each variant's."""
+    return [plan, *(variant.plan for variant in plan.variants)]
+
+
+def _ledger_refuses(plan: Plan) -> bool:
+    return any(over_hbm(shape.memory) for shape in _shapes(plan))
 
 
 def _trades(plan: Plan | None) -> int:

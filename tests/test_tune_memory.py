@@ -69,7 +69,7 @@ def _choice(candidate) -> tuple[int, int]:
         ("parallelism: {experts: ragged_all_to_all}", "parallelism: {experts: auto}", False),
         ("hardware: tpu-v5e, topology: 2x2, kernel: xla", "hardware: cpu", False),
         ("shapes: {batch: 8, seq_len: 256}", "shapes: {batch: 8, seq_len: 256, "
-         "variants: {short: {batch: 8, seq_len: 128}}}", False),
+         "variants: {short: {batch: 8, seq_len: 128}}}", True),
     ],
 )  # fmt: skip
 def test_only_memory_trades_on_tpu_are_read_by_assignment(tmp_path, old, new, expected):
@@ -305,3 +305,23 @@ def test_a_failed_write_leaves_the_spec_as_it_was(tmp_path, invoke_main, whole_f
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr
     assert path.read_text(encoding="utf-8") == SMALL_V5E
     assert [p.name for p in tmp_path.iterdir()] == ["layer.yaml"]
+
+
+@pytest.mark.slow
+def test_with_shape_variants_every_shape_is_read(tmp_path):
+    """A memory trade is chosen for every shape of the module: each variant's programs are
+    read (real, on the compile-only v5e: its forward is its own function), and the peak that
+    decides is the largest."""
+    from moegen.render import render
+    from moegen.verify.assigned import assigned_memory, assigned_peak
+
+    text = SMALL_V5E.replace(
+        "shapes: {batch: 8, seq_len: 256}",
+        "shapes: {batch: 8, seq_len: 256, variants: {long: {batch: 8, seq_len: 2048}}}",
+    ).replace("memory: {token_chunks: auto, ffn_chunks: auto}", "memory: {token_chunks: 1}")
+    plan = make_plan(load_valid(_spec(tmp_path, text)))
+    source = render(plan)
+    main = max(f.peak for f in assigned_memory(plan, source).values())
+    long = max(f.peak for f in assigned_memory(plan, source, variant="long").values())
+    assert long > main  # 8x the tokens
+    assert assigned_peak(plan) == long

@@ -81,22 +81,23 @@ def assigned_sizes(buffer_assignment: str) -> tuple[int, int, int]:
     return argument, output, temp
 
 
-def assigned_memory(plan: Plan, source: str, timeout_s: float = 600) -> dict[str, AssignedMemory]:
+def assigned_memory(
+    plan: Plan, source: str, timeout_s: float = 600, variant: str = ""
+) -> dict[str, AssignedMemory]:
     """XLA's assigned memory of each full-size program of `source` (rendered from `plan`)
-    for its TPU slice. Raises VerifyError off TPU, or when a compile fails or runs out of
-    HBM (the compiler's message), or after `timeout_s`."""
+    for its TPU slice: of the main shape, or of the shape variant named `variant`. Raises
+    VerifyError off TPU, or when a compile fails or runs out of HBM (the compiler's
+    message), or after `timeout_s`."""
     tpu = tpu_target(plan)
     if tpu is None:
         raise VerifyError("TPU targets only: this target has no compile-only TPU slice")
     with scratch_directory() as folder:
         (folder / "layer.py").write_text(source, encoding="utf-8")
         start = time.perf_counter()
-        workers = {
-            program: _start(folder, program, json.dumps(tpu.to_json()), plan.mesh.num_devices)
-            for program in PROGRAMS
-        }
+        shape = _Shape(json.dumps(tpu.to_json()), plan.mesh.num_devices, variant)
+        workers = {program: _start(folder, program, shape) for program in PROGRAMS}
         try:
-            return _wait(folder, workers, start, timeout_s)
+            return _wait(folder, workers, start, timeout_s, variant)
         finally:
             for proc in workers.values():
                 if proc.poll() is None:
@@ -104,20 +105,42 @@ def assigned_memory(plan: Plan, source: str, timeout_s: float = 600) -> dict[str
                 proc.wait()
 
 
-def _start(folder: Path, program: str, tpu: str, num_devices: int) -> subprocess.Popen[bytes]:
+@dataclass(frozen=True)
+class _Shape:
+    """What a worker compiles for: the slice (TpuTarget as JSON), its devices, the shape
+    (a variant's name; empty: the main shape)."""
+
+    tpu: str
+    num_devices: int
+    variant: str
+
+
+def module_name(program: str, variant: str = "") -> str:
+    """XLA's module name of `program` (a variant's forward is its own function, suffixed)."""
+    suffix = f"_{variant}" if variant and program == "forward" else ""
+    return MODULE_NAMES[program] + suffix
+
+
+def _start(folder: Path, program: str, shape: _Shape) -> subprocess.Popen[bytes]:
     """A worker compiling `program`, dumping XLA's files of that module alone."""
     dump = folder / MODULE_NAMES[program]
-    module_only = (f"--xla_dump_to={dump}", f"--xla_dump_hlo_module_re={MODULE_NAMES[program]}")
+    name = module_name(program, shape.variant)
+    module_only = (f"--xla_dump_to={dump}", f"--xla_dump_hlo_module_re=^{name}$")
     # the scratch folder: removed by moegen, by the worker if it outlives moegen (a SIGKILL)
-    env = worker_env(num_devices, folder, module_only)
+    env = worker_env(shape.num_devices, folder, module_only)
     log = (folder / f"{MODULE_NAMES[program]}.log").open("wb")
-    command = [sys.executable, "-c", WORKER_MAIN, str(folder / "layer.py"), tpu, program]
+    layer = str(folder / "layer.py")
+    command = [sys.executable, "-c", WORKER_MAIN, layer, shape.tpu, program, shape.variant]
     with log:
         return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)
 
 
 def _wait(
-    folder: Path, workers: dict[str, subprocess.Popen[bytes]], start: float, timeout_s: float
+    folder: Path,
+    workers: dict[str, subprocess.Popen[bytes]],
+    start: float,
+    timeout_s: float,
+    variant: str = "",
 ) -> dict[str, AssignedMemory]:
     """Poll each worker's dump until its assignment is complete, then stop that worker."""
     found: dict[str, AssignedMemory] = {}
@@ -126,7 +149,7 @@ def _wait(
             if program in found:
                 continue
             dump = folder / MODULE_NAMES[program]
-            done = sorted(dump.glob(f"*.{MODULE_NAMES[program]}.*{DONE}"))
+            done = sorted(dump.glob(f"*.{module_name(program, variant)}.*{DONE}"))
             if done:
                 assignment = Path(str(done[-1]).removesuffix(DONE) + ASSIGNMENT)
                 sizes = assigned_sizes(assignment.read_text(encoding="utf-8"))
@@ -154,9 +177,17 @@ def _failure(folder: Path, program: str, returncode: int | None = None) -> str:
 
 
 def assigned_peak(plan: Plan) -> int:
-    """The larger of the two programs' peaks as XLA assigned them, per device (the module
-    rendered from `plan`). Raises VerifyError as assigned_memory does."""
-    return max(figure.peak for figure in assigned_memory(plan, render(plan)).values())
+    """The largest of the programs' peaks as XLA assigned them, per device, of every shape
+    of the module rendered from `plan` (the main one and each variant's: one module holds
+    them all, and a memory trade is chosen for all). Raises VerifyError as assigned_memory
+    does."""
+    source = render(plan)
+    shapes = ["", *(variant.name for variant in plan.variants)]
+    return max(
+        figure.peak
+        for variant in shapes
+        for figure in assigned_memory(plan, source, variant=variant).values()
+    )
 
 
 # The layer as first written: one token chunk, the FFN unsliced.

@@ -11,16 +11,18 @@ import jax
 
 from moegen.verify.compiled import target_devices
 from moegen.verify.messages import TpuTarget
-from moegen.verify.worker import full_size_programs, import_module
+from moegen.verify.worker import full_size_programs, import_module, shape_of
 
 
-def main(module_path: str, tpu_json: str, program: str) -> int:
+def main(module_path: str, tpu_json: str, program: str, variant: str = "") -> int:
+    """Compile `program` of the main shape, or of the shape variant named `variant`."""
     module = import_module(module_path, "moegen_assigned")
     tpu = TpuTarget.from_json(json.loads(tpu_json))
-    params, x, programs = full_size_programs(module, target_devices(module, tpu))
+    shape = shape_of(module, variant or None)
+    params, x, programs = full_size_programs(module, target_devices(module, tpu), shape)
     jax.jit(programs[program]).lower(params, x).compile()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:4]))
+    sys.exit(main(*sys.argv[1:5]))
