@@ -87,26 +87,35 @@ GiB = 2**30
 
 
 def assigned_figures(plan: Plan, source: str) -> dict[str, dict[str, float]]:
-    """Each program's assigned bytes (argument, output, temp, peak) and seconds; raises
-    VerifyError (off TPU, a failed compile, the compiler's out-of-memory verdict)."""
+    """Each program's assigned bytes (argument, output, temp, peak) and seconds, of every
+    shape ("forward", "forward+backward", then "forward (VARIANT)" ...); raises VerifyError
+    (off TPU, a failed compile, the compiler's out-of-memory verdict)."""
     from moegen.verify.assigned import assigned_memory
 
-    memory = assigned_memory(plan, source)
-    return {
-        program: {**dataclasses.asdict(figure), "peak": figure.peak}
-        for program, figure in memory.items()
-    }
+    figures = {}
+    for variant in ["", *(v.name for v in plan.variants)]:
+        label = f" ({variant})" if variant else ""
+        for program, figure in assigned_memory(plan, source, variant=variant).items():
+            figures[program + label] = {**dataclasses.asdict(figure), "peak": figure.peak}
+    return figures
 
 
 def assigned_text(plan: Plan, figures: dict[str, dict[str, float]]) -> str:
-    """The figures beside the plan's ledger, as `moegen plan` prints them."""
-    seconds = max(figure["seconds"] for figure in figures.values())
-    planned = {"forward": plan.memory.forward_peak, "forward+backward": plan.memory.train_peak}
+    """The figures beside the plan's ledger (each shape's own), as `moegen plan` prints them."""
+    from moegen.verify.messages import PROGRAMS
+
+    planned, seconds = {}, 0.0
+    for label, shape in [("", plan), *((f" ({v.name})", v.plan) for v in plan.variants)]:
+        planned[f"forward{label}"] = shape.memory.forward_peak
+        planned[f"forward+backward{label}"] = shape.memory.train_peak
+        # a shape's two programs are read side by side, the shapes one after another
+        seconds += max(figures[f"{program}{label}"]["seconds"] for program in PROGRAMS)
     lines = [f"XLA's buffer assignment (read before code generation, {seconds:.1f} s), per device:"]
+    width = max(len(program) for program in figures)
     for program, figure in figures.items():
         error = planned[program] / figure["peak"] - 1
         lines.append(
-            f"  {program:<18} {figure['peak'] / GiB:.2f} GiB"
+            f"  {program:<{width}} {figure['peak'] / GiB:.2f} GiB"
             f" (the plan's ledger: {planned[program] / GiB:.2f} GiB, {error:+.1%})"
         )
     return "\n".join(lines)

@@ -85,6 +85,32 @@ def test_the_text_sets_the_figures_beside_the_ledger(repo_root) -> None:
     assert lines[2].split()[0] == "forward+backward" and lines[2].endswith("+0.0%)")
 
 
+def test_each_shape_is_set_beside_its_own_ledger(tmp_path) -> None:
+    """With shape variants, each variant's programs beside the variant's own plan; the
+    seconds add up shape by shape (a shape's two programs are read side by side)."""
+    path = tmp_path / "variants.yaml"
+    path.write_text(
+        QWEN3_V5E.replace(
+            "shapes: {batch: 128, seq_len: 4096}",
+            "shapes: {batch: 128, seq_len: 4096, variants: {short: {batch: 128, seq_len: 512}}}",
+        ),
+        encoding="utf-8",
+    )
+    plan = make_plan(load_valid(path))
+    short = plan.variants[0].plan
+    figures = {
+        "forward": {"peak": plan.memory.forward_peak, "seconds": 2.0},
+        "forward+backward": {"peak": plan.memory.train_peak, "seconds": 3.0},
+        "forward (short)": {"peak": short.memory.forward_peak / 2, "seconds": 1.0},
+        "forward+backward (short)": {"peak": short.memory.train_peak, "seconds": 1.5},
+    }
+    lines = assigned_text(plan, figures).splitlines()
+    assert "4.5 s" in lines[0]
+    assert [line.split()[0] for line in lines[1:]] == ["forward", "forward+backward"] * 2
+    assert lines[3].startswith("  forward (short)") and lines[3].endswith("+100.0%)")
+    assert lines[4].endswith("+0.0%)")
+
+
 def test_a_target_without_a_tpu_slice_is_refused(invoke_main, repo_root) -> None:
     result = invoke_main("plan", "specs/mixtral_small_cpu.yaml", "--assigned", cwd=repo_root)
     assert result.code == 4
