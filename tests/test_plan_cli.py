@@ -91,8 +91,8 @@ def test_cli_plan_tpu_example(monkeypatch: pytest.MonkeyPatch) -> None:
         == [
             "    (an estimate of XLA's buffer assignment: on two generated populations of TPU "
             "layers it was over 10% off the compiled peak",
-            "     on about 31% of the programs; `moegen plan --compile` shows the compiler's "
-            "figure)",
+            "     on about 31% of the programs; `moegen plan --assigned` reads the compiler's "
+            "figure in seconds)",
             "       2.625 GiB  gathered expert weights and one weight's gradient, at the weight "
             "gradients",
             "       0.656 GiB  parameters (stored shards)",
@@ -128,6 +128,16 @@ def test_cli_plan_json_tpu_example(monkeypatch: pytest.MonkeyPatch) -> None:
         False,
     )
     assert sum(size for _, size in data["memory"]["ledger"]) == data["memory"]["train_peak"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "where"),
+    [("mixtral_8x7b_v5e", "`moegen plan --assigned` reads"), ("mixtral_8x7b_h100", "--compile")],
+)
+def test_the_ledger_names_where_the_compilers_figure_is(spec: str, where: str, repo_root) -> None:
+    """On a TPU slice the compiler's figure is seconds away (--assigned); elsewhere a compile."""
+    text = format_plan(make_plan(load_valid(repo_root / "specs" / f"{spec}.yaml")))
+    assert where in text
 
 
 def test_cli_plan_cpu_has_no_tile_line() -> None:
