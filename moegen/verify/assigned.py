@@ -256,14 +256,14 @@ def whole_layer_verdict(loaded: LoadedSpec, plan: Plan) -> str | None:
         return f"{chosen}; XLA's buffer assignment of the layer whole could not be read ({reason})"
     if whole is None:
         return None
-    tune = "auto for both and `moegen tune` find the fastest trade that fits, read this way"
+    # the memory verdict before this step names `moegen tune` for the fastest trade that fits
     if whole["peak"] is None:
         refused = str(whole["compiler"]).strip().splitlines()[0]
-        return f"{chosen}; the layer whole is out of HBM ({refused}): a trade is needed ({tune})"
+        return f"{chosen}; the layer whole is out of HBM ({refused}): a trade is needed"
     read = f"{chosen}; XLA's buffer assignment of the layer whole: {_size(whole)}"
     if whole["fits"]:
         return (
             f"{read}: it fits, and the trade recomputes for nothing: write memory.ffn_chunks: 1 "
-            f"and memory.token_chunks: 1 ({tune})"
+            "and memory.token_chunks: 1"
         )
-    return f"{read}: it does not fit, a trade is needed ({tune})"
+    return f"{read}: it does not fit, a trade is needed"
