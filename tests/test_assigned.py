@@ -181,6 +181,30 @@ def test_the_build_says_whether_the_plans_own_trade_was_needed(tmp_path, monkeyp
     assert verdict.startswith("the plan's ledger chose ") and says in verdict
 
 
+def test_a_variant_the_plan_traded_is_read_too(tmp_path, monkeypatch):
+    """The main shape runs whole, a larger variant in chunks the plan chose: the step names
+    the variant's trade and reads the layer whole (every shape)."""
+    path = tmp_path / "variants.yaml"
+    path.write_text(
+        QWEN3_V5E.replace(
+            "shapes: {batch: 128, seq_len: 4096}",
+            "shapes: {batch: 16, seq_len: 4096, variants: {big: {batch: 128, seq_len: 4096}}}",
+        ),
+        encoding="utf-8",
+    )
+    loaded = load_valid(path)
+    plan = make_plan(loaded)
+    assert plan.ffn.chunks * plan.experts.token_chunks == 1
+    big = plan.variants[0].plan
+    assert big.ffn.chunks * big.experts.token_chunks > 1
+    read = []
+    fits = {"peak": 9 * 2**30, "hbm": 16 * 2**30, "fits": True}
+    monkeypatch.setattr(assigned, "whole_layer", lambda loaded, plan: read.append(plan) or fits)
+    verdict = whole_layer_verdict(loaded, plan)
+    assert verdict.startswith("the plan's ledger chose ") and " for big; " in verdict
+    assert read == [plan]
+
+
 def test_a_failed_read_is_said_and_a_written_trade_is_not_read(tmp_path, monkeypatch):
     loaded, plan = _qwen3(tmp_path)
 

@@ -207,9 +207,10 @@ def fits_by_assignment(plan: Plan, peak: int) -> bool:
 def whole_layer(loaded: LoadedSpec, plan: Plan) -> dict[str, Any] | None:
     """Where the layer runs in FFN slices or token chunks: XLA's assigned peak of the layer
     whole, and whether it fits HBM (the plan trades on its ledger, which can be over); None
-    where it already runs whole. Raises VerifyError as assigned_memory does, but for an
-    out-of-HBM refusal of the whole layer, which is its answer."""
-    if plan.ffn.chunks == 1 and plan.experts.token_chunks == 1:
+    where every shape already runs whole. Raises VerifyError as assigned_memory does, but
+    for an out-of-HBM refusal of the whole layer, which is its answer."""
+    shapes = [plan, *(variant.plan for variant in plan.variants)]
+    if all(shape.ffn.chunks == 1 and shape.experts.token_chunks == 1 for shape in shapes):
         return None
     whole = make_plan(unchecked(loaded, WHOLE), options=False)
     hbm = whole.memory.hbm_bytes_per_device
@@ -245,7 +246,12 @@ def whole_layer_verdict(loaded: LoadedSpec, plan: Plan) -> str | None:
     assignment (seconds, beside the full compile's minutes), and what to write if it does.
     None where the plan chose no trade of its own. A read that fails is said, not raised:
     the module the build verified stands either way."""
-    own = own_trades(loaded.spec.memory, plan)
+    memory = loaded.spec.memory  # every shape's: variants change the batch and seq_len only
+    own = own_trades(memory, plan) + [
+        f"{trade} for {variant.name}"
+        for variant in plan.variants
+        for trade in own_trades(memory, variant.plan)
+    ]
     if not own:
         return None
     chosen = f"the plan's ledger chose {' and '.join(own)}"
