@@ -93,7 +93,7 @@ def assigned_figures(plan: Plan, source: str) -> dict[str, dict[str, float]]:
     from moegen.verify.assigned import assigned_memory
 
     figures = {}
-    for variant in ["", *(v.name for v in plan.variants)]:
+    for variant, _ in plan.shape_plans():
         label = f" ({variant})" if variant else ""
         for program, figure in assigned_memory(plan, source, variant=variant).items():
             figures[program + label] = {**dataclasses.asdict(figure), "peak": figure.peak}
@@ -105,7 +105,8 @@ def assigned_text(plan: Plan, figures: dict[str, dict[str, float]]) -> str:
     from moegen.verify.messages import PROGRAMS
 
     planned, seconds = {}, 0.0
-    for label, shape in [("", plan), *((f" ({v.name})", v.plan) for v in plan.variants)]:
+    for name, shape in plan.shape_plans():
+        label = f" ({name})" if name else ""
         planned[f"forward{label}"] = shape.memory.forward_peak
         planned[f"forward+backward{label}"] = shape.memory.train_peak
         # a shape's two programs are read side by side, the shapes one after another

@@ -87,7 +87,7 @@ def _read(candidate: Candidate, read_peak: ReadPeak) -> None:
     plan = candidate.plan
     assert plan is not None
     candidate.peak_by = READ_BY
-    if any(proved_unfit(shape.memory) for shape in _shapes(plan)):
+    if any(proved_unfit(shape.memory) for _, shape in plan.shape_plans()):
         candidate.problem = "not read: the plan proves it out of HBM"
         return
     start = time.perf_counter()
@@ -107,13 +107,8 @@ def _read(candidate: Candidate, read_peak: ReadPeak) -> None:
         )
 
 
-def _shapes(plan: Plan) -> list[Plan]:
-    """The plan of every shape: the main one and each variant's."""
-    return [plan, *(variant.plan for variant in plan.variants)]
-
-
 def _ledger_refuses(plan: Plan) -> bool:
-    return any(over_hbm(shape.memory) for shape in _shapes(plan))
+    return any(over_hbm(shape.memory) for _, shape in plan.shape_plans())
 
 
 def _trades(plan: Plan | None) -> int:

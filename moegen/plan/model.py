@@ -121,6 +121,10 @@ class Plan:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def shape_plans(self) -> list[tuple[str, Plan]]:
+        """Every shape's plan, named: the main shape ("") first, then each variant's."""
+        return [("", self), *((variant.name, variant.plan) for variant in self.variants)]
+
 
 @dataclass(frozen=True)
 class VariantPlan:

@@ -182,10 +182,9 @@ def assigned_peak(plan: Plan) -> int:
     them all, and a memory trade is chosen for all). Raises VerifyError as assigned_memory
     does."""
     source = render(plan)
-    shapes = ["", *(variant.name for variant in plan.variants)]
     return max(
         figure.peak
-        for variant in shapes
+        for variant, _ in plan.shape_plans()
         for figure in assigned_memory(plan, source, variant=variant).values()
     )
 
@@ -209,7 +208,7 @@ def whole_layer(loaded: LoadedSpec, plan: Plan) -> dict[str, Any] | None:
     whole, and whether it fits HBM (the plan trades on its ledger, which can be over); None
     where every shape already runs whole. Raises VerifyError as assigned_memory does, but
     for an out-of-HBM refusal of the whole layer, which is its answer."""
-    shapes = [plan, *(variant.plan for variant in plan.variants)]
+    shapes = [shape for _, shape in plan.shape_plans()]
     if all(shape.ffn.chunks == 1 and shape.experts.token_chunks == 1 for shape in shapes):
         return None
     whole = make_plan(unchecked(loaded, WHOLE), options=False)
@@ -247,10 +246,10 @@ def whole_layer_verdict(loaded: LoadedSpec, plan: Plan) -> str | None:
     None where the plan chose no trade of its own. A read that fails is said, not raised:
     the module the build verified stands either way."""
     memory = loaded.spec.memory  # every shape's: variants change the batch and seq_len only
-    own = own_trades(memory, plan) + [
-        f"{trade} for {variant.name}"
-        for variant in plan.variants
-        for trade in own_trades(memory, variant.plan)
+    own = [
+        trade + (f" for {name}" if name else "")
+        for name, shape in plan.shape_plans()
+        for trade in own_trades(memory, shape)
     ]
     if not own:
         return None
