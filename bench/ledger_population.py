@@ -201,20 +201,24 @@ def _tree(text: str) -> dict[str, Any]:
     return yaml.safe_load(text)
 
 
+def distribution_line(key: str, found: list[tuple[float, str]]) -> str:
+    """One program's errors: how many, the median, 95th percentile and worst of |error|
+    (the worst three named), and how many are outside 10%."""
+    sizes = sorted(abs(e) for e, _ in found)
+    p95 = sizes[min(len(sizes) - 1, round(0.95 * (len(sizes) - 1)))]
+    worst = sorted(found, key=lambda item: -abs(item[0]))[:3]
+    outside = sum(1 for e in sizes if e > 0.10)
+    return (
+        f"{key}: {len(found)} programs, |error| median {statistics.median(sizes):.1%}, "
+        f"p95 {p95:.1%}, worst "
+        + ", ".join(f"{e:+.1%} ({n})" for e, n in worst)
+        + f"; {outside} outside 10%"
+    )
+
+
 def _distribution(errors: dict[str, list[tuple[float, str]]], oom: list[str]) -> None:
     for key, found in errors.items():
-        if not found:
-            continue
-        sizes = sorted(abs(e) for e, _ in found)
-        p95 = sizes[min(len(sizes) - 1, round(0.95 * (len(sizes) - 1)))]
-        worst = sorted(found, key=lambda item: -abs(item[0]))[:3]
-        outside = sum(1 for e in sizes if e > 0.10)
-        print(
-            f"{key}: {len(found)} programs, |error| median {statistics.median(sizes):.1%}, "
-            f"p95 {p95:.1%}, worst "
-            + ", ".join(f"{e:+.1%} ({n})" for e, n in worst)
-            + f"; {outside} outside 10%",
-            flush=True,
-        )
+        if found:
+            print(distribution_line(key, found), flush=True)
     if oom:
         print(f"compiler out of memory: {len(oom)} specs: {', '.join(oom)}", flush=True)

@@ -1,6 +1,6 @@
 """Benchmark: how long moegen takes to refuse a spec its plan says cannot fit the target's HBM.
 
-    python -m bench.refuse_fast [SPEC ...]
+    python -m bench.refuse_fast [--fit-check plan|assigned|compile] [SPEC ...]
 
 Default: every spec of tests/unfit_specs/. For each, the wall time of `moegen validate`,
 `moegen plan` and `moegen build` as a user runs them (a fresh `python -m moegen`, interpreter
@@ -8,16 +8,22 @@ start and imports included), with their exit codes, and the time of the refusal 
 this process (`moegen.pipeline.load_fitting`: load, validate, plan, and the plans that find
 what would fit); then the worst of each column. `build` runs only on a spec the other two
 refused (on one that fits it would verify, for minutes). Issue 20 asks for a refusal in under 2 s.
+With `--fit-check V`, each spec is run with `memory.fit_check: V` written in (a copy in a
+scratch folder): `plan` refuses by the plan's ledger alone; `assigned` (the default) reads
+XLA's buffer assignment, seconds, before a refusal the ledger does not prove.
 This is a benchmark, not a test: nothing is asserted.
 """
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 from moegen.diagnostics import SpecError
 from moegen.pipeline import load_fitting
@@ -49,13 +55,29 @@ def in_process_seconds(spec: Path) -> tuple[float, str]:
     return time.perf_counter() - start, outcome
 
 
+def with_fit_check(spec: Path, value: str | None, folder: Path) -> Path:
+    """`spec`, or a copy of it in `folder` with memory.fit_check: `value`."""
+    if value is None:
+        return spec
+    tree = yaml.safe_load(spec.read_text(encoding="utf-8"))
+    tree.setdefault("memory", {})["fit_check"] = value
+    copy = folder / spec.name
+    copy.write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+    return copy
+
+
 def main(argv: list[str]) -> None:
-    specs = [Path(a) for a in argv] or sorted(CORPUS.glob("*.yaml"))
+    parser = argparse.ArgumentParser(prog="python -m bench.refuse_fast", description=__doc__)
+    parser.add_argument("--fit-check", choices=("plan", "assigned", "compile"))
+    parser.add_argument("specs", nargs="*", type=Path)
+    args = parser.parse_args(argv)
+    specs = args.specs or sorted(CORPUS.glob("*.yaml"))
     header = "".join(f"{c:>15}" for c in COMMANDS)
     print(f"{'spec':<36}{header}{'in-process':>12}  outcome")
     worst = dict.fromkeys((*COMMANDS, "in-process"), 0.0)
     with tempfile.TemporaryDirectory(prefix="refuse-fast-") as tmp:
-        for spec in specs:
+        for original in specs:
+            spec = with_fit_check(original, args.fit_check, Path(tmp))
             row = ""
             refused = True
             for command in COMMANDS:

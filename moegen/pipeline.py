@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from moegen.diagnostics import SpecError
+from moegen.diagnostics import Diagnostic, SpecError
 from moegen.emit import check_out_dir, write_all
 from moegen.load import FieldPath, LoadedSpec, load_spec
 from moegen.parallel import OrderedProgress, TaskFailed, run_tasks
 from moegen.plan import Plan, fit_problems, make_plan
+from moegen.plan.fit import COMPILE_DECIDES
 from moegen.render import render
 from moegen.validate import validate
 from moegen.variants import derive
@@ -32,6 +33,8 @@ from moegen.verify import (
 from moegen.verify.assigned import whole_layer_verdict
 from moegen.verify.messages import MemoryVerdict
 from moegen.verify.preflight import require_verifiers
+from moegen.verify.refusal_read import RefusalRead, read_before_refusing
+from moegen.verify.verdict import OutOfHbm
 
 DEFAULT_SPEC_DIR = Path("specs")
 DEFAULT_OUT_DIR = Path("generated")
@@ -64,10 +67,31 @@ def load_fitting(path: Path) -> LoadedSpec:
 def refuse_unfit(loaded: LoadedSpec, plan: Plan) -> Plan:
     """`plan` when by it the spec can fit its target's HBM; SpecError, located and naming
     what would fit, when it cannot (moegen.plan.fit)."""
+    return fitting_plan(loaded, plan)[0]
+
+
+def fitting_plan(loaded: LoadedSpec, plan: Plan) -> tuple[Plan, RefusalRead | None]:
+    """refuse_unfit, and XLA's read where the plan's ledger alone would have refused: with
+    `memory.fit_check: assigned` (the default), on a TPU target, the refusal stands only
+    where XLA's buffer assignment agrees (moegen.verify.refusal_read), and says its figure."""
     problems = fit_problems(loaded, plan, _plan_changed)
-    if problems:
-        raise SpecError(problems)
-    return plan
+    if not problems:
+        return plan, None
+    read = read_before_refusing(plan) if loaded.spec.memory.fit_check == "assigned" else None
+    if read is not None and read.fits:
+        return plan, read
+    if read is not None:
+        problems = [_with_read(problem, read) for problem in problems]
+    raise SpecError(problems)
+
+
+def _with_read(problem: Diagnostic, read: RefusalRead) -> Diagnostic:
+    """A refusal by the ledger's word with XLA's answer; where XLA has measured the layer,
+    leaving the decision to the full-size compile is no longer offered."""
+    message = problem.message.rstrip()
+    if read.measured:
+        message = message.replace(COMPILE_DECIDES, "")
+    return replace(problem, message=f"{message} {read.words.rstrip('.')}.")
 
 
 def _plan_changed(loaded: LoadedSpec, changes: Mapping[FieldPath, Any]) -> Plan | None:
@@ -86,8 +110,12 @@ def generate(path: Path, progress: Progress | None = None) -> Generated:
     loaded = load_valid(path)
     note(loaded.source.display, "load + validate", time.perf_counter() - start, None)
     start = time.perf_counter()
-    plan = refuse_unfit(loaded, make_plan(loaded))  # before any twin or compile
-    note(loaded.source.display, "plan", time.perf_counter() - start, None)
+    plan, read = fitting_plan(loaded, make_plan(loaded))  # before any twin or compile
+    planned_s = time.perf_counter() - start - (read.seconds if read else 0.0)
+    note(loaded.source.display, "plan", planned_s, None)
+    if read is not None:  # the ledger would have refused it; XLA's assignment fits it
+        step = MemoryVerdict("plan: memory by XLA's assignment", read.seconds, read.words)
+        note(loaded.source.display, step.step, step.seconds, step)
     start = time.perf_counter()
     source = render(plan)
     note(loaded.source.display, "render", time.perf_counter() - start, None)
@@ -152,9 +180,16 @@ def _verifying(
         note(display, f"verify: {step.step}", step.seconds, step)
 
     def task() -> Generated:
-        report = verify(
-            generated.loaded, generated.source, plan=generated.plan, on_step=on_step, cache=cache
-        )
+        try:
+            report = verify(
+                generated.loaded,
+                generated.source,
+                plan=generated.plan,
+                on_step=on_step,
+                cache=cache,
+            )
+        except OutOfHbm as err:
+            raise _with_whole_layer(err, generated) from None
         whole = _whole_layer_step(generated)
         if whole is not None:
             report.steps.append(whole)
@@ -163,6 +198,14 @@ def _verifying(
         return Generated(generated.loaded, generated.plan, generated.source, report)
 
     return task
+
+
+def _with_whole_layer(err: OutOfHbm, generated: Generated) -> OutOfHbm:
+    """An out-of-HBM compile of a trade the plan chose on its own (by its ledger), with XLA's
+    buffer assignment of the layer whole: a layer the ledger traded can fit whole where the
+    trade does not (its sliced backward holds more)."""
+    whole = whole_layer_verdict(generated.loaded, generated.plan, out_of_hbm=True)
+    return OutOfHbm(f"{err}\n{whole[0].upper()}{whole[1:]}.") if whole else err
 
 
 def _whole_layer_step(generated: Generated) -> MemoryVerdict | None:

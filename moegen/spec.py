@@ -283,14 +283,17 @@ class Memory(_Section):
         "that XLA does not move), so only one slice's copy is live. Needs ffn_chunks > 1, "
         "dtypes.params float32 and dtypes.compute bfloat16.",
     )
-    fit_check: Literal["plan", "compile"] = Field(
-        "plan",
+    fit_check: Literal["assigned", "plan", "compile"] = Field(
+        "assigned",
         description="What refuses a layer too big for the target's HBM. plan: refused before "
-        "any twin or compile when the plan puts it more than 10% over HBM. compile: refused "
+        "any twin or compile when the plan puts it more than 10% over HBM (under a second). "
+        "assigned: the same, but on a TPU target a refusal the plan does not prove stands "
+        "only where XLA's buffer assignment of the full-size programs (read in seconds, no "
+        "code generated) agrees; a layer XLA fits goes on to the build. compile: refused "
         "before compiling only where that is proved (the parameters and their gradients alone "
         "over HBM, or the plan more than 55% over it: the most its estimate has been measured "
         "above the compiler's on generated TPU layers); nearer HBM, the full-size compile's "
-        "memory verdict decides. For a layer of a kind the plan over-estimates.",
+        "memory verdict decides.",
     )
 
 

@@ -247,3 +247,41 @@ def test_the_build_reads_the_layer_whole_where_the_ledger_traded(tmp_path, monke
     assert verdict.startswith("the plan's ledger chose ")
     assert "XLA's buffer assignment of the layer whole: 8.64 GiB" in verdict
     assert "it fits, and the trade recomputes for nothing" in verdict
+
+
+@pytest.mark.parametrize(
+    ("whole", "says"),
+    [
+        (
+            {"peak": 9 * 2**30, "hbm": 16 * 2**30, "fits": True},
+            "9.00 GiB, 56% of HBM: it fits, where the plan's trade does not: write "
+            "memory.ffn_chunks: 1 and memory.token_chunks: 1.",
+        ),
+        (
+            {"peak": 17 * 2**30, "hbm": 16 * 2**30, "fits": False},
+            "it does not fit, a trade is needed (memory.ffn_chunks: auto and "
+            "memory.token_chunks: auto, then `moegen tune`,",
+        ),
+    ],
+)
+def test_a_plans_own_trade_out_of_hbm_is_said_with_the_layer_whole(
+    tmp_path, monkeypatch, whole, says
+):
+    """The full-size compile of the ledger's own trade runs out of HBM (stood in for): the
+    build's error adds XLA's read of the layer whole, and what to write."""
+    import moegen.pipeline
+    from moegen.verify.verdict import OutOfHbm
+
+    def verify(loaded, source, *, plan, on_step=lambda step: None, timeout_s=None, cache=None):
+        raise OutOfHbm("forward+backward does not fit tpu-v5e 4x4; the TPU compiler says: ...")
+
+    monkeypatch.setattr(moegen.pipeline, "verify", verify)
+    monkeypatch.setattr(assigned, "whole_layer", lambda loaded, plan: whole)
+    monkeypatch.chdir(tmp_path)
+    Path("qwen3_v5e.yaml").write_text(QWEN3_V5E, encoding="utf-8")
+    with pytest.raises(OutOfHbm) as info:
+        moegen.pipeline.build([Path("qwen3_v5e.yaml")], Path("out"))
+    first, second = str(info.value).split("\n", 1)
+    assert first.startswith("forward+backward does not fit tpu-v5e 4x4")
+    assert second.startswith("The plan's ledger chose ") and says in second
+    assert not Path("out").exists()

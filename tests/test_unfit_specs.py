@@ -134,14 +134,18 @@ def _with_fit_check(case: str, check: str):
 
 
 def test_with_fit_check_compile_a_layer_the_plan_does_not_prove_unfit_goes_to_the_compile() -> None:
-    """pinned_whole_ffn_v5e is planned 40% over HBM: refused by default (the golden), and left
-    to the compile's memory verdict with memory.fit_check: compile."""
+    """pinned_whole_ffn_v5e is planned 40% over HBM: refused by the ledger with
+    memory.fit_check: plan, by default where XLA's buffer assignment agrees (the golden), and
+    left to the compile's memory verdict with memory.fit_check: compile."""
     loaded = _with_fit_check("pinned_whole_ffn_v5e", "compile")
     plan = make_plan(loaded)
     assert plan.memory.hbm_bytes_per_device < plan.memory.train_peak
     assert refuse_unfit(loaded, plan) is plan
-    with pytest.raises(SpecError, match="memory.fit_check: compile lets"):
+    with pytest.raises(SpecError, match="memory.fit_check: compile lets"):  # the ledger alone
         refuse_unfit(*_loaded_and_plan(_with_fit_check("pinned_whole_ffn_v5e", "plan")))
+    # by default XLA reads the plan's word (moegen.verify.refusal_read), and agrees here
+    with pytest.raises(SpecError, match="XLA's buffer assignment agrees: .* out of HBM"):
+        refuse_unfit(*_loaded_and_plan(_with_fit_check("pinned_whole_ffn_v5e", "assigned")))
 
 
 @pytest.mark.parametrize("case", ["batch_too_large_v5e", "experts_too_many_v5e"])

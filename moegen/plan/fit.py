@@ -43,6 +43,9 @@ LEDGER_OVERESTIMATE = 0.10
 # hold-out is not kept from it: a margin below a measured over-estimate is no proof.
 # tests/test_ledger_population.py holds it above every recorded over-estimate.
 REFUSAL_OVERESTIMATE = 0.55
+# What a refusal by the ledger's word alone offers, unless XLA's own figure has spoken
+# (moegen.verify.refusal_read: on a TPU target the build reads it before refusing).
+COMPILE_DECIDES = "; memory.fit_check: compile lets the full-size compile decide"
 # Plans made to find the largest batch that fits: a binary search over multiples of the batch
 # shards takes log2(batch / shards) of them (a few ms each), so 24 cover any batch moegen
 # accepts and keep a refusal well under a second.
@@ -146,8 +149,7 @@ def _refusal(plan: Plan) -> str:
         )
     return (
         f"{needs}: it does not fit by the plan, though by less than the plan's measured error "
-        f"({REFUSAL_OVERESTIMATE:.0%} over the compiler at most; memory.fit_check: compile "
-        "lets the full-size compile decide). "
+        f"({REFUSAL_OVERESTIMATE:.0%} over the compiler at most{COMPILE_DECIDES}). "
     )
 
 

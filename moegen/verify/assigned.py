@@ -239,12 +239,19 @@ def _size(whole: dict[str, Any]) -> str:
     return f"{whole['peak'] / 2**30:.2f} GiB, {whole['peak'] / whole['hbm']:.0%} of HBM"
 
 
-def whole_layer_verdict(loaded: LoadedSpec, plan: Plan) -> str | None:
+TUNE = (
+    " (memory.ffn_chunks: auto and memory.token_chunks: auto, then `moegen tune`, read each "
+    "trade's figure the same way and write the fastest that fits)"
+)
+
+
+def whole_layer_verdict(loaded: LoadedSpec, plan: Plan, out_of_hbm: bool = False) -> str | None:
     """For the build: where the plan chose FFN slices or token chunks on its own on a TPU
     target (by its ledger, an estimate), whether the layer whole fits by XLA's buffer
     assignment (seconds, beside the full compile's minutes), and what to write if it does.
     None where the plan chose no trade of its own. A read that fails is said, not raised:
-    the module the build verified stands either way."""
+    the module the build verified stands either way. `out_of_hbm`: the full-size compile of
+    the plan's trade ran out of HBM (the words say what to write instead)."""
     memory = loaded.spec.memory  # every shape's: variants change the batch and seq_len only
     own = [
         trade + (f" for {name}" if name else "")
@@ -264,11 +271,12 @@ def whole_layer_verdict(loaded: LoadedSpec, plan: Plan) -> str | None:
     # the memory verdict before this step names `moegen tune` for the fastest trade that fits
     if whole["peak"] is None:
         refused = str(whole["compiler"]).strip().splitlines()[0]
-        return f"{chosen}; the layer whole is out of HBM ({refused}): a trade is needed"
+        needed = f"{chosen}; the layer whole is out of HBM ({refused}): a trade is needed"
+        return needed + (TUNE if out_of_hbm else "")
     read = f"{chosen}; XLA's buffer assignment of the layer whole: {_size(whole)}"
+    write = "write memory.ffn_chunks: 1 and memory.token_chunks: 1"
     if whole["fits"]:
-        return (
-            f"{read}: it fits, and the trade recomputes for nothing: write memory.ffn_chunks: 1 "
-            "and memory.token_chunks: 1"
-        )
-    return f"{read}: it does not fit, a trade is needed"
+        if out_of_hbm:  # the plan's own trade ran out where the layer whole fits
+            return f"{read}: it fits, where the plan's trade does not: {write}"
+        return f"{read}: it fits, and the trade recomputes for nothing: {write}"
+    return f"{read}: it does not fit, a trade is needed" + (TUNE if out_of_hbm else "")

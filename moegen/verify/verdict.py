@@ -23,6 +23,10 @@ class VerifyError(Exception):
     """The rendered module failed a verification step."""
 
 
+class OutOfHbm(VerifyError):
+    """A full-size program does not fit the target's HBM (the compiler's figure said)."""
+
+
 class PlanDefect(VerifyError):
     """The spec is valid and the module right, but the plan chose what the target cannot
     build: a defect in moegen, reported as such rather than as the user's problem."""
@@ -46,7 +50,7 @@ def memory_verdict(plan: Plan, report: VerifyReport) -> str | None:
         if isinstance(step, CompilerOutOfMemory):
             if step.memory_space == "vmem":
                 raise vmem_defect(plan, step)
-            raise VerifyError(
+            raise OutOfHbm(
                 f"{step.step.removeprefix('compile ')} does not fit {plan.hardware} "
                 f"{plan.mesh.topology}; the TPU compiler says:\n  {step.oom}\n{_hbm_advice(plan)}"
             )
@@ -61,7 +65,7 @@ def memory_verdict(plan: Plan, report: VerifyReport) -> str | None:
         mem = step.memory
         if mem.peak <= hbm:
             continue
-        raise VerifyError(
+        raise OutOfHbm(
             f"{step.step.removeprefix('compile ')} does not fit {plan.hardware} "
             f"{plan.mesh.topology}: {mem.peak / 2**30:.2f} GiB per device "
             f"(arguments {mem.argument / 2**30:.2f}, outputs {mem.output / 2**30:.2f}, "

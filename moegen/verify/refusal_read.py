@@ -1,0 +1,74 @@
+"""Before the plan refuses a TPU layer on its ledger's word alone: XLA's own figure decides.
+
+The plan refuses a spec whose ledger puts it over HBM (moegen.plan.fit). Where the ledger
+*proves* it cannot fit (the parameters and their gradients alone over HBM, or the estimate
+over by more than the ledger has ever been measured over the compiler), the refusal stands
+in milliseconds. Between the two (over by more than LEDGER_OVERESTIMATE, by less than
+REFUSAL_OVERESTIMATE) the ledger is an estimate that has been measured up to 38% over XLA's
+peak on a population nobody fitted it on (bench.holdout, seed 2: two of its seven refusals
+there were of layers that fit), so a refusal there can be wrong.
+On a TPU target the layer's buffer assignment, as XLA makes it for the full-size programs
+(moegen.verify.assigned, seconds, no code generated), says whether it fits: the refusal
+stands only where XLA agrees, and says XLA's figure; a layer XLA fits goes on to the build,
+whose full-size compile has the last word.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from moegen.hardware import hardware
+from moegen.plan import Plan
+from moegen.plan.fit import proved_unfit
+from moegen.verify.assigned import assigned_peak, fits_by_assignment
+from moegen.verify.preflight import LIBTPU_FIX, module_installed
+from moegen.verify.verdict import VerifyError
+from moegen.verify.verification import tpu_target
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class RefusalRead:
+    """XLA's answer to a refusal by the ledger's word: whether the layer fits, in words."""
+
+    fits: bool
+    words: str
+    seconds: float
+    measured: bool = True  # False: the read could not be made (no libtpu, a failed worker)
+
+
+def read_before_refusing(plan: Plan) -> RefusalRead | None:
+    """XLA's buffer assignment of every shape of `plan`, where the plan refuses it on its
+    ledger's word on a TPU target; None where no read has a say (not a TPU target, or a
+    shape the plan proves cannot fit). Call it only where the plan refuses."""
+    shapes = [shape for _, shape in plan.shape_plans()]
+    if tpu_target(plan) is None or any(proved_unfit(shape.memory) for shape in shapes):
+        return None
+    if not module_installed("libtpu"):
+        return RefusalRead(
+            False,
+            f"XLA's buffer assignment, which would decide, needs libtpu: {LIBTPU_FIX}",
+            0.0,
+            measured=False,
+        )
+    start = time.perf_counter()
+    try:
+        peak = assigned_peak(plan)
+    except VerifyError as err:
+        line = str(err).strip().splitlines()[0]
+        seconds = time.perf_counter() - start
+        if "out of HBM" in line:
+            return RefusalRead(False, f"XLA's buffer assignment agrees: {line}", seconds)
+        words = f"XLA's buffer assignment could not be read ({line})"
+        return RefusalRead(False, words, seconds, measured=False)
+    seconds = time.perf_counter() - start
+    granted = hardware(plan.hardware).compiler_hbm_bytes_per_device
+    words = (
+        f"XLA's buffer assignment of the full-size programs: {peak / GiB:.2f} GiB per device, "
+        f"of the {granted / GiB:.2f} GiB the compiler grants a program"
+    )
+    if fits_by_assignment(plan, peak):
+        return RefusalRead(True, f"the plan's ledger puts it over HBM; {words}: it fits", seconds)
+    return RefusalRead(False, f"{words}: it does not fit either", seconds)

@@ -1,0 +1,93 @@
+"""bench.holdout reads each module once into its store, reads again what the store does not
+hold well formed, refuses a file that is not a store by name and the seeds the rules were
+written on: with a stand-in for XLA's reader (no compile here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import bench.holdout as holdout
+from bench.population import population
+from moegen.verify import VerifyError
+from moegen.verify.assigned import AssignedMemory
+
+SPECS = population(2, 2)
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Every read the bench asks of XLA, answered 1 GiB and 2 GiB (or refused, per spec)."""
+    asked: list[str] = []
+
+    def reader(plan, source, timeout_s, variant=""):
+        asked.append(variant)
+        if "refuse me" in source:
+            raise VerifyError("compile forward: out of HBM: RESOURCE_EXHAUSTED\nmore")
+        gib = 2**30
+        return {
+            "forward": AssignedMemory(gib, 0, 0, 1.0),
+            "forward+backward": AssignedMemory(2 * gib, 0, 0, 1.0),
+        }
+
+    monkeypatch.setattr(holdout, "assigned_memory", reader)
+    return asked
+
+
+def test_a_module_is_read_once_and_kept_under_its_key(tmp_path, reads):
+    store = tmp_path / "store.json"
+    name, text = SPECS[0]
+    errors = {program: [] for program in holdout.PROGRAMS}
+    row = holdout.ledger_row(store, name, text, errors)
+    assert row.startswith(name) and "vs 1.00 GiB" in row and "vs 2.00 GiB" in row
+    holdout.ledger_row(store, name, text, errors)
+    assert reads == [""]  # the second time from the store
+    (entry,) = json.loads(store.read_text(encoding="utf-8"))["modules"].values()
+    assert entry == {"spec": name, "forward": 2**30, "forward+backward": 2**31}
+    plan = holdout.plan_of(name, text)
+    planned = plan.memory.forward_peak / 2**30 - 1
+    assert errors["forward"][0] == (pytest.approx(planned), name)
+
+
+def test_a_forged_record_is_read_again_and_a_bad_store_refused(tmp_path, reads):
+    store = tmp_path / "store.json"
+    name, text = SPECS[0]
+    holdout.ledger_row(store, name, text, {p: [] for p in holdout.PROGRAMS})
+    data = json.loads(store.read_text(encoding="utf-8"))
+    (key,) = data["modules"]
+    for forged in ({"spec": name, "forward": -5, "forward+backward": 3}, {"forward": "big"}, 7):
+        store.write_text(json.dumps({"modules": {key: forged}}), encoding="utf-8")
+        holdout.ledger_row(store, name, text, {p: [] for p in holdout.PROGRAMS})
+    assert len(reads) == 4
+    store.write_text("not json", encoding="utf-8")
+    with pytest.raises(SystemExit, match="store.json: not a store of figures"):
+        holdout.ledger_row(store, name, text, {p: [] for p in holdout.PROGRAMS})
+
+
+def test_a_compiler_refusal_is_kept_and_said(tmp_path, reads, monkeypatch):
+    monkeypatch.setattr(holdout, "render", lambda plan: "refuse me")
+    store = tmp_path / "store.json"
+    name, text = SPECS[1]
+    row = holdout.ledger_row(store, name, text, {p: [] for p in holdout.PROGRAMS})
+    assert (
+        row == f"{name} | refused by the compiler: compile forward: out of HBM: RESOURCE_EXHAUSTED"
+    )
+    (entry,) = json.loads(store.read_text(encoding="utf-8"))["modules"].values()
+    assert entry["refused"].startswith("compile forward: out of HBM")
+
+
+def test_the_summary_counts_the_defaults_verdicts():
+    errors = {"forward": [(0.05, "a"), (-0.2, "b")], "forward+backward": []}
+    verdicts = {"fits": ["a", "b"], "OVER": [], "refused, whole fits (wrong)": ["c"]}
+    lines = holdout.summary(errors, verdicts)
+    assert lines[0].startswith("ledger forward: 2 programs") and "; 1 outside 10%" in lines[0]
+    assert "worst -20.0% (b), +5.0% (a)" in lines[0]
+    assert lines[-1].endswith("2 fits, 1 refused, whole fits (wrong)")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_seeds_the_rules_were_written_on_are_refused(seed, capsys):
+    with pytest.raises(SystemExit):
+        holdout.main(["--population", "1", "--seed", str(seed)])
+    assert "not a hold-out" in capsys.readouterr().err

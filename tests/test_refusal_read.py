@@ -1,0 +1,153 @@
+"""Where the plan would refuse a TPU layer on its ledger's word alone (planned over HBM by
+more than LEDGER_OVERESTIMATE, by less than REFUSAL_OVERESTIMATE), XLA's buffer assignment
+decides (moegen.verify.refusal_read): a layer it fits goes on, and the build says which figure
+let it; a refusal it agrees with says XLA's figure. Stand-in reads here, and two real ones
+(slow): a layer the ledger over-counts by a third, and one XLA finds out of HBM too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import assert_no_traceback, run_moegen
+
+from moegen.diagnostics import SpecError
+from moegen.pipeline import generate, load_fitting, load_valid
+from moegen.plan import make_plan
+from moegen.plan.fit import COMPILE_DECIDES, cannot_fit
+from moegen.verify import VerifyError, refusal_read
+from moegen.verify.refusal_read import read_before_refusing
+
+GiB = 2**30
+EXIT_INVALID = 3
+
+# Jamba's MoE block replicated over data 4 x tensor 2 on v5e (bench.holdout, seed 2, spec 18
+# made too big to run whole): the ledger plans 19.22 GiB forward+backward, 20% over HBM,
+# where XLA assigns 15.04 GiB; at batch 112 the ledger plans 22.71 GiB and XLA agrees it is
+# out of HBM.
+JAMBA = """\
+version: 1
+layer: {{num_experts: 16, embed_dim: 4096, ffn_dim: 14336}}
+router: {{top_k: 2, score: softmax}}
+shapes: {{batch: {batch}, seq_len: 2048}}
+dtypes: {{params: float32, compute: bfloat16}}
+mesh:
+  axes: {{data: 4, tensor: 2}}
+parallelism: {{experts: replicated}}
+target: {{hardware: {hardware}, topology: 2x4, kernel: xla}}
+"""
+
+
+def _spec(tmp_path: Path, batch: int = 80, hardware: str = "tpu-v5e") -> Path:
+    path = tmp_path / "jamba.yaml"
+    path.write_text(JAMBA.format(batch=batch, hardware=hardware), encoding="utf-8")
+    return path
+
+
+def _stand_in(monkeypatch, peak_gib: float | None = None, error: str | None = None) -> list:
+    reads: list = []
+
+    def assigned_peak(plan):
+        reads.append(plan)
+        if error:
+            raise VerifyError(error)
+        return int(peak_gib * GiB)
+
+    monkeypatch.setattr(refusal_read, "assigned_peak", assigned_peak)
+    monkeypatch.setattr(refusal_read, "module_installed", lambda name: True)
+    return reads
+
+
+def test_the_ledger_refuses_the_layer_on_its_word_alone(tmp_path):
+    plan = make_plan(load_valid(_spec(tmp_path)))
+    assert cannot_fit(plan) and not cannot_fit(plan, compile_decides=True)
+
+
+def test_a_layer_xla_fits_goes_on_and_the_build_says_which_figure(tmp_path, monkeypatch):
+    reads = _stand_in(monkeypatch, peak_gib=15.0)
+    notes = []
+    generated = generate(_spec(tmp_path), lambda *note: notes.append(note))
+    assert len(reads) == 1 and generated.source
+    (step,) = [details for _, name, _, details in notes if name.startswith("plan: memory")]
+    assert step.verdict == (
+        "the plan's ledger puts it over HBM; XLA's buffer assignment of the full-size "
+        "programs: 15.00 GiB per device, of the 15.75 GiB the compiler grants a program: it fits"
+    )
+
+
+@pytest.mark.parametrize(
+    ("peak_gib", "error", "says", "offers_the_compile"),
+    [
+        (
+            15.7,
+            None,
+            "15.70 GiB per device, of the 15.75 GiB the compiler grants a program: "
+            "it does not fit either.",
+            False,
+        ),
+        (
+            None,
+            "compile forward+backward: out of HBM: the compiler's line\nmore",
+            "XLA's buffer assignment agrees: compile forward+backward: out of HBM: the "
+            "compiler's line.",
+            False,
+        ),
+        (
+            None,
+            "compile forward ended before XLA's buffer assignment (killed)",
+            "XLA's buffer assignment could not be read (compile forward ended before XLA's "
+            "buffer assignment (killed)).",
+            True,
+        ),
+    ],
+)
+def test_a_refusal_says_what_xla_read(
+    tmp_path, monkeypatch, peak_gib, error, says, offers_the_compile
+):
+    _stand_in(monkeypatch, peak_gib=peak_gib, error=error)
+    with pytest.raises(SpecError) as info:
+        load_fitting(_spec(tmp_path))
+    (problem,) = info.value.diagnostics
+    assert problem.field == "shapes.batch" and problem.message.endswith(says)
+    assert (COMPILE_DECIDES in problem.message) == offers_the_compile
+
+
+def test_without_libtpu_the_refusal_names_it(tmp_path, monkeypatch):
+    reads = _stand_in(monkeypatch, peak_gib=1.0)
+    monkeypatch.setattr(refusal_read, "module_installed", lambda name: name != "libtpu")
+    with pytest.raises(SpecError, match=r"needs libtpu: pip install 'moegen\[tpu\]'"):
+        load_fitting(_spec(tmp_path))
+    assert reads == []
+
+
+def test_no_read_where_the_plan_proves_the_refusal(tmp_path, monkeypatch):
+    reads = _stand_in(monkeypatch, peak_gib=1.0)
+    proved = make_plan(load_valid(_spec(tmp_path, batch=144)))  # over by more than 55%: proved
+    assert read_before_refusing(proved) is None
+    with pytest.raises(SpecError, match="more than the plan's measured error"):
+        load_fitting(_spec(tmp_path, batch=144))
+    assert reads == []
+
+
+def test_fit_check_plan_keeps_the_ledgers_word_and_reads_nothing(tmp_path, monkeypatch):
+    reads = _stand_in(monkeypatch, peak_gib=1.0)
+    path = _spec(tmp_path)
+    path.write_text(path.read_text(encoding="utf-8") + "memory: {fit_check: plan}\n")
+    with pytest.raises(SpecError, match=COMPILE_DECIDES.lstrip("; ")):
+        load_fitting(path)
+    assert reads == []
+
+
+@pytest.mark.slow
+def test_xla_decides_for_real(tmp_path):
+    """The real reads: the layer the ledger over-counts is valid; the larger one is refused
+    with the compiler's figure, without the offer of the full-size compile."""
+    fits = run_moegen("validate", _spec(tmp_path))
+    assert fits.returncode == 0, fits.stderr
+    too_big = tmp_path / "big"
+    too_big.mkdir()
+    refused = run_moegen("validate", _spec(too_big, batch=112))
+    assert refused.returncode == EXIT_INVALID, refused
+    assert "XLA's buffer assignment agrees: compile forward+backward: out of HBM" in refused.stderr
+    assert COMPILE_DECIDES not in refused.stderr
+    assert_no_traceback(refused.stderr)
