@@ -42,10 +42,16 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool, assigned: bool) -
     from moegen.plan import format_plan
     from moegen.verify import VerifyError, verify
     from moegen.verify.describe import describe_step
-    from moegen.verify.messages import Imported
+    from moegen.verify.messages import Imported, MemoryVerdict
+
+    reads: list[MemoryVerdict] = []  # XLA's read where the ledger alone would have refused
+
+    def keep_read(spec: str, step: str, seconds: float, details: Step | None) -> None:
+        if isinstance(details, MemoryVerdict):
+            reads.append(details)
 
     try:
-        generated = generate(spec)
+        generated = generate(spec, keep_read)
     except SpecError as err:
         fail_invalid(err)
     plan = generated.plan
@@ -72,9 +78,12 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool, assigned: bool) -
     if as_json:
         steps = [step.to_json() for step in compiled]
         extra = {"assigned": figures, "assigned_whole": whole} if assigned else {}
+        extra |= {"fit_read": reads[0].verdict} if reads else {}
         click.echo(json.dumps(plan.to_dict() | {"compiled": steps} | extra, indent=2))
         return
     click.echo(format_plan(plan))
+    for read in reads:
+        click.echo(f"  {read.step}: {read.verdict}")
     for step in compiled:
         click.echo(f"  {step.step:<26} {describe_step(step)}")
     if figures:

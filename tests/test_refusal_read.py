@@ -6,6 +6,7 @@ let it; a refusal it agrees with says XLA's figure. Stand-in reads here, and two
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,18 @@ def test_a_layer_xla_fits_goes_on_and_the_build_says_which_figure(tmp_path, monk
     assert step.verdict == (
         "the plan's ledger puts it over HBM; XLA's buffer assignment of the full-size "
         "programs: 15.00 GiB per device, of the 15.75 GiB the compiler grants a program: it fits"
+    )
+
+
+def test_moegen_plan_prints_the_read_that_let_it_through(tmp_path, monkeypatch, invoke_main):
+    _stand_in(monkeypatch, peak_gib=15.0)
+    _spec(tmp_path)
+    said = invoke_main("plan", "jamba.yaml", cwd=tmp_path)
+    assert said.code == 0, said.stderr
+    assert "  plan: memory by XLA's assignment: the plan's ledger puts it over HBM; " in said.stdout
+    as_json = invoke_main("plan", "--json", "jamba.yaml", cwd=tmp_path)
+    assert json.loads(as_json.stdout)["fit_read"].endswith(
+        "15.00 GiB per device, of the 15.75 GiB the compiler grants a program: it fits"
     )
 
 
