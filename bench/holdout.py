@@ -116,7 +116,12 @@ def default_row(store: Path, name: str, text: str, verdicts: dict[str, list]) ->
     plan = make_plan(loaded)
     try:
         refuse_unfit(loaded, plan)
-    except SpecError:
+    except SpecError as err:
+        if "where the plan's trade does not" in str(err):  # XLA's read names the layer whole
+            verdicts["refused in seconds by XLA's read, naming the layer whole (fits)"].append(
+                label
+            )
+            return f"{label} | refused by XLA's read of the plan's trade, the layer whole named"
         whole = make_plan(unchecked(loaded, WHOLE), options=False)
         got = read_every_shape(store, label + "_whole", whole)
         if "refused" in got and "out of HBM" not in got["refused"]:

@@ -18,7 +18,7 @@ from moegen.emit import check_out_dir, write_all
 from moegen.load import FieldPath, LoadedSpec, load_spec
 from moegen.parallel import OrderedProgress, TaskFailed, run_tasks
 from moegen.plan import Plan, fit_problems, make_plan
-from moegen.plan.fit import COMPILE_DECIDES
+from moegen.plan.fit import COMPILE_DECIDES, peak
 from moegen.render import render
 from moegen.validate import validate
 from moegen.variants import derive
@@ -33,7 +33,7 @@ from moegen.verify import (
 from moegen.verify.assigned import whole_layer_verdict
 from moegen.verify.messages import MemoryVerdict
 from moegen.verify.preflight import require_verifiers
-from moegen.verify.refusal_read import RefusalRead, read_before_refusing
+from moegen.verify.refusal_read import RefusalRead, planned_over_hbm, read_before_refusing
 from moegen.verify.verdict import OutOfHbm
 
 DEFAULT_SPEC_DIR = Path("specs")
@@ -75,14 +75,40 @@ def fitting_plan(loaded: LoadedSpec, plan: Plan) -> tuple[Plan, RefusalRead | No
     `memory.fit_check: assigned` (the default), on a TPU target, the refusal stands only
     where XLA's buffer assignment agrees (moegen.verify.refusal_read), and says its figure."""
     problems = fit_problems(loaded, plan, _plan_changed)
-    if not problems:
-        return plan, None
-    read = read_before_refusing(plan) if loaded.spec.memory.fit_check == "assigned" else None
+    reads = loaded.spec.memory.fit_check == "assigned"
+    if not problems:  # but planned over HBM, within the ledger's error: XLA can tell
+        read = read_before_refusing(plan) if reads and planned_over_hbm(plan) else None
+        if read is None or not read.measured:
+            return plan, None
+        if read.fits:
+            return plan, read
+        raise SpecError([_over_by_xla(loaded, plan, read)])
+    read = read_before_refusing(plan) if reads else None
     if read is not None and read.fits:
         return plan, read
     if read is not None:
         problems = [_with_read(problem, read) for problem in problems]
     raise SpecError(problems)
+
+
+def _over_by_xla(loaded: LoadedSpec, plan: Plan, read: RefusalRead) -> Diagnostic:
+    """A layer the ledger plans over HBM by less than its error, which XLA finds out of HBM:
+    refused in seconds, not after minutes of twins and compiles, with what to try."""
+    largest = max(peak(shape) for _, shape in plan.shape_plans())
+    hbm = plan.memory.hbm_bytes_per_device
+    whole = whole_layer_verdict(loaded, plan, out_of_hbm=True)
+    advice = (
+        f"{whole[0].upper()}{whole[1:]}."
+        if whole
+        else "Write memory.ffn_chunks: auto and memory.token_chunks: auto and run `moegen "
+        "tune` (XLA's figure of each trade, seconds each), or shorten shapes.batch."
+    )
+    message = (
+        f"the plan needs {largest / 2**30:.2f} GiB per device by its ledger, "
+        f"{largest / hbm - 1:.0%} over the {hbm / 2**30:.2f} GiB HBM of {plan.hardware}, "
+        f"within the ledger's own error; {read.words.rstrip('.')}. {advice}"
+    )
+    return loaded.diagnostic(("shapes", "batch"), message)
 
 
 def _with_read(problem: Diagnostic, read: RefusalRead) -> Diagnostic:

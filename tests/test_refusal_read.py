@@ -151,6 +151,64 @@ def test_fit_check_plan_keeps_the_ledgers_word_and_reads_nothing(tmp_path, monke
     assert reads == []
 
 
+# Llama 4 Scout's MoE block replicated over fsdp 4 on v5e 2x2 (bench.holdout, seed 3, spec 20
+# made too big to run whole): the plan chooses 2 token chunks, planned 16.60 GiB, 4% over
+# HBM and within the ledger's error, so not refused by it; XLA finds the chunks out of HBM
+# (18.08G of temporaries) and the layer whole 14.30 GiB.
+LLAMA4 = """\
+version: 1
+layer: {num_experts: 16, embed_dim: 5120, ffn_dim: 8192, shared_ffn_dim: 8192}
+router: {top_k: 1, score: sigmoid, weighting: input}
+shapes: {batch: 180, seq_len: 2048}
+dtypes: {params: float32, compute: bfloat16}
+mesh:
+  axes: {fsdp: 4}
+parallelism: {experts: replicated}
+target: {hardware: tpu-v5e, topology: 2x2, kernel: xla}
+"""
+
+
+def _llama4(tmp_path: Path, memory: str = "") -> Path:
+    path = tmp_path / "llama4.yaml"
+    path.write_text(LLAMA4 + memory, encoding="utf-8")
+    return path
+
+
+def test_a_layer_planned_over_hbm_within_the_error_is_read_too(tmp_path, monkeypatch):
+    from moegen.verify import assigned
+
+    plan = make_plan(load_valid(_llama4(tmp_path)))
+    assert not cannot_fit(plan) and plan.memory.train_peak > plan.memory.hbm_bytes_per_device
+    assert plan.experts.token_chunks == 2  # the plan's own trade
+    reads = _stand_in(monkeypatch, error="compile forward+backward: out of HBM: (18.08G)")
+    whole = {"peak": int(14.3 * GiB), "hbm": 16 * GiB, "fits": True}
+    monkeypatch.setattr(assigned, "whole_layer", lambda loaded, plan: whole)
+    with pytest.raises(SpecError) as info:
+        load_fitting(_llama4(tmp_path))
+    (problem,) = info.value.diagnostics
+    assert problem.field == "shapes.batch" and len(reads) == 1
+    assert problem.message.startswith("the plan needs 16.60 GiB per device by its ledger, 4% over")
+    assert "XLA's buffer assignment agrees: compile forward+backward: out of HBM: (18.08G)." in (
+        problem.message
+    )
+    assert problem.message.endswith(
+        "The plan's ledger chose 2 token chunks; XLA's buffer assignment of the layer whole: "
+        "14.30 GiB, 89% of HBM: it fits, where the plan's trade does not: write "
+        "memory.ffn_chunks: 1 and memory.token_chunks: 1."
+    )
+    _stand_in(monkeypatch, peak_gib=15.0)  # XLA fits it: it goes on, the read said
+    notes = []
+    generate(_llama4(tmp_path), lambda *note: notes.append(note))
+    assert any(name == "plan: memory by XLA's assignment" for _, name, _, _ in notes)
+
+
+def test_a_layer_planned_under_hbm_or_with_fit_check_plan_is_not_read(tmp_path, monkeypatch):
+    reads = _stand_in(monkeypatch, error="never asked")
+    load_fitting(_llama4(tmp_path, "memory: {fit_check: plan}\n"))
+    load_fitting(_spec(tmp_path, batch=48))  # planned under HBM
+    assert reads == []
+
+
 @pytest.mark.slow
 def test_xla_decides_for_real(tmp_path):
     """The real reads: the layer the ledger over-counts is valid; the larger one is refused
@@ -164,3 +222,9 @@ def test_xla_decides_for_real(tmp_path):
     assert "XLA's buffer assignment agrees: compile forward+backward: out of HBM" in refused.stderr
     assert COMPILE_DECIDES not in refused.stderr
     assert_no_traceback(refused.stderr)
+    chunks = run_moegen("validate", _llama4(tmp_path))
+    assert chunks.returncode == EXIT_INVALID, chunks
+    assert "(18.08G) exceeds available HBM (15.75G)" in chunks.stderr
+    assert "layer whole: 14.30 GiB, 89% of HBM: it fits, where the plan's trade does not" in (
+        chunks.stderr
+    )
