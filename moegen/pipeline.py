@@ -33,7 +33,12 @@ from moegen.verify import (
 from moegen.verify.assigned import whole_layer_verdict
 from moegen.verify.messages import MemoryVerdict
 from moegen.verify.preflight import require_verifiers
-from moegen.verify.refusal_read import RefusalRead, planned_over_hbm, read_before_refusing
+from moegen.verify.refusal_read import (
+    RefusalRead,
+    own_trade_without_headroom,
+    planned_over_hbm,
+    read_before_refusing,
+)
 from moegen.verify.verdict import OutOfHbm
 
 DEFAULT_SPEC_DIR = Path("specs")
@@ -76,8 +81,9 @@ def fitting_plan(loaded: LoadedSpec, plan: Plan) -> tuple[Plan, RefusalRead | No
     where XLA's buffer assignment agrees (moegen.verify.refusal_read), and says its figure."""
     problems = fit_problems(loaded, plan, _plan_changed)
     reads = loaded.spec.memory.fit_check == "assigned"
-    if not problems:  # but planned over HBM, within the ledger's error: XLA can tell
-        read = read_before_refusing(plan) if reads and planned_over_hbm(plan) else None
+    if not problems:  # but over HBM within the ledger's error, or traded without headroom
+        unsure = planned_over_hbm(plan) or own_trade_without_headroom(loaded.spec.memory, plan)
+        read = read_before_refusing(plan) if reads and unsure else None
         if read is None or not read.measured:
             return plan, None
         if read.fits:
@@ -103,10 +109,16 @@ def _over_by_xla(loaded: LoadedSpec, plan: Plan, read: RefusalRead) -> Diagnosti
         else "Write memory.ffn_chunks: auto and memory.token_chunks: auto and run `moegen "
         "tune` (XLA's figure of each trade, seconds each), or shorten shapes.batch."
     )
-    message = (
-        f"the plan needs {largest / 2**30:.2f} GiB per device by its ledger, "
+    where = (
         f"{largest / hbm - 1:.0%} over the {hbm / 2**30:.2f} GiB HBM of {plan.hardware}, "
-        f"within the ledger's own error; {read.words.rstrip('.')}. {advice}"
+        "within the ledger's own error"
+        if largest > hbm
+        else f"{largest / hbm:.0%} of the {hbm / 2**30:.2f} GiB HBM of {plan.hardware}, "
+        "without the room the ledger's error needs"
+    )
+    message = (
+        f"the plan needs {largest / 2**30:.2f} GiB per device by its ledger, {where}; "
+        f"{read.words.rstrip('.')}. {advice}"
     )
     return loaded.diagnostic(("shapes", "batch"), message)
 
