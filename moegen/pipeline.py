@@ -76,9 +76,11 @@ def refuse_unfit(loaded: LoadedSpec, plan: Plan) -> Plan:
 
 
 def fitting_plan(loaded: LoadedSpec, plan: Plan) -> tuple[Plan, RefusalRead | None]:
-    """refuse_unfit, and XLA's read where the plan's ledger alone would have refused: with
-    `memory.fit_check: assigned` (the default), on a TPU target, the refusal stands only
-    where XLA's buffer assignment agrees (moegen.verify.refusal_read), and says its figure."""
+    """refuse_unfit, and XLA's read where the plan's ledger cannot tell: with
+    `memory.fit_check: assigned` (the default), on a TPU target, a refusal the ledger does not
+    prove stands only where XLA's buffer assignment agrees, and a layer planned over HBM
+    within the ledger's error, or traded on its own without headroom, is refused where XLA
+    finds it out of HBM (moegen.verify.refusal_read); each says XLA's figure."""
     problems = fit_problems(loaded, plan, _plan_changed)
     reads = loaded.spec.memory.fit_check == "assigned"
     if not problems:  # but over HBM within the ledger's error, or traded without headroom
@@ -98,13 +100,14 @@ def fitting_plan(loaded: LoadedSpec, plan: Plan) -> tuple[Plan, RefusalRead | No
 
 
 def _over_by_xla(loaded: LoadedSpec, plan: Plan, read: RefusalRead) -> Diagnostic:
-    """A layer the ledger plans over HBM by less than its error, which XLA finds out of HBM:
-    refused in seconds, not after minutes of twins and compiles, with what to try."""
+    """A layer the ledger does not refuse (over HBM within its error, or an own trade
+    without headroom) that XLA finds out of HBM: refused in seconds, not after minutes of
+    twins and compiles, with what to try."""
     largest = max(peak(shape) for _, shape in plan.shape_plans())
     hbm = plan.memory.hbm_bytes_per_device
     whole = whole_layer_verdict(loaded, plan, out_of_hbm=True)
     advice = (
-        f"{whole[0].upper()}{whole[1:]}."
+        _sentence(whole)
         if whole
         else "Write memory.ffn_chunks: auto and memory.token_chunks: auto and run `moegen "
         "tune` (XLA's figure of each trade, seconds each), or shorten shapes.batch."
@@ -243,7 +246,12 @@ def _with_whole_layer(err: OutOfHbm, generated: Generated) -> OutOfHbm:
     buffer assignment of the layer whole: a layer the ledger traded can fit whole where the
     trade does not (its sliced backward holds more)."""
     whole = whole_layer_verdict(generated.loaded, generated.plan, out_of_hbm=True)
-    return OutOfHbm(f"{err}\n{whole[0].upper()}{whole[1:]}.") if whole else err
+    return OutOfHbm(f"{err}\n{_sentence(whole)}") if whole else err
+
+
+def _sentence(verdict: str) -> str:
+    """A verdict in words (lower-case, no stop) as a sentence of its own."""
+    return f"{verdict[0].upper()}{verdict[1:]}."
 
 
 def _whole_layer_step(generated: Generated) -> MemoryVerdict | None:

@@ -38,7 +38,7 @@ GiB = 2**30
 
 @dataclass(frozen=True)
 class RefusalRead:
-    """XLA's answer to a refusal by the ledger's word: whether the layer fits, in words."""
+    """XLA's answer where the ledger cannot tell: whether the layer fits, in words."""
 
     fits: bool
     words: str
