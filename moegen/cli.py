@@ -70,6 +70,13 @@ def cli() -> None:
 @click.option("--jobs", "-j", default=1, type=click.IntRange(1, 64), help="Specs verified at once.")
 @click.option("--reverify", is_flag=True, help="Verify again though a record of the module passed.")
 @click.option("--no-cache", is_flag=True, help="No verification records, no compilation cache.")
+@click.option(
+    "--take-fitting-trade",
+    is_flag=True,
+    help="Where a TPU layer runs out of HBM as planned (by XLA's read or the full compile), "
+    "take the plan's fastest other memory trade that XLA's buffer assignment fits, and write "
+    "it into the spec.",
+)
 def build(
     specs: tuple[Path, ...],
     out_dir: Path,
@@ -77,10 +84,13 @@ def build(
     jobs: int,
     reverify: bool,
     no_cache: bool,
+    take_fitting_trade: bool,
 ) -> None:
     """Generate, verify and write the module of each SPEC (all or nothing). A module that
     passed before (same bytes but for description and header) reuses its recorded verdict."""
+    from moegen.pipeline import SpecNotRewritten
     from moegen.pipeline import build as run_build
+    from moegen.refit import take_fitting_trade as refit
     from moegen.render import RenderError
     from moegen.verify import MissingVerifier, VerifyCache, VerifyError
     from moegen.verify.describe import describe_step
@@ -98,7 +108,13 @@ def build(
         paths, verifying = list(specs), not no_verify
         with _terminal_heartbeat(name_modules=jobs > 1 and len(paths) > 1):
             results = run_build(
-                paths, out_dir, run_verify=verifying, progress=progress, jobs=jobs, cache=cache
+                paths,
+                out_dir,
+                run_verify=verifying,
+                progress=progress,
+                jobs=jobs,
+                cache=cache,
+                refit=refit if take_fitting_trade else None,
             )
     except SpecError as err:
         _fail_invalid(err)
@@ -108,11 +124,16 @@ def build(
     except (VerifyError, RenderError) as err:
         _err(f"verification failed; nothing written:\n{err}")
         sys.exit(EXIT_FAILED)
+    except SpecNotRewritten as err:
+        _err(f"wrote the modules, but cannot write the trade taken into {err}; write it by hand")
+        sys.exit(EXIT_FAILED)
     except (OSError, UnicodeError) as err:
         _err(f"cannot write the generated files; nothing changed: {err}")
         sys.exit(EXIT_FAILED)
-    for target, _ in results:
+    for target, generated in results:
         _err(f"  wrote {target}" + ("" if not no_verify else " (not verified)"))
+        if generated.retraded:
+            _err(f"  wrote {generated.loaded.source.display}: the memory trade taken")
 
 
 @cli.command(name="validate")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from moegen.diagnostics import Diagnostic, SpecError
-from moegen.emit import check_out_dir, write_all
+from moegen.emit import check_out_dir, rewrite_in_place, write_all
 from moegen.load import FieldPath, LoadedSpec, load_spec
 from moegen.parallel import OrderedProgress, TaskFailed, run_tasks
 from moegen.plan import Plan, fit_problems, make_plan
@@ -39,13 +39,33 @@ from moegen.verify.refusal_read import (
     planned_over_hbm,
     read_before_refusing,
 )
-from moegen.verify.verdict import OutOfHbm
+from moegen.verify.verdict import TAKE_OFFER, OutOfHbm
 
 DEFAULT_SPEC_DIR = Path("specs")
 DEFAULT_OUT_DIR = Path("generated")
 
 # spec, step, seconds, and the verify step's figures (None for the stages before verify)
 Progress = Callable[[str, str, float, Step | None], None]
+# A spec whose layer ran out of HBM as planned, that plan, the failure and where to report
+# each trade read: the spec with another trade written in, and the words of the choice
+# (moegen.refit.take_fitting_trade); raises the failure where it takes none.
+Refit = Callable[[LoadedSpec, Plan, Exception, Callable[[Any], None]], tuple[LoadedSpec, str]]
+
+
+class UnfitSpec(SpecError):
+    """The plan (or XLA's read of it) says the layer cannot fit its target's HBM."""
+
+    def __init__(self, diagnostics: list[Diagnostic], plan: Plan) -> None:
+        super().__init__(diagnostics)
+        self.plan = plan
+
+
+class SpecNotRewritten(Exception):
+    """The modules are written; the trade taken could not be written into the spec."""
+
+    def __init__(self, display: str, error: BaseException) -> None:
+        super().__init__(f"{display}: {error}")
+        self.display = display
 
 
 @dataclass(frozen=True)
@@ -54,6 +74,7 @@ class Generated:
     plan: Plan
     source: str
     report: VerifyReport | None = None
+    retraded: bool = False  # --take-fitting-trade wrote another memory trade into the spec
 
 
 def load_valid(path: Path) -> LoadedSpec:
@@ -90,13 +111,13 @@ def fitting_plan(loaded: LoadedSpec, plan: Plan) -> tuple[Plan, RefusalRead | No
             return plan, None
         if read.fits:
             return plan, read
-        raise SpecError([_over_by_xla(loaded, plan, read)])
+        raise UnfitSpec([_over_by_xla(loaded, plan, read)], plan)
     read = read_before_refusing(plan) if reads else None
     if read is not None and read.fits:
         return plan, read
     if read is not None:
         problems = [_with_read(problem, read) for problem in problems]
-    raise SpecError(problems)
+    raise UnfitSpec(problems, plan)
 
 
 def _over_by_xla(loaded: LoadedSpec, plan: Plan, read: RefusalRead) -> Diagnostic:
@@ -121,7 +142,7 @@ def _over_by_xla(loaded: LoadedSpec, plan: Plan, read: RefusalRead) -> Diagnosti
     )
     message = (
         f"the plan needs {largest / 2**30:.2f} GiB per device by its ledger, {where}; "
-        f"{read.words.rstrip('.')}. {advice}"
+        f"{read.words.rstrip('.')}. {advice} {TAKE_OFFER}"
     )
     return loaded.diagnostic(("shapes", "batch"), message)
 
@@ -144,14 +165,26 @@ def _plan_changed(loaded: LoadedSpec, changes: Mapping[FieldPath, Any]) -> Plan 
         return None
 
 
-def generate(path: Path, progress: Progress | None = None) -> Generated:
-    """Load, validate, plan and render one spec (no verification)."""
+def generate(path: Path, progress: Progress | None = None, refit: Refit | None = None) -> Generated:
+    """Load, validate, plan and render one spec (no verification). `refit`: where the plan
+    cannot fit HBM, the spec with the trade it takes instead (`retraded`)."""
     note = progress or (lambda *args: None)
     start = time.perf_counter()
     loaded = load_valid(path)
     note(loaded.source.display, "load + validate", time.perf_counter() - start, None)
+    try:
+        return _planned(loaded, note)
+    except UnfitSpec as unfit:
+        if refit is None:
+            raise
+        retraded = _retraded(loaded, unfit.plan, unfit, refit, note)
+    return replace(_planned(retraded, note), retraded=True)
+
+
+def _planned(loaded: LoadedSpec, note: Progress) -> Generated:
+    """Plan (refused where it cannot fit, before any twin or compile) and render."""
     start = time.perf_counter()
-    plan, read = fitting_plan(loaded, make_plan(loaded))  # before any twin or compile
+    plan, read = fitting_plan(loaded, make_plan(loaded))
     planned_s = time.perf_counter() - start - (read.seconds if read else 0.0)
     note(loaded.source.display, "plan", planned_s, None)
     if read is not None:  # the ledger would have refused it; XLA's assignment fits it
@@ -161,6 +194,31 @@ def generate(path: Path, progress: Progress | None = None) -> Generated:
     source = render(plan)
     note(loaded.source.display, "render", time.perf_counter() - start, None)
     return Generated(loaded, plan, source)
+
+
+def _retraded(
+    loaded: LoadedSpec, failed: Plan, failure: Exception, refit: Refit, note: Progress
+) -> LoadedSpec:
+    """The spec with the trade `refit` takes, each read and the choice reported as steps."""
+    display = loaded.source.display
+    start = time.perf_counter()
+
+    def on_read(candidate: Any) -> None:
+        words = candidate.problem or f"{candidate.peak_bytes / 2**30:.2f} GiB per device: fits"
+        step = MemoryVerdict(f"memory: read {refit_choice(candidate)}", candidate.seconds, words)
+        note(display, step.step, step.seconds, step)
+
+    retraded, words = refit(loaded, failed, failure, on_read)
+    step = MemoryVerdict("memory: trade taken", time.perf_counter() - start, words)
+    note(display, step.step, step.seconds, step)
+    return retraded
+
+
+def refit_choice(candidate: Any) -> str:
+    """A trade read for --take-fitting-trade, short: `ffn_chunks 2, token_chunks 4`."""
+    return ", ".join(
+        f"{path[1]} {value}" for path, value in candidate.choices.items() if path[0] == "memory"
+    )
 
 
 def output_path(out_dir: Path, generated: Generated) -> Path:
@@ -175,6 +233,7 @@ def build(
     progress: Progress | None = None,
     jobs: int = 1,
     cache: VerifyCache | None = None,
+    refit: Refit | None = None,
 ) -> list[tuple[Path, Generated]]:
     """Generate and verify every spec, then write all modules; nothing is written on failure.
 
@@ -183,16 +242,17 @@ def build(
     spec order. `cache`: reuse records of passed verifications (moegen.verify.record).
     The write is one atomic exchange of `out_dir` (moegen.emit), which first clears what
     this user's killed builds provably left there; a build that writes nothing (an invalid
-    spec, a failed verification) touches nothing on disk.
+    spec, a failed verification) touches nothing on disk. `refit`: where a layer runs out of
+    HBM as planned, the spec with the trade it takes instead, rewritten after the modules.
     """
     ordered = OrderedProgress(progress or (lambda *args: None), len(paths))
     try:
-        results = [(i, generate(path, ordered.for_spec(i))) for i, path in enumerate(paths)]
+        results = [(i, generate(path, ordered.for_spec(i), refit)) for i, path in enumerate(paths)]
         _refuse_collisions([(output_path(out_dir, g), g) for _, g in results])
         check_out_dir(out_dir, [output_path(out_dir, g) for _, g in results])
         if run_verify:
             require_verifiers([(g.loaded, g.plan) for _, g in results])
-            tasks = [_verifying(i, g, ordered, cache) for i, g in results]
+            tasks = [_verifying(i, g, ordered, cache, refit) for i, g in results]
             verified = run_tasks(tasks, jobs, stop_workers)
         else:
             verified = [g for _, g in results]
@@ -207,36 +267,49 @@ def build(
     ordered.flush()
     written = [(output_path(out_dir, g), g) for g in verified]
     write_all({target: g.source for target, g in written}, out_dir=out_dir)
+    for path, generated in zip(paths, verified, strict=True):
+        if generated.retraded:  # the spec says what its module runs (moegen check)
+            try:
+                rewrite_in_place(path, generated.loaded.source.text)
+            except (OSError, UnicodeError) as err:
+                raise SpecNotRewritten(generated.loaded.source.display, err) from None
     return written
 
 
 def _verifying(
-    index: int, generated: Generated, ordered: OrderedProgress, cache: VerifyCache | None
+    index: int,
+    generated: Generated,
+    ordered: OrderedProgress,
+    cache: VerifyCache | None,
+    refit: Refit | None = None,
 ) -> Callable[[], Generated]:
-    """The task that verifies one generated spec, its steps reported as spec `index`."""
+    """The task that verifies one generated spec, its steps reported as spec `index`;
+    `refit`: where the full-size compile runs out of HBM, the trade taken instead."""
     display = generated.loaded.source.display
     note = ordered.for_spec(index)
 
     def on_step(step: Step) -> None:
         note(display, f"verify: {step.step}", step.seconds, step)
 
-    def task() -> Generated:
-        try:
-            report = verify(
-                generated.loaded,
-                generated.source,
-                plan=generated.plan,
-                on_step=on_step,
-                cache=cache,
-            )
-        except OutOfHbm as err:
-            raise _with_whole_layer(err, generated) from None
-        whole = _whole_layer_step(generated)
+    def verified(which: Generated) -> Generated:
+        report = verify(which.loaded, which.source, plan=which.plan, on_step=on_step, cache=cache)
+        whole = _whole_layer_step(which)
         if whole is not None:
             report.steps.append(whole)
             on_step(whole)
+        return replace(which, report=report)
+
+    def task() -> Generated:
+        try:
+            done = verified(generated)
+        except OutOfHbm as err:
+            failure = _with_whole_layer(err, generated)
+            if refit is None:
+                raise failure from None
+            retraded = _retraded(generated.loaded, generated.plan, failure, refit, note)
+            done = verified(replace(_planned(retraded, note), retraded=True))
         ordered.finish(index)
-        return Generated(generated.loaded, generated.plan, generated.source, report)
+        return done
 
     return task
 

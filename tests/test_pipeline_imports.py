@@ -62,6 +62,8 @@ STAGE_OF = {
     "moegen.tune": "top",
     "moegen.tune_candidate": "top",  # a candidate of tune and its result
     "moegen.tune_memory": "top",  # tune of memory trades by XLA's buffer assignment
+    "moegen.refit": "top",  # build --take-fitting-trade: another trade where HBM runs out
+    "moegen.spec_edit": "top",  # memory fields written into a spec's own text
     "moegen.schema": "top",
     "moegen.schema_file": "top",  # --check and --write of the schema file
     "moegen.init": "top",  # a starter spec, validated before it is written

@@ -18,6 +18,7 @@ from moegen.plan import make_plan
 from moegen.plan.fit import COMPILE_DECIDES, cannot_fit
 from moegen.verify import VerifyError, refusal_read
 from moegen.verify.refusal_read import read_before_refusing
+from moegen.verify.verdict import TAKE_OFFER
 
 GiB = 2**30
 EXIT_INVALID = 3
@@ -195,7 +196,7 @@ def test_a_layer_planned_over_hbm_within_the_error_is_read_too(tmp_path, monkeyp
     assert problem.message.endswith(
         "The plan's ledger chose 2 token chunks; XLA's buffer assignment of the layer whole: "
         "14.30 GiB, 89% of HBM: it fits, where the plan's trade does not: write "
-        "memory.ffn_chunks: 1 and memory.token_chunks: 1."
+        f"memory.ffn_chunks: 1 and memory.token_chunks: 1. {TAKE_OFFER}"
     )
     _stand_in(monkeypatch, peak_gib=15.0)  # XLA fits it: it goes on, the read said
     notes = []
@@ -245,7 +246,9 @@ def test_an_own_trade_without_the_ledgers_headroom_is_read(tmp_path, monkeypatch
         "tpu-v6e, without the room the ledger's error needs; XLA's buffer assignment: compile "
         "forward+backward: out of HBM: (34.53G). The plan's ledger chose 16 FFN slices; "
     )
-    assert problem.message.endswith("write memory.ffn_chunks: 1 and memory.token_chunks: 1.")
+    assert problem.message.endswith(
+        f"write memory.ffn_chunks: 1 and memory.token_chunks: 1. {TAKE_OFFER}"
+    )
     path.write_text(DEEPSEEK + "memory: {ffn_chunks: 16}\n", encoding="utf-8")
     load_fitting(path)  # the spec's own trade: not the plan's unsure choice, not read
     assert len(reads) == 1

@@ -13,6 +13,7 @@ from moegen.pipeline import load_valid
 from moegen.plan import make_plan
 from moegen.plan.model import TokenChunkOption
 from moegen.verify import VerifyError, VerifyReport, memory_verdict, peak_bytes
+from moegen.verify.verdict import TAKE_OFFER
 
 
 def test_spec_the_plan_says_cannot_fit_is_refused_before_any_compile(tmp_path):
@@ -167,7 +168,9 @@ def test_an_hbm_out_of_memory_offers_the_plans_next_candidates(v5e_plan):
     assert f"Next candidates of the plan: {two} or {four}; or set memory.token_chunks: auto" in (
         str(caught.value)
     )
-    assert "writes the fastest that fits into the spec.\nTo fit: " in str(caught.value)
+    assert f"writes the fastest that fits into the spec.\n{TAKE_OFFER}\nTo fit: " in str(
+        caught.value
+    )
 
 
 def test_memory_verdict_uses_the_slices_hbm(v5e_plan):

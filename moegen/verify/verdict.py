@@ -109,6 +109,13 @@ def own_trade_note(memory: Memory, plan: Plan) -> str:
     )
 
 
+# What an out-of-HBM error offers last: taking another trade (moegen.refit) strips it.
+TAKE_OFFER = (
+    "Or build with --take-fitting-trade: it reads the plan's other memory trades by XLA's "
+    "buffer assignment, fastest first, and writes the first that fits into the spec."
+)
+
+
 def _hbm_advice(plan: Plan) -> str:
     largest = "; ".join(f"{name} {size / 2**30:.2f} GiB" for name, size in plan.memory.ledger[:4])
     slices = [
@@ -121,6 +128,7 @@ def _hbm_advice(plan: Plan) -> str:
         f"{plan.memory.train_peak / 2**30:.2f} GiB per device; largest buffers by the plan: "
         f"{largest}.\n"
         + _next_candidates(plan)
+        + f"{TAKE_OFFER}\n"
         + "To fit: shard parameters over more devices (a larger fsdp axis), shorten the "
         "per-device batch (shapes.batch or seq_len, or more batch shards), store parameters "
         "in bfloat16, "

@@ -1,0 +1,146 @@
+"""`moegen build --take-fitting-trade`: where a TPU layer runs out of HBM as planned, take
+the plan's fastest other memory trade that XLA's buffer assignment fits, and write it into
+the spec.
+
+Without the flag a layer out of HBM (by XLA's read before any twin, or by the full-size
+compile) is refused, and the error offers the plan's next candidates. With it, the plan's
+other trades (FFN slices x token chunks, as `moegen tune` lists them with both fields
+`auto`) are ranked by the plan's roofline and read by XLA's assigned peak in that order
+(moegen.tune_memory): the first that fits is taken. The trade that failed is not read again.
+The trade is written into the spec text (moegen.spec_edit), every other byte kept, so that the
+spec alone says what the committed module runs; the build then verifies that spec as any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from moegen.diagnostics import SpecError
+from moegen.hardware import hardware
+from moegen.load import FieldPath, LoadedSpec
+from moegen.plan import Plan
+from moegen.spec_edit import CannotEdit, with_memory_fields
+from moegen.tune import candidates, count_by_plan, yaml_value
+from moegen.tune_candidate import Candidate
+from moegen.tune_memory import FIT_CHECK, NOT_READ, READ_BY, choose_by_assignment
+from moegen.variants import unchecked
+from moegen.verify import VerifyError
+from moegen.verify.assigned import assigned_peak
+from moegen.verify.preflight import require_verifiers
+from moegen.verify.verdict import TAKE_OFFER
+
+TRADES: dict[FieldPath, str] = {
+    ("memory", "ffn_chunks"): "auto",
+    ("memory", "token_chunks"): "auto",
+}
+BUDGET_S = 240.0  # moegen tune's default: reads stop being started after it
+OnRead = Callable[[Candidate], None]  # each trade read, as it is decided
+ReadPeak = Callable[[Plan], int]
+
+
+def take_fitting_trade(
+    loaded: LoadedSpec,
+    failed: Plan,
+    failure: Exception,
+    on_read: OnRead = lambda candidate: None,
+    read_peak: ReadPeak | None = None,
+) -> tuple[LoadedSpec, str]:
+    """The spec with the fastest memory trade XLA fits written in, and the words of the
+    choice; raises `failure` (with why no trade was taken) where none is, or the target is
+    not a TPU. `failed`: the plan that ran out of HBM (its trade is not read again)."""
+    if hardware(loaded.spec.target.hardware).platform != "tpu":
+        raise _with_words(failure, "--take-fitting-trade reads trades on TPU targets only")
+    try:
+        found = [c for c in candidates(unchecked(loaded, TRADES)) if not _same_trade(c, failed)]
+    except SpecError:
+        raise _with_words(failure, "the spec admits no other memory trade") from None
+    planned = [c for c in found if c.plan is not None and c.loaded is not None]
+    if not planned:
+        raise _with_words(failure, "the spec admits no other memory trade")
+    require_verifiers([(planned[0].loaded, planned[0].plan)])  # type: ignore[list-item]
+
+    def reported(i: int, n: int, candidate: Candidate) -> None:
+        if candidate.problem != NOT_READ and candidate.plan is not None:
+            on_read(candidate)
+
+    read = read_peak or assigned_peak  # looked up now: tests stand in for it
+    winner = choose_by_assignment(found, count_by_plan, BUDGET_S, reported, read)
+    if winner is None:
+        raise _with_words(failure, _none_fits(planned))
+    values = {path: value for path, value in winner.choices.items() if path[0] == "memory"}
+    try:
+        taken = with_memory_fields(loaded, values)
+    except CannotEdit:
+        message = (
+            f"{trade_text(winner)} fits by {READ_BY} ({winner.peak_bytes / 2**30:.2f} GiB), "
+            "but moegen cannot write it into this spec's layout; write it by hand"
+        )
+        raise SpecError([loaded.diagnostic(("memory",), message)]) from None
+    return taken, _taken_words(winner, failed)
+
+
+def trade_text(candidate: Candidate) -> str:
+    """The memory choices of a candidate as they are written in the spec."""
+    return ", ".join(
+        f"memory.{path[1]}: {yaml_value(value)}"
+        for path, value in candidate.choices.items()
+        if path[0] == "memory" and path != FIT_CHECK
+    )
+
+
+def _same_trade(candidate: Candidate, failed: Plan) -> bool:
+    """Whether the candidate runs every shape in the slices and chunks that ran out."""
+    if candidate.plan is None:
+        return False
+    pairs = [(s.ffn.chunks, s.experts.token_chunks) for _, s in candidate.plan.shape_plans()]
+    return pairs == [(s.ffn.chunks, s.experts.token_chunks) for _, s in failed.shape_plans()]
+
+
+def _none_fits(planned: list[Candidate]) -> str:
+    read = [c for c in planned if c.peak_bytes]
+    if not read:
+        return f"none of the plan's {len(planned)} other trades could be read: " + (
+            planned[0].problem or "no figure"
+        )
+    lowest = min(read, key=lambda c: c.peak_bytes)
+    return (
+        f"none of the plan's {len(planned)} other trades fits by {READ_BY} (lowest: "
+        f"{trade_text(lowest)}, {lowest.peak_bytes / 2**30:.2f} GiB)"
+    )
+
+
+def _taken_words(winner: Candidate, failed: Plan) -> str:
+    assert winner.plan is not None
+    granted = hardware(winner.plan.hardware).compiler_hbm_bytes_per_device
+    fit_check = (
+        " (and memory.fit_check: compile: the plan's ledger alone would refuse it)"
+        if FIT_CHECK in winner.choices
+        else ""
+    )
+    return (
+        f"the plan's {_count(failed.ffn.chunks, 'FFN slice')} x "
+        f"{_count(failed.experts.token_chunks, 'token chunk')} ran out of HBM; took "
+        f"{trade_text(winner)}{fit_check}: {READ_BY} {winner.peak_bytes / 2**30:.2f} GiB per "
+        f"device, of the {granted / 2**30:.2f} GiB the compiler grants a program; written "
+        "into the spec"
+    )
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"
+
+
+def _with_words(failure: Exception, words: str) -> Exception:
+    """The failure, its message extended by why --take-fitting-trade took no trade."""
+    said = f"--take-fitting-trade took no trade: {words}."
+    if isinstance(failure, SpecError):
+        first, *rest = failure.diagnostics
+        message = first.message.replace(TAKE_OFFER, said)
+        if said not in message:
+            message = f"{message.rstrip()} {said}"
+        return SpecError([replace(first, message=message), *rest])
+    if isinstance(failure, VerifyError):
+        message = str(failure).replace(TAKE_OFFER, said)
+        return type(failure)(message if said in message else f"{message}\n{said}")
+    return failure

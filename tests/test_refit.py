@@ -1,0 +1,186 @@
+"""`moegen build --take-fitting-trade` (moegen.refit): where a TPU layer runs out of HBM as
+planned, by XLA's read before any twin or by the full-size compile, the plan's other memory
+trades are read by XLA's buffer assignment, fastest first; the first that fits is taken,
+written into the spec and built. Where none fits, the build fails as it would have, says
+so, and changes nothing on disk. Stand-in reads here, one real read (slow)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import assert_no_traceback
+from test_refusal_read import LLAMA4
+
+from moegen import pipeline, refit
+from moegen.diagnostics import SpecError
+from moegen.load import load_spec
+from moegen.plan import Plan
+from moegen.refit import take_fitting_trade
+from moegen.verify import VerifyError, VerifyReport, refusal_read
+from moegen.verify.verdict import TAKE_OFFER, OutOfHbm
+
+GiB = 2**30
+CPU_SPEC = Path(__file__).resolve().parent.parent / "specs" / "mixtral_small_cpu.yaml"
+
+
+def _llama4(tmp_path: Path) -> Path:
+    """Llama 4 Scout replicated over fsdp 4 on v5e, batch 180: the plan takes 2 token chunks,
+    within its ledger's error of HBM, so XLA's read is asked before anything is built."""
+    path = tmp_path / "llama4.yaml"
+    path.write_text(LLAMA4, encoding="utf-8")
+    return path
+
+
+def _trade(plan: Plan) -> tuple[int, int]:
+    return plan.ffn.chunks, plan.experts.token_chunks
+
+
+def _xla(monkeypatch, out_of_hbm: set[tuple[int, int]], peak_gib: float = 14.0) -> list:
+    """XLA's read, stood in: out of HBM for the (FFN slices, token chunks) given, else
+    `peak_gib`; every read recorded, by refit and by the plan's refusal read alike."""
+    reads: list = []
+
+    def assigned_peak(plan: Plan) -> int:
+        reads.append(_trade(plan))
+        if _trade(plan) in out_of_hbm:
+            raise VerifyError("compile forward+backward: out of HBM: (18.08G)")
+        return int(peak_gib * GiB)
+
+    monkeypatch.setattr(refusal_read, "assigned_peak", assigned_peak)
+    monkeypatch.setattr(refusal_read, "module_installed", lambda name: True)
+    monkeypatch.setattr(refit, "assigned_peak", assigned_peak)
+    monkeypatch.setattr(pipeline, "whole_layer_verdict", lambda *args, **kwargs: None)
+    return reads
+
+
+def test_the_fastest_trade_xla_fits_is_taken_and_written(tmp_path, monkeypatch):
+    reads = _xla(monkeypatch, out_of_hbm={(1, 2), (1, 1)})
+    notes: list = []
+    generated = pipeline.generate(
+        _llama4(tmp_path), lambda *note: notes.append(note), take_fitting_trade
+    )
+    assert generated.retraded and _trade(generated.plan) != (1, 2)
+    # the failed trade is not read again; the whole layer (fastest) is, and is out of HBM
+    assert reads[0] == (1, 2) and reads[1] == (1, 1) and (1, 2) not in reads[1:]
+    taken = _trade(generated.plan)
+    assert reads[2] == taken
+    memory = generated.loaded.spec.memory
+    assert (memory.ffn_chunks, memory.token_chunks) == taken
+    assert generated.loaded.source.text.startswith(LLAMA4)
+    steps = [(name, details.verdict) for _, name, _, details in notes if details is not None]
+    assert steps[0] == (
+        "memory: read token_chunks 1, ffn_chunks 1",
+        "XLA's buffer assignment: compile forward+backward: out of HBM: (18.08G)",
+    )
+    assert steps[1][1] == "14.00 GiB per device: fits"
+    assert steps[2][0] == "memory: trade taken"
+    assert steps[2][1].startswith("the plan's 1 FFN slice x 2 token chunks ran out of HBM; took ")
+    assert steps[2][1].endswith(
+        "XLA's buffer assignment 14.00 GiB per device, of the 15.75 GiB the compiler grants a "
+        "program; written into the spec"
+    )
+
+
+def test_where_no_trade_fits_the_build_fails_as_before_and_writes_nothing(tmp_path, monkeypatch):
+    _xla(monkeypatch, out_of_hbm=set(), peak_gib=15.7)  # every read over 99% of the grant
+    monkeypatch.setattr(refusal_read, "assigned_peak", _out_of_hbm)
+    spec = _llama4(tmp_path)
+    out = tmp_path / "generated"
+    with pytest.raises(SpecError) as info:
+        pipeline.build([spec], out, run_verify=False, refit=take_fitting_trade)
+    (problem,) = info.value.diagnostics
+    assert problem.message.startswith("the plan needs 16.60 GiB per device by its ledger")
+    assert TAKE_OFFER not in problem.message
+    assert "--take-fitting-trade took no trade: none of the plan's " in problem.message
+    assert problem.message.endswith("15.70 GiB).")
+    assert spec.read_text(encoding="utf-8") == LLAMA4 and not out.exists()
+
+
+def _out_of_hbm(plan: Plan) -> int:
+    raise VerifyError("compile forward+backward: out of HBM: (18.08G)")
+
+
+def test_an_out_of_hbm_full_compile_takes_a_trade_too(tmp_path, monkeypatch):
+    """XLA's read let the plan's trade through, the full-size compile did not (the read is
+    exact on every program measured; the path is there for the one it is not)."""
+    reads = _xla(monkeypatch, out_of_hbm=set())
+    compiled: list = []
+
+    def verify(loaded, source, *, plan, on_step, cache):
+        compiled.append(_trade(plan))
+        if _trade(plan) == (1, 2):
+            raise OutOfHbm("compile forward+backward: out of HBM: 18.08G of temporaries")
+        return VerifyReport([])
+
+    monkeypatch.setattr(pipeline, "verify", verify)
+    monkeypatch.setattr(pipeline, "require_verifiers", lambda checks: None)
+    spec = _llama4(tmp_path)
+    out = tmp_path / "generated"
+    ((module, generated),) = pipeline.build([spec], out, refit=take_fitting_trade)
+    assert compiled == [(1, 2), (1, 1)] and reads == [(1, 2), (1, 1)]
+    assert module.read_text(encoding="utf-8") == generated.source
+    assert spec.read_text(encoding="utf-8") == generated.loaded.source.text != LLAMA4
+    assert load_spec(spec).spec.memory.token_chunks == 1
+
+
+def test_without_the_flag_an_out_of_hbm_build_writes_nothing(tmp_path, monkeypatch):
+    _xla(monkeypatch, out_of_hbm=set())
+    monkeypatch.setattr(pipeline, "verify", _failing_compile)
+    monkeypatch.setattr(pipeline, "require_verifiers", lambda checks: None)
+    spec = _llama4(tmp_path)
+    with pytest.raises(OutOfHbm):
+        pipeline.build([spec], tmp_path / "generated")
+    assert spec.read_text(encoding="utf-8") == LLAMA4 and not (tmp_path / "generated").exists()
+
+
+def _failing_compile(loaded, source, *, plan, on_step, cache):
+    raise OutOfHbm("compile forward+backward: out of HBM")
+
+
+def test_a_target_that_is_not_a_tpu_takes_no_trade(tmp_path):
+    loaded = pipeline.load_valid(CPU_SPEC)
+    failure = OutOfHbm("compile forward+backward: out of HBM")
+    plan = pipeline.make_plan(loaded)
+    with pytest.raises(OutOfHbm, match="reads trades on TPU targets only"):
+        take_fitting_trade(loaded, plan, failure)
+
+
+def test_a_layout_it_cannot_write_is_refused_located(tmp_path, monkeypatch):
+    _xla(monkeypatch, out_of_hbm={(1, 2)})
+    import json
+
+    import yaml
+
+    spec = tmp_path / "llama4.yaml"
+    spec.write_text(json.dumps(yaml.safe_load(LLAMA4)), encoding="utf-8")
+    with pytest.raises(SpecError, match="cannot write it into this spec's layout"):
+        pipeline.build([spec], tmp_path / "generated", run_verify=False, refit=take_fitting_trade)
+
+
+def test_the_flag_on_the_command_line(tmp_path, monkeypatch, invoke_main):
+    _xla(monkeypatch, out_of_hbm={(1, 2)})
+    _llama4(tmp_path)
+    without = invoke_main("build", "--no-verify", "llama4.yaml", cwd=tmp_path)
+    assert without.code == 3 and "out of HBM" in without.stderr
+    said = invoke_main("build", "--no-verify", "--take-fitting-trade", "llama4.yaml", cwd=tmp_path)
+    assert said.code == 0, said.stderr
+    assert "memory: trade taken" in said.stderr
+    assert "wrote llama4.yaml: the memory trade taken" in said.stderr
+    assert_no_traceback(said.stderr)
+
+
+@pytest.mark.slow
+def test_a_real_read_takes_the_layer_whole(tmp_path):
+    """XLA finds the plan's 2 token chunks out of HBM (18.08G of temporaries) and the layer
+    whole 14.30 GiB (bench.holdout, seed 3, spec 20): the whole layer is taken."""
+    spec = _llama4(tmp_path)
+    notes: list = []
+    generated = pipeline.generate(spec, lambda *note: notes.append(note), take_fitting_trade)
+    assert _trade(generated.plan) == (1, 1)
+    assert generated.loaded.source.text == LLAMA4 + (
+        "memory:\n  fit_check: compile\n  ffn_chunks: 1\n  token_chunks: 1\n"
+    )
+    (taken,) = [d.verdict for _, name, _, d in notes if name == "memory: trade taken"]
+    assert "took memory.token_chunks: 1, memory.ffn_chunks: 1 (and memory.fit_check" in taken
+    assert "XLA's buffer assignment 14.30 GiB per device" in taken
