@@ -2,6 +2,7 @@
 population seeds nobody has compiled or looked at (issue 27, items 2 and 3).
 
     python -m bench.holdout --population 60 --seed 2 [--store bench/holdout_assigned.json]
+                            [--take-fitting-trade]
 
 Seeds 0 and 1 of bench.population have been compiled in full, and looked at while the ledger
 (moegen/plan/memory.py) and the plan's trade rules were written: seed 0 is their fit set, and
@@ -16,6 +17,9 @@ whole (its trades dropped, its batch raised until the plan puts the layer whole 
 plan's own choice, read the same way, fits what the compiler grants a program (with the
 generated code's margin, `fits_by_assignment`), or not; a refusal by the plan is checked
 against the layer whole's assignment (a refusal of a layer that fits would be wrong).
+With `--take-fitting-trade`, a refused one is also given to moegen.refit, as `moegen build
+--take-fitting-trade` would: the plan's other trades read the same way, fastest first, and
+the first that fits taken (or none).
 
 Figures are kept in the store under the module's hash and the compile versions (as the
 population's compiled records are), so a rerun reads only what changed. Nothing in the store
@@ -38,6 +42,7 @@ from moegen.diagnostics import SpecError
 from moegen.load import load_spec_bytes
 from moegen.pipeline import refuse_unfit
 from moegen.plan import Plan, cannot_fit, make_plan
+from moegen.refit import take_fitting_trade
 from moegen.render import render
 from moegen.validate import validate
 from moegen.variants import unchecked
@@ -106,8 +111,11 @@ def read_every_shape(store: Path, name: str, plan: Plan) -> dict[str, Any]:
     return {program: max(entry[program] for entry in reads) for program in PROGRAMS}
 
 
-def default_row(store: Path, name: str, text: str, verdicts: dict[str, list]) -> str | None:
-    """The spec made too big to run whole: the plan's own choice, judged by assignment."""
+def default_row(
+    store: Path, name: str, text: str, verdicts: dict[str, list], take: bool = False
+) -> str | None:
+    """The spec made too big to run whole: the plan's own choice, judged by assignment;
+    `take`: where it is refused, the trade `moegen build --take-fitting-trade` takes."""
     found = too_big(name, text)
     if found is None:
         return None
@@ -117,22 +125,8 @@ def default_row(store: Path, name: str, text: str, verdicts: dict[str, list]) ->
     try:
         refuse_unfit(loaded, plan)
     except SpecError as err:
-        if "where the plan's trade does not" in str(err):  # XLA's read names the layer whole
-            verdicts["refused in seconds by XLA's read, naming the layer whole (fits)"].append(
-                label
-            )
-            return f"{label} | refused by XLA's read of the plan's trade, the layer whole named"
-        whole = make_plan(unchecked(loaded, WHOLE), options=False)
-        got = read_every_shape(store, label + "_whole", whole)
-        if "refused" in got and "out of HBM" not in got["refused"]:
-            verdicts["no figure"].append(label)
-            return f"{label} | refused by the plan | the layer whole: no figure ({got['refused']})"
-        fits = "refused" not in got and fits_by_assignment(whole, _peak(got))
-        verdicts["refused, whole fits (wrong)" if fits else "refused, whole out of HBM"].append(
-            label
-        )
-        whole_words = "FITS" if fits else "out of HBM"
-        return f"{label} | refused by the plan | the layer whole by assignment: {whole_words}"
+        row = _refused_row(store, label, loaded, plan, err, verdicts)
+        return row + (_taken(store, label, loaded, plan, err, verdicts) if take else "")
     got = read_every_shape(store, label, plan)
     choice = f"{plan.ffn.chunks} slices x {plan.experts.token_chunks} token chunks"
     if "refused" in got:  # out of HBM, or a read that failed (host memory, a timeout)
@@ -146,6 +140,45 @@ def default_row(store: Path, name: str, text: str, verdicts: dict[str, list]) ->
         verdicts["the ledger alone refused it, XLA's read let it through"].append(label)
         choice += " (the ledger alone refused it; XLA's read let it through)"
     return f"{label} | {choice} | {_peak(got) / GiB:.2f} of {grant / GiB:.2f} GiB: {verdict}"
+
+
+def _refused_row(
+    store: Path, label: str, loaded: Any, plan: Plan, err: SpecError, verdicts: dict[str, list]
+) -> str:
+    """A refusal of the spec made too big, judged by the layer whole's assignment."""
+    if "where the plan's trade does not" in str(err):  # XLA's read names the layer whole
+        verdicts["refused in seconds by XLA's read, naming the layer whole (fits)"].append(label)
+        return f"{label} | refused by XLA's read of the plan's trade, the layer whole named"
+    whole = make_plan(unchecked(loaded, WHOLE), options=False)
+    got = read_every_shape(store, label + "_whole", whole)
+    if "refused" in got and "out of HBM" not in got["refused"]:
+        verdicts["no figure"].append(label)
+        return f"{label} | refused by the plan | the layer whole: no figure ({got['refused']})"
+    fits = "refused" not in got and fits_by_assignment(whole, _peak(got))
+    verdicts["refused, whole fits (wrong)" if fits else "refused, whole out of HBM"].append(label)
+    whole_words = "FITS" if fits else "out of HBM"
+    return f"{label} | refused by the plan | the layer whole by assignment: {whole_words}"
+
+
+def _taken(
+    store: Path, label: str, loaded: Any, plan: Plan, err: SpecError, verdicts: dict[str, list]
+) -> str:
+    """The trade --take-fitting-trade takes where the plan's own is refused (moegen.refit),
+    every read through the store."""
+
+    def read_peak(candidate: Plan) -> int:
+        got = read_every_shape(store, label + "_trade", candidate)
+        if "refused" in got:
+            raise VerifyError(got["refused"])
+        return _peak(got)
+
+    try:
+        _, words = take_fitting_trade(loaded, plan, err, read_peak=read_peak)
+    except SpecError as still:
+        verdicts["refused, and no other trade fits by XLA's read"].append(label)
+        return " | --take-fitting-trade: " + str(still).rsplit("took no trade: ", 1)[-1]
+    verdicts["refused, and --take-fitting-trade takes a trade XLA fits"].append(label)
+    return " | --take-fitting-trade took " + words.split("; took ", 1)[-1]
 
 
 def _peak(entry: dict[str, Any]) -> int:
@@ -166,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--population", type=int, default=60)
     parser.add_argument("--seed", type=int, default=2, help="a seed other than 0 and 1")
     parser.add_argument("--store", type=Path, default=STORE, help="the figures' JSON file")
+    parser.add_argument(
+        "--take-fitting-trade",
+        action="store_true",
+        help="where the plan's own trade is refused, read the trade the build flag would take",
+    )
     args = parser.parse_args(argv)
     if args.seed in FITTED_SEEDS:
         parser.error(f"seed {args.seed} was looked at while the rules were written: not a hold-out")
@@ -174,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     verdicts: dict[str, list] = defaultdict(list)
     for name, text in population(args.population, args.seed):
         print(ledger_row(args.store, name, text, errors), flush=True)
-        row = default_row(args.store, name, text, verdicts)
+        row = default_row(args.store, name, text, verdicts, args.take_fitting_trade)
         if row is not None:
             print("  too big: " + row, flush=True)
     print("\n".join(summary(errors, verdicts)))

@@ -91,3 +91,40 @@ def test_the_seeds_the_rules_were_written_on_are_refused(seed, capsys):
     with pytest.raises(SystemExit):
         holdout.main(["--population", "1", "--seed", str(seed)])
     assert "not a hold-out" in capsys.readouterr().err
+
+
+def _unfit_llama4(tmp_path):
+    """Llama 4's layer whose plan (2 token chunks) XLA finds out of HBM (test_refit)."""
+    from test_refusal_read import LLAMA4
+
+    from moegen.diagnostics import Diagnostic, SpecError
+    from moegen.pipeline import load_valid
+    from moegen.plan import make_plan
+
+    path = tmp_path / "llama4.yaml"
+    path.write_text(LLAMA4, encoding="utf-8")
+    loaded = load_valid(path)
+    refusal = SpecError([Diagnostic(str(path), 1, 1, "shapes.batch", "out of HBM")])
+    return loaded, make_plan(loaded), refusal
+
+
+def test_the_trade_the_build_flag_takes_is_read_through_the_store(tmp_path, reads):
+    store = tmp_path / "store.json"
+    loaded, plan, refusal = _unfit_llama4(tmp_path)
+    verdicts: dict[str, list] = holdout.defaultdict(list)
+    row = holdout._taken(store, "llama4", loaded, plan, refusal, verdicts)
+    assert row.startswith(" | --take-fitting-trade took memory.token_chunks: 1, ")
+    assert "XLA's buffer assignment 2.00 GiB per device" in row
+    assert verdicts == {"refused, and --take-fitting-trade takes a trade XLA fits": ["llama4"]}
+    assert reads == [""]
+    holdout._taken(store, "llama4", loaded, plan, refusal, verdicts)
+    assert reads == [""]  # read again from the store
+
+
+def test_where_no_trade_fits_the_row_says_what_was_read(tmp_path, reads, monkeypatch):
+    monkeypatch.setattr(holdout, "render", lambda plan: "refuse me")
+    loaded, plan, refusal = _unfit_llama4(tmp_path)
+    verdicts = holdout.defaultdict(list)
+    row = holdout._taken(tmp_path / "store.json", "llama4", loaded, plan, refusal, verdicts)
+    assert row.startswith(" | --take-fitting-trade: none of the plan's ")
+    assert list(verdicts) == ["refused, and no other trade fits by XLA's read"]
