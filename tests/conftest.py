@@ -52,13 +52,6 @@ def require_gpu_library(name: str) -> None:
     pytest.skip(reason)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tests (compiles, builds: up to a minute each) first, the rest in their order:
-    the parallel workers then end on short tests together, not one of them on a long one
-    while the other waits (CI has two cores). Stable, so every worker sees one order."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for marker in item.iter_markers("gpu_library"):
         for name in marker.args:
