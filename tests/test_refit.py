@@ -168,6 +168,9 @@ def test_the_flag_on_the_command_line(tmp_path, monkeypatch, invoke_main):
     assert "memory: trade taken" in said.stderr
     assert "wrote llama4.yaml: the memory trade taken" in said.stderr
     assert_no_traceback(said.stderr)
+    # the spec alone now gives the module: moegen check finds it fresh
+    written = (tmp_path / "generated" / "llama4.py").read_text(encoding="utf-8")
+    assert pipeline.generate(tmp_path / "llama4.yaml").source == written
 
 
 @pytest.mark.slow
