@@ -23,7 +23,7 @@ from moegen.plan import Plan
 from moegen.spec_edit import CannotEdit, with_memory_fields
 from moegen.tune import candidates, count_by_plan, yaml_value
 from moegen.tune_candidate import Candidate
-from moegen.tune_memory import FIT_CHECK, NOT_READ, READ_BY, choose_by_assignment
+from moegen.tune_memory import FIT_CHECK, NOT_READ, PROVED, READ_BY, choose_by_assignment
 from moegen.variants import unchecked
 from moegen.verify import VerifyError
 from moegen.verify.assigned import assigned_peak
@@ -34,6 +34,7 @@ TRADES: dict[FieldPath, str] = {
     ("memory", "ffn_chunks"): "auto",
     ("memory", "token_chunks"): "auto",
 }
+OUT_OF_HBM = "out of HBM"  # in a read's refusal: XLA's answer, not a failed read
 BUDGET_S = 240.0  # moegen tune's default: reads stop being started after it
 OnRead = Callable[[Candidate], None]  # each trade read, as it is decided
 ReadPeak = Callable[[Plan], int]
@@ -98,16 +99,24 @@ def _same_trade(candidate: Candidate, failed: Plan) -> bool:
 
 
 def _none_fits(planned: list[Candidate]) -> str:
+    """Why none of the trades read fits: each trade's fate, counted, the lowest peak read."""
     read = [c for c in planned if c.peak_bytes]
-    if not read:
-        return f"none of the plan's {len(planned)} other trades could be read: " + (
-            planned[0].problem or "no figure"
-        )
-    lowest = min(read, key=lambda c: c.peak_bytes)
-    return (
-        f"none of the plan's {len(planned)} other trades fits by {READ_BY} (lowest: "
-        f"{trade_text(lowest)}, {lowest.peak_bytes / 2**30:.2f} GiB)"
-    )
+    fates = {
+        f"do not fit by {READ_BY}": [c for c in planned if c.peak_bytes or OUT_OF_HBM in c.problem],
+        "proved out of HBM by the plan": [c for c in planned if c.problem == PROVED],
+        "not read in the budget": [c for c in planned if "budget ran out" in c.problem],
+    }
+    told = {id(c) for found in fates.values() for c in found}
+    fates["with no figure"] = [c for c in planned if id(c) not in told]
+    counted = ", ".join(f"{len(found)} {fate}" for fate, found in fates.items() if found)
+    said = f"none of the plan's {len(planned)} other trades fits: {counted}"
+    if read:
+        lowest = min(read, key=lambda c: c.peak_bytes)
+        said += f" (lowest read: {trade_text(lowest)}, {lowest.peak_bytes / 2**30:.2f} GiB)"
+    unread = fates["with no figure"]
+    if unread:
+        said += f" (first with no figure: {unread[0].problem.splitlines()[0][:200]})"
+    return said
 
 
 def _taken_words(winner: Candidate, failed: Plan) -> str:

@@ -32,6 +32,7 @@ MEMORY_FIELDS = frozenset({("memory", "ffn_chunks"), ("memory", "token_chunks")}
 FIT_CHECK = ("memory", "fit_check")
 READ_BY = "XLA's buffer assignment"
 NOT_READ = "not read: a faster candidate fits"
+PROVED = "not read: the plan proves it out of HBM"
 OnCandidate = Callable[[int, int, Candidate], None]
 ReadPeak = Callable[[Plan], int]  # the larger program's assigned peak; raises VerifyError
 CountByPlan = Callable[[Candidate], None]  # sets a candidate's FLOPs, bytes and score
@@ -88,7 +89,7 @@ def _read(candidate: Candidate, read_peak: ReadPeak) -> None:
     assert plan is not None
     candidate.peak_by = READ_BY
     if any(proved_unfit(shape.memory) for _, shape in plan.shape_plans()):
-        candidate.problem = "not read: the plan proves it out of HBM"
+        candidate.problem = PROVED
         return
     start = time.perf_counter()
     try:
