@@ -149,11 +149,13 @@ def _over_by_xla(loaded: LoadedSpec, plan: Plan, read: RefusalRead) -> Diagnosti
 
 def _with_read(problem: Diagnostic, read: RefusalRead) -> Diagnostic:
     """A refusal by the ledger's word with XLA's answer; where XLA has measured the layer,
-    leaving the decision to the full-size compile is no longer offered."""
+    leaving the decision to the full-size compile is no longer offered, but another trade
+    read by XLA is (the ledger refused every trade; XLA may fit one: bench.holdout)."""
     message = problem.message.rstrip()
     if read.measured:
         message = message.replace(COMPILE_DECIDES, "")
-    return replace(problem, message=f"{message} {read.words.rstrip('.')}.")
+    offer = f" {TAKE_OFFER}" if read.measured else ""
+    return replace(problem, message=f"{message} {read.words.rstrip('.')}.{offer}")
 
 
 def _plan_changed(loaded: LoadedSpec, changes: Mapping[FieldPath, Any]) -> Plan | None:
