@@ -101,9 +101,12 @@ def _same_trade(candidate: Candidate, failed: Plan) -> bool:
 def _none_fits(planned: list[Candidate]) -> str:
     """Why none of the trades read fits: each trade's fate, counted, the lowest peak read."""
     read = [c for c in planned if c.peak_bytes]
+    proved = [c for c in planned if c.problem == PROVED]
     fates = {
-        f"do not fit by {READ_BY}": [c for c in planned if c.peak_bytes or OUT_OF_HBM in c.problem],
-        "proved out of HBM by the plan": [c for c in planned if c.problem == PROVED],
+        f"do not fit by {READ_BY}": [
+            c for c in planned if c.peak_bytes or (OUT_OF_HBM in c.problem and c not in proved)
+        ],
+        "proved out of HBM by the plan": proved,
         "not read in the budget": [c for c in planned if "budget ran out" in c.problem],
     }
     told = {id(c) for found in fates.values() for c in found}
