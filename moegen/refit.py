@@ -73,9 +73,10 @@ def take_fitting_trade(
     try:
         taken = with_memory_fields(loaded, values)
     except CannotEdit:
+        by_hand = ", ".join(f"memory.{path[1]}: {yaml_value(v)}" for path, v in values.items())
         message = (
             f"{trade_text(winner)} fits by {READ_BY} ({winner.peak_bytes / 2**30:.2f} GiB), "
-            "but moegen cannot write it into this spec's layout; write it by hand"
+            f"but moegen cannot write it into this spec's layout; write it by hand: {by_hand}"
         )
         raise SpecError([loaded.diagnostic(("memory",), message)]) from None
     return taken, _taken_words(winner, failed)
