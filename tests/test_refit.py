@@ -193,3 +193,35 @@ def test_a_real_read_takes_the_layer_whole(tmp_path):
     (taken,) = [d.verdict for _, name, _, d in notes if name == "memory: trade taken"]
     assert "took memory.token_chunks: 1, memory.ffn_chunks: 1 (and memory.fit_check" in taken
     assert "XLA's buffer assignment 14.30 GiB per device" in taken
+
+
+def test_a_symlinked_spec_stays_a_link_to_the_rewritten_file(tmp_path, monkeypatch):
+    _xla(monkeypatch, out_of_hbm={(1, 2)})
+    real = _llama4(tmp_path)
+    link = tmp_path / "link.yaml"
+    link.symlink_to(real.name)
+    pipeline.build([link], tmp_path / "generated", run_verify=False, refit=take_fitting_trade)
+    assert link.is_symlink() and real.read_text(encoding="utf-8") != LLAMA4
+    assert load_spec(link).spec.memory.token_chunks == 1
+
+
+def test_two_specs_verified_at_once_each_take_their_trade(tmp_path, monkeypatch):
+    _xla(monkeypatch, out_of_hbm=set())
+    monkeypatch.setattr(pipeline, "verify", _out_of_hbm_in_two_chunks)
+    monkeypatch.setattr(pipeline, "require_verifiers", lambda checks: None)
+    specs = []
+    for name in ("a", "b"):
+        spec = tmp_path / f"{name}.yaml"
+        spec.write_text(LLAMA4, encoding="utf-8")
+        specs.append(spec)
+    out = tmp_path / "generated"
+    written = pipeline.build(specs, out, jobs=2, refit=take_fitting_trade)
+    assert [module.name for module, _ in written] == ["a.py", "b.py"]
+    for spec in specs:
+        assert load_spec(spec).spec.memory.token_chunks == 1
+
+
+def _out_of_hbm_in_two_chunks(loaded, source, *, plan, on_step, cache):
+    if _trade(plan) == (1, 2):
+        raise OutOfHbm("compile forward+backward: out of HBM")
+    return VerifyReport([])
