@@ -24,6 +24,7 @@ from moegen.spec_edit import CannotEdit, with_memory_fields
 from moegen.tune import candidates, count_by_plan, yaml_value
 from moegen.tune_candidate import Candidate
 from moegen.tune_memory import FIT_CHECK, NOT_READ, PROVED, READ_BY, choose_by_assignment
+from moegen.validate import validate
 from moegen.variants import unchecked
 from moegen.verify import VerifyError
 from moegen.verify.assigned import assigned_peak
@@ -71,7 +72,7 @@ def take_fitting_trade(
         raise _with_words(failure, _none_fits(planned))
     values = {path: value for path, value in winner.choices.items() if path[0] == "memory"}
     try:
-        taken = with_memory_fields(loaded, values)
+        taken = validate(with_memory_fields(loaded, values))  # as load_valid: what is built
     except CannotEdit:
         by_hand = ", ".join(f"memory.{path[1]}: {yaml_value(v)}" for path, v in values.items())
         message = (
