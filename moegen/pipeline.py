@@ -207,7 +207,7 @@ def _retraded(
 
     def on_read(candidate: Any) -> None:
         words = candidate.problem or f"{candidate.peak_bytes / 2**30:.2f} GiB per device: fits"
-        step = MemoryVerdict(f"memory: read {refit_choice(candidate)}", candidate.seconds, words)
+        step = MemoryVerdict(f"memory: read {_trade_read(candidate)}", candidate.seconds, words)
         note(display, step.step, step.seconds, step)
 
     retraded, words = refit(loaded, failed, failure, on_read)
@@ -216,7 +216,7 @@ def _retraded(
     return retraded
 
 
-def refit_choice(candidate: Any) -> str:
+def _trade_read(candidate: Any) -> str:
     """A trade read for --take-fitting-trade, short: `ffn_chunks 2, token_chunks 4`."""
     return ", ".join(
         f"{path[1]} {value}" for path, value in candidate.choices.items() if path[0] == "memory"
