@@ -76,7 +76,8 @@ def _appended_section(loaded: LoadedSpec, key: str, value: str, newline: str) ->
     if not tops:
         raise CannotEdit("the document has no top-level key to place memory beside")
     line, col = min(tops)
-    if _row(text, line).startswith("{", col - 2 + _bom(text, line)):
+    # a key at the first column opens no mapping's brace (col - 2 would read the row's end)
+    if col > 1 and _row(text, line).startswith("{", col - 2 + _bom(text, line)):
         raise CannotEdit("the document is one flow mapping")
     indent = " " * (col - 1)
     ending = "" if not text or text.endswith("\n") else newline

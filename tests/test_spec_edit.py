@@ -91,6 +91,16 @@ def test_a_layout_it_cannot_place_is_refused():
         with_memory_fields(_loaded(as_json), TRADE)
 
 
+def test_a_first_key_whose_line_opens_a_flow_mapping_is_not_the_document_one():
+    # the first key's row ends with the brace of its own value, not of the document
+    layer = "layer:\n  num_experts: 8\n  embed_dim: 4096\n  ffn_dim: 14336\n"
+    text = _base().replace(layer, "")
+    flow = "layer: {\n  num_experts: 8, embed_dim: 4096,\n  ffn_dim: 14336}\n"
+    assert layer in _base()
+    edited = with_memory_fields(_loaded(flow + text), TRADE)
+    assert edited.source.text == flow + text + "memory:\n  ffn_chunks: 2\n  token_chunks: 4\n"
+
+
 def test_only_memory_fields_are_written():
     with pytest.raises(CannotEdit, match="not a memory field"):
         with_memory_fields(_loaded(_base()), {("shapes", "batch"): 8})
