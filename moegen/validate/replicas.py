@@ -12,6 +12,7 @@ from moegen.load import LoadedSpec
 from moegen.sizes import axes_product
 from moegen.spec_parallelism import SHARE_UNITS
 from moegen.strategies import strategy
+from moegen.validate.bounds import known_batch_axes
 
 INT32_LIMIT = 2**31
 
@@ -55,7 +56,8 @@ def redundant_experts_have_somewhere_to_go(loaded: LoadedSpec) -> list[Diagnosti
                 "weights again): remove ffn_chunks, or remove redundant_experts",
             )
         )
-    token_shards = axes_product(spec.mesh.axes, spec.batch_axes) * spec.sequence_shards
+    # batch axes the mesh lacks are refused by their own rule; not counted here
+    token_shards = axes_product(spec.mesh.axes, known_batch_axes(loaded)) * spec.sequence_shards
     rows = spec.shapes.batch * spec.shapes.seq_len // token_shards * spec.router.top_k
     if rows * SHARE_UNITS >= INT32_LIMIT:
         out.append(
