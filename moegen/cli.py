@@ -125,7 +125,7 @@ def build(
         _err(f"verification failed; nothing written:\n{err}")
         sys.exit(EXIT_FAILED)
     except SpecNotRewritten as err:
-        _err(f"wrote the modules, but cannot write the trade taken into {err}; write it by hand")
+        _err(f"wrote the modules, but cannot write the trade taken into {err}")
         sys.exit(EXIT_FAILED)
     except (OSError, UnicodeError) as err:
         _err(f"cannot write the generated files; nothing changed: {err}")
@@ -265,9 +265,10 @@ def tune_command(spec: Path, dry_run: bool, budget_s: float) -> None:
         click.echo(patch(loaded, result.new_text), nl=False)
         return
     try:
-        rewrite_in_place(spec, result.new_text)
+        rewrite_in_place(spec, result.new_text, was=loaded.source.text)
     except (OSError, UnicodeError) as err:
-        _err(f"cannot write {loaded.source.display}; the spec is unchanged: {err}")
+        choice = _choice_text(result.winner.choices, yaml_value)
+        _err(f"cannot write {loaded.source.display}, left as it is: {err}; write by hand: {choice}")
         sys.exit(EXIT_FAILED)
     _err(f"wrote {loaded.source.display}: {_choice_text(result.winner.choices, yaml_value)}")
 

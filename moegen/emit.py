@@ -98,12 +98,19 @@ def write_all(files: dict[Path, str], *, out_dir: Path | None = None) -> None:
         _write_tree(Path(root), data, swap=out_dir is not None)
 
 
-def rewrite_in_place(path: Path, text: str) -> None:
+class ChangedOnDisk(OSError):
+    """The user's file is no longer the text it was read as: a rewrite would lose an edit."""
+
+
+def rewrite_in_place(path: Path, text: str, was: str) -> None:
     """Replace a user's own file (the spec `moegen tune` rewrites) atomically, as write_all
     writes one file, but through a symlink to the file it names (the link stays a link) and
-    keeping the file's permission bits."""
+    keeping the file's permission bits; refused (ChangedOnDisk) where the file is no longer
+    `was`, the text it was read as minutes before (an edit made meanwhile is kept)."""
     blob = text.encode("utf-8")
     target = Path(os.path.realpath(path))
+    if target.read_bytes() != was.encode("utf-8"):
+        raise ChangedOnDisk("it changed on disk since it was read")
     _write_one(target, blob, stat.S_IMODE(os.stat(target).st_mode))
 
 

@@ -63,9 +63,14 @@ class UnfitSpec(SpecError):
 class SpecNotRewritten(Exception):
     """The modules are written; the trade taken could not be written into the spec."""
 
-    def __init__(self, display: str, error: BaseException) -> None:
-        super().__init__(f"{display}: {error}")
-        self.display = display
+    def __init__(self, loaded: LoadedSpec, error: BaseException) -> None:
+        memory = loaded.spec.memory
+        trade = ", ".join(
+            f"{key}: {getattr(memory, key)}" for key in ("ffn_chunks", "token_chunks", "fit_check")
+        )
+        written = f"write it by hand: memory: {{{trade}}}"
+        super().__init__(f"{loaded.source.display} ({error}); {written}")
+        self.display = loaded.source.display
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,12 @@ class Generated:
     plan: Plan
     source: str
     report: VerifyReport | None = None
-    retraded: bool = False  # --take-fitting-trade wrote another memory trade into the spec
+    # --take-fitting-trade wrote another memory trade into the spec: the spec's text as read
+    read_as: str | None = None
+
+    @property
+    def retraded(self) -> bool:
+        return self.read_as is not None
 
 
 def load_valid(path: Path) -> LoadedSpec:
@@ -180,7 +190,7 @@ def generate(path: Path, progress: Progress | None = None, refit: Refit | None =
         if refit is None:
             raise
         retraded = _retraded(loaded, unfit.plan, unfit, refit, note)
-    return replace(_planned(retraded, note), retraded=True)
+    return replace(_planned(retraded, note), read_as=loaded.source.text)
 
 
 def _planned(loaded: LoadedSpec, note: Progress) -> Generated:
@@ -270,11 +280,11 @@ def build(
     written = [(output_path(out_dir, g), g) for g in verified]
     write_all({target: g.source for target, g in written}, out_dir=out_dir)
     for path, generated in zip(paths, verified, strict=True):
-        if generated.retraded:  # the spec says what its module runs (moegen check)
+        if generated.read_as is not None:  # the spec says what its module runs (moegen check)
             try:
-                rewrite_in_place(path, generated.loaded.source.text)
+                rewrite_in_place(path, generated.loaded.source.text, was=generated.read_as)
             except (OSError, UnicodeError) as err:
-                raise SpecNotRewritten(generated.loaded.source.display, err) from None
+                raise SpecNotRewritten(generated.loaded, err) from None
     return written
 
 
@@ -309,7 +319,9 @@ def _verifying(
             if refit is None:
                 raise failure from None
             retraded = _retraded(generated.loaded, generated.plan, failure, refit, note)
-            done = verified(replace(_planned(retraded, note), retraded=True))
+            planned = _planned(retraded, note)
+            read_as = generated.read_as or generated.loaded.source.text
+            done = verified(replace(planned, read_as=read_as))
         ordered.finish(index)
         return done
 

@@ -225,3 +225,28 @@ def _out_of_hbm_in_two_chunks(loaded, source, *, plan, on_step, cache):
     if _trade(plan) == (1, 2):
         raise OutOfHbm("compile forward+backward: out of HBM")
     return VerifyReport([])
+
+
+def test_a_spec_edited_during_the_build_keeps_the_edit(tmp_path, monkeypatch, invoke_main):
+    """The trade is written after the modules, minutes after the spec was read: where the
+    user changed the spec meanwhile, their edit is kept and the trade is said, to write."""
+    _xla(monkeypatch, out_of_hbm={(1, 2)})
+    spec = _llama4(tmp_path)
+    edited = LLAMA4 + "# edited while the build ran\n"
+    write_all = pipeline.write_all
+
+    def write_while_the_user_edits(*args, **kwargs):
+        spec.write_text(edited, encoding="utf-8")
+        return write_all(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "write_all", write_while_the_user_edits)
+    said = invoke_main("build", "--no-verify", "--take-fitting-trade", spec.name, cwd=tmp_path)
+    assert said.code == 4, said.stderr
+    assert (
+        "wrote the modules, but cannot write the trade taken into llama4.yaml (it changed on "
+        "disk since it was read); write it by hand: memory: {ffn_chunks: 1, token_chunks: 1, "
+        "fit_check: "
+    ) in said.stderr
+    assert_no_traceback(said.stderr)
+    assert spec.read_text(encoding="utf-8") == edited
+    assert (tmp_path / "generated" / "llama4.py").is_file()

@@ -301,9 +301,34 @@ def test_a_failed_write_leaves_the_spec_as_it_was(tmp_path, invoke_main, whole_f
     path = _spec(tmp_path, SMALL_V5E)
     result = invoke_main("tune", path.name, cwd=tmp_path)
     assert result.code == 4
-    assert "cannot write layer.yaml; the spec is unchanged: [Errno 28]" in result.stderr
+    assert "cannot write layer.yaml, left as it is: [Errno 28]" in result.stderr
+    assert "; write by hand: memory.token_chunks=1, memory.ffn_chunks=1" in result.stderr
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr
     assert path.read_text(encoding="utf-8") == SMALL_V5E
+    assert [p.name for p in tmp_path.iterdir()] == ["layer.yaml"]
+
+
+def test_an_edit_made_while_tuning_is_kept(tmp_path, invoke_main, whole_fits, monkeypatch):
+    import moegen.tune
+
+    path = _spec(tmp_path, SMALL_V5E)
+    edited = SMALL_V5E + "# edited in another window while tune ran\n"
+    tune = moegen.tune.tune
+
+    def tune_while_the_user_edits(*args, **kwargs):
+        result = tune(*args, **kwargs)
+        path.write_text(edited, encoding="utf-8")
+        return result
+
+    monkeypatch.setattr(moegen.tune, "tune", tune_while_the_user_edits)
+    result = invoke_main("tune", path.name, cwd=tmp_path)
+    assert result.code == 4
+    assert (
+        "cannot write layer.yaml, left as it is: it changed on disk since it was read; "
+        "write by hand: memory.token_chunks=1"
+    ) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert path.read_text(encoding="utf-8") == edited
     assert [p.name for p in tmp_path.iterdir()] == ["layer.yaml"]
 
 
