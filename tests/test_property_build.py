@@ -99,9 +99,44 @@ def test_drawn_cpu_specs_build_with_twin_parity(drawn: dict) -> None:
         assert step in report, report
 
 
+# Drawn by a campaign (2026-12-06): its bfloat16 twin's grad_router_scale was 2.7e-1 off,
+# the one scalar's terms summing to 1.8 where they sum to 20-190 for other cotangents (see
+# moegen.verify.parity.ParityPrograms.typical_gradient_norms).
+SCALE_CANCELLED_BY_ITS_COTANGENT = {
+    "experts": 2,
+    "embed": 16,
+    "ffn": 64,
+    "top_k": 1,
+    "activation": "gelu",
+    "ffn_bias": False,
+    "score": "softmax",
+    "renormalize": False,
+    "routed_scaling": 2.5,
+    "group_limit": {"groups": 2, "keep": 1, "top_per_group": 1},
+    "linear_bias": True,
+    "weighting": "output",
+    "z_loss": 0.001,
+    "axes": {"expert": 2, "data": 4, "fsdp": 2},
+    "strategy": "ragged_all_to_all",
+    "dcn_axes": {"data": 2},
+    "batch": 64,
+    "seq_len": 32,
+    "params_dtype": "float32",
+    "compute_dtype": "bfloat16",
+    "description": "A layer.",
+    "learned_scale": True,
+    "hardware": "tpu-v5e",
+    "topology": "2x4",
+    "slices": 2,
+    "kernel": "pallas",
+    "quantization": "none",
+}
+
+
 @pytest.mark.slow
 @build_settings(TPU_BUILDS)
 @given(drawn=valid_choices(hardware=TPU_HARDWARE, small=True))
+@example(drawn=SCALE_CANCELLED_BY_ITS_COTANGENT)
 def test_drawn_tpu_specs_build_and_compile_forward_and_backward(drawn: dict) -> None:
     report = build(drawn)
     for step in ("verify: twin parity (float32)", "verify: compile forward+backward"):

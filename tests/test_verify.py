@@ -221,6 +221,17 @@ def test_a_low_precision_comparison_sets_aside_a_flipped_relu_term_not_a_wrong_p
     assert relative_error(np.array([1.0, math.nan]), np.array([1.0, 2.0]), KINK_SHARE) == math.inf
 
 
+def test_a_gradient_cancelled_by_its_draw_is_measured_against_its_typical_size() -> None:
+    """A scalar's gradient that sums to near zero for one cotangent: rounding that is small
+    beside its typical size passes; a result off by that size does not."""
+    want = np.array([1.76])  # this draw's sum; other cotangents give 20-190
+    rounded = want + 0.47  # bfloat16 rounding of the terms, ~0.5% of their typical sum
+    assert relative_error(rounded, want) > 0.1
+    assert relative_error(rounded, want, typical=60.0) < 1e-2
+    assert relative_error(-want * 30, want, typical=60.0) > 0.5  # a wrong path
+    assert relative_error(np.array([math.nan]), want, typical=60.0) == math.inf
+
+
 def test_only_a_twin_below_float32_sets_elements_aside() -> None:
     import jax.numpy as jnp
 
