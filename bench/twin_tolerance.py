@@ -4,6 +4,7 @@ population of specs: the figures behind TOLERANCES["bfloat16"] and the 1% set as
 
     python -m bench.twin_tolerance --population 40 --seed 0
     python -m bench.twin_tolerance --population 40 --seed 1 --activation relu --weighting input
+    python -m bench.twin_tolerance --population 40 --seed 2 --learned-scale
 
 The specs are bench.population's (real model layers on TPU slices, bfloat16 compute), each
 run as verification runs its spec-dtype twin: shrunken, on fake CPU devices, random and
@@ -35,6 +36,8 @@ def _rewritten(text: str, args: argparse.Namespace) -> str:
         tree["layer"].pop("glu", None)
     if args.weighting:
         tree["router"]["weighting"] = args.weighting
+    if args.learned_scale:
+        tree["router"]["learned_scale"] = True
     if args.kernel:
         tree["target"]["kernel"] = args.kernel
         tree["target"].pop("tiles", None)
@@ -58,14 +61,18 @@ def _twin_module(loaded: Any, directory: Path) -> tuple[Any, Any]:
     return module, ReferenceConfig(**reference_config(plan))
 
 
-def _case_errors(programs: Any, case: tuple) -> tuple[float, float]:
-    """(whole, 1% set aside): the worst relative error of any output or gradient."""
+def _case_errors(programs: Any, case: tuple) -> tuple[float, float, float]:
+    """(whole, 1% set aside, 1% set aside against this draw's gradients alone): the worst
+    relative error of any output or gradient. Verification takes the second: each gradient
+    measured against its typical size over fresh cotangents where one draw cancels it
+    (ParityPrograms.typical_gradient_norms); the third is without that."""
     from moegen.verify import parity
 
     compared = programs.compare(*case)
     whole = parity.parity_errors(compared)
     aside = parity.parity_errors(compared, parity.KINK_SHARE)
-    return max(whole.values()), max(aside.values())
+    one_draw = parity.parity_errors(compared._replace(typical={}), parity.KINK_SHARE)
+    return max(whole.values()), max(aside.values()), max(one_draw.values())
 
 
 def _cases(module: Any) -> dict[str, tuple]:
@@ -93,6 +100,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--activation", choices=["swiglu", "geglu", "gelu", "relu", "relu2"])
     parser.add_argument("--weighting", choices=["output", "input"])
+    parser.add_argument(
+        "--learned-scale", action="store_true", help="router.learned_scale on every spec"
+    )
     parser.add_argument("--kernel", default="xla", help="the kernel every spec runs ('' keeps)")
     args = parser.parse_args()
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=64")
@@ -106,7 +116,7 @@ def main() -> None:
     from moegen.verify.twin import TOLERANCES
 
     tolerance = TOLERANCES["bfloat16"]
-    whole, aside = [], []
+    whole, aside, one_draw = [], [], []
     with tempfile.TemporaryDirectory() as scratch:
         for name, text in population(args.population, args.seed):
             try:
@@ -117,12 +127,17 @@ def main() -> None:
             module, cfg = _twin_module(loaded, Path(scratch))
             programs = ParityPrograms(module, cfg, module.moe_layer)  # shared by its cases
             for case, values in _cases(module).items():
-                full, set_aside = _case_errors(programs, values)
+                full, set_aside, drawn = _case_errors(programs, values)
                 whole.append(full)
                 aside.append(set_aside)
-                print(f"{name} {case:<8} whole {full:.2e}  1% set aside {set_aside:.2e}")
+                one_draw.append(drawn)
+                print(
+                    f"{name} {case:<8} whole {full:.2e}  1% set aside {set_aside:.2e}  "
+                    f"against this draw alone {drawn:.2e}"
+                )
     print(_summary("whole", whole, tolerance))
     print(_summary("1% set aside", aside, tolerance))
+    print(_summary("this draw alone", one_draw, tolerance))
 
 
 if __name__ == "__main__":
