@@ -68,10 +68,11 @@ def _case_errors(programs: Any, case: tuple) -> tuple[float, float, float]:
     (ParityPrograms.typical_gradient_norms); the third is without that."""
     from moegen.verify import parity
 
-    compared = programs.compare(*case)
+    drawn = programs.compare(*case)
+    compared = programs.with_typical_sizes(drawn)
     whole = parity.parity_errors(compared)
     aside = parity.parity_errors(compared, parity.KINK_SHARE)
-    one_draw = parity.parity_errors(compared._replace(typical={}), parity.KINK_SHARE)
+    one_draw = parity.parity_errors(drawn, parity.KINK_SHARE)
     return max(whole.values()), max(aside.values()), max(one_draw.values())
 
 

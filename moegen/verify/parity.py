@@ -142,7 +142,10 @@ class Compared(NamedTuple):
     ref_aux: Any
     got: tuple  # (y, grads, grad_x)
     want: tuple  # (ref_y, ref_aux, ref_grads, ref_grad_x)
-    typical: dict[str, float]  # each gradient's norm without the luck of the draw
+    inputs: tuple  # (params, x) as the module saw them (after any dtype rounding), on the host
+    cotangent: Any
+    # each gradient's norm without the luck of the draw, where asked (typical_gradient_norms)
+    typical: dict[str, float] | None = None
 
 
 class ParityPrograms:
@@ -179,9 +182,14 @@ class ParityPrograms:
         host_x = np.asarray(placed_x, np.float32)
         ref_y, ref_aux = self.reference(host_params, host_x)
         ref_grads, ref_grad_x = self.reference_gradients(host_params, host_x, cotangent)
-        typical = self.typical_gradient_norms(host_params, host_x, np.shape(cotangent))
         want = (ref_y, ref_aux, ref_grads, ref_grad_x)
-        return Compared(aux, ref_aux, (y, grads, grad_x), want, typical)
+        inputs = (host_params, host_x)
+        return Compared(aux, ref_aux, (y, grads, grad_x), want, inputs, cotangent)
+
+    def with_typical_sizes(self, compared: Compared) -> Compared:
+        """`compared` with each reference gradient's typical norm, for parity_errors."""
+        norms = self.typical_gradient_norms(*compared.inputs, np.shape(compared.cotangent))
+        return compared._replace(typical=norms)
 
     def typical_gradient_norms(self, params: dict, x: Any, shape: tuple) -> dict[str, float]:
         """Each reference gradient's root-mean-square norm over TYPICAL_DRAWS fresh random
@@ -220,7 +228,7 @@ def parity_errors(compared: Compared, set_aside: float = 0.0) -> dict[str, float
     (y, grads, grad_x), (ref_y, ref_aux, ref_grads, ref_grad_x) = compared.got, compared.want
 
     def error(a: Any, b: Any, name: str = "") -> float:
-        return relative_error(a, b, set_aside, compared.typical.get(name, 0.0))
+        return relative_error(a, b, set_aside, (compared.typical or {}).get(name, 0.0))
 
     errors = {"y": error(y, ref_y), "grad_x": error(grad_x, ref_grad_x, "grad_x")}
     errors |= {f"grad_{k}": error(grads[k], ref_grads[k], f"grad_{k}") for k in ref_grads}
@@ -257,6 +265,11 @@ def check_parity(
         if not np.array_equal(got, want):
             raise CheckFailed(f"{case}: aux.{name} {got.tolist()} != {want.tolist()}")
     worst = max(errors, key=errors.get)
+    if not within_tolerance(errors[worst], tolerance):
+        # Before refusing: a gradient this draw cancels is measured against its typical size
+        # (relative_error's floor only raises a denominator, so a pass stands without it).
+        errors = parity_errors(programs.with_typical_sizes(compared), set_aside_share(module))
+        worst = max(errors, key=errors.get)
     if not within_tolerance(errors[worst], tolerance):
         raise CheckFailed(
             f"{case}: {worst} differs from the dense reference: relative error "
