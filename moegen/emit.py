@@ -109,7 +109,8 @@ def rewrite_in_place(path: Path, text: str, was: str) -> None:
     `was`, the text it was read as minutes before (an edit made meanwhile is kept)."""
     blob = text.encode("utf-8")
     target = Path(os.path.realpath(path))
-    if target.read_bytes() != was.encode("utf-8"):
+    expected = was.encode("utf-8")  # its size first: a file grown meanwhile is not read
+    if os.stat(target).st_size != len(expected) or target.read_bytes() != expected:
         raise ChangedOnDisk("it changed on disk since it was read")
     _write_one(target, blob, stat.S_IMODE(os.stat(target).st_mode))
 
