@@ -108,3 +108,39 @@ def test_the_libtpu_fix_names_the_pinned_version():
 
     extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     assert extras["optional-dependencies"]["tpu"] == [preflight.LIBTPU_PIN]
+
+
+EP_TE_SPEC = "specs/mixtral_8x7b_ep_h100_fp8.yaml"
+
+
+def _on_xla(tmp_path: Path, strategy: str) -> Path:
+    """The expert-parallel H100 example on jax.lax.ragged_dot (kernel xla), `strategy`."""
+    text = (REPO_ROOT / EP_TE_SPEC).read_text(encoding="utf-8")
+    text = text.replace("  kernel: te\n  quantization: fp8\n", "  kernel: xla\n")
+    text = text.replace("experts: ragged_all_to_all", f"experts: {strategy}")
+    path = tmp_path / "ep_xla.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_collective_xla_cpu_lacks_on_a_gpu_compiled_there_is_refused_located(tmp_path):
+    """A GPU module on kernel xla is verified by compiling it with XLA:CPU, which has no
+    ragged all-to-all: said before any twin, at the strategy's line (drawn by a campaign:
+    every such build failed after its twins with XLA's UNIMPLEMENTED and a traceback)."""
+    generated = generate(_on_xla(tmp_path, "ragged_all_to_all"))
+    [problem] = preflight.preflight_problems(generated.loaded, generated.plan)
+    assert problem.field == "parallelism.experts"
+    assert "with kernel xla compiles the full-size layer with XLA:CPU" in problem.message
+    assert "use a kernel lowered for CUDA (te or tokamax), or ring_of_experts" in problem.message
+    ring = generate(_on_xla(tmp_path, "ring_of_experts"))
+    assert preflight.preflight_problems(ring.loaded, ring.plan) == []
+
+
+def test_it_does_not_stop_a_build_without_verification(tmp_path, invoke_main):
+    spec = _on_xla(tmp_path, "ragged_all_to_all")
+    refused = invoke_main("build", spec.name, cwd=tmp_path)
+    assert refused.code == 4 and "cannot verify here; nothing written" in refused.stderr
+    assert "ep_xla.yaml:" in refused.stderr and not (tmp_path / "generated").exists()
+    assert_no_traceback(refused.stderr)
+    built = invoke_main("build", "--no-verify", spec.name, cwd=tmp_path)
+    assert built.code == 0, built.stderr

@@ -13,9 +13,10 @@ import importlib.util
 
 from moegen.diagnostics import Diagnostic
 from moegen.hardware import hardware
-from moegen.kernels import kernel
+from moegen.kernels import KERNELS, kernel
 from moegen.load import LoadedSpec
 from moegen.plan import Plan
+from moegen.strategies import strategy
 from moegen.verify.verdict import VerifyError
 
 LIBTPU_PIN = "libtpu==0.0.51"
@@ -59,7 +60,28 @@ def preflight_problems(
                     f"kernel {chosen.name}: missing: {'; '.join(missing)}. {chosen.preflight.fix}",
                 )
             )
+    if compiles and on_gpu:
+        problems += _compiled_on_cpu_problems(loaded, plan)
     return problems
+
+
+def _compiled_on_cpu_problems(loaded: LoadedSpec, plan: Plan) -> list[Diagnostic]:
+    """A GPU module whose kernel is not lowered for CUDA is compiled with XLA:CPU to verify
+    it (moegen.verify.verification): a collective XLA:CPU lacks cannot compile there, and
+    would fail only after the twins, as an XLA error."""
+    chosen = strategy(plan.experts.strategy)
+    if kernel(plan.kernel.name).cuda_lowering is not None or not chosen.emulated_on_cpu:
+        return []
+    lowered = [name for name, k in KERNELS.items() if k.cuda_lowering is not None]
+    return [
+        loaded.diagnostic(
+            ("parallelism", "experts"),
+            f"verifying {chosen.name} on {loaded.spec.target.hardware} with kernel "
+            f"{plan.kernel.name} compiles the full-size layer with XLA:CPU, which has no "
+            f"ragged all-to-all; use a kernel lowered for CUDA ({' or '.join(lowered)}), or "
+            "ring_of_experts, or build with --no-verify (nothing verified)",
+        )
+    ]
 
 
 def require_verifiers(checks: list[tuple[LoadedSpec, Plan]], *, compiles: bool = True) -> None:
