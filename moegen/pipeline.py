@@ -320,7 +320,9 @@ def _verifying(
                 raise failure from None
             retraded = _retraded(generated.loaded, generated.plan, failure, refit, note)
             planned = _planned(retraded, note)
-            read_as = generated.read_as or generated.loaded.source.text
+            read_as = generated.read_as  # the spec as the user wrote it, retraded or not
+            if read_as is None:
+                read_as = generated.loaded.source.text
             done = verified(replace(planned, read_as=read_as))
         ordered.finish(index)
         return done

@@ -16,7 +16,7 @@ from moegen.hardware import hardware
 from moegen.kernels import KERNELS, kernel
 from moegen.load import LoadedSpec
 from moegen.plan import Plan
-from moegen.strategies import strategy
+from moegen.strategies import sharding_strategies, strategy
 from moegen.verify.verdict import VerifyError
 
 LIBTPU_PIN = "libtpu==0.0.51"
@@ -70,16 +70,18 @@ def _compiled_on_cpu_problems(loaded: LoadedSpec, plan: Plan) -> list[Diagnostic
     it (moegen.verify.verification): a collective XLA:CPU lacks cannot compile there, and
     would fail only after the twins, as an XLA error."""
     chosen = strategy(plan.experts.strategy)
-    if kernel(plan.kernel.name).cuda_lowering is not None or not chosen.emulated_on_cpu:
+    lacking = chosen.emulated_on_cpu and not plan.experts.emulates_collective
+    if kernel(plan.kernel.name).cuda_lowering is not None or not lacking:
         return []
     lowered = [name for name, k in KERNELS.items() if k.cuda_lowering is not None]
+    others = [n for n in sharding_strategies() if not strategy(n).emulated_on_cpu]
     return [
         loaded.diagnostic(
             ("parallelism", "experts"),
             f"verifying {chosen.name} on {loaded.spec.target.hardware} with kernel "
             f"{plan.kernel.name} compiles the full-size layer with XLA:CPU, which has no "
-            f"ragged all-to-all; use a kernel lowered for CUDA ({' or '.join(lowered)}), or "
-            "ring_of_experts, or build with --no-verify (nothing verified)",
+            f"{chosen.name} collective; use a kernel lowered for CUDA ({' or '.join(lowered)}), "
+            f"or {' or '.join(others)}, or build with --no-verify (nothing verified)",
         )
     ]
 
