@@ -162,14 +162,16 @@ class ParityPrograms:
             losses = [getattr(aux, name) for name in AUX_LOSSES if name in aux._fields]
             return jnp.sum(y.astype(jnp.float32) * cotangent) + sum(losses)
 
-        def reference_loss(p: dict, xs: Any, cotangent: Any) -> Any:
+        def reference_loss(p: dict, xs: Any, cotangent: Any) -> tuple[Any, tuple]:
             y, aux = dense_moe(p, xs, cfg)
-            return jnp.sum(y * cotangent) + aux.load_balance_loss + aux.router_z_loss
+            return jnp.sum(y * cotangent) + aux.load_balance_loss + aux.router_z_loss, (y, aux)
 
+        # The module's forward and gradients are two programs (a custom_vjp's primal and its
+        # forward rule both run); the reference's, one: it has no such rule, and each compile
+        # is most of a twin's time.
         self.forward = jax.jit(functools.partial(layer, mesh=mesh))
         self.gradients = jax.jit(jax.grad(module_loss, argnums=(0, 1)))
-        self.reference = jax.jit(functools.partial(dense_moe, cfg=cfg))
-        self.reference_gradients = jax.jit(jax.grad(reference_loss, argnums=(0, 1)))
+        self.reference = jax.jit(jax.grad(reference_loss, argnums=(0, 1), has_aux=True))
 
     def compare(self, params: dict, x: Any, cotangent: Any) -> Compared:
         """The module's forward, aux and gradients at (params, x), and the reference's at
@@ -180,8 +182,7 @@ class ParityPrograms:
             grads, grad_x = self.gradients(placed_params, placed_x, cotangent)
         host_params = {k: np.asarray(v, np.float32) for k, v in placed_params.items()}
         host_x = np.asarray(placed_x, np.float32)
-        ref_y, ref_aux = self.reference(host_params, host_x)
-        ref_grads, ref_grad_x = self.reference_gradients(host_params, host_x, cotangent)
+        (ref_grads, ref_grad_x), (ref_y, ref_aux) = self.reference(host_params, host_x, cotangent)
         want = (ref_y, ref_aux, ref_grads, ref_grad_x)
         inputs = (host_params, host_x)
         return Compared(aux, ref_aux, (y, grads, grad_x), want, inputs, cotangent)
@@ -201,7 +202,7 @@ class ParityPrograms:
         squares: dict[str, float] = {}
         for _ in range(TYPICAL_DRAWS):
             cotangent = rng.normal(0.0, 1.0, shape).astype(np.float32)
-            grads, grad_x = self.reference_gradients(params, x, cotangent)
+            (grads, grad_x), _ = self.reference(params, x, cotangent)
             for name, value in (*(("grad_" + k, v) for k, v in grads.items()), ("grad_x", grad_x)):
                 norm = float(np.linalg.norm(np.asarray(value, np.float64)))
                 squares[name] = squares.get(name, 0.0) + norm**2 / TYPICAL_DRAWS
@@ -210,16 +211,18 @@ class ParityPrograms:
     def place(self, params: dict, x: Any) -> tuple[dict, Any]:
         from jax.sharding import NamedSharding
 
+        # Rounded on the host (as jnp.asarray would) and placed from there: a device array
+        # would be resharded by a program compiled for each shape.
         module, mesh = self.module, self.mesh
         placed = {
             name: jax.device_put(
-                jnp.asarray(value, module.PARAM_DTYPE),
+                np.asarray(value, np.dtype(module.PARAM_DTYPE)),
                 NamedSharding(mesh, module.PARAM_SPECS[name]),
             )
             for name, value in params.items()
         }
-        placed_x = jax.device_put(jnp.asarray(x, module.COMPUTE_DTYPE), module.input_sharding(mesh))
-        return placed, placed_x
+        host_x = np.asarray(x, np.dtype(module.COMPUTE_DTYPE))
+        return placed, jax.device_put(host_x, module.input_sharding(mesh))
 
 
 def parity_errors(compared: Compared, set_aside: float = 0.0) -> dict[str, float]:
@@ -278,7 +281,7 @@ def check_parity(
         )
     dropped = None
     if "dropped_per_expert" in aux._fields:
-        dropped = int(np.sum(aux.dropped_per_expert))
+        dropped = int(np.asarray(aux.dropped_per_expert).sum())
     counts = np.asarray(aux.tokens_per_expert)
     return ParityCase(case, errors[worst], tuple(counts.tolist()), dropped)
 
