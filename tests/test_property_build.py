@@ -89,10 +89,42 @@ RELU_FLIPPED_BY_ROUNDING = {
 }
 
 
+# Drawn by a campaign (2026-12-06): two replicated experts, top-6. The skewed case sent every
+# token to both, 40 of 120 copies, and was refused for "under half the copies": a token sends
+# an expert one copy at most, so two experts can get a third (moegen.verify.parity.skewed_enough).
+REPLICAS_OUTNUMBERED_BY_THE_PICKS = {
+    "experts": 32,
+    "embed": 32,
+    "ffn": 96,
+    "top_k": 6,
+    "activation": "relu2",
+    "score": "softmax",
+    "renormalize": False,
+    "score_after_top_k": True,
+    "routed_scaling": 0.5,
+    "load_balance_loss": 0.0,
+    "identity_experts": 0,
+    "zero_experts": 0,
+    "axes": {"fsdp": 1, "expert": 2, "data": 1},
+    "batch_axes": ["data", "expert", "fsdp"],
+    "strategy": "ragged_all_to_all",
+    "batch": 4,
+    "seq_len": 16,
+    "compute_dtype": "bfloat16",
+    "description": "A layer.",
+    "redundant_experts": 2,
+    "placement": [[{"expert": 16, "share": 0.162109375}], [{"expert": 0, "share": 0.2548828125}]],
+    "latent": 1024,
+    "hardware": "cpu",
+    "kernel": "xla",
+}
+
+
 @pytest.mark.slow
 @build_settings(CPU_BUILDS)
 @given(drawn=valid_choices(hardware=["cpu"], small=True))
 @example(drawn=RELU_FLIPPED_BY_ROUNDING)
+@example(drawn=REPLICAS_OUTNUMBERED_BY_THE_PICKS)
 def test_drawn_cpu_specs_build_with_twin_parity(drawn: dict) -> None:
     report = build(drawn)
     for step in ("verify: twin parity (float32)", "verify: compile forward+backward"):

@@ -22,7 +22,7 @@ from moegen.plan import make_plan
 from moegen.plan.costs import DTYPE_BYTES
 from moegen.sizes import axes_product
 from moegen.verify import TOLERANCES, VerifyError, verify
-from moegen.verify.parity import KINK_SHARE, relative_error, set_aside_share
+from moegen.verify.parity import KINK_SHARE, relative_error, set_aside_share, skewed_enough
 from moegen.verify.twin import TWIN_SEQUENCES_PER_SHARD, twin_of, twin_seq_len
 
 FLOAT32_STEP = "twin parity (float32)"
@@ -230,6 +230,17 @@ def test_a_gradient_cancelled_by_its_draw_is_measured_against_its_typical_size()
     assert relative_error(rounded, want, typical=60.0) < 1e-2
     assert relative_error(-want * 30, want, typical=60.0) > 0.5  # a wrong path
     assert relative_error(np.array([math.nan]), want, typical=60.0) == math.inf
+
+
+def test_the_replicas_skew_is_judged_by_the_copies_they_could_get() -> None:
+    """A token sends an expert one copy at most: two hot experts of a top-6 router can get a
+    third of the copies, and every token sending both one is as skewed as it gets."""
+    copies = (20, 0, 1, 2, 13, 0, 1, 2, 5, 3, 0, 0, 1, 8, 0, 0, 20, 3, 1, 0, 4, 0, 0, 0, 10, 11)
+    assert skewed_enough(copies, [0, 16], top_k=6)
+    assert not skewed_enough(copies, [1, 5], top_k=6)  # two starved experts: not skewed
+    # as many hot experts as picks: they could get every copy, and must get half
+    assert skewed_enough((30, 20, 10), [0, 1], top_k=2)
+    assert not skewed_enough((10, 10, 40), [0, 1], top_k=2)
 
 
 def test_only_a_twin_below_float32_sets_elements_aside() -> None:
