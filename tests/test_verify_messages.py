@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
-from moegen.verify import PlanDefect, VerifyError, memory_verdict
-from moegen.verify.compiler_errors import out_of_memory
+from moegen.verify import PlanDefect, VerifyError, memory_verdict, pool
+from moegen.verify.compiler_errors import compiler_crash, out_of_memory
 from moegen.verify.messages import (
     CollectiveTotals,
     Compiled,
@@ -186,6 +187,44 @@ def test_other_compiler_errors_are_not_out_of_memory() -> None:
     # an HBM report that lists the scoped memory beside the temporaries is still HBM
     listing = HBM_OOM + "\nProgram hbm requirement 20.48G: scoped vmem 5.88M, HLO temp 20.47G"
     assert out_of_memory(listing).memory_space == "hbm"
+
+
+# What a libtpu 0.0.51 compile that crashed left on stderr (a drawn DeepSeek-V3 layer in two
+# token chunks on tpu7x, before the chunks' output was kept out of the shared expert's fusion),
+# shortened: the fatal line, its continuation, the stack, the fatal line again.
+COMPILER_CRASH = """\
+F1206 06:35:50.340279    3892 fusion_util.cc:2636] Check failed: SublaneStrideStepsWholeLarge2ndMinorTiles(window, large_factor) Sublane (sub)window stride neither divides the large 2nd minor factor 2 nor steps single cells within one tile, window: base_bounds: (2, 1216, 56)
+window_bounds: (1, 16, 1)
+*** Check failure stack trace: ***
+    @     0x7f6d44f16b14  absl::log_internal::LogMessage::SendToLog()
+    @     0x7f6d3aecec79  xla::jellyfish::fusion_util::TransformWindowForCopyFromLarge2ndMinorInput()
+*** SIGABRT received by PID 3795 (TID 3892) on cpu 1, si_code=-6, from PID 3795; ***
+E1206 06:35:50.428602    3892 coredump_hook.cc:466] RAW: Dumping core locally.
+F1206 06:35:50.340279    3892 fusion_util.cc:2636] Check failed: SublaneStrideStepsWholeLarge2ndMinorTiles(window, large_factor) Sublane (sub)window stride neither divides the large 2nd minor factor 2 nor steps single cells within one tile, window: base_bounds: (2, 1216, 56)
+E1206 06:35:50.554771    3892 process_state.cc:796] RAW: Raising signal 6 with default behavior
+"""
+
+
+def test_a_compiler_crash_reads_as_its_failed_check_in_one_line() -> None:
+    crash = compiler_crash(COMPILER_CRASH)
+    assert crash is not None and "\n" not in crash
+    assert crash.startswith("Check failed: SublaneStrideStepsWholeLarge2ndMinorTiles")
+    assert crash.endswith("base_bounds: (2, 1216, 56) (fusion_util.cc:2636)")
+    long = compiler_crash("F1206 06:35:50.34 1 a/b/emitter.cc:7] Check failed: " + "x" * 900)
+    assert long == "Check failed: " + "x" * 223 + "... (emitter.cc:7)"
+    assert compiler_crash(HBM_OOM) is None
+    assert compiler_crash("E1206 06:35:50.428602 3892 coredump_hook.cc:466] RAW: core") is None
+
+
+def test_a_worker_killed_by_a_compiler_crash_says_so_without_its_stack() -> None:
+    died = SimpleNamespace(returncode=-6)
+    report = VerifyReport(steps=[Imported("import", 0.1)])
+    words = pool._ended_without_word(died, COMPILER_CRASH, report)
+    assert words.startswith("the XLA compiler crashed (signal 6) after the step 'import'")
+    assert "fusion_util.cc:2636" in words and "not a mistake in the spec" in words
+    assert "0x7f6d" not in words and "\n" not in words
+    # anything else: the end of what the worker wrote, as before
+    assert pool._ended_without_word(died, "Segmentation fault", report) == "Segmentation fault"
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+from moegen.hardware import hardware
 from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES
 from moegen.plan.replicas import ReplicaPlan
@@ -31,6 +32,7 @@ class ExpertPlan:
     capacity: int | None  # copies each expert keeps per device; None: dropless
     token_chunks: int = 1  # the device's tokens run through the experts in this many chunks
     chunks_tokens: bool = False  # token_chunks > 1
+    fences_chunks: bool = False  # the chunks' flat inputs and output pass a fusion barrier
     call_tokens: int = 0  # tokens of one call of the routed experts: a chunk's, or all
     call_rows: int = 0  # their copies: call_tokens * top_k
     reports_received: bool = False  # the call also returns the rows this device received
@@ -137,6 +139,7 @@ def expert_plan(
         capacity=capacity,
         token_chunks=token_chunks,
         chunks_tokens=token_chunks > 1,
+        fences_chunks=token_chunks > 1 and _chunks_meet_a_dot_on_tpu(loaded),
         call_tokens=call_tokens,
         call_rows=call_tokens * top_k,
         reports_received=chosen.reports_received,
@@ -146,6 +149,19 @@ def expert_plan(
         slots_name="LOCAL_SLOTS" if local_slots > local_experts else "LOCAL_EXPERTS",
         width_name=spec.layer.routed_field.upper(),  # the module constant of the same name
     )
+
+
+def _chunks_meet_a_dot_on_tpu(loaded: LoadedSpec) -> bool:
+    """On a TPU target, a matmul beside the chunked experts reads their output, or adds its
+    own to their input gradient: the shared expert's, or a latent projection's. libtpu 0.0.51
+    can fuse the [TOKEN_CHUNKS, CHUNK_TOKENS, D] -> [LOCAL_TOKENS, D] reshape into that
+    matmul and then crash in code generation (a failed check, SIGABRT: a drawn DeepSeek-V3
+    layer in 2 and 4 token chunks on tpu7x, not at smaller batches, not without the shared
+    expert); a barrier on the reshape's flat side keeps it out of the fusion, and changed no
+    assigned byte there (tests/test_tpu_chunk_fence.py)."""
+    layer = loaded.spec.layer
+    on_tpu = hardware(loaded.spec.target.hardware).platform == "tpu"
+    return on_tpu and bool(layer.shared_ffn_dim or layer.latent_dim)
 
 
 def _communication(

@@ -44,3 +44,20 @@ def out_of_memory(message: str) -> OutOfMemory | None:
         return OutOfMemory("hbm", first_line)
     kernel = _KERNEL.search(text)
     return OutOfMemory("vmem", first_line, kernel.group(1) if kernel else None)
+
+
+# A fatal log line of the compiler (glog/absl): `F1206 06:35:50.340279 3892 file.cc:2636] text`
+_FATAL = re.compile(r"^F\d{4} [\d:.]+\s+\d+ ([\w./-]+:\d+)\] (.+)$", re.M)
+CRASH_LINE_CHARS = 240
+
+
+def compiler_crash(stderr: str) -> str | None:
+    """Where and why a compiler stopped the process on a failed internal check (a fatal log
+    line, then SIGABRT), in one line; None when the output holds no such line."""
+    found = _FATAL.search(stderr)
+    if found is None:
+        return None
+    where, what = found.group(1).rsplit("/", 1)[-1], found.group(2).strip()
+    if len(what) > CRASH_LINE_CHARS:
+        what = what[: CRASH_LINE_CHARS - 3].rstrip() + "..."
+    return f"{what} ({where})"
