@@ -281,9 +281,13 @@ def _routed_experts_in_chunks(
         return carry, _routed_experts(inputs[0], weights, *inputs[1:])
 
     inputs = (tokens, combine_weights, expert_ids)
+    # libtpu 0.0.51 can fuse the reshapes between the chunks and the flat tokens into a
+    # matmul beside them (the router's gradient, the shared expert) and crash generating its
+    # code: a barrier on their flat side (here and on the output) keeps them out of it.
+    inputs = jax.lax.optimization_barrier(inputs)
     chunks = tuple(a.reshape(TOKEN_CHUNKS, CHUNK_TOKENS, *a.shape[1:]) for a in inputs)
     _, (y, received) = jax.lax.scan(chunk, None, chunks)
-    return y.reshape(LOCAL_TOKENS, EMBED_DIM), received.max()
+    return jax.lax.optimization_barrier(y.reshape(LOCAL_TOKENS, EMBED_DIM)), received.max()
 
 
 class ExchangePlan(NamedTuple):

@@ -139,7 +139,7 @@ def expert_plan(
         capacity=capacity,
         token_chunks=token_chunks,
         chunks_tokens=token_chunks > 1,
-        fences_chunks=token_chunks > 1 and _chunks_meet_a_dot_on_tpu(loaded),
+        fences_chunks=token_chunks > 1 and _on_tpu(loaded),
         call_tokens=call_tokens,
         call_rows=call_tokens * top_k,
         reports_received=chosen.reports_received,
@@ -151,17 +151,15 @@ def expert_plan(
     )
 
 
-def _chunks_meet_a_dot_on_tpu(loaded: LoadedSpec) -> bool:
-    """On a TPU target, a matmul beside the chunked experts reads their output, or adds its
-    own to their input gradient: the shared expert's, or a latent projection's. libtpu 0.0.51
-    can fuse the [TOKEN_CHUNKS, CHUNK_TOKENS, D] -> [LOCAL_TOKENS, D] reshape into that
-    matmul and then crash in code generation (a failed check, SIGABRT: a drawn DeepSeek-V3
-    layer in 2 and 4 token chunks on tpu7x, not at smaller batches, not without the shared
-    expert); a barrier on the reshape's flat side keeps it out of the fusion, and changed no
-    assigned byte there (tests/test_tpu_chunk_fence.py)."""
-    layer = loaded.spec.layer
-    on_tpu = hardware(loaded.spec.target.hardware).platform == "tpu"
-    return on_tpu and bool(layer.shared_ffn_dim or layer.latent_dim)
+def _on_tpu(loaded: LoadedSpec) -> bool:
+    """A TPU target: libtpu 0.0.51 can fuse the [TOKEN_CHUNKS, CHUNK_TOKENS, D] <->
+    [LOCAL_TOKENS, D] reshapes around the chunked experts into a matmul beside them (the
+    shared expert's output, or the router's input gradient, added to the chunks') and then
+    crash generating its code (a failed check, SIGABRT). Found by compiling drawn layers:
+    DeepSeek-V3 in 2 and 4 token chunks on tpu7x, OLMoE's ring of experts in 4; the same
+    layers at smaller batches compile. A barrier on the reshapes' flat side keeps them out of
+    such fusions (tests/test_tpu_chunk_fence.py)."""
+    return hardware(loaded.spec.target.hardware).platform == "tpu"
 
 
 def _communication(
