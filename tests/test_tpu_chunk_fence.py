@@ -10,8 +10,8 @@ host's memory. Measured on the layer below with the barrier taken out: forward a
 forward+backward crash, with pallas and with xla; with a 1024-wide shared expert, or at 64,
 96 or 128 sequences, it compiles. No rule of sizes says when libtpu fuses that way, so the
 plan puts `jax.lax.optimization_barrier` on the flat side of both reshapes of every chunked
-layer on TPU (ExpertPlan.fences_chunks). Recompiled, 10 population layers' peaks stayed or
-fell (0 to -3.5%).
+layer on TPU (ExpertPlan.fences_chunks). Compiled again with it, 122 population programs
+kept their peaks within 0.05% in 96 cases, fell in 16 (to -20%), rose in 10 (at most +5.0%).
 """
 
 from __future__ import annotations
