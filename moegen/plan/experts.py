@@ -139,7 +139,7 @@ def expert_plan(
         capacity=capacity,
         token_chunks=token_chunks,
         chunks_tokens=token_chunks > 1,
-        fences_chunks=token_chunks > 1 and _on_tpu(loaded),
+        fences_chunks=token_chunks > 1 and _compiled_by_libtpu(loaded),
         call_tokens=call_tokens,
         call_rows=call_tokens * top_k,
         reports_received=chosen.reports_received,
@@ -151,14 +151,14 @@ def expert_plan(
     )
 
 
-def _on_tpu(loaded: LoadedSpec) -> bool:
-    """A TPU target: libtpu 0.0.51 can fuse the [TOKEN_CHUNKS, CHUNK_TOKENS, D] <->
-    [LOCAL_TOKENS, D] reshapes around the chunked experts into a matmul beside them (the
-    shared expert's output, or the router's input gradient, added to the chunks') and then
-    crash generating its code (a failed check, SIGABRT). Found by compiling drawn layers:
-    DeepSeek-V3 in 2 and 4 token chunks on tpu7x, OLMoE's ring of experts in 4; the same
-    layers at smaller batches compile. A barrier on the reshapes' flat side keeps them out of
-    such fusions (tests/test_tpu_chunk_fence.py)."""
+def _compiled_by_libtpu(loaded: LoadedSpec) -> bool:
+    """A TPU target, which libtpu compiles. libtpu 0.0.51 can fuse the reshapes
+    [TOKEN_CHUNKS, CHUNK_TOKENS, D] <-> [LOCAL_TOKENS, D] around the chunked experts into a
+    matmul beside them (the shared expert's output, or the router's input gradient, added to
+    the chunks') and then crash generating its code (a failed check, SIGABRT). Found by
+    compiling drawn layers: DeepSeek-V3 in 2 and 4 token chunks on tpu7x, OLMoE's ring of
+    experts in 4; the same layers at smaller batches compile. A barrier on the reshapes' flat
+    side keeps them out of such fusions (tests/test_tpu_chunk_fence.py)."""
     return hardware(loaded.spec.target.hardware).platform == "tpu"
 
 

@@ -33,7 +33,7 @@ from moegen.load import LoadedSpec
 from moegen.plan import Plan, make_plan
 from moegen.render import render
 from moegen.variants import unchecked
-from moegen.verify.compiler_errors import compiler_crash, out_of_memory
+from moegen.verify.compiler_errors import crash_words, out_of_memory
 from moegen.verify.messages import PROGRAMS
 from moegen.verify.pool import worker_env
 from moegen.verify.verdict import VerifyError, own_trades
@@ -172,9 +172,9 @@ def _failure(folder: Path, program: str, returncode: int | None = None) -> str:
     if refused is not None:
         return f"compile {program}: out of {refused.memory_space.upper()}: {refused.first_line}"
     how = f" (killed by signal {-returncode})" if returncode is not None and returncode < 0 else ""
-    crash = compiler_crash(text)
-    if crash is not None:
-        return f"compile {program}: the XLA compiler crashed{how}: {crash}"
+    crashed = crash_words(text, returncode)
+    if crashed is not None:
+        return f"compile {program}: {crashed}"
     tail = text.strip()[-2000:] or "no output"
     return f"compile {program} ended before XLA's buffer assignment{how}:\n{tail}"
 

@@ -61,3 +61,19 @@ def compiler_crash(stderr: str) -> str | None:
     if len(what) > CRASH_LINE_CHARS:
         what = what[: CRASH_LINE_CHARS - 3].rstrip() + "..."
     return f"{what} ({where})"
+
+
+def crash_words(stderr: str, returncode: int | None, context: str = "") -> str | None:
+    """What to tell the user of a process a compiler stopped on a failed internal check (its
+    stack dump is no use to them), `context` saying when; None when `stderr` holds no such
+    stop."""
+    crash = compiler_crash(stderr)
+    if crash is None:
+        return None
+    signal = f" (signal {-returncode})" if returncode is not None and returncode < 0 else ""
+    return (
+        f"the XLA compiler crashed{signal}{context}: it stopped on a failed internal check: "
+        f"{crash}. That is a defect of the compiler (jaxlib, libtpu or the CUDA toolchain "
+        "as pinned), not a mistake in the spec; another memory trade (memory.token_chunks, "
+        "memory.ffn_chunks) or kernel compiles another program."
+    )

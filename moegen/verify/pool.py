@@ -20,7 +20,7 @@ from pathlib import Path
 
 from moegen import interrupts
 from moegen.verify import heartbeat
-from moegen.verify.compiler_errors import compiler_crash
+from moegen.verify.compiler_errors import crash_words
 from moegen.verify.messages import Message, Step, VerifyReport, WorkerFailed, decode
 from moegen.verify.verdict import VerifyError
 
@@ -67,18 +67,9 @@ def run_worker(
 
 def _ended_without_word(proc: subprocess.Popen[str], stderr: str, report: VerifyReport) -> str:
     """What a worker that died without reporting its error left: a compiler's crash in one
-    line where its output has one (its stack dump is no use to the user), else the output's end."""
-    crash = compiler_crash(stderr)
-    if crash is None:
-        return stderr.strip()[-4000:]
+    line where its output has one, else the output's end."""
     after = f" after the step '{report.steps[-1].step}'" if report.steps else ""
-    signal = f" (signal {-proc.returncode})" if proc.returncode < 0 else ""
-    return (
-        f"the XLA compiler crashed{signal}{after}: it stopped on a failed internal check: "
-        f"{crash}. That is a defect of the compiler (jaxlib, libtpu or the CUDA toolchain "
-        "as pinned), not a mistake in the spec; another memory trade (memory.token_chunks, "
-        "memory.ffn_chunks) or kernel compiles another program."
-    )
+    return crash_words(stderr, proc.returncode, after) or stderr.strip()[-4000:]
 
 
 def worker_env(num_devices: int, scratch: Path, xla_flags: tuple[str, ...] = ()) -> dict[str, str]:
