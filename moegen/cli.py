@@ -74,8 +74,8 @@ def cli() -> None:
     "--take-fitting-trade",
     is_flag=True,
     help="Where a TPU layer runs out of HBM as planned (by XLA's read or the full compile), "
-    "take the plan's fastest other memory trade that XLA's buffer assignment fits, and write "
-    "it into the spec.",
+    "or its compile crashes the compiler, take the plan's fastest other memory trade that "
+    "XLA's buffer assignment fits, and write it into the spec.",
 )
 def build(
     specs: tuple[Path, ...],

@@ -15,6 +15,7 @@ from typing import Any
 
 from moegen.diagnostics import Diagnostic, SpecError
 from moegen.emit import check_out_dir, rewrite_in_place, write_all
+from moegen.hardware import hardware
 from moegen.load import FieldPath, LoadedSpec, load_spec
 from moegen.parallel import OrderedProgress, TaskFailed, run_tasks
 from moegen.plan import Plan, fit_problems, make_plan
@@ -39,7 +40,7 @@ from moegen.verify.refusal_read import (
     planned_over_hbm,
     read_before_refusing,
 )
-from moegen.verify.verdict import TAKE_OFFER, OutOfHbm
+from moegen.verify.verdict import TAKE_OFFER, CompilerCrashed, OutOfHbm, VerifyError
 
 DEFAULT_SPEC_DIR = Path("specs")
 DEFAULT_OUT_DIR = Path("generated")
@@ -314,8 +315,8 @@ def _verifying(
     def task() -> Generated:
         try:
             done = verified(generated)
-        except OutOfHbm as err:
-            failure = _with_whole_layer(err, generated)
+        except (OutOfHbm, CompilerCrashed) as err:
+            failure = _taking_words(err, generated)
             if refit is None:
                 raise failure from None
             retraded = _retraded(generated.loaded, generated.plan, failure, refit, note)
@@ -330,10 +331,15 @@ def _verifying(
     return task
 
 
-def _with_whole_layer(err: OutOfHbm, generated: Generated) -> OutOfHbm:
-    """An out-of-HBM compile of a trade the plan chose on its own (by its ledger), with XLA's
-    buffer assignment of the layer whole: a layer the ledger traded can fit whole where the
-    trade does not (its sliced backward holds more)."""
+def _taking_words(err: VerifyError, generated: Generated) -> VerifyError:
+    """A failure another memory trade can mend, with what to do: an out-of-HBM compile of a
+    trade the plan chose on its own (by its ledger) with XLA's buffer assignment of the layer
+    whole (a layer the ledger traded can fit whole where the trade does not: its sliced
+    backward holds more); a compiler crash on a TPU target with the offer to take another
+    trade (another trade is another program)."""
+    if isinstance(err, CompilerCrashed):
+        tpu = hardware(generated.plan.hardware).platform == "tpu"
+        return CompilerCrashed(f"{err} {TAKE_OFFER}") if tpu else err
     whole = whole_layer_verdict(generated.loaded, generated.plan, out_of_hbm=True)
     return OutOfHbm(f"{err}\n{_sentence(whole)}") if whole else err
 

@@ -1,6 +1,6 @@
-"""`moegen build --take-fitting-trade`: where a TPU layer runs out of HBM as planned, take
-the plan's fastest other memory trade that XLA's buffer assignment fits, and write it into
-the spec.
+"""`moegen build --take-fitting-trade`: where a TPU layer runs out of HBM as planned (or its
+full-size compile crashes the compiler), take the plan's fastest other memory trade that
+XLA's buffer assignment fits, and write it into the spec.
 
 Without the flag a layer out of HBM (by XLA's read before any twin, or by the full-size
 compile) is refused, and the error offers the plan's next candidates. With it, the plan's
@@ -29,7 +29,7 @@ from moegen.variants import unchecked
 from moegen.verify import VerifyError
 from moegen.verify.assigned import assigned_peak
 from moegen.verify.preflight import require_verifiers
-from moegen.verify.verdict import TAKE_OFFER
+from moegen.verify.verdict import TAKE_OFFER, CompilerCrashed
 
 TRADES: dict[FieldPath, str] = {
     ("memory", "ffn_chunks"): "auto",
@@ -80,7 +80,7 @@ def take_fitting_trade(
             f"but moegen cannot write it into this spec's layout; write it by hand: {by_hand}"
         )
         raise SpecError([loaded.diagnostic(("memory",), message)]) from None
-    return taken, _taken_words(winner, failed)
+    return taken, _taken_words(winner, failed, failure)
 
 
 def trade_text(candidate: Candidate) -> str:
@@ -124,8 +124,9 @@ def _none_fits(planned: list[Candidate]) -> str:
     return said
 
 
-def _taken_words(winner: Candidate, failed: Plan) -> str:
+def _taken_words(winner: Candidate, failed: Plan, failure: Exception) -> str:
     assert winner.plan is not None
+    fate = "crashed the compiler" if isinstance(failure, CompilerCrashed) else "ran out of HBM"
     granted = hardware(winner.plan.hardware).compiler_hbm_bytes_per_device
     fit_check = (
         " (and memory.fit_check: compile: the plan's ledger alone would refuse it)"
@@ -134,7 +135,7 @@ def _taken_words(winner: Candidate, failed: Plan) -> str:
     )
     return (
         f"the plan's {_count(failed.ffn.chunks, 'FFN slice')} x "
-        f"{_count(failed.experts.token_chunks, 'token chunk')} ran out of HBM; took "
+        f"{_count(failed.experts.token_chunks, 'token chunk')} {fate}; took "
         f"{trade_text(winner)}{fit_check}: {READ_BY} {winner.peak_bytes / 2**30:.2f} GiB per "
         f"device, of the {granted / 2**30:.2f} GiB the compiler grants a program; written "
         "into the spec"

@@ -19,7 +19,7 @@ from moegen.load import load_spec
 from moegen.plan import Plan
 from moegen.refit import take_fitting_trade
 from moegen.verify import VerifyError, VerifyReport, refusal_read
-from moegen.verify.verdict import TAKE_OFFER, OutOfHbm
+from moegen.verify.verdict import TAKE_OFFER, CompilerCrashed, OutOfHbm
 
 GiB = 2**30
 CPU_SPEC = Path(__file__).resolve().parent.parent / "specs" / "mixtral_small_cpu.yaml"
@@ -128,6 +128,70 @@ def test_an_out_of_hbm_full_compile_takes_a_trade_too(tmp_path, monkeypatch):
     assert module.read_text(encoding="utf-8") == generated.source
     assert spec.read_text(encoding="utf-8") == generated.loaded.source.text != LLAMA4
     assert load_spec(spec).spec.memory.token_chunks == 1
+
+
+CRASH = (
+    "the XLA compiler crashed (signal 6) after the step 'twin gradients': it stopped on a "
+    "failed internal check: Check failed: SublaneStrideStepsWholeLarge2ndMinorTiles(window, "
+    "large_factor) (fusion_util.cc:2636)."
+)
+
+
+def _crashing_in(trade: tuple[int, int], compiled: list):
+    """The verification stood in: the full compile of `trade` crashes the compiler."""
+
+    def verify(loaded, source, *, plan, on_step, cache):
+        compiled.append(_trade(plan))
+        if _trade(plan) == trade:
+            raise CompilerCrashed(CRASH)
+        return VerifyReport([])
+
+    return verify
+
+
+def test_a_compiler_crash_takes_a_trade_too(tmp_path, monkeypatch):
+    """Another trade is another program: a crash of the compiler on the plan's trade (a defect
+    of the pinned libtpu, as its token chunks' fusion was) takes the fastest other one."""
+    reads = _xla(monkeypatch, out_of_hbm=set())
+    compiled: list = []
+    monkeypatch.setattr(pipeline, "verify", _crashing_in((1, 2), compiled))
+    monkeypatch.setattr(pipeline, "require_verifiers", lambda checks: None)
+    notes: list = []
+    spec = _llama4(tmp_path)
+    ((module, generated),) = pipeline.build(
+        [spec],
+        tmp_path / "generated",
+        progress=lambda *n: notes.append(n),
+        refit=take_fitting_trade,
+    )
+    assert compiled == [(1, 2), (1, 1)] and reads == [(1, 2), (1, 1)]
+    assert module.read_text(encoding="utf-8") == generated.source
+    assert load_spec(spec).spec.memory.token_chunks == 1
+    taken = [details.verdict for _, name, _, details in notes if name == "memory: trade taken"]
+    assert taken[0].startswith("the plan's 1 FFN slice x 2 token chunks crashed the compiler; ")
+
+
+def test_without_the_flag_a_compiler_crash_offers_a_trade_and_writes_nothing(tmp_path, monkeypatch):
+    _xla(monkeypatch, out_of_hbm=set())
+    monkeypatch.setattr(pipeline, "verify", _crashing_in((1, 2), []))
+    monkeypatch.setattr(pipeline, "require_verifiers", lambda checks: None)
+    spec = _llama4(tmp_path)
+    with pytest.raises(CompilerCrashed) as crashed:
+        pipeline.build([spec], tmp_path / "generated")
+    assert str(crashed.value) == f"{CRASH} {TAKE_OFFER}"
+    assert spec.read_text(encoding="utf-8") == LLAMA4 and not (tmp_path / "generated").exists()
+
+
+def test_a_crash_off_tpu_offers_no_trade(tmp_path, monkeypatch):
+    """--take-fitting-trade reads trades on TPU targets only: a CPU crash is told as it is."""
+    spec = tmp_path / "cpu.yaml"
+    spec.write_text(CPU_SPEC.read_text(encoding="utf-8"), encoding="utf-8")
+    trade = _trade(pipeline.generate(spec).plan)
+    monkeypatch.setattr(pipeline, "verify", _crashing_in(trade, []))
+    monkeypatch.setattr(pipeline, "require_verifiers", lambda checks: None)
+    with pytest.raises(CompilerCrashed) as crashed:
+        pipeline.build([spec], tmp_path / "generated")
+    assert str(crashed.value) == CRASH
 
 
 def test_without_the_flag_an_out_of_hbm_build_writes_nothing(tmp_path, monkeypatch):

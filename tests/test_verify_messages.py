@@ -12,7 +12,7 @@ import pytest
 
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
-from moegen.verify import PlanDefect, VerifyError, memory_verdict, pool
+from moegen.verify import CompilerCrashed, PlanDefect, VerifyError, memory_verdict, pool
 from moegen.verify.compiler_errors import compiler_crash, out_of_memory
 from moegen.verify.messages import (
     CollectiveTotals,
@@ -219,12 +219,17 @@ def test_a_compiler_crash_reads_as_its_failed_check_in_one_line() -> None:
 def test_a_worker_killed_by_a_compiler_crash_says_so_without_its_stack() -> None:
     died = SimpleNamespace(returncode=-6)
     report = VerifyReport(steps=[Imported("import", 0.1)])
-    words = pool._ended_without_word(died, COMPILER_CRASH, report)
+    crashed = pool._ended_without_word(died, COMPILER_CRASH, report)
+    assert isinstance(crashed, CompilerCrashed)  # another trade can mend it (moegen.refit)
+    words = str(crashed)
     assert words.startswith("the XLA compiler crashed (signal 6) after the step 'import'")
     assert "fusion_util.cc:2636" in words and "not a mistake in the spec" in words
     assert "0x7f6d" not in words and "\n" not in words
-    # anything else: the end of what the worker wrote, as before
-    assert pool._ended_without_word(died, "Segmentation fault", report) == "Segmentation fault"
+    # anything else: the end of what the worker wrote, as before, and no trade offered
+    other = pool._ended_without_word(died, "Segmentation fault", report)
+    assert type(other) is VerifyError and str(other) == "Segmentation fault"
+    silent = pool._ended_without_word(died, "", report)
+    assert str(silent) == "verifier exited with code -6"
 
 
 @pytest.fixture(scope="module")

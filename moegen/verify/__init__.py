@@ -10,10 +10,17 @@ from moegen.verify.pool import allow_workers, stop_workers
 from moegen.verify.preflight import MissingVerifier
 from moegen.verify.record import VerifyCache
 from moegen.verify.twin import TOLERANCES, TwinSpec, plan_twin, twin_of, twins_of
-from moegen.verify.verdict import PlanDefect, VerifyError, memory_verdict, peak_bytes
+from moegen.verify.verdict import (
+    CompilerCrashed,
+    PlanDefect,
+    VerifyError,
+    memory_verdict,
+    peak_bytes,
+)
 from moegen.verify.verification import OnStep, reference_config, tpu_target, verify
 
 __all__ = [
+    "CompilerCrashed",
     "MissingVerifier",
     "OnStep",
     "PlanDefect",

@@ -22,7 +22,7 @@ from moegen import interrupts
 from moegen.verify import heartbeat
 from moegen.verify.compiler_errors import crash_words
 from moegen.verify.messages import Message, Step, VerifyReport, WorkerFailed, decode
-from moegen.verify.verdict import VerifyError
+from moegen.verify.verdict import CompilerCrashed, VerifyError
 
 DEFAULT_TIMEOUT_S = 1800
 TIMEOUT_ENV = "MOEGEN_VERIFY_TIMEOUT"  # seconds a verify worker may run
@@ -60,16 +60,22 @@ def run_worker(
         raise VerifyError("verification stopped")
     if proc.returncode != 0:
         errors = [message for message in messages if isinstance(message, WorkerFailed)]
-        detail = errors[-1].error if errors else _ended_without_word(proc, stderr, report)
-        raise VerifyError(detail or f"verifier exited with code {proc.returncode}")
+        if errors:
+            raise VerifyError(errors[-1].error)
+        raise _ended_without_word(proc, stderr, report)
     return report
 
 
-def _ended_without_word(proc: subprocess.Popen[str], stderr: str, report: VerifyReport) -> str:
+def _ended_without_word(
+    proc: subprocess.Popen[str], stderr: str, report: VerifyReport
+) -> VerifyError:
     """What a worker that died without reporting its error left: a compiler's crash in one
     line where its output has one, else the output's end."""
     after = f" after the step '{report.steps[-1].step}'" if report.steps else ""
-    return crash_words(stderr, proc.returncode, after) or stderr.strip()[-4000:]
+    crashed = crash_words(stderr, proc.returncode, after)
+    if crashed:
+        return CompilerCrashed(crashed)
+    return VerifyError(stderr.strip()[-4000:] or f"verifier exited with code {proc.returncode}")
 
 
 def worker_env(num_devices: int, scratch: Path, xla_flags: tuple[str, ...] = ()) -> dict[str, str]:

@@ -27,6 +27,11 @@ class OutOfHbm(VerifyError):
     """A full-size program does not fit the target's HBM (the compiler's figure said)."""
 
 
+class CompilerCrashed(VerifyError):
+    """A compiler stopped on a failed internal check (moegen.verify.compiler_errors): a defect
+    of the pinned compiler, not of the spec; another memory trade compiles another program."""
+
+
 class PlanDefect(VerifyError):
     """The spec is valid and the module right, but the plan chose what the target cannot
     build: a defect in moegen, reported as such rather than as the user's problem."""
