@@ -17,6 +17,12 @@ from moegen.diagnostics import Diagnostic, SpecError
 from moegen.emit import check_out_dir, rewrite_in_place, write_all
 from moegen.hardware import hardware
 from moegen.load import FieldPath, LoadedSpec, load_spec
+from moegen.own_trade import (
+    choose_own_trade,
+    choose_reporting,
+    chooses_by_assignment,
+    trade_read,
+)
 from moegen.parallel import OrderedProgress, TaskFailed, run_tasks
 from moegen.plan import Plan, fit_problems, make_plan
 from moegen.plan.fit import COMPILE_DECIDES, peak
@@ -36,7 +42,6 @@ from moegen.verify.messages import MemoryVerdict
 from moegen.verify.preflight import require_verifiers
 from moegen.verify.refusal_read import (
     RefusalRead,
-    own_trade_without_headroom,
     planned_over_hbm,
     read_before_refusing,
 )
@@ -97,7 +102,9 @@ def load_fitting(path: Path) -> LoadedSpec:
     """`load_valid`, then planned: SpecError also when the plan says the layer cannot fit its
     target's HBM (moegen.plan.fit), as `generate` refuses it before render and verify."""
     loaded = load_valid(path)
-    refuse_unfit(loaded, make_plan(loaded))
+    plan = refuse_unfit(loaded, make_plan(loaded))
+    if chooses_by_assignment(loaded, plan):  # as generate: refused where no trade fits
+        choose_own_trade(loaded, plan, lambda candidate: None)
     return loaded
 
 
@@ -111,13 +118,15 @@ def fitting_plan(loaded: LoadedSpec, plan: Plan) -> tuple[Plan, RefusalRead | No
     """refuse_unfit, and XLA's read where the plan's ledger cannot tell: with
     `memory.fit_check: assigned` (the default), on a TPU target, a refusal the ledger does not
     prove stands only where XLA's buffer assignment agrees, and a layer planned over HBM
-    within the ledger's error, or traded on its own without headroom, is refused where XLA
-    finds it out of HBM (moegen.verify.refusal_read); each says XLA's figure."""
+    within the ledger's error is refused where XLA finds it out of HBM
+    (moegen.verify.refusal_read); each says XLA's figure. A trade the spec leaves to the plan
+    is XLA's to choose instead, fit included (moegen.own_trade, after this)."""
     problems = fit_problems(loaded, plan, _plan_changed)
     reads = loaded.spec.memory.fit_check == "assigned"
-    if not problems:  # but over HBM within the ledger's error, or traded without headroom
-        unsure = planned_over_hbm(plan) or own_trade_without_headroom(loaded.spec.memory, plan)
-        read = read_before_refusing(plan) if reads and unsure else None
+    if not problems and chooses_by_assignment(loaded, plan):
+        return plan, None
+    if not problems:  # but over HBM within the ledger's error
+        read = read_before_refusing(plan) if reads and planned_over_hbm(plan) else None
         if read is None or not read.measured:
             return plan, None
         if read.fits:
@@ -132,28 +141,18 @@ def fitting_plan(loaded: LoadedSpec, plan: Plan) -> tuple[Plan, RefusalRead | No
 
 
 def _over_by_xla(loaded: LoadedSpec, plan: Plan, read: RefusalRead) -> Diagnostic:
-    """A layer the ledger does not refuse (over HBM within its error, or an own trade
-    without headroom) that XLA finds out of HBM: refused in seconds, not after minutes of
-    twins and compiles, with what to try."""
+    """A layer the ledger puts over HBM within its error (its trade written in the spec) that
+    XLA finds out of HBM: refused in seconds, not after minutes of twins and compiles, with
+    what to try."""
     largest = max(peak(shape) for _, shape in plan.shape_plans())
     hbm = plan.memory.hbm_bytes_per_device
-    whole = whole_layer_verdict(loaded, plan, out_of_hbm=True)
-    advice = (
-        _sentence(whole)
-        if whole
-        else "Write memory.ffn_chunks: auto and memory.token_chunks: auto and run `moegen "
-        "tune` (XLA's figure of each trade, seconds each), or shorten shapes.batch."
-    )
-    where = (
-        f"{largest / hbm - 1:.0%} over the {hbm / 2**30:.2f} GiB HBM of {plan.hardware}, "
-        "within the ledger's own error"
-        if largest > hbm
-        else f"{largest / hbm:.0%} of the {hbm / 2**30:.2f} GiB HBM of {plan.hardware}, "
-        "without the room the ledger's error needs"
-    )
     message = (
-        f"the plan needs {largest / 2**30:.2f} GiB per device by its ledger, {where}; "
-        f"{read.words.rstrip('.')}. {advice} {TAKE_OFFER}"
+        f"the plan needs {largest / 2**30:.2f} GiB per device by its ledger, "
+        f"{largest / hbm - 1:.0%} over the {hbm / 2**30:.2f} GiB HBM of {plan.hardware}, "
+        f"within the ledger's own error; {read.words.rstrip('.')}. Leave memory.ffn_chunks "
+        "and memory.token_chunks out (the build then takes the fastest trade XLA's buffer "
+        "assignment fits, seconds a trade), or shorten shapes.batch. "
+        f"{TAKE_OFFER}"
     )
     return loaded.diagnostic(("shapes", "batch"), message)
 
@@ -203,6 +202,8 @@ def _planned(loaded: LoadedSpec, note: Progress) -> Generated:
     if read is not None:  # the ledger would have refused it; XLA's assignment fits it
         step = MemoryVerdict("plan: memory by XLA's assignment", read.seconds, read.words)
         note(loaded.source.display, step.step, step.seconds, step)
+    if chooses_by_assignment(loaded, plan):
+        loaded, plan = choose_reporting(loaded, plan, note)
     start = time.perf_counter()
     source = render(plan)
     note(loaded.source.display, "render", time.perf_counter() - start, None)
@@ -218,20 +219,13 @@ def _retraded(
 
     def on_read(candidate: Any) -> None:
         words = candidate.problem or f"{candidate.peak_bytes / 2**30:.2f} GiB per device: fits"
-        step = MemoryVerdict(f"memory: read {_trade_read(candidate)}", candidate.seconds, words)
+        step = MemoryVerdict(f"memory: read {trade_read(candidate)}", candidate.seconds, words)
         note(display, step.step, step.seconds, step)
 
     retraded, words = refit(loaded, failed, failure, on_read)
     step = MemoryVerdict("memory: trade taken", time.perf_counter() - start, words)
     note(display, step.step, step.seconds, step)
     return retraded
-
-
-def _trade_read(candidate: Any) -> str:
-    """A trade read for --take-fitting-trade, short: `ffn_chunks 2, token_chunks 4`."""
-    return ", ".join(
-        f"{path[1]} {value}" for path, value in candidate.choices.items() if path[0] == "memory"
-    )
 
 
 def output_path(out_dir: Path, generated: Generated) -> Path:

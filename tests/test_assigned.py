@@ -151,6 +151,11 @@ target: {hardware: tpu-v5e, topology: 4x4, kernel: xla}
 """
 
 
+# The ledger's own trade built, as with fit_check plan or compile (with assigned, the default,
+# XLA's read chooses a trade the spec leaves open before anything is built: test_own_trade.py)
+LEDGER_TRADES = "memory: {fit_check: compile}\n"
+
+
 def _qwen3(tmp_path: Path, memory: str = ""):
     path = tmp_path / "qwen3_v5e.yaml"
     path.write_text(QWEN3_V5E + memory, encoding="utf-8")
@@ -236,7 +241,7 @@ def test_the_build_reads_the_layer_whole_where_the_ledger_traded(tmp_path, monke
 
     monkeypatch.setattr(moegen.pipeline, "verify", verify)
     monkeypatch.chdir(tmp_path)
-    Path("qwen3_v5e.yaml").write_text(QWEN3_V5E, encoding="utf-8")
+    Path("qwen3_v5e.yaml").write_text(QWEN3_V5E + LEDGER_TRADES, encoding="utf-8")
     said = []
     moegen.pipeline.build(
         [Path("qwen3_v5e.yaml")], Path("out"), progress=lambda *args: said.append(args)
@@ -278,7 +283,7 @@ def test_a_plans_own_trade_out_of_hbm_is_said_with_the_layer_whole(
     monkeypatch.setattr(moegen.pipeline, "verify", verify)
     monkeypatch.setattr(assigned, "whole_layer", lambda loaded, plan: whole)
     monkeypatch.chdir(tmp_path)
-    Path("qwen3_v5e.yaml").write_text(QWEN3_V5E, encoding="utf-8")
+    Path("qwen3_v5e.yaml").write_text(QWEN3_V5E + LEDGER_TRADES, encoding="utf-8")
     with pytest.raises(OutOfHbm) as info:
         moegen.pipeline.build([Path("qwen3_v5e.yaml")], Path("out"))
     first, second = str(info.value).split("\n", 1)

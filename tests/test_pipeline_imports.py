@@ -63,6 +63,7 @@ STAGE_OF = {
     "moegen.tune_candidate": "top",  # a candidate of tune and its result
     "moegen.tune_memory": "top",  # tune of memory trades by XLA's buffer assignment
     "moegen.refit": "top",  # build --take-fitting-trade: another trade where HBM runs out
+    "moegen.own_trade": "top",  # the trade a TPU spec leaves open, chosen by XLA's read
     "moegen.spec_edit": "top",  # memory fields written into a spec's own text
     "moegen.schema": "top",
     "moegen.schema_file": "top",  # --check and --write of the schema file

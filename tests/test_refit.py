@@ -10,10 +10,11 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import assert_no_traceback
 from test_refusal_read import LLAMA4
 
-from moegen import pipeline, refit
+from moegen import own_trade, pipeline, refit
 from moegen.diagnostics import SpecError
 from moegen.load import load_spec
 from moegen.plan import Plan
@@ -25,11 +26,16 @@ GiB = 2**30
 CPU_SPEC = Path(__file__).resolve().parent.parent / "specs" / "mixtral_small_cpu.yaml"
 
 
+# The trade written: a trade the spec leaves open is chosen by XLA's read before anything
+# else (moegen.own_trade, tests/test_own_trade.py), so none of those runs out of HBM.
+LLAMA4_TRADED = LLAMA4 + "memory:\n  token_chunks: 2\n"
+
+
 def _llama4(tmp_path: Path) -> Path:
-    """Llama 4 Scout replicated over fsdp 4 on v5e, batch 180: the plan takes 2 token chunks,
+    """Llama 4 Scout replicated over fsdp 4 on v5e, batch 180, in 2 token chunks: planned
     within its ledger's error of HBM, so XLA's read is asked before anything is built."""
     path = tmp_path / "llama4.yaml"
-    path.write_text(LLAMA4, encoding="utf-8")
+    path.write_text(LLAMA4_TRADED, encoding="utf-8")
     return path
 
 
@@ -51,6 +57,7 @@ def _xla(monkeypatch, out_of_hbm: set[tuple[int, int]], peak_gib: float = 14.0) 
     monkeypatch.setattr(refusal_read, "assigned_peak", assigned_peak)
     monkeypatch.setattr(refusal_read, "module_installed", lambda name: True)
     monkeypatch.setattr(refit, "assigned_peak", assigned_peak)
+    monkeypatch.setattr(own_trade, "assigned_peak", assigned_peak)
     monkeypatch.setattr(pipeline, "whole_layer_verdict", lambda *args, **kwargs: None)
     return reads
 
@@ -100,7 +107,7 @@ def test_where_no_trade_fits_the_build_fails_as_before_and_writes_nothing(tmp_pa
         problem.message,
     )
     assert problem.message.endswith("15.70 GiB).")
-    assert spec.read_text(encoding="utf-8") == LLAMA4 and not out.exists()
+    assert spec.read_text(encoding="utf-8") == LLAMA4_TRADED and not out.exists()
 
 
 def _out_of_hbm(plan: Plan) -> int:
@@ -126,7 +133,7 @@ def test_an_out_of_hbm_full_compile_takes_a_trade_too(tmp_path, monkeypatch):
     ((module, generated),) = pipeline.build([spec], out, refit=take_fitting_trade)
     assert compiled == [(1, 2), (1, 1)] and reads == [(1, 2), (1, 1)]
     assert module.read_text(encoding="utf-8") == generated.source
-    assert spec.read_text(encoding="utf-8") == generated.loaded.source.text != LLAMA4
+    assert spec.read_text(encoding="utf-8") == generated.loaded.source.text != LLAMA4_TRADED
     assert load_spec(spec).spec.memory.token_chunks == 1
 
 
@@ -179,7 +186,9 @@ def test_without_the_flag_a_compiler_crash_offers_a_trade_and_writes_nothing(tmp
     with pytest.raises(CompilerCrashed) as crashed:
         pipeline.build([spec], tmp_path / "generated")
     assert str(crashed.value) == f"{CRASH} {TAKE_OFFER}"
-    assert spec.read_text(encoding="utf-8") == LLAMA4 and not (tmp_path / "generated").exists()
+    assert (
+        spec.read_text(encoding="utf-8") == LLAMA4_TRADED and not (tmp_path / "generated").exists()
+    )
 
 
 def test_a_crash_off_tpu_offers_no_trade(tmp_path, monkeypatch):
@@ -201,7 +210,9 @@ def test_without_the_flag_an_out_of_hbm_build_writes_nothing(tmp_path, monkeypat
     spec = _llama4(tmp_path)
     with pytest.raises(OutOfHbm):
         pipeline.build([spec], tmp_path / "generated")
-    assert spec.read_text(encoding="utf-8") == LLAMA4 and not (tmp_path / "generated").exists()
+    assert (
+        spec.read_text(encoding="utf-8") == LLAMA4_TRADED and not (tmp_path / "generated").exists()
+    )
 
 
 def _failing_compile(loaded, source, *, plan, on_step, cache):
@@ -218,12 +229,8 @@ def test_a_target_that_is_not_a_tpu_takes_no_trade(tmp_path):
 
 def test_a_layout_it_cannot_write_is_refused_located(tmp_path, monkeypatch):
     _xla(monkeypatch, out_of_hbm={(1, 2)})
-    import json
-
-    import yaml
-
-    spec = tmp_path / "llama4.yaml"
-    spec.write_text(json.dumps(yaml.safe_load(LLAMA4)), encoding="utf-8")
+    spec = tmp_path / "llama4.yaml"  # the trade as an anchored scalar: no edit reads back
+    spec.write_text(LLAMA4 + "memory:\n  token_chunks: &two 2\n", encoding="utf-8")
     with pytest.raises(SpecError, match="layout; write it by hand: memory.token_chunks: "):
         pipeline.build([spec], tmp_path / "generated", run_verify=False, refit=take_fitting_trade)
 
@@ -251,9 +258,8 @@ def test_a_real_read_takes_the_layer_whole(tmp_path):
     notes: list = []
     generated = pipeline.generate(spec, lambda *note: notes.append(note), take_fitting_trade)
     assert _trade(generated.plan) == (1, 1)
-    assert generated.loaded.source.text == LLAMA4 + (
-        "memory:\n  fit_check: compile\n  ffn_chunks: 1\n  token_chunks: 1\n"
-    )
+    memory = yaml.safe_load(generated.loaded.source.text)["memory"]
+    assert memory == {"token_chunks": 1, "fit_check": "compile", "ffn_chunks": 1}
     (taken,) = [d.verdict for _, name, _, d in notes if name == "memory: trade taken"]
     assert "took memory.token_chunks: 1, memory.ffn_chunks: 1 (and memory.fit_check" in taken
     assert "XLA's buffer assignment 14.30 GiB per device" in taken
@@ -265,7 +271,7 @@ def test_a_symlinked_spec_stays_a_link_to_the_rewritten_file(tmp_path, monkeypat
     link = tmp_path / "link.yaml"
     link.symlink_to(real.name)
     pipeline.build([link], tmp_path / "generated", run_verify=False, refit=take_fitting_trade)
-    assert link.is_symlink() and real.read_text(encoding="utf-8") != LLAMA4
+    assert link.is_symlink() and real.read_text(encoding="utf-8") != LLAMA4_TRADED
     assert load_spec(link).spec.memory.token_chunks == 1
 
 
@@ -276,7 +282,7 @@ def test_two_specs_verified_at_once_each_take_their_trade(tmp_path, monkeypatch)
     specs = []
     for name in ("a", "b"):
         spec = tmp_path / f"{name}.yaml"
-        spec.write_text(LLAMA4, encoding="utf-8")
+        spec.write_text(LLAMA4_TRADED, encoding="utf-8")
         specs.append(spec)
     out = tmp_path / "generated"
     written = pipeline.build(specs, out, jobs=2, refit=take_fitting_trade)
@@ -296,7 +302,7 @@ def test_a_spec_edited_during_the_build_keeps_the_edit(tmp_path, monkeypatch, in
     user changed the spec meanwhile, their edit is kept and the trade is said, to write."""
     _xla(monkeypatch, out_of_hbm={(1, 2)})
     spec = _llama4(tmp_path)
-    edited = LLAMA4 + "# edited while the build ran\n"
+    edited = LLAMA4_TRADED + "# edited while the build ran\n"
     write_all = pipeline.write_all
 
     def write_while_the_user_edits(*args, **kwargs):

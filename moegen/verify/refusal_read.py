@@ -14,7 +14,8 @@ whose full-size compile has the last word. Just over HBM (by less than LEDGER_OV
 the plan does not refuse, and its ledger can as well be under the compiler (seed 3 of
 bench.holdout: a trade planned 4% over HBM needs 18.08 of 15.75 GiB in temporaries alone):
 the read refuses a layer XLA finds out of HBM in seconds, before the twins and the full
-compile spend minutes.
+compile spend minutes. (A trade the spec leaves to the plan is chosen by XLA's read instead,
+fit included: moegen.own_trade.)
 All of it with `memory.fit_check: assigned`, the default (moegen.pipeline.fitting_plan).
 """
 
@@ -26,11 +27,9 @@ from dataclasses import dataclass
 from moegen.hardware import hardware
 from moegen.plan import Plan
 from moegen.plan.fit import memory_peak, proved_unfit
-from moegen.plan.memory import TRADE_HEADROOM, fits
-from moegen.spec import Memory
 from moegen.verify.assigned import assigned_peak, fits_by_assignment
 from moegen.verify.preflight import LIBTPU_FIX, module_installed
-from moegen.verify.verdict import VerifyError, own_trades
+from moegen.verify.verdict import VerifyError
 from moegen.verify.verification import tpu_target
 
 GiB = 2**30
@@ -55,22 +54,10 @@ def planned_over_hbm(plan: Plan) -> bool:
     )
 
 
-def own_trade_without_headroom(memory: Memory, plan: Plan) -> bool:
-    """A shape runs a trade the plan chose on its own (the spec leaves it out) that does not
-    leave the ledger's headroom free: no count did, so the plan took the one it planned
-    lowest, and its ledger errs lowest on a trade's backward pass (bench.holdout: seed 2's
-    16 FFN slices planned 31.81 of 32 GiB needed 34.53 GiB of temporaries)."""
-    return any(
-        own_trades(memory, shape) and not fits(shape.memory, TRADE_HEADROOM)
-        for _, shape in plan.shape_plans()
-    )
-
-
 def read_before_refusing(plan: Plan) -> RefusalRead | None:
     """XLA's buffer assignment of every shape of `plan`, where the plan refuses it on its
-    ledger's word on a TPU target, plans it over HBM by less than its error, or trades on
-    its own without its headroom; None where no read has a say (not a TPU target, or a
-    shape the plan proves cannot fit)."""
+    ledger's word on a TPU target, or plans it over HBM by less than its error; None where
+    no read has a say (not a TPU target, or a shape the plan proves cannot fit)."""
     shapes = [shape for _, shape in plan.shape_plans()]
     if tpu_target(plan) is None or any(proved_unfit(shape.memory) for shape in shapes):
         return None
