@@ -6,17 +6,22 @@ Each spec of the generated population (bench.population) is made too big to run 
 memory trades are dropped (the plan decides) and its batch doubled, a multiple of its batch
 shards, until the plan puts the layer whole (one token chunk, the FFN whole) above its HBM
 by more than LEDGER_OVERESTIMATE (where the plan trades memory of its own), at most
-MAX_DOUBLINGS times. The plan's default for that spec (its FFN slices and token
-chunks) is then compiled for the TPU slice, forward and forward+backward, by moegen's own
-verifier (twins off), and the compiled peak judged against HBM. The figures go to the same
+MAX_DOUBLINGS times. The build's default for that spec is then compiled for the TPU slice,
+forward and forward+backward, by moegen's own verifier (twins off), and the compiled peak
+judged against HBM. The default is the trade XLA's buffer assignment chooses
+(moegen.own_trade: the plan ranks the trades, XLA's read decides their fit, seconds each),
+compiled as the spec with that trade written; the ledger's own choice, which the build
+took before, is listed beside it. The figures go to the same
 store as the ledger's population (bench/ledger_population.json, keyed by the module's hash
 and the pinned versions), so a rerun compiles only what changed.
 
-Printed, one row per spec: the batch, the whole layer's planned peak, the plan's choice, its
-planned and compiled peaks, and the verdict: "fits", "OOM" (the compiler's figure), or
-"refused" (the plan refuses it before any compile, naming what would fit: no default walked
-into the compiler). With `--assigned`, each traded spec's layer whole is read with XLA's buffer
-assignment (moegen.verify.assigned, seconds a spec): whether the trade was needed at all.
+Printed, one row per spec: the batch, the whole layer's planned peak, the ledger's choice
+and its planned peak, the build's choice and XLA's figure of it, the compiled peak and the
+verdict: "fits", "OOM" (the compiler's figure), or "refused" (the plan refuses it before
+any compile, naming what would fit, or XLA's read finds no trade that fits: no default
+walked into the compiler). With `--assigned`, each spec the ledger trades has its layer
+whole read with XLA's buffer assignment (moegen.verify.assigned, seconds a spec): whether the
+ledger's trade was needed at all.
 With `--tuned`, each traded spec is also tuned with its memory trades left `auto`
 (`moegen tune`: the plan ranks the trades, XLA's buffer assignment decides their fit, in
 seconds each; moegen.tune_memory), and the tuned choice compiled in full where it differs
@@ -36,12 +41,13 @@ from typing import Any
 
 import yaml
 
-from bench.ledger_population import STORE, _load, recorded
+from bench.ledger_population import STORE, _load, plan_of, recorded
 from bench.population import population
 from moegen.diagnostics import SpecError
 from moegen.load import load_spec_bytes
+from moegen.own_trade import choose_own_trade, chooses_by_assignment
 from moegen.pipeline import refuse_unfit
-from moegen.plan import make_plan
+from moegen.plan import Plan, make_plan
 from moegen.plan.fit import over_hbm, peak
 from moegen.render import render
 from moegen.tune import tune
@@ -100,7 +106,9 @@ def _whole_verdict(tree: dict[str, Any], batch: int) -> str:
 def judge(
     label: str, text: str, store: dict[str, Any], compile_missing: bool, path: Path = STORE
 ) -> str:
-    """One row: the plan's choice for the spec and what the compiler made of it."""
+    """One row: the plan's ledger's choice for the spec, the build's (XLA's read chooses a
+    trade the spec leaves open on a TPU target: moegen.own_trade), and what the compiler made
+    of the build's, compiled as the spec with that trade written."""
     loaded = validate(load_spec_bytes(text.encode(), f"{label}.yaml", label))
     whole = make_plan(unchecked(loaded, WHOLE), options=False)
     plan = make_plan(loaded)
@@ -108,12 +116,36 @@ def judge(
         refuse_unfit(loaded, plan)
     except SpecError as err:
         return f"{label} | whole {peak(whole) / GiB:.2f} GiB | refused by the plan: {err}"[:400]
-    choice = f"{plan.ffn.chunks} slices x {plan.experts.token_chunks} token chunks"
-    cells = [label, f"whole {peak(whole) / GiB:.2f} GiB", choice, f"{peak(plan) / GiB:.2f}"]
-    figures = recorded(store, path, label, text, render(plan), compile_missing)
+    ledger = f"{plan.ffn.chunks} slices x {plan.experts.token_chunks} token chunks"
+    cells = [label, f"whole {peak(whole) / GiB:.2f} GiB", ledger, f"{peak(plan) / GiB:.2f}"]
+    if not chooses_by_assignment(loaded, plan):
+        figures = recorded(store, path, label, text, render(plan), compile_missing)
+        return " | ".join([*cells, "the ledger's", "-", _compiled(figures, plan)])
+    reads: list = []
+    try:
+        _, chosen, _ = choose_own_trade(loaded, plan, reads.append)
+    except SpecError as err:
+        refused = err.diagnostics[0].message.split("; the build chooses")[-1][:200]
+        return " | ".join([*cells, f"refused by XLA's read ({len(reads)} candidates){refused}"])
+    trade = {"ffn_chunks": chosen.ffn.chunks, "token_chunks": chosen.experts.token_chunks}
+    if (plan.ffn.chunks, plan.experts.token_chunks) == tuple(trade.values()):
+        written_plan, label_written, written = plan, label, text  # the ledger's: compiled so
+    else:
+        tree = yaml.safe_load(text) | {"memory": trade}
+        written = yaml.safe_dump(tree, sort_keys=False)
+        label_written = f"{label}_chosen"
+        written_plan = plan_of(label_written, written)
+    figures = recorded(store, path, label_written, written, render(written_plan), compile_missing)
+    choice = f"{trade['ffn_chunks']} slices x {trade['token_chunks']} token chunks"
+    figure = f"{reads[-1].peak_bytes / GiB:.2f}" if reads and reads[-1].peak_bytes else "-"
+    cells += [f"{choice} (XLA's read, {len(reads)} candidates)", figure]
+    return " | ".join([*cells, _compiled(figures, written_plan)])
+
+
+def _compiled(figures: dict[str, Any] | None, plan: Plan) -> str:
     if figures is None:
-        return " | ".join([*cells, "not compiled yet"])
-    return " | ".join([*cells, _verdict(figures, plan.memory.hbm_bytes_per_device)])
+        return "not compiled yet"
+    return _verdict(figures, plan.memory.hbm_bytes_per_device)
 
 
 def _verdict(figures: dict[str, Any], hbm: int) -> str:
@@ -151,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     store = _load(args.store)
-    print("spec | whole layer planned | plan's choice | planned GiB | compiled peak", flush=True)
+    print(
+        "spec | whole layer planned | the ledger's choice | planned GiB | the build's choice "
+        "| XLA's figure GiB | compiled peak",
+        flush=True,
+    )
     for name, text in population(args.population, args.seed):
         found = too_big(name, text)
         if found is None:

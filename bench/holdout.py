@@ -14,9 +14,12 @@ was written on, with the figure that is the compiled one to 0.0034% on those 220
 For each spec, as drawn: the plan's forward and forward+backward peaks against the assigned
 ones (planned / assigned - 1). Then, as bench.defaults_fit does, the spec made too big to run
 whole (its trades dropped, its batch raised until the plan puts the layer whole over HBM): the
-plan's own choice, read the same way, fits what the compiler grants a program (with the
-generated code's margin, `fits_by_assignment`), or not; a refusal by the plan is checked
-against the layer whole's assignment (a refusal of a layer that fits would be wrong).
+build's own choice, as moegen.own_trade makes it (the trades ranked by the plan's roofline,
+read the same way in that order, the first that fits what the compiler grants a program
+taken, with the generated code's margin, `fits_by_assignment`), beside the ledger's; with
+`memory.fit_check` other than `assigned` the ledger's own choice, read; a refusal by the plan
+is checked against the layer whole's assignment (a refusal of a layer that fits would be
+wrong).
 With `--take-fitting-trade`, a refused one is also given to moegen.refit, as `moegen build
 --take-fitting-trade` would: the plan's other trades read the same way, fastest first, and
 the first that fits taken (or none).
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,7 @@ from bench.ledger_population import _save, distribution_line, module_key, plan_o
 from bench.population import population
 from moegen.diagnostics import SpecError
 from moegen.load import load_spec_bytes
+from moegen.own_trade import choose_own_trade, chooses_by_assignment
 from moegen.pipeline import refuse_unfit
 from moegen.plan import Plan, cannot_fit, make_plan
 from moegen.refit import take_fitting_trade
@@ -127,6 +132,8 @@ def default_row(
     except SpecError as err:
         row = _refused_row(store, label, loaded, plan, err, verdicts)
         return row + (_taken(store, label, loaded, plan, err, verdicts) if take else "")
+    if chooses_by_assignment(loaded, plan):  # the build's choice: moegen.own_trade
+        return _chosen_row(store, label, loaded, plan, verdicts)
     got = read_every_shape(store, label, plan)
     choice = f"{plan.ffn.chunks} slices x {plan.experts.token_chunks} token chunks"
     if "refused" in got:  # out of HBM, or a read that failed (host memory, a timeout)
@@ -140,6 +147,43 @@ def default_row(
         verdicts["the ledger alone refused it, XLA's read let it through"].append(label)
         choice += " (the ledger alone refused it; XLA's read let it through)"
     return f"{label} | {choice} | {_peak(got) / GiB:.2f} of {grant / GiB:.2f} GiB: {verdict}"
+
+
+def _chosen_row(store: Path, label: str, loaded: Any, plan: Plan, verdicts: dict[str, list]) -> str:
+    """A trade the spec leaves open, as the build chooses it (XLA's read, fastest first),
+    every read through the store; the ledger's own choice beside it."""
+    ledger = f"the ledger's {plan.ffn.chunks} slices x {plan.experts.token_chunks} token chunks"
+    reads: list = []
+    try:
+        _, chosen, _ = choose_own_trade(loaded, plan, reads.append, _store_read(store, label))
+    except SpecError as err:
+        verdicts["no trade fits by XLA's read: refused"].append(label)
+        return f"{label} | {ledger} | refused: {err.diagnostics[0].message[-160:]}"
+    same = (chosen.ffn.chunks, chosen.experts.token_chunks) == (
+        plan.ffn.chunks,
+        plan.experts.token_chunks,
+    )
+    kind = "the ledger's trade" if same else "another trade than the ledger's"
+    verdicts[f"chosen by XLA's read: {kind}"].append(label)
+    grant = chosen.memory.hbm_bytes_per_device
+    peak = reads[-1].peak_bytes
+    choice = f"{chosen.ffn.chunks} slices x {chosen.experts.token_chunks} token chunks"
+    return (
+        f"{label} | {ledger} | the build's {choice} ({len(reads)} candidates) | "
+        f"{peak / GiB:.2f} of {grant / GiB:.2f} GiB: fits"
+    )
+
+
+def _store_read(store: Path, label: str) -> Callable[[Plan], int]:
+    """XLA's read of a trade through the store: its peak, or VerifyError with its refusal."""
+
+    def read_peak(candidate: Plan) -> int:
+        got = read_every_shape(store, label + "_trade", candidate)
+        if "refused" in got:
+            raise VerifyError(got["refused"])
+        return _peak(got)
+
+    return read_peak
 
 
 def _refused_row(
@@ -166,14 +210,8 @@ def _taken(
     """The trade --take-fitting-trade takes where the plan's own is refused (moegen.refit),
     every read through the store."""
 
-    def read_peak(candidate: Plan) -> int:
-        got = read_every_shape(store, label + "_trade", candidate)
-        if "refused" in got:
-            raise VerifyError(got["refused"])
-        return _peak(got)
-
     try:
-        _, words = take_fitting_trade(loaded, plan, err, read_peak=read_peak)
+        _, words = take_fitting_trade(loaded, plan, err, read_peak=_store_read(store, label))
     except SpecError as still:
         verdicts["refused, and no other trade fits by XLA's read"].append(label)
         return " | --take-fitting-trade: " + str(still).rsplit("took no trade: ", 1)[-1]

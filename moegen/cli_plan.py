@@ -44,7 +44,9 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool, assigned: bool) -
     from moegen.verify.describe import describe_step
     from moegen.verify.messages import Imported, MemoryVerdict
 
-    reads: list[MemoryVerdict] = []  # XLA's read where the ledger alone would have refused
+    # XLA's reads: where the ledger alone would have refused, and of the trades a TPU spec
+    # leaves open, with the one chosen (moegen.own_trade)
+    reads: list[MemoryVerdict] = []
 
     def keep_read(spec: str, step: str, seconds: float, details: Step | None) -> None:
         if isinstance(details, MemoryVerdict):
@@ -79,6 +81,7 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool, assigned: bool) -
         steps = [step.to_json() for step in compiled]
         extra = {"assigned": figures, "assigned_whole": whole} if assigned else {}
         extra |= {"fit_read": reads[0].verdict} if reads else {}
+        extra |= {"memory_reads": [{"step": r.step, "verdict": r.verdict} for r in reads]}
         click.echo(json.dumps(plan.to_dict() | {"compiled": steps} | extra, indent=2))
         return
     click.echo(format_plan(plan))

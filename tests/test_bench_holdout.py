@@ -128,3 +128,22 @@ def test_where_no_trade_fits_the_row_says_what_was_read(tmp_path, reads, monkeyp
     row = holdout._taken(tmp_path / "store.json", "llama4", loaded, plan, refusal, verdicts)
     assert row.startswith(" | --take-fitting-trade: none of the plan's ")
     assert list(verdicts) == ["refused, and no other trade fits by XLA's read"]
+
+
+def test_the_builds_own_choice_is_read_through_the_store(tmp_path, reads, monkeypatch):
+    """A trade the spec leaves open, chosen as moegen.own_trade chooses it (the fastest that
+    XLA fits: here the layer whole, 2 GiB), each read once into the store."""
+    from moegen import own_trade
+
+    monkeypatch.setattr(own_trade, "module_installed", lambda name: True)
+    store = tmp_path / "store.json"
+    loaded, plan, _ = _unfit_llama4(tmp_path)
+    verdicts: dict[str, list] = holdout.defaultdict(list)
+    row = holdout._chosen_row(store, "llama4", loaded, plan, verdicts)
+    assert row == (
+        "llama4 | the ledger's 1 slices x 2 token chunks | the build's 1 slices x 1 token "
+        "chunks (1 candidates) | 2.00 of 16.00 GiB: fits"
+    )
+    assert verdicts == {"chosen by XLA's read: another trade than the ledger's": ["llama4"]}
+    holdout._chosen_row(store, "llama4", loaded, plan, verdicts)
+    assert reads == [""]  # read again from the store
