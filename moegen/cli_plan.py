@@ -80,8 +80,9 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool, assigned: bool) -
     if as_json:
         steps = [step.to_json() for step in compiled]
         extra = {"assigned": figures, "assigned_whole": whole} if assigned else {}
-        extra |= {"fit_read": reads[0].verdict} if reads else {}
-        extra |= {"memory_reads": [{"step": r.step, "verdict": r.verdict} for r in reads]}
+        if reads:
+            extra["fit_read"] = reads[0].verdict
+            extra["memory_reads"] = [{"step": r.step, "verdict": r.verdict} for r in reads]
         click.echo(json.dumps(plan.to_dict() | {"compiled": steps} | extra, indent=2))
         return
     click.echo(format_plan(plan))

@@ -88,7 +88,8 @@ def choose_own_trade(
     SpecError, located at `memory`, where no libtpu can read, a read fails, or none fits."""
     if not module_installed("libtpu"):
         raise _refused(loaded, plan, f"XLA's buffer assignment needs libtpu: {LIBTPU_FIX}")
-    open_fields = {p: "auto" for p in MEMORY_FIELDS if getattr(loaded.spec.memory, p[1]) is None}
+    memory = loaded.spec.memory
+    open_fields = {p: "auto" for p in sorted(MEMORY_FIELDS) if getattr(memory, p[1]) is None}
     found = candidates(unchecked(loaded, open_fields))
     found += _ledger_trade(loaded, plan, open_fields, found)
     read = read_peak or assigned_peak  # looked up now: tests stand in for it
@@ -135,7 +136,11 @@ def _ledger_trade(
 
 
 def _refused(loaded: LoadedSpec, plan: Plan, why: str) -> SpecError:
-    own = " and ".join(own_trades(loaded.spec.memory, plan))
+    own = " and ".join(
+        trade + (f" for {name}" if name else "")
+        for name, shape in plan.shape_plans()
+        for trade in own_trades(loaded.spec.memory, shape)
+    )
     message = (
         f"this TPU layer does not fit whole by the plan, which would run it in {own}; the "
         f"build chooses the trade by XLA's buffer assignment, and {why}. Write the trade "
