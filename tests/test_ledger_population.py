@@ -64,6 +64,7 @@ NOT_YET_WITHIN = {
 }
 SPECS = dict(population(60, 0))
 STORED = json.loads(STORE.read_text(encoding="utf-8"))["modules"]
+HOLDOUT_STORE = STORE.parent / "holdout_assigned.json"
 
 
 def _record(name: str) -> tuple[dict[str, int], dict]:
@@ -172,9 +173,11 @@ def _compiled(record: dict, program: str) -> int | None:
 def test_the_refusal_margin_covers_every_recorded_overestimate():
     """memory.fit_check: compile refuses a plan more than REFUSAL_OVERESTIMATE over HBM as
     proved: never less than the most the plan is over the compiled peak on either population
-    (the larger of the two programs, as moegen.plan.fit compares), or it is no proof."""
+    (the larger of the two programs, as moegen.plan.fit compares), nor over XLA's assigned
+    peak on the hold-outs of bench.holdout (seeds 2-4: the compiled peak to 0.0034%), or it
+    is no proof. Seed 4 broke the bound set on seeds 0 and 1 (55%): +63.6%, s4_026."""
     from moegen.plan import REFUSAL_OVERESTIMATE
-    from moegen.plan.fit import peak
+    from moegen.plan.fit import MEASURED_OVERESTIMATE, peak
 
     overs = []
     for name, plan, record in _population_plans():
@@ -182,7 +185,23 @@ def test_the_refusal_margin_covers_every_recorded_overestimate():
         if None not in compiled:
             overs.append((peak(plan) / max(compiled) - 1, name))
     assert len(overs) >= 100, len(overs)
-    assert 0.5 < max(overs)[0] <= REFUSAL_OVERESTIMATE, max(overs)
+    for name, plan, assigned in _holdout_plans():
+        overs.append((peak(plan) / max(assigned) - 1, name))
+    assert len(overs) >= 260, len(overs)
+    assert 0.6 < max(overs)[0] <= MEASURED_OVERESTIMATE <= REFUSAL_OVERESTIMATE / 1.5, max(overs)
+
+
+def _holdout_plans():
+    """(name, plan, XLA's assigned peaks) of the hold-out specs read by bench.holdout."""
+    from moegen.render import render
+
+    read = json.loads(HOLDOUT_STORE.read_text(encoding="utf-8"))["modules"]
+    for seed in (2, 3, 4):
+        for name, text in population(60, seed):
+            plan = plan_of(name, text)
+            entry = read.get(module_key(render(plan)), {})
+            if "forward" in entry:
+                yield name, plan, (entry["forward"], entry["forward+backward"])
 
 
 def test_every_population_spec_the_plan_refuses_is_out_of_hbm_in_the_compiler():

@@ -139,10 +139,12 @@ def test_without_libtpu_the_refusal_names_it(tmp_path, monkeypatch):
 
 def test_no_read_where_the_plan_proves_the_refusal(tmp_path, monkeypatch):
     reads = _stand_in(monkeypatch, peak_gib=1.0)
-    proved = make_plan(load_valid(_spec(tmp_path, batch=144)))  # over by more than 55%: proved
+    path = tmp_path / "deepseek_v5e.yaml"  # planned 2.4x the v5e's HBM: refused unread
+    path.write_text(DEEPSEEK.replace("tpu-v6e", "tpu-v5e"), encoding="utf-8")
+    proved = make_plan(load_valid(path))
     assert read_before_refusing(proved) is None
-    with pytest.raises(SpecError, match="more than the plan's measured error"):
-        load_fitting(_spec(tmp_path, batch=144))
+    with pytest.raises(SpecError, match="more than the plan's error bound"):
+        load_fitting(path)
     assert reads == []
 
 

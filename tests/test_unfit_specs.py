@@ -24,6 +24,7 @@ from moegen.diagnostics import SpecError
 from moegen.load import load_spec_bytes
 from moegen.pipeline import load_fitting, load_valid, refuse_unfit
 from moegen.plan import LEDGER_OVERESTIMATE, REFUSAL_OVERESTIMATE, cannot_fit, make_plan
+from moegen.plan.fit import MEASURED_OVERESTIMATE
 from moegen.validate import validate
 
 CORPUS_DIR = UNFIT.folder  # relative to REPO_ROOT, as shown in messages
@@ -113,6 +114,7 @@ def test_the_fit_check_field_states_the_margins_the_plan_uses() -> None:
     text = Memory.model_fields["fit_check"].description
     assert f"{LEDGER_OVERESTIMATE:.0%} over HBM" in text
     assert f"{REFUSAL_OVERESTIMATE:.0%} over it" in text
+    assert f"up to {MEASURED_OVERESTIMATE:.0%} above" in text
 
 
 def test_the_parameters_and_their_gradients_over_hbm_are_refused_whatever_the_estimate() -> None:

@@ -39,12 +39,15 @@ PlanWith = Callable[[LoadedSpec, Mapping[FieldPath, Any]], Plan | None]
 LEDGER_OVERESTIMATE = 0.10
 # What proves a layer cannot fit (`memory.fit_check: compile` refuses only that): the plan
 # above HBM by more than the most it has been measured above the compiled peak (the larger
-# of the two programs, as compared here) on both generated populations of TPU layers
-# (bench/LEDGER.md, 109 specs with both programs compiled): +51.0% (s1_034, llama4 over fsdp
-# 4, bfloat16 parameters, in the hold-out seed 1; seed 0's worst +26.6%), rounded up. The
-# hold-out is not kept from it: a margin below a measured over-estimate is no proof.
-# tests/test_ledger_population.py holds it above every recorded over-estimate.
-REFUSAL_OVERESTIMATE = 0.55
+# of the two programs, as compared here), with room to spare. Set at 55% on seeds 0 and 1 of
+# the generated populations (worst +51.0%, s1_034), it was broken by a fresh hold-out, seed 4
+# of bench.holdout: +63.6% (s4_026, mixtral, forward+backward 4.50 GiB planned, 2.75 by XLA's
+# buffer assignment). Over the 276 specs of seeds 0-4 with both figures the worst five are
+# +63.6%, +51.0%, +49.2%, +45.6%, +40.2%; twice HBM leaves a third above the worst. It is an
+# empirical bound, not a proof, and is said so; tests/test_ledger_population.py holds it
+# above every recorded over-estimate, compiled (seeds 0, 1) and assigned (seeds 2-4).
+REFUSAL_OVERESTIMATE = 1.00
+MEASURED_OVERESTIMATE = 0.64  # the worst of those 276 specs, rounded up
 # What a refusal by the ledger's word alone offers, unless XLA's own figure has spoken
 # (moegen.verify.refusal_read: on a TPU target the build reads it before refusing).
 COMPILE_DECIDES = "; memory.fit_check: compile lets the full-size compile decide"
@@ -131,7 +134,7 @@ def _shape_problem(
 
 def _refusal(plan: Plan) -> str:
     """Why the plan refuses, in HBM words: the exact part over HBM, the estimate over it by
-    more than its measured error (both proved), or by more than LEDGER_OVERESTIMATE."""
+    more than its error bound (both taken as proof), or by more than LEDGER_OVERESTIMATE."""
     memory = plan.memory
     hbm = memory.hbm_bytes_per_device
     where = f"the {_gib(hbm)} GiB HBM of {plan.hardware}"
@@ -146,12 +149,13 @@ def _refusal(plan: Plan) -> str:
     )
     if proved_unfit(memory):
         return (
-            f"{needs}, more than the plan's measured error ({REFUSAL_OVERESTIMATE:.0%} over the "
-            "compiler at most): it cannot fit. "
+            f"{needs}, more than the plan's error bound ({REFUSAL_OVERESTIMATE:.0%} over; "
+            f"measured at most {MEASURED_OVERESTIMATE:.0%} over the compiler): it cannot fit. "
         )
     return (
-        f"{needs}: it does not fit by the plan, though by less than the plan's measured error "
-        f"({REFUSAL_OVERESTIMATE:.0%} over the compiler at most{COMPILE_DECIDES}). "
+        f"{needs}: it does not fit by the plan, though by less than the plan's error bound "
+        f"({REFUSAL_OVERESTIMATE:.0%} over; measured at most {MEASURED_OVERESTIMATE:.0%} over "
+        f"the compiler{COMPILE_DECIDES}). "
     )
 
 
