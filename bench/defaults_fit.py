@@ -131,15 +131,19 @@ def judge(
     if (plan.ffn.chunks, plan.experts.token_chunks) == tuple(trade.values()):
         written_plan, label_written, written = plan, label, text  # the ledger's: compiled so
     else:
-        tree = yaml.safe_load(text) | {"memory": trade}
-        written = yaml.safe_dump(tree, sort_keys=False)
-        label_written = f"{label}_chosen"
+        label_written, written = f"{label}_chosen", with_trade(text, **trade)
         written_plan = plan_of(label_written, written)
     figures = recorded(store, path, label_written, written, render(written_plan), compile_missing)
     choice = f"{trade['ffn_chunks']} slices x {trade['token_chunks']} token chunks"
     figure = f"{reads[-1].peak_bytes / GiB:.2f}" if reads and reads[-1].peak_bytes else "-"
     cells += [f"{choice} (XLA's read, {len(reads)} candidates)", figure]
     return " | ".join([*cells, _compiled(figures, written_plan)])
+
+
+def with_trade(text: str, ffn_chunks: int, token_chunks: int) -> str:
+    """The spec `text` with its memory trade written, as the build's choice is compiled."""
+    memory = {"ffn_chunks": ffn_chunks, "token_chunks": token_chunks}
+    return yaml.safe_dump(yaml.safe_load(text) | {"memory": memory}, sort_keys=False)
 
 
 def _compiled(figures: dict[str, Any] | None, plan: Plan) -> str:

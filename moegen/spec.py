@@ -298,9 +298,9 @@ class Memory(_Section):
         "assignment in that order: the first that fits is built (needs libtpu). "
         "compile: the ledger chooses the trades; refused "
         "before compiling only where that is proved (the parameters and their gradients alone "
-        "over HBM, or the plan more than 100% over it: twice HBM, where its estimate has been "
-        "measured up to 64% above the compiler's on generated TPU layers); nearer HBM, the "
-        "full-size compile's memory verdict decides.",
+        "over HBM, or the plan more than 200% over it: three times HBM, where its estimate has "
+        "been measured up to 124% above the compiler's on generated TPU layers); nearer HBM, "
+        "the full-size compile's memory verdict decides.",
     )
 
 

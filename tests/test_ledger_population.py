@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import yaml
@@ -185,10 +186,53 @@ def test_the_refusal_margin_covers_every_recorded_overestimate():
         if None not in compiled:
             overs.append((peak(plan) / max(compiled) - 1, name))
     assert len(overs) >= 100, len(overs)
-    for name, plan, assigned in _holdout_plans():
+    for name, plan, assigned in [*_holdout_plans(), *_too_big_whole_plans()]:
         overs.append((peak(plan) / max(assigned) - 1, name))
-    assert len(overs) >= 260, len(overs)
-    assert 0.6 < max(overs)[0] <= MEASURED_OVERESTIMATE <= REFUSAL_OVERESTIMATE / 1.5, max(overs)
+    assert len(overs) >= 290, len(overs)
+    assert 1.2 < max(overs)[0] <= MEASURED_OVERESTIMATE <= REFUSAL_OVERESTIMATE / 1.5, max(overs)
+
+
+def _too_big_whole_plans():
+    """(name, plan, peaks) of each population layer made too big to run whole (the batch in
+    its bench label) whose layer whole was measured: compiled as the build's choice
+    (bench.defaults_fit, seeds 0 and 1), or read by XLA's buffer assignment (bench.holdout,
+    seeds 2-4). The layers the ledger over-counts most: read whole, not traded."""
+    from bench.defaults_fit import with_trade
+    from moegen.load import load_spec_bytes
+    from moegen.plan import make_plan
+    from moegen.render import render
+    from moegen.validate import validate
+    from moegen.variants import derive
+
+    read = json.loads(HOLDOUT_STORE.read_text(encoding="utf-8"))["modules"]
+    for seed, index, batch in _too_big_labels(read):
+        name, text = population(60, seed)[index]
+        tree = yaml.safe_load(text)
+        tree.pop("memory", None)
+        tree["shapes"]["batch"] = batch
+        label, big = f"{name}_b{batch}", yaml.safe_dump(tree, sort_keys=False)
+        if seed < 2:
+            plan = plan_of(f"{label}_chosen", with_trade(big, 1, 1))
+            record = STORED.get(module_key(render(plan)), {})
+            peaks = tuple(_compiled(record, program) for program in PROGRAMS)
+        else:
+            loaded = validate(load_spec_bytes(big.encode(), f"{label}.yaml", label))
+            whole = {("memory", "ffn_chunks"): 1, ("memory", "token_chunks"): 1}
+            plan = make_plan(derive(loaded, whole))
+            entry = read.get(module_key(render(plan)), {})
+            peaks = (entry.get("forward"), entry.get("forward+backward"))
+        if None not in peaks:
+            yield label, plan, peaks
+
+
+def _too_big_labels(read: dict) -> list[tuple[int, int, int]]:
+    """(seed, index, batch) of every too-big layer the two stores name."""
+    found = set()
+    for entry in [*STORED.values(), *read.values()]:
+        hit = re.match(r"s(\d)_(\d{3})_\w+?_b(\d+)_(chosen|trade|whole)$", entry.get("spec", ""))
+        if hit:
+            found.add((int(hit.group(1)), int(hit.group(2)), int(hit.group(3))))
+    return sorted(found)
 
 
 def _holdout_plans():

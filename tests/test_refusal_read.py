@@ -139,8 +139,9 @@ def test_without_libtpu_the_refusal_names_it(tmp_path, monkeypatch):
 
 def test_no_read_where_the_plan_proves_the_refusal(tmp_path, monkeypatch):
     reads = _stand_in(monkeypatch, peak_gib=1.0)
-    path = tmp_path / "deepseek_v5e.yaml"  # planned 2.4x the v5e's HBM: refused unread
-    path.write_text(DEEPSEEK.replace("tpu-v6e", "tpu-v5e"), encoding="utf-8")
+    path = tmp_path / "deepseek_v5e.yaml"  # planned 4.1x the v5e's HBM: refused unread
+    text = DEEPSEEK.replace("tpu-v6e", "tpu-v5e").replace("batch: 128", "batch: 256")
+    path.write_text(text, encoding="utf-8")
     proved = make_plan(load_valid(path))
     assert read_before_refusing(proved) is None
     with pytest.raises(SpecError, match="more than the plan's error bound"):

@@ -40,14 +40,16 @@ LEDGER_OVERESTIMATE = 0.10
 # What proves a layer cannot fit (`memory.fit_check: compile` refuses only that): the plan
 # above HBM by more than the most it has been measured above the compiled peak (the larger
 # of the two programs, as compared here), with room to spare. Set at 55% on seeds 0 and 1 of
-# the generated populations (worst +51.0%, s1_034), it was broken by a fresh hold-out, seed 4
-# of bench.holdout: +63.6% (s4_026, mixtral, forward+backward 4.50 GiB planned, 2.75 by XLA's
-# buffer assignment). Over the 276 specs of seeds 0-4 with both figures the worst five are
-# +63.6%, +51.0%, +49.2%, +45.6%, +40.2%; twice HBM leaves a third above the worst. It is an
-# empirical bound, not a proof, and is said so; tests/test_ledger_population.py holds it
-# above every recorded over-estimate, compiled (seeds 0, 1) and assigned (seeds 2-4).
-REFUSAL_OVERESTIMATE = 1.00
-MEASURED_OVERESTIMATE = 0.64  # the worst of those 276 specs, rounded up
+# the generated populations as drawn (worst +51.0%, s1_034), it was broken twice by what
+# bench.holdout and bench.defaults_fit read since: a fresh seed 4 as drawn, +63.6% (s4_026,
+# mixtral), and the layers made too big to run whole, read whole by XLA's buffer assignment
+# when the build chooses their trade: +123.5% (s2_023, olmoe at batch 224, 7 [rows, D]
+# buffers counted at the row gradient where XLA holds far fewer), +111.5% (s1_046), +100.9%
+# (s3_003), +94.0% (s1_020). Three times HBM leaves a third above the worst. An empirical
+# bound, not a proof, and said so; tests/test_ledger_population.py holds it above every
+# recorded over-estimate, compiled (seeds 0, 1) and assigned (seeds 2-4, too-big layers).
+REFUSAL_OVERESTIMATE = 2.00
+MEASURED_OVERESTIMATE = 1.24  # the worst of them, rounded up
 # What a refusal by the ledger's word alone offers, unless XLA's own figure has spoken
 # (moegen.verify.refusal_read: on a TPU target the build reads it before refusing).
 COMPILE_DECIDES = "; memory.fit_check: compile lets the full-size compile decide"
