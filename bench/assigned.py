@@ -163,8 +163,9 @@ def _records(store: Path) -> dict[str, dict]:
 def print_assigned(count: int, seed: int, compiled: Path = STORE) -> None:
     """The assigned figure's distribution, as `bench.ledger --population` prints it."""
     errors, missing, refused = assigned_errors(count, seed, compiled)
-    print("XLA's buffer assignment read before code generation (moegen plan --assigned, moegen")
-    print("tune of memory trades), against the same compiles; recorded by bench.assigned --record:")
+    print("XLA's buffer assignment read before code generation (moegen plan --assigned; the")
+    print("figure the build chooses a TPU layer's open trades by, and reads before refusing),")
+    print("against the same compiles; recorded by bench.assigned --record:")
     for program, found in errors.items():
         if not found:
             continue
