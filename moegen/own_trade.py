@@ -63,8 +63,7 @@ def choose_reporting(loaded: LoadedSpec, ledger: Plan, note: Note) -> tuple[Load
     start = time.perf_counter()
 
     def on_read(candidate: Candidate) -> None:
-        words = candidate.problem or f"{candidate.peak_bytes / 2**30:.2f} GiB per device: fits"
-        step = MemoryVerdict(f"memory: read {trade_read(candidate)}", candidate.seconds, words)
+        step = read_step(candidate)
         note(display, step.step, step.seconds, step)
 
     chosen, plan, words = choose_own_trade(loaded, ledger, on_read)
@@ -73,11 +72,14 @@ def choose_reporting(loaded: LoadedSpec, ledger: Plan, note: Note) -> tuple[Load
     return chosen, plan
 
 
-def trade_read(candidate: Candidate) -> str:
-    """A trade read, short: `ffn_chunks 2, token_chunks 4`."""
-    return ", ".join(
+def read_step(candidate: Candidate) -> MemoryVerdict:
+    """One trade read by XLA's assignment as a step of the build: `memory: read ffn_chunks 2,
+    token_chunks 4`, and its peak or why it was not taken."""
+    trade = ", ".join(
         f"{path[1]} {value}" for path, value in candidate.choices.items() if path[0] == "memory"
     )
+    words = candidate.problem or f"{candidate.peak_bytes / 2**30:.2f} GiB per device: fits"
+    return MemoryVerdict(f"memory: read {trade}", candidate.seconds, words)
 
 
 def choose_own_trade(

@@ -21,7 +21,7 @@ from moegen.own_trade import (
     choose_own_trade,
     choose_reporting,
     chooses_by_assignment,
-    trade_read,
+    read_step,
 )
 from moegen.parallel import OrderedProgress, TaskFailed, run_tasks
 from moegen.plan import Plan, fit_problems, make_plan
@@ -218,8 +218,7 @@ def _retraded(
     start = time.perf_counter()
 
     def on_read(candidate: Any) -> None:
-        words = candidate.problem or f"{candidate.peak_bytes / 2**30:.2f} GiB per device: fits"
-        step = MemoryVerdict(f"memory: read {trade_read(candidate)}", candidate.seconds, words)
+        step = read_step(candidate)
         note(display, step.step, step.seconds, step)
 
     retraded, words = refit(loaded, failed, failure, on_read)
