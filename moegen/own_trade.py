@@ -24,16 +24,16 @@ from collections.abc import Callable
 from moegen.diagnostics import SpecError
 from moegen.hardware import hardware
 from moegen.load import FieldPath, LoadedSpec
-from moegen.plan import Plan, make_plan
-from moegen.tune import candidates, count_by_plan, yaml_value
+from moegen.plan import Plan
+from moegen.tune import candidate_of, candidates, count_by_plan, yaml_value
 from moegen.tune_candidate import Candidate
 from moegen.tune_memory import MEMORY_FIELDS, NOT_READ, READ_BY, choose_by_assignment
-from moegen.variants import derive, unchecked
+from moegen.variants import unchecked
 from moegen.verify import Step, VerifyError
 from moegen.verify.assigned import assigned_peak
 from moegen.verify.messages import MemoryVerdict
 from moegen.verify.preflight import LIBTPU_FIX, module_installed
-from moegen.verify.verdict import own_trades
+from moegen.verify.verdict import every_shapes_own_trades
 
 OUT_OF_HBM = "out of HBM"  # in a read's error: XLA's answer that the trade does not fit
 OnRead = Callable[[Candidate], None]
@@ -53,7 +53,7 @@ def chooses_by_assignment(loaded: LoadedSpec, plan: Plan) -> bool:
     memory = loaded.spec.memory  # every shape's: variants change the batch and seq_len only
     if memory.fit_check != "assigned" or hardware(plan.hardware).platform != "tpu":
         return False
-    return any(own_trades(memory, shape) for _, shape in plan.shape_plans())
+    return bool(every_shapes_own_trades(memory, plan))
 
 
 def choose_reporting(loaded: LoadedSpec, ledger: Plan, note: Note) -> tuple[LoadedSpec, Plan]:
@@ -127,22 +127,11 @@ def _ledger_trade(
     choices = {path: trade[path] for path in open_fields}
     if any(c.choices == choices for c in found):
         return []
-    candidate = Candidate(choices)
-    try:
-        candidate.loaded = derive(loaded, choices)
-    except SpecError as err:
-        candidate.problem = err.diagnostics[0].message
-    else:
-        candidate.plan = make_plan(candidate.loaded)
-    return [candidate]
+    return [candidate_of(loaded, choices)]
 
 
 def _refused(loaded: LoadedSpec, plan: Plan, why: str) -> SpecError:
-    own = " and ".join(
-        trade + (f" for {name}" if name else "")
-        for name, shape in plan.shape_plans()
-        for trade in own_trades(loaded.spec.memory, shape)
-    )
+    own = " and ".join(every_shapes_own_trades(loaded.spec.memory, plan))
     message = (
         f"this TPU layer does not fit whole by the plan, which would run it in {own}; the "
         f"build chooses the trade by XLA's buffer assignment, and {why}. Write the trade "

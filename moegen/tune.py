@@ -73,15 +73,20 @@ def candidates(loaded: LoadedSpec) -> list[Candidate]:
         chunks = choices.get(("parallelism", "overlap_chunks"), 1)
         if chunks != 1 and not STRATEGIES[strategy].overlaps:
             continue  # chunks only overlap the ring's transfers
-        candidate = Candidate(choices)
-        try:
-            candidate.loaded = derive(loaded, choices)
-        except SpecError as err:
-            candidate.problem = err.diagnostics[0].message
-        else:
-            candidate.plan = make_plan(candidate.loaded)
-        out.append(candidate)
+        out.append(candidate_of(loaded, choices))
     return out
+
+
+def candidate_of(loaded: LoadedSpec, choices: dict[FieldPath, Any]) -> Candidate:
+    """The spec with `choices`, validated and planned, or the first rule it breaks."""
+    candidate = Candidate(choices)
+    try:
+        candidate.loaded = derive(loaded, choices)
+    except SpecError as err:
+        candidate.problem = err.diagnostics[0].message
+    else:
+        candidate.plan = make_plan(candidate.loaded)
+    return candidate
 
 
 def tune(

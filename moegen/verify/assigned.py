@@ -36,7 +36,7 @@ from moegen.variants import unchecked
 from moegen.verify.compiler_errors import crash_words, out_of_memory
 from moegen.verify.messages import PROGRAMS
 from moegen.verify.pool import worker_env
-from moegen.verify.verdict import VerifyError, own_trades
+from moegen.verify.verdict import VerifyError, every_shapes_own_trades
 from moegen.verify.verification import scratch_directory, tpu_target
 
 # the jitted function's name in each program, which names XLA's module and its dump files
@@ -255,12 +255,7 @@ def whole_layer_verdict(loaded: LoadedSpec, plan: Plan, out_of_hbm: bool = False
     None where the plan chose no trade of its own. A read that fails is said, not raised:
     the module the build verified stands either way. `out_of_hbm`: the full-size compile of
     the plan's trade ran out of HBM (the words say what to write instead)."""
-    memory = loaded.spec.memory  # every shape's: variants change the batch and seq_len only
-    own = [
-        trade + (f" for {name}" if name else "")
-        for name, shape in plan.shape_plans()
-        for trade in own_trades(memory, shape)
-    ]
+    own = every_shapes_own_trades(loaded.spec.memory, plan)
     if not own:
         return None
     chosen = f"the plan's ledger chose {' and '.join(own)}"

@@ -100,6 +100,16 @@ def own_trades(memory: Memory, plan: Plan) -> list[str]:
     return own
 
 
+def every_shapes_own_trades(memory: Memory, plan: Plan) -> list[str]:
+    """own_trades of the main shape and of each variant, a variant's named ("4 token chunks
+    for long"): one memory section serves every shape."""
+    return [
+        trade + (f" for {name}" if name else "")
+        for name, shape in plan.shape_plans()
+        for trade in own_trades(memory, shape)
+    ]
+
+
 def own_trade_note(memory: Memory, plan: Plan) -> str:
     """Where, on a TPU target, the plan chose FFN slices or token chunks the spec leaves to
     it: that the choice rests on the plan's ledger (an estimate), and how to have it made by
