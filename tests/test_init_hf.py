@@ -271,6 +271,26 @@ def test_placement_flags_and_their_misuse(tmp_path, invoke_main):
     assert tree(tmp_path / "out") == ["a.yaml", "moegen.schema.json"]
 
 
+@pytest.mark.parametrize(
+    ("hardware", "topology", "kernel"),
+    [("tpu-v5e", "2x2", "pallas"), ("tpu-v6e", "2x2", "pallas"), ("cpu", None, "xla")],
+)
+def test_a_tpu_spec_gets_the_kernel_measured_fastest(
+    hardware, topology, kernel, tmp_path, invoke_main
+):
+    """On a TPU target init writes kernel pallas, with the measurement as its comment
+    (megablox 1.75x ragged_dot's speed on a v5e chip, bench/TPU_CHECK.md); elsewhere the
+    schema's default, xla, stands."""
+    config = write_config(tmp_path / "model", LAYER_LISTS[0].config)
+    flags = ("--mesh", "data=2,fsdp=2", "--hardware", hardware)
+    flags += ("--topology", topology) if topology else ()
+    assert init_from(invoke_main, config, tmp_path, "out/a.yaml", *flags).code == 0
+    spec = loaded(tmp_path / "out" / "a.yaml")
+    assert (spec.target.hardware, spec.target.kernel) == (hardware, kernel)
+    text = (tmp_path / "out" / "a.yaml").read_text()
+    assert ("bench/TPU_CHECK.md" in text) == (kernel == "pallas")
+
+
 def test_a_multimodal_config_maps_its_text_model(tmp_path, invoke_main):
     text_config = {**LAYER_LISTS[0].config, "model_type": "llama4_text"}
     data = {"model_type": "llama4", "text_config": text_config, "vision_config": {}}
