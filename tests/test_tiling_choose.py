@@ -11,7 +11,9 @@ from moegen.kernels.tiling import (
     DTYPE_BYTES,
     GRID_STEP_SECONDS,
     LANES,
+    MIN_ROW_TILE,
     ROW_MULTIPLE,
+    SHORTER_ROW_TILE_GAIN,
     Tile,
     kernel_cost,
     lane_tiles,
@@ -48,6 +50,18 @@ def seconds(tile: Tile, rows: int, k: int, n: int, dtype: str, hw: str, groups: 
     return cost.seconds(chip.peak_bf16_flops_per_chip, chip.hbm_bytes_per_s_per_chip)
 
 
+def _best_of_rows(row_tile: int, rows: int, k: int, n: int, dtype: str, hw: str) -> float:
+    """The model's time of the fastest lane tiles at `row_tile` rows that fit VMEM."""
+    widths = sorted(set(lane_tiles(k)) | set(lane_tiles(n)))
+    fitting = [
+        Tile(row_tile, a, b)
+        for a in widths
+        for b in widths
+        if vmem_bytes(Tile(row_tile, a, b), dtype) <= usable_vmem(BUDGETS[hw])
+    ]
+    return min(seconds(t, rows, k, n, dtype, hw) for t in fitting)
+
+
 @pytest.mark.parametrize(("shape", "rows", "dtype", "hw"), CHOOSE_CASES)
 def test_choose_tile_is_aligned_and_fits(shape: str, rows: int, dtype: str, hw: str) -> None:
     embed, ffn = NAMED_SHAPES[shape]
@@ -59,8 +73,14 @@ def test_choose_tile_is_aligned_and_fits(shape: str, rows: int, dtype: str, hw: 
         assert tile.output % LANES == 0, tile
         assert vmem_bytes(tile, dtype) <= usable_vmem(budget), tile  # forward and backward
         assert tile_problems(tile, dtype, budget) == []
-        # megablox's row tile, or the whole call when it is shorter
-        assert tile.rows == min(DEFAULT_TILE[0], round_up(rows, ROW_MULTIPLE[dtype])), tile
+        # megablox's row tile (or the whole call when it is shorter), or a shorter one of at
+        # least MIN_ROW_TILE that the model has clearly faster than every tile of the taller
+        top = min(DEFAULT_TILE[0], round_up(rows, ROW_MULTIPLE[dtype]))
+        if tile.rows != top:
+            assert MIN_ROW_TILE <= tile.rows < top and top % tile.rows == 0, tile
+            taller = _best_of_rows(top, rows, contraction, output, dtype, hw)
+            chosen = seconds(tile, rows, contraction, output, dtype, hw)
+            assert chosen <= SHORTER_ROW_TILE_GAIN * taller, (tile, chosen, taller)
         # a lane tile never spans more than the wider of the two widths it tiles
         widest = round_up(max(contraction, output), LANES)
         assert max(tile.contraction, tile.output) <= widest, tile

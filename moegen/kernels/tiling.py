@@ -150,10 +150,15 @@ def choose_tile(
 ) -> Tile:
     """The tiles whose kernels take the least time (`kernel_cost`) among those that fit VMEM.
 
-    The row tile is megablox's 512 (fewer rows when the call has fewer): the lane tiles decide
-    how often the rows are read and how many masked lanes the MXU computes, and give way first
-    when VMEM is short. Ties go to fewer grid steps, then to fewer accumulator additions (the
-    wider contraction tile).
+    The row tile is searched too, from megablox's 512 (fewer rows when the call has fewer) down
+    to MIN_ROW_TILE: a row tile shared by two expert groups runs once for each, so where groups
+    are a few row tiles long (fine-grained layers: Qwen3-30B-A3B's 128 experts of ~512 rows)
+    a smaller tile wastes less, while a coarse layer keeps 512 (measured on one v5e chip,
+    bench/TPU_CHECK.md: Qwen3's six kernels 5-18% faster at 256 rows, Mixtral's best at 512).
+    The lane tiles decide how often the rows are read and how many masked lanes the MXU
+    computes, and give way first when VMEM is short. Ties go to fewer grid steps, then to fewer
+    accumulator additions (the wider contraction tile); a shorter row tile must be clearly
+    faster (SHORTER_ROW_TILE_GAIN).
     """
     row_multiple = ROW_MULTIPLE[dtype]
     usable = usable_vmem(vmem_budget)
@@ -165,21 +170,57 @@ def choose_tile(
 
     def rank(tile: Tile) -> tuple[float, int, int]:
         cost = kernel_cost(tile, rows, contraction, output, groups, DTYPE_BYTES[dtype])
-        return (cost.seconds(peak_flops, hbm_bytes_per_s), cost.grid_steps, cost.accumulations)
+        seconds = cost.seconds(peak_flops, hbm_bytes_per_s)
+        return (seconds, cost.grid_steps, cost.accumulations)
 
-    while True:
-        fitting = []
-        for k in widths:
-            for n in widths:
-                tile = Tile(row_tile, k, n)
-                if vmem_bytes(tile, dtype, out_dtype) > usable:
-                    break  # VMEM grows with the output tile: the wider ones do not fit either
-                fitting.append(tile)
-        if fitting:
-            return min(fitting, key=rank)
-        if row_tile == row_multiple:
-            return Tile(row_tile, LANES, LANES)  # tile_problems says why it cannot run
+    chosen = None
+    for rows_tile in _row_tiles(row_tile, row_multiple):
+        fitting = _fitting_tiles(rows_tile, widths, dtype, usable, out_dtype)
+        best = min(fitting, key=rank) if fitting else None
+        if best is not None and (chosen is None or _clearly_faster(rank(best), rank(chosen))):
+            chosen = best
+        row_tile = rows_tile
+    while chosen is None and row_tile > row_multiple:  # lane tiles too wide for VMEM: fewer rows
         row_tile = _half(row_tile, row_multiple)
+        fitting = _fitting_tiles(row_tile, widths, dtype, usable, out_dtype)
+        chosen = min(fitting, key=rank) if fitting else None
+    return chosen or Tile(row_multiple, LANES, LANES)  # tile_problems says why it cannot run
+
+
+# A shorter row tile is taken only where the roofline has it this much faster than the taller
+# one: on one v5e chip the model's ratio of 256 to 512 rows was within 7% of the measured one
+# (Qwen3-30B-A3B's six kernels, bench/TPU_CHECK.md), so a smaller predicted gain is noise.
+SHORTER_ROW_TILE_GAIN = 0.90
+
+
+def _clearly_faster(shorter: tuple[float, ...], taller: tuple[float, ...]) -> bool:
+    return shorter[0] <= SHORTER_ROW_TILE_GAIN * taller[0]
+
+
+# The smallest row tile the search offers: one MXU pass of rows (128 on every TPU generation);
+# below it the MXU runs part-empty, which the roofline does not model.
+MIN_ROW_TILE = 128
+
+
+def _row_tiles(top: int, row_multiple: int) -> list[int]:
+    """Row tiles to search: `top`, then halved while at least MIN_ROW_TILE and aligned."""
+    tiles = [top]
+    while tiles[-1] // 2 >= MIN_ROW_TILE and tiles[-1] // 2 % row_multiple == 0:
+        tiles.append(tiles[-1] // 2)
+    return tiles
+
+
+def _fitting_tiles(
+    row_tile: int, widths: list[int], dtype: str, usable: int, out_dtype: str | None
+) -> list[Tile]:
+    fitting = []
+    for k in widths:
+        for n in widths:
+            tile = Tile(row_tile, k, n)
+            if vmem_bytes(tile, dtype, out_dtype) > usable:
+                break  # VMEM grows with the output tile: the wider ones do not fit either
+            fitting.append(tile)
+    return fitting
 
 
 def lane_tiles(width: int, widest: int | None = None) -> list[int]:
