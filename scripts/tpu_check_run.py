@@ -37,7 +37,11 @@ import tpu_check_peers as peers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMING = {"warmups": 2, "repeats": 10}  # median of repeats after warm-ups (the prototype's)
-BF16_TOLERANCE = 5e-2  # bf16 compute (or f32 at TPU default precision) vs the f32 reference
+# bf16 compute (or f32 at the TPU default precision) against the f32 reference: wide enough
+# for bf16 rounding over a 14336-wide FFN (Mixtral 8x7B on a v5e chip: y 3.6e-2, the router
+# gradient 6.0e-2, identical to 3 digits under kernels pallas and xla), while a wrong path
+# (a reference routed differently) measured 0.87 and more.
+BF16_TOLERANCE = 1e-1
 F32_TOLERANCE = 1e-4  # f32 compute off TPU, against the f32 reference at "highest"
 PEAK_NOTE = (
     "peak_bytes_in_use only grows within a process: a module's figure is the peak since the "
@@ -203,7 +207,7 @@ def _times(row: dict[str, Any]) -> str:
 
 
 def tolerance(module: ModuleType) -> float:
-    """bf16 compute, or f32 at the TPU's default matmul precision: 5e-2; f32 elsewhere: 1e-4."""
+    """bf16 compute, or f32 at the TPU default matmul precision: 1e-1; f32 elsewhere: 1e-4."""
     f32 = jnp.dtype(module.COMPUTE_DTYPE) == jnp.float32
     return F32_TOLERANCE if f32 and jax.devices()[0].platform != "tpu" else BF16_TOLERANCE
 

