@@ -181,7 +181,8 @@ def run_parity(report: Report, work: Path, manifest: dict) -> tuple[bool, Module
     platform = jax.devices()[0].platform
     report.line(f"== twin parity on {platform} (module vs dense reference; relative errors) ==")
     try:
-        ref = import_path(work / "reference.py", "gpu_check_reference")
+        sys.path.insert(0, str(work))  # the package moegen_reference (gpu_check_prepare)
+        ref = importlib.import_module("moegen_reference.reference")
     except Exception as err:
         report.error("importing the reference", err)
         return False, None
