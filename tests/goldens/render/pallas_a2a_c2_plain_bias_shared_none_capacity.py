@@ -28,7 +28,7 @@ per-expert padding is added (the grouped matmul takes groups of any size).
 aux.received_rows reports the most rows any device actually received.
 Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 256, 256] (gate, up)
 and [512, 256, 256] (down), as (rows, contraction, output); the forward pass's whole-width
-calls with [512, 256, 512] and [512, 512, 256].
+calls with [256, 256, 512] and [256, 512, 256].
 The 640 rows of a grouped-matmul call are padded to 1024, a whole number of row tiles; the
 padding rows belong to no expert group.
 Memory: the forward pass runs the expert FFN whole (in slices, their float32 sum would
@@ -99,8 +99,8 @@ FFN_CHUNK = 256  # FFN_DIM / FFN_CHUNKS
 # megablox tiles (rows, contraction, output); the custom VJP reuses them for gmm and tgmm.
 GATE_UP_TILING = (512, 256, 256)
 DOWN_TILING = (512, 256, 256)
-FORWARD_GATE_UP_TILING = (512, 256, 512)  # the whole-width forward pass
-FORWARD_DOWN_TILING = (512, 512, 256)
+FORWARD_GATE_UP_TILING = (256, 256, 512)  # the whole-width forward pass
+FORWARD_DOWN_TILING = (256, 512, 256)
 PADDED_ROWS = 1024  # FFN_ROWS rounded up to a multiple of every row tile
 
 PARAM_DTYPE = jnp.float32

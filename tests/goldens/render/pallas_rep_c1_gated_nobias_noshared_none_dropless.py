@@ -17,8 +17,8 @@ A model's mesh works too when it holds these axes with these sizes, in any order
 others: the layer runs replicated over the axes it does not use.
 Parameters are sharded over fsdp along embed_dim and all-gathered inside the layer.
 Every device holds all 8 experts and runs them on its own tokens.
-Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 256, 512] (gate, up)
-and [512, 512, 256] (down), as (rows, contraction, output).
+Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [256, 256, 512] (gate, up)
+and [256, 512, 256] (down), as (rows, contraction, output).
 The 512 rows of a grouped-matmul call are a whole number of row tiles.
 Routing: softmax scores, the top-2 experts, weighted by their scores.
 Experts compute down(silu(x @ gate) * (x @ up)).
@@ -65,8 +65,8 @@ ROUTED_ROWS = 512  # LOCAL_TOKENS * TOP_K: a row for every token copy, none drop
 FFN_ROWS = 512  # rows of one grouped-matmul call, worst case
 
 # megablox tiles (rows, contraction, output); the custom VJP reuses them for gmm and tgmm.
-GATE_UP_TILING = (512, 256, 512)
-DOWN_TILING = (512, 512, 256)
+GATE_UP_TILING = (256, 256, 512)
+DOWN_TILING = (256, 512, 256)
 PADDED_ROWS = 512  # FFN_ROWS rounded up to a multiple of every row tile
 
 PARAM_DTYPE = jnp.float32
