@@ -255,6 +255,33 @@ def micro(case, s, params, x):
             record(case=case, micro=name, error=str(e)[:200])
 
 
+def rows_micro(case):
+    """Run 3 (not yet run): the DMA row kernels of row_kernels.py against XLA's gather and
+    combine at Qwen3 shapes, the views' relayout copies included."""
+    import row_kernels as R
+
+    s = shapes_for(case)
+    params, x, _ = make_inputs(s)
+    E, K, T, D = s["E"], s["K"], s["T"], s["D"]
+    w, ids = jax.jit(lambda p, x: L.route(x, p["router"], K))(params, x)
+    src, src_copy, dest, sizes = jax.jit(lambda i: L.plan_rows_fast(i, E))(ids)
+    rows = jax.random.normal(jax.random.key(7), (T * K, D), F32).astype(BF16)
+    items = {
+        "xla_gather_rows": (lambda x, s: x[s], (x, src)),
+        "dma_gather_rows": (lambda x, s: R.gather_rows(x, s), (x, src)),
+        "xla_combine_fwd": (
+            lambda o, w, d: jnp.einsum("tkd,tk->td", o[d], w, preferred_element_type=F32),
+            (rows, w, dest),
+        ),
+        "dma_combine_fwd": (lambda o, w, d: R.combine_rows(o, d, w), (rows, w, dest)),
+    }
+    for name, (fn, args) in items.items():
+        try:
+            record(case=case, micro=name, ms=round(timeit(fn, *args), 3))
+        except Exception as e:  # noqa: BLE001
+            record(case=case, micro=name, error=str(e)[:300])
+
+
 def run_case(case, modules, aligns, tiles_by_kernel, variants):
     s = shapes_for(case)
     params, x, ct = make_inputs(s)
@@ -412,6 +439,8 @@ def main():
         qwen3_tiles = mixtral_tiles = lambda k, a: [(a or 32, 128, 128)]
         run_case("qwen3", [], [0, 32], qwen3_tiles, variants_for("qwen3", 2, 64, 8))
         return
+    if "rows" in which:  # run 3: the DMA row kernels
+        rows_micro("qwen3")
     if "qwen3-sweep" in which:  # run 1: every kernel's tiles, groups unpadded and padded
         run_case("qwen3", [], [0, 128, 256, 512], qwen3_tiles, variants_for("qwen3", 8, 8192, 128))
     if "qwen3" in which:  # run 2: modules, the permutation's pieces, the variants
