@@ -53,6 +53,7 @@ def _rows_view(x: jax.Array) -> jax.Array:
 def gather_rows(x: jax.Array, src: jax.Array, *, block_rows: int = 256, interpret=False):
     """out[i] = x[src[i]], [len(src), D]: block_rows DMAs a grid step, all in flight at once."""
     rows, width = src.shape[0], x.shape[1]
+    block_rows = min(block_rows, rows)
     assert rows % block_rows == 0, (rows, block_rows)
 
     def kernel(src_ref, x_hbm, out_ref, sem):
@@ -102,6 +103,7 @@ def combine_rows(
     k-th block of block_tokens rows (static slices, no reshape), then adds them up."""
     tokens, top_k = dest.shape
     width = rows.shape[1]
+    block_tokens = min(block_tokens, tokens)
     assert tokens % block_tokens == 0, (tokens, block_tokens)
     gathered = block_tokens * top_k
 
@@ -157,6 +159,62 @@ def combine_rows(
     return out.reshape(tokens, width)
 
 
+@functools.partial(jax.jit, static_argnames=("block_tokens", "interpret"))
+def dot_rows(
+    rows: jax.Array, dest: jax.Array, grad: jax.Array, *, block_tokens: int = 128, interpret=False
+):
+    """out[t, k] = <rows[dest[t, k]], grad[t]> in float32, [T, K]: the combine's weight
+    gradient (grad: y's gradient), the rows gathered as combine_rows gathers them."""
+    tokens, top_k = dest.shape
+    width = rows.shape[1]
+    block_tokens = min(block_tokens, tokens)
+    assert tokens % block_tokens == 0, (tokens, block_tokens)
+    lane_tiles = width // LANES
+
+    def kernel(dest_ref, grad_ref, rows_hbm, out_ref, scratch, sem):
+        base = pl.program_id(0) * block_tokens
+
+        def start(k: int):
+            def one(t, carry):
+                row = dest_ref[(base + t) * top_k + k]
+                _copy_row(rows_hbm, row, scratch, k * block_tokens + t, sem).start()
+                return carry
+
+            return one
+
+        def wait(j, carry):
+            _copy_row(rows_hbm, 0, scratch, j, sem).wait()
+            return carry
+
+        for k in range(top_k):
+            jax.lax.fori_loop(0, block_tokens, start(k), 0, unroll=8)
+        jax.lax.fori_loop(0, block_tokens * top_k, wait, 0, unroll=8)
+        g = grad_ref[...].astype(jnp.float32)
+        for k in range(top_k):
+            copy = scratch[pl.ds(k * block_tokens, block_tokens)].astype(jnp.float32)
+            out_ref[:, k : k + 1] = jnp.sum(jnp.sum(copy * g, axis=2), axis=1, keepdims=True)
+
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((tokens, top_k), jnp.float32),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            grid=(tokens // block_tokens,),
+            in_specs=[
+                pl.BlockSpec((block_tokens, lane_tiles, LANES), lambda i, dest: (i, 0, 0)),
+                pl.BlockSpec(memory_space=pl.ANY),
+            ],
+            out_specs=pl.BlockSpec((block_tokens, top_k), lambda i, dest: (i, 0)),
+            scratch_shapes=[
+                pltpu.VMEM((block_tokens * top_k, lane_tiles, LANES), rows.dtype),
+                pltpu.SemaphoreType.DMA((1,)),
+            ],
+        ),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        interpret=interpret,
+    )(dest.reshape(-1).astype(jnp.int32), _rows_view(grad), _rows_view(rows))
+
+
 def _check_on_cpu() -> None:
     """Both kernels against jnp, interpreted (a permutation and a gather with repeats)."""
     tokens, top_k, width = 256, 4, 256
@@ -172,7 +230,15 @@ def _check_on_cpu() -> None:
     got = combine_rows(rows, dest, weights, block_tokens=64, interpret=True)
     err = float(jnp.max(jnp.abs(got - want)) / jnp.max(jnp.abs(want)))
     assert err < 1e-6, f"combine_rows: {err}"
-    print(f"interpret mode on CPU: gather_rows exact, combine_rows max error {err:.1e}")
+    grad = jax.random.normal(keys[1], (tokens, width), jnp.float32)
+    want_dot = jnp.einsum("tkd,td->tk", rows[dest].astype(jnp.float32), grad)
+    got_dot = dot_rows(rows, dest, grad, block_tokens=64, interpret=True)
+    dot_err = float(jnp.max(jnp.abs(got_dot - want_dot)) / jnp.max(jnp.abs(want_dot)))
+    assert dot_err < 1e-5, f"dot_rows: {dot_err}"
+    print(
+        f"interpret mode on CPU: gather_rows exact, combine_rows max error {err:.1e}, "
+        f"dot_rows {dot_err:.1e}"
+    )
 
 
 def _compile_for_v5e(tokens: int = 8192, top_k: int = 8, width: int = 2048) -> None:
@@ -198,6 +264,15 @@ def _compile_for_v5e(tokens: int = 8192, top_k: int = 8, width: int = 2048) -> N
                 on((rows, width), jnp.bfloat16),
                 on((tokens, top_k), jnp.int32),
                 on((tokens, top_k), jnp.float32),
+            ),
+        ),
+        (
+            "dot_rows",
+            dot_rows,
+            (
+                on((rows, width), jnp.bfloat16),
+                on((tokens, top_k), jnp.int32),
+                on((tokens, width), jnp.float32),
             ),
         ),
     ):

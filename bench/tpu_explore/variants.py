@@ -108,6 +108,60 @@ def _combine_bwd(res, gy):
 combine.defvjp(_combine_fwd, _combine_bwd)
 
 
+# ---------- the same two steps by the DMA row kernels (row_kernels.py) ----------
+def _row_kernels():
+    import row_kernels  # beside this file (explore.py puts its folder on sys.path)
+
+    return row_kernels
+
+
+@jax.custom_vjp
+def dma_gather_rows(x, src, dest):
+    """x[src] by one DMA a row; the backward sums each token's copies (combine_rows, unit
+    weights) instead of XLA's scatter-add."""
+    return _row_kernels().gather_rows(x, src, interpret=INTERPRET)
+
+
+def _dma_gather_fwd(x, src, dest):
+    return dma_gather_rows(x, src, dest), (src, dest)
+
+
+def _dma_gather_bwd(res, g):
+    src, dest = res
+    ones = jnp.ones(dest.shape, F32)
+    gx = _row_kernels().combine_rows(g, dest, ones, interpret=INTERPRET)
+    return gx.astype(g.dtype), None, None
+
+
+dma_gather_rows.defvjp(_dma_gather_fwd, _dma_gather_bwd)
+
+
+@jax.custom_vjp
+def dma_combine(out, w, dest, order):
+    """y[t] = sum_k w[t, k] out[dest[t, k]] in float32, by DMA; order: the sort (row i holds
+    copy order[i])."""
+    return _row_kernels().combine_rows(out, dest, w, interpret=INTERPRET)
+
+
+def _dma_combine_fwd(out, w, dest, order):
+    return dma_combine(out, w, dest, order), (out, w, dest, order)
+
+
+def _dma_combine_bwd(res, gy):
+    out, w, dest, order = res
+    k = w.shape[1]
+    kernels = _row_kernels()
+    rows_gy = kernels.gather_rows(gy.astype(out.dtype), order // k, interpret=INTERPRET)
+    # y's gradient holds bf16 values (y is cast to bf16): gathered in bf16 it is exact; the
+    # product in float32, rounded once, as the XLA combine's backward
+    gout = (rows_gy.astype(F32) * w.reshape(-1)[order][:, None]).astype(out.dtype)
+    gw = kernels.dot_rows(out, dest, gy, interpret=INTERPRET)
+    return gout, gw.astype(w.dtype), None, None
+
+
+dma_combine.defvjp(_dma_combine_fwd, _dma_combine_bwd)
+
+
 def plan_rows(ids, num_experts, align, rows_total):
     """Destination of each copy with every group padded to `align` rows.
 
@@ -161,9 +215,21 @@ def plan_rows_plain(ids, num_experts):
 
 
 def layer(
-    params, x, *, top_k, align, gu_tiles, down_tiles, fuse, cast_weights, rows_total, fast=False
+    params,
+    x,
+    *,
+    top_k,
+    align,
+    gu_tiles,
+    down_tiles,
+    fuse,
+    cast_weights,
+    rows_total,
+    fast=False,
+    dma=False,
 ):
-    """x [T, D] bf16. align: 0 = groups not padded (today's sort); else pad groups to align."""
+    """x [T, D] bf16. align: 0 = groups not padded (today's sort); else pad groups to align.
+    dma: rows gathered and combined by the DMA kernels (align 0 only)."""
     t, d = x.shape
     e = params["router"].shape[1]
     w, ids = route(x, params["router"], top_k)
@@ -173,7 +239,7 @@ def layer(
         src, src_copy, dest, sizes = plan_rows_fast(ids, e)
     else:
         src, src_copy, dest, sizes = plan_rows_plain(ids, e)
-    rows = gather_rows(x, src, dest)
+    rows = dma_gather_rows(x, src, dest) if dma else gather_rows(x, src, dest)
     cast = (lambda a: a.astype(BF16)) if cast_weights else (lambda a: a)
     if fuse:
         wgu = jnp.concatenate([cast(params["w_gate"]), cast(params["w_up"])], axis=2)
@@ -184,7 +250,7 @@ def layer(
         up = gmm_t(rows, cast(params["w_up"]), sizes, gu_tiles)
     hidden = jax.nn.silu(gate) * up
     out = gmm_t(hidden, cast(params["w_down"]), sizes, down_tiles)
-    y = combine(out, w, dest, src_copy)
+    y = dma_combine(out, w, dest, src_copy) if dma else combine(out, w, dest, src_copy)
     return y.astype(BF16)
 
 
