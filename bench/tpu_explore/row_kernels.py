@@ -43,6 +43,28 @@ def _copy_row(src_hbm, src_row, dst, dst_row, sem):
     )
 
 
+def _gather_block(dest_ref, rows_hbm, scratch, sem, block_tokens: int, top_k: int) -> None:
+    """This grid step's tokens' copies from HBM into scratch, copy k of every token in the
+    k-th block of block_tokens rows (k static: no integer division in the kernel)."""
+    base = pl.program_id(0) * block_tokens
+
+    def start(k: int):
+        def one(t, carry):
+            row = dest_ref[(base + t) * top_k + k]
+            _copy_row(rows_hbm, row, scratch, k * block_tokens + t, sem).start()
+            return carry
+
+        return one
+
+    def wait(j, carry):  # every copy is one row: each wait takes one row's bytes
+        _copy_row(rows_hbm, 0, scratch, j, sem).wait()
+        return carry
+
+    for k in range(top_k):
+        jax.lax.fori_loop(0, block_tokens, start(k), 0, unroll=8)
+    jax.lax.fori_loop(0, block_tokens * top_k, wait, 0, unroll=8)
+
+
 def _rows_view(x: jax.Array) -> jax.Array:
     rows, width = x.shape
     assert width % LANES == 0, width
@@ -108,23 +130,7 @@ def combine_rows(
     gathered = block_tokens * top_k
 
     def kernel(dest_ref, weights_ref, rows_hbm, out_ref, scratch, sem):
-        base = pl.program_id(0) * block_tokens
-
-        def start(k: int):  # copy k of every token of the block (k static: no division)
-            def one(t, carry):
-                row = dest_ref[(base + t) * top_k + k]
-                _copy_row(rows_hbm, row, scratch, k * block_tokens + t, sem).start()
-                return carry
-
-            return one
-
-        def wait(j, carry):
-            _copy_row(rows_hbm, 0, scratch, j, sem).wait()
-            return carry
-
-        for k in range(top_k):
-            jax.lax.fori_loop(0, block_tokens, start(k), 0, unroll=8)
-        jax.lax.fori_loop(0, gathered, wait, 0, unroll=8)
+        _gather_block(dest_ref, rows_hbm, scratch, sem, block_tokens, top_k)
         total = jnp.zeros((block_tokens, lane_tiles, LANES), jnp.float32)
         for k in range(top_k):
             copy = scratch[pl.ds(k * block_tokens, block_tokens)].astype(jnp.float32)
@@ -172,23 +178,7 @@ def dot_rows(
     lane_tiles = width // LANES
 
     def kernel(dest_ref, grad_ref, rows_hbm, out_ref, scratch, sem):
-        base = pl.program_id(0) * block_tokens
-
-        def start(k: int):
-            def one(t, carry):
-                row = dest_ref[(base + t) * top_k + k]
-                _copy_row(rows_hbm, row, scratch, k * block_tokens + t, sem).start()
-                return carry
-
-            return one
-
-        def wait(j, carry):
-            _copy_row(rows_hbm, 0, scratch, j, sem).wait()
-            return carry
-
-        for k in range(top_k):
-            jax.lax.fori_loop(0, block_tokens, start(k), 0, unroll=8)
-        jax.lax.fori_loop(0, block_tokens * top_k, wait, 0, unroll=8)
+        _gather_block(dest_ref, rows_hbm, scratch, sem, block_tokens, top_k)
         g = grad_ref[...].astype(jnp.float32)
         for k in range(top_k):
             copy = scratch[pl.ds(k * block_tokens, block_tokens)].astype(jnp.float32)
