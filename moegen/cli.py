@@ -55,10 +55,24 @@ def _fail_invalid(err: SpecError, fmt: str = "text") -> None:
     fail_invalid(err, fmt)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# `moegen --help` lists the commands in the order a user meets them, then the rest by name.
+WORKFLOW = ("init", "validate", "plan", "build", "check")
+
+
+class WorkflowGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        return [n for n in WORKFLOW if n in names] + [n for n in names if n not in WORKFLOW]
+
+
+@click.group(cls=WorkflowGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="moegen")
 def cli() -> None:
-    """moegen: verified JAX Mixture-of-Experts layers from YAML specs."""
+    """moegen: verified JAX Mixture-of-Experts layers from YAML specs.
+
+    \b
+    The usual order: init -> validate -> plan -> build -> check (in CI).
+    """
 
 
 @cli.command()

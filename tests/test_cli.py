@@ -19,6 +19,7 @@ from conftest import (
 from test_heartbeat import LIBTPU_NOISE
 
 from moegen import __version__
+from moegen.cli import cli
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
 
@@ -45,6 +46,17 @@ def test_every_command_has_help(command, invoke_main, repo_root):
     result = invoke_main(command, "-h", cwd=repo_root)
     assert result.code == 0
     assert result.stdout.startswith(f"Usage: moegen {command}")
+
+
+def test_help_lists_the_workflow_first(invoke_main, repo_root):
+    """`moegen --help` shows init -> validate -> plan -> build -> check in that order (the
+    order a user meets them, and says so), then the other commands by name."""
+    result = invoke_main("--help", cwd=repo_root)
+    section = result.stdout.split("Commands:", 1)[1].splitlines()
+    names = [line.split()[0] for line in section if line.startswith("  ")]
+    assert names[:5] == ["init", "validate", "plan", "build", "check"], names
+    assert names[5:] == sorted(names[5:]) and set(names) == set(cli.commands)
+    assert "init -> validate -> plan -> build -> check" in result.stdout
 
 
 def test_console_script_is_installed(repo_root):
