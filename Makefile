@@ -1,5 +1,6 @@
 # Entry points for a fresh machine; each creates .venv first when needed (scripts/make-venv).
-#   make example   install moegen alone (jax included), then build specs/mixtral_small_cpu.yaml
+#   make example   install moegen (jax included) and optax (the quick start trains a layer),
+#                  then build specs/mixtral_small_cpu.yaml
 #                  end to end: all a CPU target needs
 #   make setup     install the test set-up too: the dev, tpu, checkpoints, oracle and flax
 #                  extras (pytest, libtpu, safetensors, torch and transformers, flax)
@@ -27,7 +28,7 @@ setup: $(STAMP)
 
 $(CORE_STAMP): pyproject.toml scripts/make-venv
 	./scripts/make-venv $(VENV)
-	$(VENV)/bin/python -m pip install -q -e .
+	$(VENV)/bin/python -m pip install -q -e ".[train]"
 	touch $(CORE_STAMP)
 
 $(STAMP): $(CORE_STAMP)
