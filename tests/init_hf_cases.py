@@ -240,9 +240,24 @@ REFUSALS = [
         "phimoe sparsemixer", {"model_type": "phimoe"}, ("'phimoe' is not supported", "sparsemixer")
     ),
     Refused(
-        "unknown model_type",
-        {"model_type": "llama"},
-        ("'llama' is not a family moegen maps", "supported: ", "mixtral", "qwen3_moe"),
+        "a dense model",
+        {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336},
+        ("'llama' has no MoE layers", "Mixture-of-Experts layers only"),
+    ),
+    Refused(
+        "a dense model's config nested",
+        {"model_type": "llava", "text_config": {"model_type": "llama", "num_experts": 0}},
+        ("'llava' has no MoE layers",),
+    ),
+    Refused(
+        "an MoE model_type moegen does not map",
+        {"model_type": "newmoe", "num_experts": 8, "num_experts_per_tok": 2},
+        ("'newmoe' is not a family moegen maps", "supported: ", "mixtral", "qwen3_moe"),
+    ),
+    Refused(
+        "an MoE model_type nested in text_config",
+        {"model_type": "newvl", "text_config": {"model_type": "x", "moe_intermediate_size": 8}},
+        ("'newvl' is not a family moegen maps",),
     ),
     Refused(
         "deepseek_v2 noaux_tc",

@@ -12,6 +12,7 @@ moegen.init validates and writes it, all or nothing.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,12 @@ def _family(file: Path, data: dict[str, Any]) -> tuple[str, HfFamily, ConfigView
     inner = text.get("model_type") if isinstance(text, dict) else None
     if model_type not in FAMILIES and inner in FAMILIES:  # multimodal: the MoE is the text model's
         return inner, FAMILIES[inner], ConfigView(file, text, "text_config.")
+    if model_type not in FAMILIES and not _names_experts(data):
+        raise HfConfigError(
+            f"{file}: model_type {short(model_type)} has no MoE layers (no key of its config "
+            "sets experts or an moe_ option): moegen generates Mixture-of-Experts layers only; "
+            "a dense model's MLP is not one"
+        )
     if model_type not in FAMILIES:
         names = ", ".join(sorted(FAMILIES))
         raise HfConfigError(
@@ -84,6 +91,22 @@ def _family(file: Path, data: dict[str, Any]) -> tuple[str, HfFamily, ConfigView
     if not isinstance(text, dict):
         raise HfConfigError(f"{file}: text_config: a {model_type} config keeps its MoE there")
     return model_type, family, ConfigView(file, text, "text_config.")
+
+
+# transformers' MoE configs all hold a key naming experts (num_experts, n_routed_experts,
+# num_local_experts, experts_per_token, moe_num_experts, ...) or an moe_ setting; a config
+# with none of them set, at any depth, describes a dense model.
+MOE_KEY = re.compile(r"expert|(^|_)moe(_|$)", re.IGNORECASE)
+
+
+def _names_experts(data: dict[str, Any]) -> bool:
+    """Whether any key of the config (or of a nested config) is an MoE setting that is set."""
+    for key, value in data.items():
+        if isinstance(key, str) and MOE_KEY.search(key) and value not in (None, 0, False, [], {}):
+            return True
+        if isinstance(value, dict) and _names_experts(value):
+            return True
+    return False
 
 
 def _size_rules(family: HfFamily) -> list[Size]:
