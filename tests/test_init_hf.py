@@ -291,6 +291,26 @@ def test_a_tpu_spec_gets_the_kernel_measured_fastest(
     assert ("bench/TPU_CHECK.md" in text) == (kernel == "pallas")
 
 
+@pytest.mark.parametrize("logits", [False, True, None])
+def test_the_balance_loss_says_when_transformers_adds_it(logits, tmp_path, invoke_main):
+    """transformers' causal LM adds router_aux_loss_coef x its balance loss only when it
+    outputs the router logits. Published configs mostly say false (inference) and training
+    turns it on, so the loss is kept; where the config says false its comment says so."""
+    config = {
+        "model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "num_hidden_layers": 2,
+        "router_aux_loss_coef": 0.02,
+    }  # fmt: skip
+    if logits is not None:
+        config["output_router_logits"] = logits
+    path = write_config(tmp_path / "model", config)
+    assert init_from(invoke_main, path, tmp_path, "out/a.yaml").code == 0
+    assert loaded(tmp_path / "out" / "a.yaml").router.load_balance_loss == 0.02
+    text = (tmp_path / "out" / "a.yaml").read_text()
+    said = "transformers adds it only with output_router_logits: true" in text
+    assert said == (logits is False)
+
+
 def test_a_multimodal_config_maps_its_text_model(tmp_path, invoke_main):
     text_config = {**LAYER_LISTS[0].config, "model_type": "llama4_text"}
     data = {"model_type": "llama4", "text_config": text_config, "vision_config": {}}

@@ -299,6 +299,14 @@ class LoadBalance:
         weight = view.number(self.keys[0], value)
         if weight < 0:
             raise view.fail(self.keys[0], f"must not be negative, not {weight}")
+        logits, logits_source = lookup(view, ("output_router_logits",), layer, None)
+        if self.form is not None and weight > 0 and logits is False:
+            # Published configs mostly say false (the inference default) and training turns it
+            # on: the loss is kept, and the comment says when transformers adds it.
+            source = (
+                f"{source}; transformers adds it only with output_router_logits: true "
+                f"({logits_source} is false: set 0 to train without it)"
+            )
         found = [Choice("router.load_balance_loss", weight, source)]
         if self.form is not None and weight > 0:
             why = "the causal LM adds load_balancing_loss_func (with output_router_logits)"
