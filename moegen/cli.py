@@ -108,14 +108,19 @@ def build(
     from moegen.render import RenderError
     from moegen.verify import MissingVerifier, VerifyCache, VerifyError
     from moegen.verify.describe import describe_step
+    from moegen.verify.messages import Reused
 
     current: list[str] = []
+    replayed: set[str] = set()  # specs whose steps are a record's, not this run's
 
     def progress(spec: str, step: str, seconds: float, details: Step | None) -> None:
         if current[-1:] != [spec]:
             current.append(spec)
             _err(spec)
-        _err(f"  {step:<40} {seconds:7.2f} s  {describe_step(details)}".rstrip())
+        recorded = "(recorded) " if spec in replayed else ""
+        if isinstance(details, Reused):
+            replayed.add(spec)
+        _err(f"  {step:<40} {seconds:7.2f} s  {recorded}{describe_step(details)}".rstrip())
 
     cache = None if no_cache else VerifyCache(reuse=not reverify)
     try:
