@@ -28,10 +28,12 @@ setup: $(STAMP)
 
 $(CORE_STAMP): pyproject.toml scripts/make-venv
 	./scripts/make-venv $(VENV)
+	@echo "installing moegen, jax and optax into $(VENV) (about a minute; pip prints nothing meanwhile)"
 	$(VENV)/bin/python -m pip install -q -e ".[train]"
 	touch $(CORE_STAMP)
 
 $(STAMP): $(CORE_STAMP)
+	@echo "installing the test set-up (pytest, libtpu, torch and transformers, flax: ~6 GB, a few minutes; pip prints nothing meanwhile)"
 	$(VENV)/bin/python -m pip install -q -e ".[dev,tpu,checkpoints,oracle,flax]"
 	touch $(STAMP)
 
