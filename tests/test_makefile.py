@@ -1,5 +1,6 @@
 """The Makefile's set-up levels, read with `make -n` (nothing installed): `make example` installs
-moegen alone; the test targets add the test extras to the same .venv, once."""
+moegen and the train extra (optax: the quick start trains a layer); the test targets add the
+test extras to the same .venv, once."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from conftest import REPO_ROOT
 
 EXTRAS = '".[dev,tpu,checkpoints,oracle,flax]"'
-CORE_INSTALL = "pip install -q -e .\n"
+CORE_INSTALL = 'pip install -q -e ".[train]"\n'
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
 
@@ -43,7 +44,7 @@ def _stamp(project: Path, name: str) -> None:
     os.utime(path, (later, later))
 
 
-def test_example_installs_moegen_alone(project):
+def test_example_installs_moegen_and_the_train_extra(project):
     commands = _dry_run(project, "example")
     assert "scripts/make-venv .venv" in commands and CORE_INSTALL in commands
     assert EXTRAS not in commands
