@@ -6,23 +6,29 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import megablox
 
 backend = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import tpu_check_peers as peers  # noqa: E402
 
 F32 = jnp.float32
 BF16 = jnp.bfloat16
 INTERPRET = False  # megablox interpreted (CPU tests)
 
 
+def _router(top_k):
+    """The layer the exploration times: softmax top-k, renormalised, SwiGLU (Qwen3, Mixtral)."""
+    return {"score": "softmax", "renormalize": True, "top_k": top_k, "activation": "swiglu"}
+
+
 def route(x, router, top_k):
-    logits = jnp.dot(x.astype(F32), router, precision=jax.lax.Precision.HIGHEST)
-    scores = jax.nn.softmax(logits, axis=-1)
-    w, ids = jax.lax.top_k(scores, top_k)
-    return w / jnp.sum(w, axis=-1, keepdims=True), ids
+    return peers.route(x, router, _router(top_k))
 
 
 # ---------- grouped matmul with per-kernel tiles ----------
@@ -254,52 +260,17 @@ def layer(
     return y.astype(BF16)
 
 
-def maxtext_peer(params, x, *, top_k, tiles=(512, 1024, 1024)):
-    """MaxText's path on one chip: route, argsort, gather, three megablox gmm, unsort, sum."""
-    t, d = x.shape
-    e, _, f = params["w_gate"].shape
-    w, ids = route(x, params["router"], top_k)
-    flat = ids.reshape(-1)
-    order = jnp.argsort(flat)
-    sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
-    rows = x[order // top_k]
-    clip = lambda kk, nn: (tiles[0], min(tiles[1], kk), min(tiles[2], nn))  # noqa: E731
-    wg, wu, wd = (params[n].astype(BF16) for n in ("w_gate", "w_up", "w_down"))
-    gate = megablox.gmm(rows, wg, sizes, BF16, clip(d, f), None, None, False, INTERPRET)
-    up = megablox.gmm(rows, wu, sizes, BF16, clip(d, f), None, None, False, INTERPRET)
-    out = megablox.gmm(
-        jax.nn.silu(gate) * up, wd, sizes, BF16, clip(f, d), None, None, False, INTERPRET
-    )
-    out = out[jnp.argsort(order)].reshape(t, top_k, d)
-    return jnp.einsum("tkd,tk->td", out, w.astype(BF16)).astype(BF16)
+# The peers are the device check's own (scripts/tpu_check_peers.py), at this layer's router.
+def maxtext_peer(params, x, *, top_k):
+    return peers.maxtext_peer(params, x, _router(top_k))
 
 
 def ragged_peer(params, x, *, top_k):
-    t, d = x.shape
-    e, _, f = params["w_gate"].shape
-    w, ids = route(x, params["router"], top_k)
-    flat = ids.reshape(-1)
-    order = jnp.argsort(flat)
-    sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
-    rows = x[order // top_k]
-    wg, wu, wd = (params[n].astype(BF16) for n in ("w_gate", "w_up", "w_down"))
-    gate = jax.lax.ragged_dot(rows, wg, sizes)
-    up = jax.lax.ragged_dot(rows, wu, sizes)
-    out = jax.lax.ragged_dot(jax.nn.silu(gate) * up, wd, sizes)
-    out = out[jnp.argsort(order)].reshape(t, top_k, d)
-    return jnp.einsum("tkd,tk->td", out, w.astype(BF16)).astype(BF16)
+    return peers.ragged_peer(params, x, _router(top_k))
 
 
 def dense_ceiling(params, x, *, top_k):
-    """Same FLOPs, balanced: every expert gets T*K/E rows (an einsum per projection)."""
-    t, d = x.shape
-    e, _, f = params["w_gate"].shape
-    rows = jnp.broadcast_to(x[None], (top_k, t, d)).reshape(e, t * top_k // e, d)
-    wg, wu, wd = (params[n].astype(BF16) for n in ("w_gate", "w_up", "w_down"))
-    gate = jnp.einsum("erd,edf->erf", rows, wg)
-    up = jnp.einsum("erd,edf->erf", rows, wu)
-    out = jnp.einsum("erf,efd->erd", jax.nn.silu(gate) * up, wd)
-    return out.reshape(top_k, t, d).sum(0).astype(BF16)
+    return peers.dense_ceiling(params, x, _router(top_k))
 
 
 def reference(params, x, *, top_k):
