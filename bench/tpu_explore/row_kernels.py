@@ -65,6 +65,38 @@ def _gather_block(dest_ref, rows_hbm, scratch, sem, block_tokens: int, top_k: in
     jax.lax.fori_loop(0, block_tokens * top_k, wait, 0, unroll=8)
 
 
+def _per_token_block(
+    kernel, dest, blocked, rows, block_tokens: int, out_block, out_dtype, interpret
+):
+    """pallas_call of a kernel that gathers each token block's copies (dest, scalar-prefetched)
+    into VMEM scratch: `blocked` [T, *inner] comes in [block_tokens, *inner] blocks, the rows
+    stay in HBM, the output is [T, *out_block] in out_dtype."""
+    tokens, top_k = dest.shape
+    inner = blocked.shape[1:]
+    zeros = (0,) * len(inner)
+    out_zeros = (0,) * len(out_block)
+    lane_tiles = rows.shape[1] // LANES
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((tokens, *out_block), out_dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            grid=(tokens // block_tokens,),
+            in_specs=[
+                pl.BlockSpec((block_tokens, *inner), lambda i, dest: (i, *zeros)),
+                pl.BlockSpec(memory_space=pl.ANY),
+            ],
+            out_specs=pl.BlockSpec((block_tokens, *out_block), lambda i, dest: (i, *out_zeros)),
+            scratch_shapes=[
+                pltpu.VMEM((block_tokens * top_k, lane_tiles, LANES), rows.dtype),
+                pltpu.SemaphoreType.DMA((1,)),
+            ],
+        ),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        interpret=interpret,
+    )(dest.reshape(-1).astype(jnp.int32), blocked, _rows_view(rows))
+
+
 def _rows_view(x: jax.Array) -> jax.Array:
     rows, width = x.shape
     assert width % LANES == 0, width
@@ -127,7 +159,6 @@ def combine_rows(
     width = rows.shape[1]
     block_tokens = min(block_tokens, tokens)
     assert tokens % block_tokens == 0, (tokens, block_tokens)
-    gathered = block_tokens * top_k
 
     def kernel(dest_ref, weights_ref, rows_hbm, out_ref, scratch, sem):
         _gather_block(dest_ref, rows_hbm, scratch, sem, block_tokens, top_k)
@@ -143,25 +174,9 @@ def combine_rows(
     lane_weights = jnp.broadcast_to(
         weights.astype(jnp.float32)[:, :, None], (*weights.shape, LANES)
     )
-    out = pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((tokens, lane_tiles, LANES), out_dtype),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1,
-            grid=(tokens // block_tokens,),
-            in_specs=[
-                pl.BlockSpec((block_tokens, top_k, LANES), lambda i, dest: (i, 0, 0)),
-                pl.BlockSpec(memory_space=pl.ANY),
-            ],
-            out_specs=pl.BlockSpec((block_tokens, lane_tiles, LANES), lambda i, dest: (i, 0, 0)),
-            scratch_shapes=[
-                pltpu.VMEM((gathered, lane_tiles, LANES), rows.dtype),
-                pltpu.SemaphoreType.DMA((1,)),
-            ],
-        ),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
-        interpret=interpret,
-    )(dest.reshape(-1).astype(jnp.int32), lane_weights, _rows_view(rows))
+    out = _per_token_block(
+        kernel, dest, lane_weights, rows, block_tokens, (lane_tiles, LANES), out_dtype, interpret
+    )
     return out.reshape(tokens, width)
 
 
@@ -172,10 +187,8 @@ def dot_rows(
     """out[t, k] = <rows[dest[t, k]], grad[t]> in float32, [T, K]: the combine's weight
     gradient (grad: y's gradient), the rows gathered as combine_rows gathers them."""
     tokens, top_k = dest.shape
-    width = rows.shape[1]
     block_tokens = min(block_tokens, tokens)
     assert tokens % block_tokens == 0, (tokens, block_tokens)
-    lane_tiles = width // LANES
 
     def kernel(dest_ref, grad_ref, rows_hbm, out_ref, scratch, sem):
         _gather_block(dest_ref, rows_hbm, scratch, sem, block_tokens, top_k)
@@ -184,25 +197,9 @@ def dot_rows(
             copy = scratch[pl.ds(k * block_tokens, block_tokens)].astype(jnp.float32)
             out_ref[:, k : k + 1] = jnp.sum(jnp.sum(copy * g, axis=2), axis=1, keepdims=True)
 
-    return pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((tokens, top_k), jnp.float32),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1,
-            grid=(tokens // block_tokens,),
-            in_specs=[
-                pl.BlockSpec((block_tokens, lane_tiles, LANES), lambda i, dest: (i, 0, 0)),
-                pl.BlockSpec(memory_space=pl.ANY),
-            ],
-            out_specs=pl.BlockSpec((block_tokens, top_k), lambda i, dest: (i, 0)),
-            scratch_shapes=[
-                pltpu.VMEM((block_tokens * top_k, lane_tiles, LANES), rows.dtype),
-                pltpu.SemaphoreType.DMA((1,)),
-            ],
-        ),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
-        interpret=interpret,
-    )(dest.reshape(-1).astype(jnp.int32), _rows_view(grad), _rows_view(rows))
+    return _per_token_block(
+        kernel, dest, _rows_view(grad), rows, block_tokens, (top_k,), jnp.float32, interpret
+    )
 
 
 def _check_on_cpu() -> None:
