@@ -102,11 +102,12 @@ def build(
 ) -> None:
     """Generate, verify and write the module of each SPEC (all or nothing). A module that
     passed before (same bytes but for description and header) reuses its recorded verdict."""
+    from moegen.cli_output import verify_cache
     from moegen.pipeline import SpecNotRewritten
     from moegen.pipeline import build as run_build
     from moegen.refit import take_fitting_trade as refit
     from moegen.render import RenderError
-    from moegen.verify import MissingVerifier, VerifyCache, VerifyError
+    from moegen.verify import MissingVerifier, VerifyError
     from moegen.verify.describe import describe_step
     from moegen.verify.messages import Reused
 
@@ -122,7 +123,7 @@ def build(
             replayed.add(spec)
         _err(f"  {step:<40} {seconds:7.2f} s  {recorded}{describe_step(details)}".rstrip())
 
-    cache = None if no_cache else VerifyCache(reuse=not reverify)
+    cache = verify_cache(verifying=not no_verify, no_cache=no_cache, reverify=reverify)
     try:
         paths, verifying = list(specs), not no_verify
         with _terminal_heartbeat(name_modules=jobs > 1 and len(paths) > 1):

@@ -1,15 +1,20 @@
 """What the command line's commands share: how an invalid spec is refused (its diagnostics,
-then exit 3) and the heartbeat of a verify step on a terminal. Shared by moegen.cli and the
-commands it registers from other modules (moegen.cli_init, moegen.cli_plan)."""
+then exit 3), the heartbeat of a verify step on a terminal, and the word on caches that are
+off. Shared by moegen.cli and the commands it registers from other modules (moegen.cli_init,
+moegen.cli_plan)."""
 
 from __future__ import annotations
 
 import contextlib
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from moegen.diagnostics import SpecError, format_diagnostics
+
+if TYPE_CHECKING:  # imported where used: `moegen validate` must not pay for verify
+    from moegen.verify import VerifyCache
 
 EXIT_INVALID = 3  # the spec is invalid
 EXIT_FAILED = 4  # a verification (a compile, a twin) failed
@@ -32,3 +37,18 @@ def terminal_heartbeat(name_modules: bool = False) -> contextlib.AbstractContext
     from moegen.verify import heartbeat
 
     return heartbeat.enabled(to_stderr, heartbeat.interval_from_env(), name_modules)
+
+
+def verify_cache(*, verifying: bool, no_cache: bool, reverify: bool) -> VerifyCache | None:
+    """What a build's verifications may use of moegen's caches (None: --no-cache). Where one
+    is off that the user did not turn off (a state directory others can write, a link in the
+    cache), one line says so before anything is verified, with why and the fix: otherwise
+    every build would verify every spec again, minutes each, and never say why."""
+    from moegen.verify import record
+
+    if no_cache:
+        return None
+    notice = record.caching_off() if verifying else None
+    if notice is not None:
+        to_stderr(f"moegen: {notice}")
+    return record.VerifyCache(reuse=not reverify)

@@ -15,7 +15,8 @@ With it, moegen signs (HMAC-SHA256) what it will later trust: the records it kee
 journals it writes, and the very names of its temporaries, stages and scratch directories
 (`<prefix><mark><pid>-<start>-<nonce>-<tag>`, the tag binding the name to its directory).
 Without it (no writable state directory), nothing is trusted: no record is reused, no
-journal is replayed and no leftover is removed; moegen still builds.
+journal is replayed and no leftover is removed; moegen still builds (and `moegen build`
+says once why reuse is off, and the fix: no_key_reason).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import stat
 from contextlib import suppress
@@ -49,62 +51,99 @@ def state_dir() -> Path:
 
 
 _keys: dict[tuple[str, str], bytes | None] = {}
+_no_key_reasons: dict[tuple[str, str], str] = {}
 
 
 def secret() -> bytes | None:
     """This user's key, or None when there is none to be had safely (see the module's doc)."""
     where = (os.environ.get(SECRET_ENV, ""), str(state_dir()))
     if where not in _keys:
-        _keys[where] = _derive(where[0].encode()) if where[0] else _key_file(Path(where[1]))
+        if where[0]:
+            _keys[where] = _derive(where[0].encode())
+        else:
+            _keys[where], reason = _key_file()
+            _no_key_reasons[where] = reason
     return _keys[where]
+
+
+def no_key_reason() -> str | None:
+    """Why secret() is None, with what to do about it, in a few words; None when it is not."""
+    if secret() is not None:
+        return None
+    return _no_key_reasons.get((os.environ.get(SECRET_ENV, ""), str(state_dir())))
 
 
 def _derive(text: bytes) -> bytes:
     return hashlib.sha256(b"moegen secret\0" + text).digest()
 
 
-def _private(st: os.stat_result, kind: int) -> bool:
-    """Ours, of the expected kind, and nobody else may write it (or read it, for the key)."""
-    return (
-        stat.S_IFMT(st.st_mode) == kind
-        and st.st_uid == os.geteuid()
-        and not st.st_mode & (0o077 if kind == stat.S_IFREG else 0o022)
-    )
+def _unsafe(path: Path, st: os.stat_result, kind: int) -> str | None:
+    """Why `path` (`st`, not following a link) is not this user's alone to trust, and the
+    fix; None when it is: ours, of the expected kind, and nobody else may write it (or read
+    it, for the key)."""
+    what = "directory" if kind == stat.S_IFDIR else "file"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link (make it a {what} of your own)"
+    if stat.S_IFMT(st.st_mode) != kind:
+        return f"{path} is not a {what}"
+    if st.st_uid != os.geteuid():
+        return f"{path} belongs to another user"
+    if kind == stat.S_IFDIR and st.st_mode & 0o022:
+        return f"{path} is writable by other users (run: chmod go-w {shlex.quote(str(path))})"
+    if kind == stat.S_IFREG and st.st_mode & 0o077:
+        return f"{path} is open to other users (remove it: moegen makes a new key)"
+    return None
+
+
+def state_problem(name: str | None = None) -> str | None:
+    """Why the state directory, or the directory `name` in it, is no place only this user
+    can write; None when it is one. Each is made, mode 0700, where missing; `name` only in a
+    state directory that is private (one that is not will not be used)."""
+    directory = state_dir()
+    for path in (directory, *([directory / name] if name else [])):
+        try:
+            if not os.path.lexists(path):
+                path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            problem = _unsafe(path, os.lstat(path), stat.S_IFDIR)
+        except OSError as err:
+            problem = f"{path} cannot be made ({err.strerror or err})"
+        if problem is not None:
+            return problem
+    return None
 
 
 def private_directory(name: str) -> Path | None:
     """`name` under the state directory, made mode 0700 if need be: a place only this user
     can write, for what moegen runs without checking it (JAX's compiled executables). None
-    when the state directory or it is not private."""
-    directory = state_dir()
-    try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        (directory / name).mkdir(mode=0o700, exist_ok=True)
-        private = all(_private(os.lstat(d), stat.S_IFDIR) for d in (directory, directory / name))
-    except OSError:
-        return None
-    return directory / name if private else None
+    when the state directory or it is not private (state_problem says why)."""
+    return None if state_problem(name) else state_dir() / name
 
 
-def _key_file(directory: Path) -> bytes | None:
+def _key_file() -> tuple[bytes | None, str]:
+    """The key in the state directory, made if missing; else None and why not."""
+    problem = state_problem()
+    if problem is not None:
+        return None, problem
+    path, key = state_dir() / "secret", b""
     try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if not _private(os.lstat(directory), stat.S_IFDIR):
-            return None
-        path = directory / "secret"
         if not os.path.lexists(path):
             _create_key(path)
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        try:
-            st = os.fstat(fd)
-            if not _private(st, stat.S_IFREG) or st.st_size != _KEY_BYTES:
-                return None
-            key = os.read(fd, _KEY_BYTES + 1)
-        finally:
-            os.close(fd)
-        return key if len(key) == _KEY_BYTES else None
-    except OSError:
-        return None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return None, f"{path} is a symbolic link (remove it: moegen makes a new key)"
+        return None, f"{path} cannot be made or read ({err.strerror or err})"
+    try:
+        st = os.fstat(fd)
+        problem = _unsafe(path, st, stat.S_IFREG)
+        key = key if problem else os.read(fd, _KEY_BYTES + 1)
+    except OSError as err:
+        problem = f"{path} cannot be read ({err.strerror or err})"
+    finally:
+        os.close(fd)
+    if problem is None and len(key) != _KEY_BYTES:
+        problem = f"{path} is not a key moegen made (remove it: moegen makes a new one)"
+    return (None, problem) if problem else (key, "")
 
 
 def _create_key(path: Path) -> None:

@@ -57,6 +57,7 @@ WORKER_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
 _TEMP_MARK = ".tmp-"
 _HEADER_PREFIXES = ("# spec-sha256:", "# spec:")
 _DESCRIPTION_NAME = "SPEC_DESCRIPTION"
+_JAX_CACHE = "jax-cache"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +81,28 @@ def records_dir() -> Path:
     return cache_root() / "verify" / "records"
 
 
+def caching_off() -> str | None:
+    """One line for the user where reuse of passed verifications or JAX's compilation cache
+    is off: which, why, and what to do; None when both are on. Without it, a build whose
+    state directory others can write verifies every spec again, minutes each, unexplained."""
+    why_not = {
+        "reuse of passed verifications": provenance.no_key_reason(),
+        "JAX's compilation cache": provenance.state_problem(_JAX_CACHE),
+    }
+    off: dict[str, list[str]] = {}  # one reason (the state directory's) may cost both
+    for what, why in why_not.items():
+        if why:
+            off.setdefault(why, []).append(what)
+    said = [f"{' and '.join(w)} {'are' if len(w) > 1 else 'is'} off: {y}" for y, w in off.items()]
+    return "; ".join(said) or None
+
+
 def compilation_cache_dir() -> Path | None:
     """JAX's persistent compilation cache for the verify workers' CPU compiles: in the private
     state directory, not the cache. Its entries are executables the verifier runs unchecked,
     so one planted in a shared or restored cache could make a broken twin pass; None (no
     compilation cache) when there is no private directory for it."""
-    return provenance.private_directory("jax-cache")
+    return provenance.private_directory(_JAX_CACHE)
 
 
 def verified_text(source: str) -> str:
@@ -244,10 +261,9 @@ def load_record(key: str) -> Record | None:
 
 
 def _unsigned_reason() -> str:
-    if provenance.secret() is None:
-        return f"no key to check its signature (set ${provenance.SECRET_ENV}, or make " + (
-            f"{provenance.state_dir()} a private directory of yours)"
-        )
+    reason = provenance.no_key_reason()
+    if reason is not None:
+        return f"no key to check its signature: {reason}; or set ${provenance.SECRET_ENV}"
     return "not signed with this user's key"
 
 
