@@ -189,13 +189,16 @@ class NotOurs(Exception):
     """A file read back is not one this user's moegen could have written: why, in a few words."""
 
 
-def read_own_json(path: str | os.PathLike[str], limit: int) -> tuple[Any, os.stat_result] | None:
-    """The JSON of `path` and the stat of the file it was read from, read as an untrusted spec
-    is: opened without following a link or blocking on a FIFO, a regular file of this user,
-    at most `limit` bytes, no NaN or Infinity, nesting bounded by the parser's recursion.
-    None when there is no such file (or no directory for it); NotOurs otherwise."""
+def read_own_json(
+    path: str | os.PathLike[str], limit: int, *, dir_fd: int | None = None
+) -> tuple[Any, os.stat_result] | None:
+    """The JSON of `path` (relative to the open directory `dir_fd`, if given) and the stat of
+    the file it was read from, read as an untrusted spec is: opened without following a link
+    or blocking on a FIFO, a regular file of this user, at most `limit` bytes, no NaN or
+    Infinity, nesting bounded by the parser's recursion. None when there is no such file (or
+    no directory for it); NotOurs otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as err:  # ELOOP: a symlink; EACCES...
@@ -226,18 +229,23 @@ def _no_constant(name: str) -> Any:
 # Names that prove who made them
 
 
-def _directory_id(directory: str | os.PathLike[str]) -> bytes:
+# a directory is named by its path or, for a write that must not follow a link on the way
+# to it, by a descriptor of it opened without following one (moegen.verify.record)
+Directory = str | os.PathLike[str] | int
+
+
+def _directory_id(directory: Directory) -> bytes:
     st = os.stat(directory)
     return f"{st.st_dev}:{st.st_ino}".encode()
 
 
-def _tag(directory: str | os.PathLike[str], prefix: str, mark: str, token: str) -> str | None:
+def _tag(directory: Directory, prefix: str, mark: str, token: str) -> str | None:
     payload = b"\0".join((_directory_id(directory), prefix.encode(), mark.encode(), token.encode()))
     signature = sign("leftover name", payload)
     return None if signature is None else signature[:16]
 
 
-def owned_name(directory: str | os.PathLike[str], prefix: str, mark: str) -> str:
+def owned_name(directory: Directory, prefix: str, mark: str) -> str:
     """A new name for an entry of `directory` that moegen may make and later remove:
     `<prefix><mark><pid>-<start>-<nonce>-<tag>`. Without a key the tag is one no check
     accepts (what is left behind then stays)."""

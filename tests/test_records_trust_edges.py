@@ -1,10 +1,12 @@
-"""An edge of the records' trust model (issue 54): a state directory other users can write
+"""Two edges of the records' trust model (issue 54): a records directory that is a symbolic
+link is neither written nor read through, and a state directory other users can write
 (no key, no private place for JAX's cache) is said, once, with the fix, instead of a
 build that silently verifies everything again; its jax-cache is not made."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,9 +16,54 @@ from record_cases import passing_steps
 import moegen.verify.verification
 from moegen.pipeline import generate
 from moegen.verify import VerifyReport, record
-from moegen.verify.messages import Job
+from moegen.verify.messages import Imported, Job
 
 SPEC = REPO_ROOT / "specs" / "mixtral_small_cpu.yaml"
+KEY = "a" * 64
+
+
+def _genuine_records(tmp_path: Path, monkeypatch) -> Path:
+    """A directory holding one record this user's moegen wrote and signed (key KEY)."""
+    monkeypatch.setenv(record.CACHE_ENV, str(tmp_path / "first-cache"))
+    record.store_record(record.new_record(KEY, "x = 1\n", [Imported("import", 0.1)]))
+    assert record.load_record(KEY) is not None
+    return record.records_dir()
+
+
+@pytest.mark.parametrize("linked", ["verify", "verify/records"])
+def test_a_linked_records_directory_is_neither_written_nor_read_through(
+    linked, monkeypatch, tmp_path
+):
+    """Whoever can write the cache (one restored from a fork) can make its records directory
+    a link to a directory of the user's: no record is written there, none is read from it."""
+    users_own = tmp_path / "users-own"
+    shutil.copytree(_genuine_records(tmp_path, monkeypatch), users_own / "records")
+    before = sorted(p.relative_to(users_own) for p in users_own.rglob("*"))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(record.CACHE_ENV, str(cache))
+    (cache / linked).parent.mkdir(parents=True, exist_ok=True)
+    target = users_own if linked == "verify" else users_own / "records"
+    (cache / linked).symlink_to(target, target_is_directory=True)
+
+    record.store_record(record.new_record("b" * 64, "x = 2\n", [Imported("import", 0.2)]))
+    assert sorted(p.relative_to(users_own) for p in users_own.rglob("*")) == before
+    assert (cache / linked).is_symlink()  # left as it was, not replaced
+    assert record.load_record(KEY) is None  # a signed record behind the link is not read
+    notice = record.caching_off()
+    assert notice is not None and "\n" not in notice
+    assert f"{cache / linked} is a symbolic link" in notice and "remove it" in notice
+
+
+def test_records_below_a_linked_cache_directory_are_kept(monkeypatch, tmp_path):
+    """The cache directory itself is the user's choice (a link to a larger disk, say)."""
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "cache").symlink_to(tmp_path / "disk", target_is_directory=True)
+    monkeypatch.setenv(record.CACHE_ENV, str(tmp_path / "cache"))
+    stored = record.new_record(KEY, "x = 1\n", [Imported("import", 0.1)])
+    record.store_record(stored)
+    assert record.load_record(KEY) == stored
+    assert (tmp_path / "disk" / "verify" / "records" / f"{KEY}.json").is_file()
+    assert record.caching_off() is None
 
 
 @pytest.mark.parametrize("mode", [0o770, 0o777], ids=["group-writable", "world-writable"])

@@ -14,7 +14,11 @@ are recorded.
 
 Records live in `$MOEGEN_CACHE_DIR/verify/records` (default `$XDG_CACHE_HOME/moegen`, else
 `~/.cache/moegen`), never beside the generated modules. Writes are atomic (a temporary in
-the same directory, fsynced, renamed over).
+the same directory, fsynced, renamed over). The directories below the cache directory are
+opened without following a symbolic link: one there (anyone who can write the cache can
+make it, to a directory of the user's) means no record is read or written, and `moegen
+build` says so, once, with the fix (caching_off), as it does for a state directory that
+others can write.
 
 The trust model. Anyone who can write the cache (a CI cache restored from another branch or
 a fork) can put a file under any key: the key is computed from public inputs. So a record is
@@ -32,6 +36,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import datetime
+import errno
 import hashlib
 import importlib.metadata
 import json
@@ -77,8 +82,52 @@ def cache_root() -> Path:
     return Path(base) / "moegen"
 
 
+_BELOW_ROOT = ("verify", "records")
+
+
 def records_dir() -> Path:
-    return cache_root() / "verify" / "records"
+    return cache_root().joinpath(*_BELOW_ROOT)
+
+
+def _open_records(*, create: bool) -> int:
+    """The records directory, opened (made first, with `create`) without following a symbolic
+    link below the cache root: the root is the user's own choice and may be a link (to a
+    larger disk, say), but what is below it anyone who can write the cache may have made, a
+    link to a directory of the user's among it. OSError where it cannot be (ENOTDIR or
+    ELOOP: a link, which is never followed)."""
+    root = cache_root()
+    if create:
+        root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for name in _BELOW_ROOT:
+        try:
+            if create:
+                with suppress(FileExistsError):  # a link there too: mkdir does not follow it
+                    os.mkdir(name, dir_fd=fd)
+            below = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = below
+    return fd
+
+
+def linked_records() -> Path | None:
+    """The directory on the way to the records that is a symbolic link, if one is."""
+    path = cache_root()
+    for name in _BELOW_ROOT:
+        path = path / name
+        if path.is_symlink():
+            return path
+    return None
+
+
+def _why_no_records() -> str | None:
+    reason = provenance.no_key_reason()  # nothing signed: nothing kept, nothing trusted
+    linked = linked_records()
+    if reason is None and linked is not None:
+        reason = f"{linked} is a symbolic link, which moegen neither reads nor writes through "
+        reason += "(remove it: moegen makes the directory)"
+    return reason
 
 
 def caching_off() -> str | None:
@@ -86,7 +135,7 @@ def caching_off() -> str | None:
     is off: which, why, and what to do; None when both are on. Without it, a build whose
     state directory others can write verifies every spec again, minutes each, unexplained."""
     why_not = {
-        "reuse of passed verifications": provenance.no_key_reason(),
+        "reuse of passed verifications": _why_no_records(),
         "JAX's compilation cache": provenance.state_problem(_JAX_CACHE),
     }
     off: dict[str, list[str]] = {}  # one reason (the state directory's) may cost both
@@ -227,8 +276,8 @@ def module_sha256(source: str) -> str:
     return _sha256(source)
 
 
-def _path(key: str) -> Path:
-    return records_dir() / f"{key}.json"
+def _name(key: str) -> str:
+    return f"{key}.json"
 
 
 class UntrustedRecord(Exception):
@@ -245,10 +294,18 @@ def load_record(key: str) -> Record | None:
     is not a file this user's moegen wrote and signed, of this format, step by step as a
     worker reports them. The figures in it are the caller's to judge (moegen.verify.evidence)."""
     try:
-        read = provenance.read_own_json(_path(key), MAX_RECORD_BYTES)
+        directory = _open_records(create=False)
+    except OSError as err:
+        if err.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):  # none yet, or a link
+            return None
+        raise UntrustedRecord(f"the records directory cannot be read ({err.strerror})") from None
+    try:
+        read = provenance.read_own_json(_name(key), MAX_RECORD_BYTES, dir_fd=directory)
     except provenance.NotOurs as err:
         raise UntrustedRecord(str(err)) from None
-    if read is None:  # no record, or no cache at all
+    finally:
+        os.close(directory)
+    if read is None:  # no record
         return None
     data = read[0]
     if not isinstance(data, dict) or set(data) != _KEYS:
@@ -284,24 +341,36 @@ def _decoded(key: str, data: dict[str, Any]) -> Record:
 
 
 def store_record(record: Record) -> None:
-    """Write `record` signed and atomically; a cache that cannot be written, or no key to
-    sign with, is skipped, not fatal."""
+    """Write `record` signed and atomically; a cache that cannot be written (a link on the
+    way to the records among the reasons: caching_off says so), or no key to sign with, is
+    skipped, not fatal."""
     data = record.to_json()
     signature = provenance.sign(_PURPOSE, _payload(data))
     if signature is None:
         return
-    directory = records_dir()
     with suppress(OSError):
-        directory.mkdir(parents=True, exist_ok=True)
-        provenance.remove_leftovers(directory, _TEMP_MARK)
-        temp = directory / provenance.owned_name(directory, f".{record.key[:16]}", _TEMP_MARK)
+        directory = _open_records(create=True)
         try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump({**data, "signature": signature}, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, _path(record.key))
+            _write_record(directory, record.key, {**data, "signature": signature})
         finally:
-            with suppress(FileNotFoundError):
-                os.unlink(temp)
+            os.close(directory)
+
+
+def _write_record(directory: int, key: str, data: dict[str, Any]) -> None:
+    """`data` as the record of `key` in the open `directory`: every name taken relative to
+    it, so that no link swapped in meanwhile is followed."""
+    # by path: should a link be swapped in since, it can only remove what this user's dead
+    # moegen left there (names signed for that very directory)
+    provenance.remove_leftovers(records_dir(), _TEMP_MARK)
+    temp = provenance.owned_name(directory, f".{key[:16]}", _TEMP_MARK)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    try:
+        fd = os.open(temp, flags, 0o600, dir_fd=directory)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, _name(key), src_dir_fd=directory, dst_dir_fd=directory)
+    finally:
+        with suppress(FileNotFoundError):
+            os.unlink(temp, dir_fd=directory)
