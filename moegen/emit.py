@@ -155,22 +155,20 @@ def _write_file(path: Path, blob: bytes, mode: int = 0o644) -> None:
         os.fsync(handle.fileno())
 
 
-def check_out_dir(out_dir: Path, targets: Iterable[Path]) -> None:
-    """OSError when no protocol could write `targets` into `out_dir`: asked before a build
-    spends minutes verifying, and again at the write."""
+def check_out_dir(out_dir: Path, targets: Iterable[Path]) -> tuple[Path, list[str]]:
+    """OSError when no protocol could write `targets` into `out_dir` (asked before a build
+    spends minutes verifying, and again at the write); else the real OUT, targets in it."""
     real = Path(os.path.realpath(out_dir))  # a symlinked OUT: its target is written
     relative = [os.path.relpath(os.path.abspath(t), os.path.abspath(out_dir)) for t in targets]
     if any(rel.split(os.sep)[0] in ("..", ".") for rel in relative):
         raise ValueError(f"not every file is inside {out_dir}")
     _refuse_unwritable_out(out_dir, real, relative)
+    return real, relative
 
 
 def _write_tree(out_dir: Path, data: dict[Path, bytes], *, swap: bool) -> None:
-    check_out_dir(out_dir, data)
-    real = Path(os.path.realpath(out_dir))  # a symlinked OUT: swap its target, keep the link
-    relative = {
-        os.path.relpath(os.path.abspath(t), os.path.abspath(out_dir)): b for t, b in data.items()
-    }
+    real, names = check_out_dir(out_dir, data)  # a symlinked OUT: swap its target, keep the link
+    relative = dict(zip(names, data.values(), strict=True))
     real.parent.mkdir(parents=True, exist_ok=True)
     with _locked(real.parent):
         _recover(real)
@@ -185,6 +183,10 @@ def _refuse_unwritable_out(out_dir: Path, real: Path, relative: list[str]) -> No
     """What no protocol can write, refused before anything is staged."""
     if not str(out_dir).isprintable():  # as a spec's path: a name that prints as another
         raise OSError(errno.EINVAL, "a path with a control character", str(out_dir))
+    # `link/..` is the link's parent to a shell's cd but its target's to the kernel (every
+    # write): refused, not guessed, since either reading writes where the other was meant
+    if real != Path(os.path.realpath(os.path.normpath(out_dir))):
+        raise OSError(errno.EINVAL, f"`..` climbs out of a symbolic link, to {real}", str(out_dir))
     if real.parent == real:
         message = "the file system's root (moegen stages its output beside it)"
         raise OSError(errno.EINVAL, message, str(out_dir))

@@ -46,3 +46,27 @@ def test_a_writable_out_beside_them_still_builds(tmp_path, invoke_main):
     assert result.code == 0, result.output
     assert (tmp_path / "out" / MODULE).is_file()
     assert Path(tmp_path / "out").is_dir()
+
+
+def test_an_out_whose_dotdot_climbs_out_of_a_link_is_refused(tmp_path, invoke_main):
+    """`link/../x` is ./x to a shell's cd but beside the link's target to the kernel: refused,
+    located, nothing written in either place, rather than written where the other was meant."""
+    shutil.copy(SPEC, tmp_path / SPEC.name)
+    (tmp_path / "elsewhere" / "deep").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere" / "deep", target_is_directory=True)
+    before = snapshot(tmp_path)
+    result = invoke_main("build", SPEC.name, "--no-verify", "--out", "link/../x", cwd=tmp_path)
+    assert result.code == 4, result.output
+    assert_no_traceback(result.output)
+    assert "`..` climbs out of a symbolic link" in result.stderr
+    assert "'link/../x'" in result.stderr and str(tmp_path / "elsewhere" / "x") in result.stderr
+    assert snapshot(tmp_path) == before
+    assert not (tmp_path / "x").exists() and not (tmp_path / "elsewhere" / "x").exists()
+
+
+def test_a_dotdot_through_plain_directories_still_builds(tmp_path, invoke_main):
+    shutil.copy(SPEC, tmp_path / SPEC.name)
+    (tmp_path / "sub").mkdir()
+    result = invoke_main("build", SPEC.name, "--no-verify", "--out", "sub/../out", cwd=tmp_path)
+    assert result.code == 0, result.output
+    assert (tmp_path / "out" / MODULE).is_file()
