@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 LANES = 128  # contraction and output tiles are whole vector lanes
 ROW_MULTIPLE = {"float32": 8, "bfloat16": 16}  # sublanes of one vreg per dtype
@@ -26,6 +26,9 @@ class Tile:
     rows: int
     contraction: int
     output: int
+    # The gradient kernels' own tiles (input gradient, weight gradient) where the plan chose
+    # them (moegen.kernels.tiling_kernels); None: all three kernels run with this one.
+    backward: tuple[Tile, Tile] | None = field(default=None, compare=False, repr=False)
 
     def as_tuple(self) -> tuple[int, int, int]:
         return (self.rows, self.contraction, self.output)
