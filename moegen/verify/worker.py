@@ -48,7 +48,7 @@ from moegen.verify.messages import (
     encode,
 )
 from moegen.verify.overlap import hidden_transfers
-from moegen.verify.parity import twin_parity
+from moegen.verify.parity import AUX_LOSSES, twin_parity
 from moegen.verify.reference import ReferenceConfig
 
 
@@ -100,15 +100,19 @@ def full_size_programs(
     module: ModuleType, devices: list[Any], shape: Shape | None = None
 ) -> tuple[dict, Any, dict[str, Callable[..., Any]]]:
     """Abstract full-size params and x on `devices`, and the programs verified: the forward,
-    and forward+backward (gradients of sum(y) with respect to every parameter and x), of
-    the main shape or of `shape`."""
+    and forward+backward (gradients of sum(y) plus the spec's losses with respect to every
+    parameter and x), of the main shape or of `shape`."""
     shape = shape_of(module) if shape is None else shape
     mesh = module.make_mesh(devices)
     params, x = module.param_shapes(mesh), shape.abstract_input(mesh)
     forward = functools.partial(shape.layer, mesh=mesh)
 
     def loss(p: dict, xs: Any) -> Any:
-        return jnp.sum(forward(p, xs)[0].astype(jnp.float32))
+        # The program a user trains: the balance and z losses the spec sets join the loss, so
+        # their gradients through the router are compiled, counted and fitted too.
+        y, aux = forward(p, xs)
+        losses = [getattr(aux, name) for name in AUX_LOSSES if name in aux._fields]
+        return jnp.sum(y.astype(jnp.float32)) + sum(losses)
 
     programs = {"forward": forward, "forward+backward": jax.grad(loss, argnums=(0, 1))}
     return params, x, programs
