@@ -151,6 +151,12 @@ class Layer(_Section):
         "experts of equal width, each weighed by the router on its own (Inkling: "
         "n_shared_experts).",
     )
+    output_norm_eps: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
+        None,
+        description="The layer's output (routed and shared experts summed) becomes "
+        "rms_norm(y) * output_norm, a learned [embed_dim] weight (ones at init), with this "
+        "epsilon, computed in float32 (A.X-K1's post_mlp_layernorm). Omit: y.",
+    )
 
     @property
     def routed_dim(self) -> int:

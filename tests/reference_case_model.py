@@ -29,6 +29,7 @@ class Case:
     drops: bool | None = None  # capacity really drops something (True) or nothing (False)
     latent: int = 0  # the experts' latent width (Nemotron-H); 0 = they run on embed_dim
     latent_biases: bool = False  # a bias after each latent projection
+    output_norm: bool = False  # the output's RMSNorm weight (A.X-K1's post_mlp_layernorm)
 
 
 # Few shapes, so that op-by-op dispatch compiles each operation once for many cases.
@@ -87,6 +88,8 @@ def make_params(case: Case, seed: int) -> tuple[dict[str, np.ndarray], np.ndarra
             for name in ("gate", "up") if gated else ("up",):
                 params[f"shared_b_{name}"] = normal(0.1, (case.shared,))
             params["shared_b_down"] = normal(0.1, (embed,))
+    if case.output_norm:  # around one, as a trained norm weight is
+        params["output_norm"] = 1.0 + normal(0.3, (embed,))
     x = normal(1.0, (batch, seq, embed))
     if case.repeat_tokens:
         flat = x.reshape(batch * seq, embed)

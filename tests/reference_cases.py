@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
 
 import numpy as np
 from reference_case_model import GATED, S4, S8, S16, C, Case, make_params
@@ -357,6 +358,11 @@ CASES = {
         drops=True,
     ),
 }
+# A.X-K1: DeepSeek-V3's layer, then an RMSNorm of its whole output (an epsilon that counts)
+_V3 = CASES["deepseek_v3"]
+CASES["axk1_output_norm"] = replace(
+    _V3, cfg=replace(_V3.cfg, output_norm_eps=0.05), output_norm=True
+)
 GRADIENT_CASES = [
     "deepseek_v3",
     "gpt_oss",
@@ -374,6 +380,7 @@ GRADIENT_CASES = [
     "ernie_shared_biases",
     "laguna_logit_softcap",
     "gemma4_norms",
+    "axk1_output_norm",
     "deepseek_v3_sequence_balance",
     "inkling2_softcapped_swiglu",
 ]

@@ -266,6 +266,8 @@ def slow_moe(params: dict[str, np.ndarray], x: np.ndarray, cfg: ReferenceConfig)
     copies = slow_copies(routes)
     kept = slow_kept(copies, num_tokens, experts, cfg)
     y, counts, dropped = slow_combine(tokens, p, copies, kept, cfg)
+    if cfg.output_norm_eps is not None:  # the whole output, routed and shared, normalised
+        y = np.array([slow_rms_norm(t, cfg.output_norm_eps) for t in y]) * p["output_norm"]
     balance, z_loss = slow_losses(routes, counts, batch, cfg)
     return {
         "y": y.reshape(batch, seq, embed),

@@ -54,6 +54,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "input_norm_eps": ("router", "input_norm_eps"),
     "per_expert_scale": ("router", "per_expert_scale"),
     "expert_input_norm_eps": ("layer", "expert_input_norm_eps"),
+    "output_norm_eps": ("layer", "output_norm_eps"),
     "gelu_approximation": ("layer", "gelu_approximation"),
     "renormalize": ("router", "renormalize"),
     "renormalize_epsilon": ("router", "renormalize_epsilon"),

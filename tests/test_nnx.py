@@ -51,12 +51,14 @@ BIASED = tiny(
     kernel="xla",
 )
 
-# parameters that start at one (INIT_ONES): Gemma 4's norm weights and scales, a router scale
+# parameters that start at one (INIT_ONES): Gemma 4's norm weights and scales, a router scale,
+# A.X-K1's output norm weight
 SCALED = BIASED | {
     "input_norm_eps": 1e-6,
     "per_expert_scale": True,
     "expert_input_norm_eps": 1e-6,
     "learned_scale": True,
+    "output_norm_eps": 1e-6,
 }
 
 

@@ -281,3 +281,27 @@ def test_erf_activations_turn_the_varying_axes_check_off(activation: str, check_
     assert plan.kernel.vma_unchecked_reason == (
         "" if check_vma else "XLA's erf polynomial carries no varying-axes types"
     )
+
+
+def test_output_norm_is_a_replicated_weight_applied_to_the_whole_output() -> None:
+    """layer.output_norm_eps (A.X-K1's post_mlp_layernorm): one [D] weight, last, replicated
+    over fsdp and tensor alike, float32, starting at one; the module normalises y after the
+    tensor sum, in float32. A spec without it has none of this."""
+    choices = dict(axes={"fsdp": 2, "tensor": 2}, compute="bfloat16")
+    layer = {"shared_ffn_dim": 32}
+    plan = feature_plan(layer=layer | {"output_norm_eps": 1e-5}, **choices)
+    assert plan.params[-1].name == "output_norm"
+    assert param_rows(plan)["output_norm"] == ((64,), (64,), (None,), None, "float32", 0.0)
+    assert plan.init.ones == ("output_norm",) and plan.params[-1].init_ones
+    assert plan.ffn.output_norm_eps == 1e-5 and plan.router.rms_norm
+    source = render(plan)
+    assert "OUTPUT_NORM_EPS = 1e-05  # the layer's output RMSNorm" in source
+    tensor_sum = source.index("y = jax.lax.psum(y, TENSOR_AXIS)")
+    norm = source.index("y = (_rms_norm(y.astype(jnp.float32), OUTPUT_NORM_EPS)")
+    assert tensor_sum < norm < source.index("aux = Aux(")
+    assert "def _rms_norm(" in source
+
+    plain = feature_plan(layer=layer, **choices)
+    assert "output_norm" not in {p.name for p in plain.params}
+    assert plain.ffn.output_norm_eps is None and not plain.router.rms_norm
+    assert "OUTPUT_NORM" not in render(plain) and "_rms_norm" not in render(plain)

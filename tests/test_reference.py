@@ -285,3 +285,12 @@ def test_incomplete_parameter_sets_are_refused():
         dense_moe({k: v for k, v in params.items() if k != "b_gate"}, x, cfg)
     with pytest.raises(ValueError, match="missing parameters \\['w_gate'\\]"):
         dense_moe({k: v for k, v in params.items() if k != "w_gate"}, x, cfg)
+
+
+def test_a_norm_weight_comes_with_its_epsilon():
+    case, params, x = case_data("axk1_output_norm")
+    with pytest.raises(ValueError, match="'output_norm'\\] and its epsilon come together"):
+        dense_moe(params, x, replace(case.cfg, output_norm_eps=None))
+    without = {k: v for k, v in params.items() if k != "output_norm"}
+    with pytest.raises(ValueError, match="'output_norm'\\] and its epsilon come together"):
+        dense_moe(without, x, case.cfg)

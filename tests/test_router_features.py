@@ -15,6 +15,7 @@ import yaml
 from conftest import assert_twin_parity
 from identity_expert_cases import IDENTITY_CASES
 from latent_cases import LATENT_CASES
+from output_norm_cases import OUTPUT_NORM_CASES
 from replica_cases import REPLICA_CASES
 from router_feature_cases import BASE, CASES
 from shared_weighting_cases import SHARED_WEIGHTING_CASES
@@ -36,6 +37,7 @@ FEATURE_CODE = {
     "_row_experts": lambda r, layer: layer.get("ffn_bias", False),
     '"w_gate"': lambda r, layer: layer.get("activation", "swiglu") in ("swiglu", "geglu"),
     "_latent_in": lambda r, layer: "latent_dim" in layer,
+    "OUTPUT_NORM_EPS": lambda r, layer: "output_norm_eps" in layer,
 }
 
 
@@ -52,6 +54,7 @@ ALL_CASES = {
     **SHARED_WEIGHTING_CASES,
     **REPLICA_CASES,
     **LATENT_CASES,
+    **OUTPUT_NORM_CASES,
 }
 
 

@@ -20,10 +20,10 @@ from test_validate_slices import CASES as SLICES_CASES
 from test_validate_te import CASES as TE_CASES
 from test_validate_tiles import CASES as TILES_CASES
 from test_validate_topology import CASES as TOPOLOGY_CASES
-from validate_cases import REPO_ROOT, RULES_BY_NAME, loaded_spec, position
+from validate_cases import REPO_ROOT, RULES_BY_NAME, case_yaml, loaded_spec, position
 
 from moegen.diagnostics import SpecError
-from moegen.load import load_spec
+from moegen.load import load_spec, load_spec_bytes
 from moegen.validate import RULES, check_rules, validate
 
 # Every rule's cases, gathered from the files that test them by subject.
@@ -102,3 +102,26 @@ def test_example_specs_pass_every_rule(path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.chdir(REPO_ROOT)
     loaded = load_spec(path.relative_to(REPO_ROOT))
     assert check_rules(loaded) == []
+
+
+@pytest.mark.parametrize(
+    ("written", "message"),
+    [
+        ("0", "must be > 0, got 0"),
+        ("-1.0e-6", "must be > 0, got -1e-06"),
+        ("1.5", "must be <= 1, got 1.5"),
+        (".nan", "must be a finite number, got nan"),
+        (".inf", "must be a finite number, got inf"),
+        ("small", "must be a number, got 'small'"),
+        ("true", "must be a number, got true"),
+    ],
+)
+def test_a_bad_output_norm_epsilon_is_refused_where_it_is_written(written, message) -> None:
+    choices = {"output_norm_eps": 0.5}
+    text = case_yaml(choices).replace("output_norm_eps: 0.5", f"output_norm_eps: {written}")
+    line, column = position(choices, "layer.output_norm_eps")
+    with pytest.raises(SpecError) as info:
+        validate(load_spec_bytes(text.encode(), "specs/layer.yaml", "layer"))
+    assert [d.text() for d in info.value.diagnostics] == [
+        f"specs/layer.yaml:{line}:{column}: layer.output_norm_eps: {message}"
+    ]

@@ -65,6 +65,7 @@ class FfnPlan:
     shared_expert_gate: bool  # the shared expert's output times sigmoid(x @ shared_expert_gate)
     shared_bias: bool  # a bias after each projection of the shared expert
     input_norm_eps: float | None  # the experts run on rms_norm(x) * expert_input_norm
+    output_norm_eps: float | None  # the layer's output is rms_norm(y) * output_norm
     gelu_tanh: bool  # gelu / geglu use GELU's tanh approximation
     latent: int  # the routed experts' latent width (0: they run on embed_dim)
     latent_bias: bool  # a bias after each latent projection
@@ -207,6 +208,7 @@ def ffn_plan(
         shared_expert_gate=layer.shared_expert_gate,
         shared_bias=layer.shared_ffn_bias,
         input_norm_eps=layer.expert_input_norm_eps,
+        output_norm_eps=layer.output_norm_eps,
         gelu_tanh=layer.gelu_approximation == "tanh",
         latent=layer.latent_dim or 0,
         latent_bias=layer.latent_bias,

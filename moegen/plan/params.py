@@ -57,6 +57,7 @@ class LayerShape:
     router_input_scale: bool = False  # the router's RMSNorm weight [D] (Gemma 4)
     per_expert_scale: bool = False  # each chosen weight times its expert's scale [E]
     expert_input_norm: bool = False  # the experts' input RMSNorm weight [D]
+    output_norm: bool = False  # the layer's output RMSNorm weight [D]
     zero_computation: int = 0  # router columns past the experts (identity and zero experts)
     weighed_shared: int = 0  # router columns past those, weighing the shared experts
     router_scale: bool = False  # a learned scalar [1] times every combine weight
@@ -110,6 +111,8 @@ def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
         if layer.shared_expert_gate:
             # Replicated: a [D] vector is not worth an fsdp gather.
             out.append(("shared_expert_gate", (d,), (D,), None, ROUTER_DTYPE, D))
+    if layer.output_norm:  # last, as in the layer: it normalises the sum of the above
+        out.append(("output_norm", (d,), (D,), None, ROUTER_DTYPE, ONES))
     return out
 
 

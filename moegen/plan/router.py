@@ -61,7 +61,8 @@ class RouterPlan:
     logit_softcap: float | None  # logits = cap * tanh(logits / cap); None: as they are
     input_norm_eps: float | None  # the router's input RMS-normalised (Gemma 4); None: x
     input_multiplier: float | None  # 1 / sqrt(EMBED_DIM), after that norm
-    rms_norm: bool  # the router's or the experts' input is RMS-normalised: _rms_norm exists
+    rms_norm: bool  # the router's or the experts' input, or the output, is RMS-normalised:
+    # _rms_norm exists
     per_expert_scale: bool  # each chosen weight times its expert's learned scale
     weights_on_input: bool  # combine weights scale each copy's input (Llama 4), not its output
     selection_is_score: bool  # experts chosen by score alone: no bias, no groups, no after-top-k
@@ -114,7 +115,14 @@ def router_plan(loaded: LoadedSpec, local_tokens: int) -> RouterPlan:
         logit_softcap=router.logit_softcap,
         input_norm_eps=router.input_norm_eps,
         input_multiplier=spec.layer.embed_dim**-0.5 if router.input_norm_eps else None,
-        rms_norm=router.input_norm_eps is not None or spec.layer.expert_input_norm_eps is not None,
+        rms_norm=any(
+            eps is not None
+            for eps in (
+                router.input_norm_eps,
+                spec.layer.expert_input_norm_eps,
+                spec.layer.output_norm_eps,
+            )
+        ),
         per_expert_scale=router.per_expert_scale,
         weights_on_input=router.weighting == "input",
         selection_is_score=not (router.score_after_top_k or router.routing_bias or group_limit),

@@ -21,6 +21,8 @@ Features follow from `ReferenceConfig` and from which keys `params` holds:
 - router_input_scale [D], per_expert_scale [E], expert_input_norm [D]: Gemma 4's router input
   norm weight, per-expert weight scales and expert input norm weight (each optional; the norms
   come with their epsilons in the config);
+- output_norm [D] (optional, with its epsilon in the config): the output, routed and shared
+  experts summed, is RMS-normalised and times it (A.X-K1's post_mlp_layernorm);
 - latent_in [D, L], latent_out [L, D] (optional, together): the routed experts run in width L
   (their weights [E, L, F] and [E, F, L]): each token is projected down before its experts,
   their weighted sum back up; latent_in_bias [L], latent_out_bias [D]: their biases (optional).
@@ -178,6 +180,8 @@ def dense_moe(
 
     if "shared_up" in p:
         y = y + _shared_expert(cfg, tokens, p, gated, r.shared)
+    if cfg.output_norm_eps is not None:  # the whole output, normalised
+        y = _rms_norm(y, cfg.output_norm_eps) * p["output_norm"][None]
 
     aux = _reference_aux(cfg, r, batch)
     return y.reshape(batch, seq, embed), aux

@@ -77,6 +77,7 @@ def _check_parameter_set(cfg: ReferenceConfig, params: dict) -> None:
         {"per_expert_scale"},
         {"router_scale"},
         {"expert_input_norm"},
+        {"output_norm"},
         {"latent_in", "latent_out"},
         {"latent_in_bias", "latent_out_bias"},
     ]
@@ -89,6 +90,7 @@ def _check_parameter_set(cfg: ReferenceConfig, params: dict) -> None:
     for name, eps in (
         ("router_input_scale", cfg.router_norm_eps),
         ("expert_input_norm", cfg.expert_norm_eps),
+        ("output_norm", cfg.output_norm_eps),
     ):
         if (name in keys) != (eps is not None):
             raise ValueError(f"params[{name!r}] and its epsilon come together or not at all")

@@ -36,6 +36,7 @@ class ReferenceConfig:
     logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
     router_norm_eps: float | None = None  # router input: rms_norm * router_input_scale / sqrt(D)
     expert_norm_eps: float | None = None  # expert input: rms_norm * expert_input_norm
+    output_norm_eps: float | None = None  # the output: rms_norm(y) * output_norm
     gelu_tanh: bool = False  # gelu / geglu: GELU's tanh approximation, not erf
     score_after_top_k: bool = False  # softmax only: top-k on raw logits, softmax over the k chosen
     routed_scaling: float = 1.0
