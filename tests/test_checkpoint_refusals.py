@@ -217,6 +217,16 @@ def test_module_params_the_family_does_not_have(deepseek_module: Any, tmp_path: 
     )
 
 
+def test_an_output_norm_no_layout_holds_is_refused_with_its_spec_field(tmp_path: Path) -> None:
+    """No family this loader knows keeps an output norm (A.X-K1's checkpoints are not among
+    its layouts): the module's output_norm is named, with the spec field that made it."""
+    module = module_for(CASES["deepseek_v3"].spec | {"output_norm_eps": 1e-6}, tmp_path)
+    path = save_numpy(tmp_path / "ck", deepseek_tensors(), {"model_type": "deepseek_v3"})
+    message = refusal(module, path, family="deepseek_v3")
+    assert "params['output_norm'] but DeepSeek-V3 checkpoints hold no such weights" in message
+    assert "remove layer.output_norm_eps from the spec" in message
+
+
 def test_mxfp4_gpt_oss_is_refused(tmp_path: Path) -> None:
     module = module_for({"score_after_top_k": True, "ffn_bias": True}, tmp_path)
     p = "model.layers.1.mlp."

@@ -353,6 +353,7 @@ SPEC_FIELD: Mapping[str, str] = {
     "latent_out": "layer.latent_dim",
     "latent_in_bias": "layer.latent_bias: true",
     "latent_out_bias": "layer.latent_bias: true",
+    "output_norm": "layer.output_norm_eps",
 }
 
 # Key endings of quantized weights, which this loader does not dequantize.
