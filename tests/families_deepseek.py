@@ -54,6 +54,25 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
         "AXK2ForCausalLM",
         Tiny(16, 8, shared=F, scaling=2.5, config=ONE_SHARED),
     ),
+    # A.X-K1: V3's MoE (192 experts, 8 groups keep 4, top-8, scaling 2.5, 1 shared), then an
+    # RMSNorm of the block's output (post_mlp_layernorm, eps rms_norm_eps): spec
+    # layer.output_norm_eps. The oracle's epsilon is large enough to matter at these sizes.
+    _v3_like(
+        "axk1",
+        "axk1",
+        "AXK1Config",
+        "AXK1MoE",
+        "AXK1ForCausalLM",
+        Tiny(
+            32,
+            8,
+            shared=F,
+            scaling=2.5,
+            groups=(8, 4),
+            config=ONE_SHARED | dict(rms_norm_eps=0.01),
+            spec={"output_norm_eps": 0.01},
+        ),
+    ),
     # GLM-4.7-Flash: 64 experts, top-4, scaling 1.8
     _v3_like(
         "glm4_moe_lite",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import yaml
 from conftest import REPO_ROOT, assert_no_traceback
 from families import EMBED, FAMILIES, ORACLE_FFN, ModelFamily
 from init_hf_cases import HOSTILE, LAYER_LISTS, REFUSALS
+from init_hf_configs import DEEPSEEK
 from oracle.moegen_side import provide_cpu_devices
 
 from moegen.diagnostics import SpecError
@@ -151,7 +153,7 @@ def test_the_installed_command_writes_a_valid_spec(tmp_path):
 # ---- the written spec, rendered, against transformers' block --------------------------------
 
 
-@pytest.mark.parametrize("name", ["mixtral", "deepseek_v3", "gpt_oss", "ernie4_5_moe"])
+@pytest.mark.parametrize("name", ["mixtral", "deepseek_v3", "gpt_oss", "ernie4_5_moe", "axk1"])
 def test_the_written_spec_runs_as_the_transformers_block(name, tmp_path, invoke_main):
     import jax
     from oracle import moegen_side
@@ -320,3 +322,17 @@ def test_a_multimodal_config_maps_its_text_model(tmp_path, invoke_main):
     assert "# text_config.num_local_experts" in spec_text
     spec = yaml.safe_load(spec_text)
     assert spec["router"]["weighting"] == "input" and spec["layer"]["shared_ffn_dim"] == 64
+
+
+@pytest.mark.parametrize(("eps", "written"), [(0.01, "0.01"), (None, "1.0e-06")])
+def test_axk1_normalises_the_output_with_rms_norm_eps(eps, written, tmp_path, invoke_main):
+    """A.X-K1's block ends in post_mlp_layernorm, an RMSNorm with rms_norm_eps (without the
+    key, AXK1Config's 1e-6): the spec's output norm, its key named."""
+    config = {"model_type": "axk1", **DEEPSEEK, "n_group": 4, "topk_group": 2}
+    if eps is not None:
+        config["rms_norm_eps"] = eps
+    path = write_config(tmp_path / "model", config)
+    assert init_from(invoke_main, path, tmp_path, "specs/axk1.yaml").code == 0
+    text = (tmp_path / "specs" / "axk1.yaml").read_text()
+    assert re.search(rf"^  output_norm_eps: {re.escape(written)} +# rms_norm_eps", text, re.M)
+    assert loaded(tmp_path / "specs" / "axk1.yaml").layer.output_norm_eps == (eps or 1e-6)

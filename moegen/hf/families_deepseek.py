@@ -30,7 +30,7 @@ from moegen.hf.family_base import (
     v3_router,
 )
 from moegen.hf.layers import AllLayers, DenseFirst, FirstDense, LayerRule, Typed
-from moegen.hf.rules import Clamp, Expect, GptOssGlu, Groups, SharedWidth
+from moegen.hf.rules import Clamp, Copy, Expect, GptOssGlu, Groups, SharedWidth
 
 
 def mlp_types(fallback: LayerRule | None) -> Typed:
@@ -69,6 +69,13 @@ _AXK2 = (
     Expect("n_group", (None, 1), "AXK2TopkRouter masks dropped groups to 0, not -inf"),
     SELECTION_BIAS,
     _shared("n_shared_experts", 1),
+)
+# A.X-K1: DeepSeek-V3's block (its router masks dropped groups to -inf), then an RMSNorm of
+# the block's output, post_mlp_layernorm, with rms_norm_eps
+_AXK1 = (
+    *v3_router("AXK1TopkRouter", True, 2.5, (8, 4)),
+    _shared("n_shared_experts", 1),
+    Copy("layer.output_norm_eps", ("rms_norm_eps",), 1e-6, "number"),
 )
 # Mistral 4: softmax scores, no bias, groups ranked by their best two (their 0.0 mask is
 # -inf's: a softmax score is positive)
@@ -137,6 +144,12 @@ DEEPSEEK_FAMILIES: Mapping[str, HfFamily] = {
         "deepseek_v3",
         mlp_types(DenseFirst("first_k_dense_replace", 1, "moe_layer_freq")),
         _AXK2,
+    ),
+    "axk1": HfFamily(
+        "A.X K1",
+        "deepseek_v3",
+        mlp_types(DenseFirst("first_k_dense_replace", 1, "moe_layer_freq")),
+        _AXK1,
     ),
     "solar_open": HfFamily(
         "Solar Open",

@@ -24,9 +24,6 @@ REFUSED: dict[str, str] = {
     "phimoe.PhimoeSparseMoeBlock": "sparsemixer routing, refused on purpose (moegen/spec.py "
     "UNSUPPORTED_CHOICES): the chosen expert's weight is a softmax over the logits within "
     "2 * jitter_eps of the best, trained with Gumbel sampling and a Heun-method gradient",
-    "axk1.AXK1MoE": "DeepSeek-V3's MoE followed by an RMSNorm of the block's output "
-    "(post_mlp_layernorm, its weight in the block): a moegen layer ends at the sum of the "
-    "routed and shared experts",
     "muse_spark.MuseSparkMoE": "experts in a latent width: pre_expert_proj and a centred "
     "RMSNorm before them, post_expert_proj after, an RMSNorm of each expert's output before "
     "its weight; router logits times output_multiplier",

@@ -161,6 +161,11 @@ def _gemma_layer(block: nn.Module) -> Weights:
     }
 
 
+def _output_normed(block: nn.Module) -> Weights:
+    """DeepSeek-V3's block, then an RMSNorm of its output (A.X-K1's post_mlp_layernorm)."""
+    return {**_biased_shared(block), "output_norm": block.post_mlp_layernorm.weight}
+
+
 def _ernie(block: nn.Module) -> Weights:
     """ERNIE's gate: the softmax's selection bias is moe_statics' [1, E]."""
     return {**_fused(block), "routing_bias": block.gate.moe_statics.e_score_correction_bias[0]}
@@ -239,6 +244,7 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     **dict.fromkeys(
         ("glm5_next", "kimi_linear", "solar_open", "dots3_note", "exaone_moe"), _biased_shared
     ),
+    "axk1": _output_normed,
     "dots3_note_vision": _block_biased,
     "mimo_v2_flash": _biased,
     "beam": _biased,
