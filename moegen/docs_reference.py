@@ -229,7 +229,9 @@ def cli_page() -> str:
 
     group = cli.cli
     out = [
-        GENERATED_NOTE.format(source="moegen/cli.py, moegen/cli_init.py, moegen/cli_rebalance.py"),
+        GENERATED_NOTE.format(
+            source="moegen/cli.py, moegen/cli_init.py, moegen/cli_rebalance.py, moegen/cli_tune.py"
+        ),
         "",
         "# Command line reference",
         "",
