@@ -66,7 +66,9 @@ def _config(entry: families.ModelFamily, transformers: Any, **more: Any) -> Any:
     kwargs |= more
     config = getattr(transformers, entry.config)(**kwargs)
     if entry.name == "dbrx":
-        config.attn_config.rope_theta = 10000.0  # DbrxAttention reads it there (transformers 5.24)
+        config.attn_config.rope_theta = (
+            10000.0  # DbrxAttention reads it there (transformers 5.24, 5.25)
+        )
     return config
 
 

@@ -34,7 +34,8 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
         "DeepseekV32ForCausalLM",
         Tiny(32, 8, shared=F, scaling=2.5, groups=(8, 4), config=ONE_SHARED),
     ),
-    # Ling/Ring hybrid: 512 experts, 8 groups keep 4, top-8, scaling 2.5, 1 shared
+    # Ling/Ring hybrid: 512 experts, 8 groups keep 4, top-8, scaling 2.5, 1 shared; the
+    # block takes its layer index (transformers 5.25), which picks the layer's SwiGLU limits
     ModelFamily(
         "bailing_hybrid",
         "bailing_hybrid",
@@ -43,7 +44,43 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
         "BailingHybridForCausalLM",
         LOCAL_MOE,
         SIGMOID_BIAS,
-        oracle=Tiny(32, 8, shared=F, scaling=2.5, groups=(8, 4), config=ONE_SHARED),
+        oracle=Tiny(
+            32, 8, shared=F, scaling=2.5, groups=(8, 4), config=ONE_SHARED, block_args=(0,)
+        ),
+    ),
+    # Ling/Ring with the per-layer SwiGLU limits of transformers 5.25 (Step 3.7's clamp:
+    # min(silu(gate), L), up in [-L, L]), the shared experts at their own limit
+    ModelFamily(
+        "bailing_hybrid_clamped",
+        "bailing_hybrid",
+        "BailingHybridConfig",
+        "BailingHybridMoE",
+        "",
+        LOCAL_MOE,
+        SIGMOID_BIAS,
+        oracle=Tiny(
+            32,
+            8,
+            shared=F,
+            scaling=2.5,
+            groups=(8, 4),
+            config=ONE_SHARED
+            | dict(
+                num_hidden_layers=1,
+                mlp_layer_types=["sparse"],  # its default makes layers 0-1 dense
+                expert_swiglu_limit_list=[0.5],
+                share_expert_swiglu_limit_list=[0.8],
+            ),
+            spec={
+                "glu": {"gate_limit": 0.5, "up_limit": 0.5, "gate_clamp": "after_activation"},
+                "shared_glu": {
+                    "gate_limit": 0.8,
+                    "up_limit": 0.8,
+                    "gate_clamp": "after_activation",
+                },
+            },
+            block_args=(0,),
+        ),
     ),
     # A.X-K2-Light routes without groups (n_group None): 128 experts, top-8, scaling 2.5
     _v3_like(

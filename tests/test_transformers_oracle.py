@@ -12,7 +12,7 @@ clamps bite, counted inside transformers' experts). Each family runs with replic
 experts (data 2) and over one sharded strategy, the ragged all-to-all (data 2 x expert 2) or
 the ring of experts (expert 2), in turns down the table.
 
-torch and transformers come from the `oracle` extra (test-only: pinned to transformers 5.24
+torch and transformers come from the `oracle` extra (test-only: pinned to transformers 5.25
 and torch 2.14): without them the test skips, unless MOEGEN_REQUIRE_ORACLE is set (CI and
 `make test`), where their absence fails.
 """

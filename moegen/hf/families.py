@@ -5,7 +5,7 @@ config.json key gives each spec field, with the default of the family's transfor
 class where the key is absent. The sizes (experts, embed, ffn, top-k) are the config keys
 moegen.checkpoints.layouts already reads for the family, plus the names transformers 5
 writes where they differ (`size_aliases`). Each choice is what the family's transformers MoE
-block does (transformers 5.24, models/<family>/modeling_<family>.py), so that the written
+block does (transformers 5.25, models/<family>/modeling_<family>.py), so that the written
 spec routes as the model does; tests/test_init_hf.py holds every entry against the oracle's
 families.
 """

@@ -1,5 +1,5 @@
 """The family table, continued (moegen/hf/families.py merges it): the families whose MoE block
-is DeepSeek's or a close relative of it (transformers 5.24's modeling_<family>.py), most of
+is DeepSeek's or a close relative of it (transformers 5.25's modeling_<family>.py), most of
 them DeepSeek-V3's block under another name: a sigmoid router with a selection-only bias,
 optional groups ranked by the sum of their best two, renormalised, scaled, and shared experts
 of moe_intermediate_size each. The defaults are each config class's.
@@ -54,6 +54,20 @@ def _linear_attention_v3(norm: bool, scale: float, groups: tuple[int, int]) -> t
         SELECTION_BIAS,
         _shared("num_shared_experts", 1),
     )
+
+
+# Ling/Ring (transformers 5.25): Step 3.7's clamp, min(silu(gate), L) and up in [-L, L], the
+# routed experts at expert_swiglu_limit_list[i], the shared experts at
+# share_expert_swiglu_limit_list[i]; 0 or null: no clamp
+_BAILING_CLAMPS = (
+    Clamp("expert_swiglu_limit_list", after_activation=True),
+    Clamp(
+        "share_expert_swiglu_limit_list",
+        field="layer.shared_glu",
+        after_activation=True,
+        unclamped="plain",
+    ),
+)
 
 
 # a router that takes its top-k by sigmoid score plus a selection bias and renormalises
@@ -129,7 +143,7 @@ DEEPSEEK_FAMILIES: Mapping[str, HfFamily] = {
         "Ling/Ring hybrid",
         "deepseek_v3",
         mlp_types(FirstDense("first_k_dense_replace", 2)),
-        _linear_attention_v3(True, 2.5, (8, 4)),
+        (*_linear_attention_v3(True, 2.5, (8, 4)), *_BAILING_CLAMPS),
         size_keys={**_QWEN_SIZES, "top_k": ("num_experts_per_token", "num_experts_per_tok")},
     ),
     "kimi_linear": HfFamily(

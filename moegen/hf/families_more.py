@@ -1,5 +1,5 @@
 """The family table, continued (moegen/hf/families.py merges it): the Qwen-, Granite-, gpt-oss-
-and ERNIE-like families of transformers 5.24 (modeling_<family>.py), and the multimodal
+and ERNIE-like families of transformers 5.25 (modeling_<family>.py), and the multimodal
 models' text models (a top-level config maps its text_config's model_type). The defaults are
 each config class's.
 """

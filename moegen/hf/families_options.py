@@ -1,7 +1,7 @@
 """The family table, continued (moegen/hf/families.py merges it): the families whose MoE needs
 the spec options of clamps after the activation or on the routed experts alone, a selection
 bias on the logits, a renormalisation epsilon, soft-capped router logits, ungated relu^2
-experts, and Gemma 4's norms and per-expert scales (transformers 5.24's
+experts, and Gemma 4's norms and per-expert scales (transformers 5.25's
 modeling_<family>.py). The defaults are each config class's.
 """
 

@@ -45,4 +45,21 @@ REFUSED: dict[str, str] = {
 }
 
 
-PENDING: dict[str, Pending] = {}
+# new in transformers 5.25 (issue 54, item 1): each leaves this table in its own commit
+_NEW_IN_5_25 = "issue 54, item 1 (transformers 5.25)"
+PENDING: dict[str, Pending] = {
+    "ergo.ErgoMoE": Pending(
+        _NEW_IN_5_25,
+        "not yet compared: relu^2 experts, each expert's "
+        "output RMS-normalised with its own weight, the shared expert's output RMS-normalised",
+    ),
+    "kolibri1_1.Kolibri1_1SparseMoeBlock": Pending(
+        _NEW_IN_5_25,
+        "not yet in the family table: Kolibri1's block, with dense MLPs in mlp_only_layers",
+    ),
+    "minicpm5_moe.MiniCPM5MoeMoE": Pending(
+        _NEW_IN_5_25,
+        "not yet in the family table: "
+        "DeepSeek-V3's block, its expert count under num_local_experts",
+    ),
+}

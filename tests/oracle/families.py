@@ -43,7 +43,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import families
@@ -172,17 +171,13 @@ def _ernie(block: nn.Module) -> Weights:
 
 
 def _longcat_flash(block: nn.Module) -> Weights:
-    """LongCat-Flash: the classifier scores the experts, then the identity experts; its
-    experts' gate_up_proj has a row block for every column, only the experts' are used."""
-    experts = block.experts
-    computing = experts.num_routed_experts
-    sliced = SimpleNamespace(
-        gate_up_proj=experts.gate_up_proj[:computing], down_proj=experts.down_proj
-    )
+    """LongCat-Flash: the classifier scores the experts, then the identity experts; the
+    experts module holds the computing experts alone (transformers 5.25: the block adds the
+    identity experts' share itself)."""
     return {
         "router": linear_t(block.router.classifier.weight),
         "routing_bias": block.router.e_score_correction_bias,
-        **fused_experts(sliced),
+        **fused_experts(block.experts),
     }
 
 
@@ -238,7 +233,15 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     "deepseek_v3_top6_keep4": _biased_shared,
     # ---- tests/families_deepseek.py ----
     **dict.fromkeys(
-        ("deepseek_v32", "bailing_hybrid", "axk2", "glm4_moe_lite", "glm4v_moe", "glm_moe_dsa"),
+        (
+            "deepseek_v32",
+            "bailing_hybrid",
+            "bailing_hybrid_clamped",
+            "axk2",
+            "glm4_moe_lite",
+            "glm4v_moe",
+            "glm_moe_dsa",
+        ),
         _biased_shared,
     ),
     **dict.fromkeys(
@@ -329,6 +332,7 @@ CLAMPS = {
     "step3p7": (0.5, concatenated),
     "hy_v4": (1.0, concatenated),
     "hy_v4_vl": (1.0, concatenated),
+    "bailing_hybrid_clamped": (0.5, concatenated),
 }
 
 
