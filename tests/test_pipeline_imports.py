@@ -57,6 +57,7 @@ STAGE_OF = {
     "moegen.cli_output": "top",  # refusing a spec, the heartbeat on a terminal
     "moegen.cli_rebalance": "top",  # the rebalance command
     "moegen.cli_plan": "top",  # the plan command
+    "moegen.cli_tune": "top",  # the tune command
     "moegen.__main__": "top",
     "moegen.check": "top",
     "moegen.tune": "top",
