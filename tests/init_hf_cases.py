@@ -240,6 +240,11 @@ REFUSALS = [
         "phimoe sparsemixer", {"model_type": "phimoe"}, ("'phimoe' is not supported", "sparsemixer")
     ),
     Refused(
+        "ergo per-expert output norms",
+        {"model_type": "ergo"},
+        ("'ergo' is not supported", "ErgoExpertNorm", "layer.output_norm_eps"),
+    ),
+    Refused(
         "a dense model",
         {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336},
         ("'llama' has no MoE layers", "Mixture-of-Experts layers only"),

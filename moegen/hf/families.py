@@ -260,6 +260,10 @@ REFUSED: Mapping[str, str] = {
     "score: softmax, activation: relu, router.linear_bias: <router_bias>, router.capacity: "
     "{copies: <expert_capacity>, per: sequence, drop: position}, router.load_balance_form: "
     "sequence (moegen's router adds no router_jitter_noise).",
+    "ergo": "Ergo RMS-normalises each routed expert's output with that expert's own learned "
+    "weight (ErgoExpertNorm) before weighting it, and its shared expert's output with another: "
+    "moegen has no per-expert output norm (layer.output_norm_eps normalises the layer's output, "
+    "routed and shared summed).",
     "phimoe": "Phi-3.5-MoE routes with sparsemixer (router_jitter_noise as its epsilon). "
     + UNSUPPORTED_CHOICES[(("router", "score"), "sparsemixer")],
 }

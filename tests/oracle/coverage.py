@@ -37,6 +37,12 @@ REFUSED: dict[str, str] = {
     "projections around attention (map, reduce), not an FFN",
     "vitpose_backbone.VitPoseBackboneMoeMLP": "no router: each sample's expert is its dataset "
     "index, an input; the experts are one part of a split fc2 beside a shared part",
+    "ergo.ErgoMoE": "each routed expert's output RMS-normalised with that expert's own "
+    "learned [D] weight (ErgoExpertNorm, rms_norm_eps) before its routing weight, and the "
+    "shared expert's output RMS-normalised too (its own [D] weight); moegen's "
+    "layer.output_norm_eps normalises the layer's sum, not each expert's output (the rest is "
+    "expressible: relu^2 experts and shared expert, sigmoid + selection bias, renormalised, "
+    "moe_routed_scaling_factor)",
     # tests/test_transformers_coverage.py::test_nllb_moe_runs_two_experts_whatever_it_routes
     "nllb_moe.NllbMoeSparseMLP": "not a mixture as transformers runs it: NllbMoeExperts "
     "one-hot encodes the router's [tokens, experts] 0/1 mask, so every token's top-1 copy runs "
@@ -48,11 +54,6 @@ REFUSED: dict[str, str] = {
 # new in transformers 5.25 (issue 54, item 1): each leaves this table in its own commit
 _NEW_IN_5_25 = "issue 54, item 1 (transformers 5.25)"
 PENDING: dict[str, Pending] = {
-    "ergo.ErgoMoE": Pending(
-        _NEW_IN_5_25,
-        "not yet compared: relu^2 experts, each expert's "
-        "output RMS-normalised with its own weight, the shared expert's output RMS-normalised",
-    ),
     "kolibri1_1.Kolibri1_1SparseMoeBlock": Pending(
         _NEW_IN_5_25,
         "not yet in the family table: Kolibri1's block, with dense MLPs in mlp_only_layers",
