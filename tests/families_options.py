@@ -119,6 +119,23 @@ OPTION_FAMILIES: list[ModelFamily] = [
             config=dict(norm_topk_prob=True, shared_expert_intermediate_size=2 * F),
         ),
     ),
+    # Kolibri 1.1 (transformers 5.25): Kolibri1's block (384 experts, top-6, not renormalised),
+    # dense MLPs in the mlp_only_layers; the oracle renormalises, as Kolibri1's does
+    ModelFamily(
+        "kolibri1_1",
+        "kolibri1_1",
+        "Kolibri1_1Config",
+        "Kolibri1_1SparseMoeBlock",
+        "",
+        NUM_MOE,
+        SIGMOID_BIAS | {"routing_bias_on": "logits"},
+        oracle=Tiny(
+            16,
+            6,
+            shared=2 * F,
+            config=dict(norm_topk_prob=True, shared_expert_intermediate_size=2 * F),
+        ),
+    ),
     # LFM2-MoE: renormalised by the sum plus 1e-6
     ModelFamily(
         "lfm2_moe",

@@ -210,6 +210,15 @@ LAYER_LISTS = [
         {"moe.yaml": ("0-2", 2)},
         {"moe.yaml": {"router.identity_experts": 0, "router.routed_scaling": 2.0}},
     ),
+    # Kolibri 1.1: mlp_only_layers absent means the first two layers are dense
+    LayerList(
+        "kolibri1_1 default", {**QWEN2, "model_type": "kolibri1_1"}, {"moe.yaml": ("2-7", 2)}
+    ),
+    LayerList(
+        "kolibri1_1 mlp_only_layers",
+        {**QWEN2, "model_type": "kolibri1_1", "mlp_only_layers": [0, 4]},
+        {"moe.yaml": ("1-3, 5-7", 2)},
+    ),
 ]
 
 

@@ -25,7 +25,15 @@ from moegen.hf.family_base import (
     softmax,
     v3_router,
 )
-from moegen.hf.layers import AllLayers, BlockPattern, DenseFirst, FirstDense, IndexList, Switched
+from moegen.hf.layers import (
+    AllBut,
+    AllLayers,
+    BlockPattern,
+    DenseFirst,
+    FirstDense,
+    IndexList,
+    Switched,
+)
 from moegen.hf.rules import (
     Choose,
     Clamp,
@@ -214,27 +222,31 @@ _LONGCAT_FLASH = HfFamily(
     "attention sublayers; they are not part of this spec",
 )
 
+_KOLIBRI1 = HfFamily(
+    "Kolibri1",
+    "qwen3_moe",
+    AllLayers(),
+    (
+        ACTIVATION,
+        sigmoid("Kolibri1TopKRouter"),
+        SELECTION_BIAS,
+        # top-k of logits + bias: sigmoid is monotone, but the bias is added before it
+        Fixed("router.routing_bias_on", "logits", "Kolibri1TopKRouter: on the logits"),
+        norm_topk(False),
+        SharedWidth((), ("shared_expert_intermediate_size",)),
+    ),
+    size_keys={"experts": ("num_local_experts", "num_experts")},
+)
+
 OPTION_FAMILIES: Mapping[str, HfFamily] = {
     "step3p5": _STEP3P7,  # Step3p7TextConfig's model_type
     "step3p7": replace(_STEP3P7, text_config=True),
     "hy_v4": HfFamily("HY-V4", "deepseek_v3", mlp_types(DenseFirst(None, 1)), _hy_v4("HYV4")),
     "hy_v4_vl_text": _HY_V4_VL,
     "hy_v4_vl": replace(_HY_V4_VL, text_config=True),
-    "kolibri1": HfFamily(
-        "Kolibri1",
-        "qwen3_moe",
-        AllLayers(),
-        (
-            ACTIVATION,
-            sigmoid("Kolibri1TopKRouter"),
-            SELECTION_BIAS,
-            # top-k of logits + bias: sigmoid is monotone, but the bias is added before it
-            Fixed("router.routing_bias_on", "logits", "Kolibri1TopKRouter: on the logits"),
-            norm_topk(False),
-            SharedWidth((), ("shared_expert_intermediate_size",)),
-        ),
-        size_keys={"experts": ("num_local_experts", "num_experts")},
-    ),
+    "kolibri1": _KOLIBRI1,
+    # Kolibri 1.1's MoE block is Kolibri1's; the layers in mlp_only_layers run a dense MLP
+    "kolibri1_1": replace(_KOLIBRI1, title="Kolibri 1.1", layers=AllBut("mlp_only_layers", 2)),
     "lfm2_moe": HfFamily(
         "LFM2-MoE",
         "qwen3_moe",

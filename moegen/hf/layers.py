@@ -66,6 +66,29 @@ class SparseStep:
 
 
 @dataclass(frozen=True)
+class AllBut:
+    """Kolibri 1.1: every layer except those in `skip`; absent or null, the config class
+    lists the first `default` layers (as many as there are)."""
+
+    skip: str
+    default: int
+
+    def moe_layers(self, view: ConfigView) -> tuple[LayerSet, str]:
+        total = layer_count(view, LAYERS)
+        listed = view.raw(self.skip) if view.has(self.skip) else None
+        if listed is None:
+            skipped, how = (
+                list(range(min(self.default, total))),
+                f"(absent: the first {self.default})",
+            )
+        else:
+            skipped, how = view.int_list(self.skip, listed), ""
+        return LayerSet.span(range(total)).without(
+            skipped
+        ), f"every layer less {self.skip} {how}".strip()
+
+
+@dataclass(frozen=True)
 class Period:
     """Jamba: layer i is MoE when i % expert_layer_period == expert_layer_offset."""
 
@@ -279,6 +302,7 @@ LayerRule = (
     AllLayers
     | FirstDense
     | SparseStep
+    | AllBut
     | Period
     | Window
     | Listed

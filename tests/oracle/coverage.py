@@ -54,10 +54,6 @@ REFUSED: dict[str, str] = {
 # new in transformers 5.25 (issue 54, item 1): each leaves this table in its own commit
 _NEW_IN_5_25 = "issue 54, item 1 (transformers 5.25)"
 PENDING: dict[str, Pending] = {
-    "kolibri1_1.Kolibri1_1SparseMoeBlock": Pending(
-        _NEW_IN_5_25,
-        "not yet in the family table: Kolibri1's block, with dense MLPs in mlp_only_layers",
-    ),
     "minicpm5_moe.MiniCPM5MoeMoE": Pending(
         _NEW_IN_5_25,
         "not yet in the family table: "

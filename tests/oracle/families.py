@@ -288,7 +288,9 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     "ernie4_5_vl_moe": lambda b: {**_ernie(b.text_moe), **shared_mlp(b.shared_experts)},
     "ernie4_5_vl_moe_modality": _ernie,
     # ---- tests/families_options.py ----
-    **dict.fromkeys(("step3p7", "hy_v4", "hy_v4_vl", "kolibri1", "laguna"), _biased_shared),
+    **dict.fromkeys(
+        ("step3p7", "hy_v4", "hy_v4_vl", "kolibri1", "kolibri1_1", "laguna"), _biased_shared
+    ),
     "inkling": _inkling,
     **dict.fromkeys(("inkling2", "inkling2_loop"), _biased),
     "lfm2_moe": lambda b: {**_fused(b), "routing_bias": b.expert_bias},
@@ -319,7 +321,11 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
 INITS = dict.fromkeys(
     ("ernie4_5_moe", "ernie4_5_vl_moe", "ernie4_5_vl_moe_modality", "ernie4_5_moe_use_bias"),
     Init(selection_bias=0.03),
-) | {"kolibri1": Init(selection_bias=0.5), "longcat_flash": Init(selection_bias=0.03)}
+) | {
+    "kolibri1": Init(selection_bias=0.5),
+    "kolibri1_1": Init(selection_bias=0.5),
+    "longcat_flash": Init(selection_bias=0.03),
+}
 # the SwiGLU clamps: DeepSeek-V4's and GLM-5-Next's swiglu_limit on a concatenated gate_up,
 # gpt-oss's preset on an interleaved one, and on a concatenated one (MiniMax-M3, OpenAI's
 # privacy filter)
