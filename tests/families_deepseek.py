@@ -10,6 +10,7 @@ scaled, plus shared experts of moe_intermediate_size each. The others differ as 
 
 from __future__ import annotations
 
+import families_keys
 from families_keys import LOCAL, LOCAL_MOE, NUM_MOE, RENORMALIZED, ROUTED, SIGMOID_BIAS, SOFTMAX, F
 from family_model import ModelFamily, Tiny
 
@@ -153,6 +154,18 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
             config=ONE_GROUP | ONE_SHARED | dict(swiglu_limit=10.0),
             spec={"glu": {"gate_limit": 10.0, "up_limit": 10.0}},
         ),
+    ),
+    # MiniCPM5-MoE (transformers 5.25): V3's block, 160 experts, top-16, scaling 3.66, 1 shared
+    ModelFamily(
+        "minicpm5_moe",
+        "minicpm5_moe",
+        "MiniCPM5MoeConfig",
+        "MiniCPM5MoeMoE",
+        "MiniCPM5MoeForCausalLM",
+        ROUTED,
+        SIGMOID_BIAS,
+        oracle=Tiny(32, 16, shared=F, scaling=3.66, config=ONE_GROUP | ONE_SHARED),
+        checkpoint=Tiny(8, 2, shared=families_keys.CF, scaling=3.66, config=ONE_GROUP | ONE_SHARED),
     ),
     # Kimi Linear: 256 experts, top-8, scaling 2.446
     ModelFamily(

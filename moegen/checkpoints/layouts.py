@@ -195,6 +195,13 @@ FAMILIES: Mapping[str, Family] = {
             **_DEEPSEEK_CONFIG,
         ),
         Family(
+            "minicpm5_moe",
+            "MiniCPM5-MoE",
+            ("minicpm5_moe",),
+            _qwen_style({**_BIAS, **_shared("shared_experts")}),
+            **_DEEPSEEK_CONFIG,
+        ),
+        Family(
             "deepseek_v2",
             "DeepSeek-V2 / V2-Lite",
             ("deepseek_v2",),

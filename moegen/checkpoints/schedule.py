@@ -190,6 +190,16 @@ def _deepseek_v4(config: _Config, count: int | None) -> tuple[Callable[[int], st
     )
 
 
+def _minicpm5(config: _Config, count: int | None) -> tuple[Callable[[int], str], str]:
+    """MiniCPM5-MoE: mlp_layer_types where config.json has it (save_pretrained writes it),
+    else the first first_k_dense_replace layers (default 1) dense."""
+    if "mlp_layer_types" not in config.values:
+        return _first_k_dense(1)(config, count)
+    kinds = config.kind_list("mlp_layer_types", count, {"sparse": MOE, "dense": DENSE})
+    said = f"{config.name('mlp_layer_types')}"
+    return (lambda layer: kinds[layer] if layer < len(kinds) else DENSE), said
+
+
 RULES: Mapping[str, Callable[[_Config, int | None], tuple[Callable[[int], str], str]]] = {
     **dict.fromkeys(
         ("mixtral", "olmoe", "granitemoe", "hunyuan_v1_moe", "minimax", "gpt_oss", "dbrx"),
@@ -205,6 +215,7 @@ RULES: Mapping[str, Callable[[_Config, int | None], tuple[Callable[[int], str], 
     "llama4": _llama4,
     "ernie4_5_moe": _ernie,
     "deepseek_v4": _deepseek_v4,
+    "minicpm5_moe": _minicpm5,
 }
 COUNT_KEYS = {"dbrx": "n_layers"}  # the key of the layer count, where not num_hidden_layers
 

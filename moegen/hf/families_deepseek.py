@@ -146,6 +146,15 @@ DEEPSEEK_FAMILIES: Mapping[str, HfFamily] = {
         (*_linear_attention_v3(True, 2.5, (8, 4)), *_BAILING_CLAMPS),
         size_keys={**_QWEN_SIZES, "top_k": ("num_experts_per_token", "num_experts_per_tok")},
     ),
+    # MiniCPM5-MoE: V3's router and shared experts; its config class reads
+    # first_k_dense_replace (default 1) only to derive mlp_layer_types
+    "minicpm5_moe": HfFamily(
+        "MiniCPM5-MoE",
+        "deepseek_v3",
+        mlp_types(DenseFirst("first_k_dense_replace", 1)),
+        (*v3_router("MiniCPM5MoeTopkRouter", True, 3.66, (1, 1)), _shared("n_shared_experts", 1)),
+        size_keys={"experts": ("n_routed_experts", "num_local_experts")},
+    ),
     "kimi_linear": HfFamily(
         "Kimi Linear",
         "deepseek_v3",

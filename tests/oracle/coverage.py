@@ -51,12 +51,4 @@ REFUSED: dict[str, str] = {
 }
 
 
-# new in transformers 5.25 (issue 54, item 1): each leaves this table in its own commit
-_NEW_IN_5_25 = "issue 54, item 1 (transformers 5.25)"
-PENDING: dict[str, Pending] = {
-    "minicpm5_moe.MiniCPM5MoeMoE": Pending(
-        _NEW_IN_5_25,
-        "not yet in the family table: "
-        "DeepSeek-V3's block, its expert count under num_local_experts",
-    ),
-}
+PENDING: dict[str, Pending] = {}

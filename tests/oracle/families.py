@@ -245,7 +245,8 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
         _biased_shared,
     ),
     **dict.fromkeys(
-        ("glm5_next", "kimi_linear", "solar_open", "dots3_note", "exaone_moe"), _biased_shared
+        ("glm5_next", "kimi_linear", "solar_open", "dots3_note", "exaone_moe", "minicpm5_moe"),
+        _biased_shared,
     ),
     "axk1": _output_normed,
     "dots3_note_vision": _block_biased,
