@@ -33,6 +33,12 @@ _GEMMA4 = RENORMALIZED | {
     "per_expert_scale": True,
     "expert_input_norm_eps": 1e-06,
 }
+
+# Kolibri1 and Kolibri 1.1: 16 experts, top-6, a shared expert twice F wide; the oracle
+# renormalises (norm_topk_prob), as the spec does
+KOLIBRI_ORACLE = Tiny(
+    16, 6, shared=2 * F, config=dict(norm_topk_prob=True, shared_expert_intermediate_size=2 * F)
+)
 _GEMMA4_CONFIG = dict(
     enable_moe_block=True,
     intermediate_size=64,
@@ -112,12 +118,7 @@ OPTION_FAMILIES: list[ModelFamily] = [
         "",
         NUM_MOE,
         SIGMOID_BIAS | {"routing_bias_on": "logits"},
-        oracle=Tiny(
-            16,
-            6,
-            shared=2 * F,
-            config=dict(norm_topk_prob=True, shared_expert_intermediate_size=2 * F),
-        ),
+        oracle=KOLIBRI_ORACLE,
     ),
     # Kolibri 1.1 (transformers 5.25): Kolibri1's block (384 experts, top-6, not renormalised),
     # dense MLPs in the mlp_only_layers; the oracle renormalises, as Kolibri1's does
@@ -129,12 +130,7 @@ OPTION_FAMILIES: list[ModelFamily] = [
         "",
         NUM_MOE,
         SIGMOID_BIAS | {"routing_bias_on": "logits"},
-        oracle=Tiny(
-            16,
-            6,
-            shared=2 * F,
-            config=dict(norm_topk_prob=True, shared_expert_intermediate_size=2 * F),
-        ),
+        oracle=KOLIBRI_ORACLE,
     ),
     # LFM2-MoE: renormalised by the sum plus 1e-6
     ModelFamily(

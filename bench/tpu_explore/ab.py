@@ -98,14 +98,7 @@ def run_case(case, folder, names, deadline):
         if time.time() > deadline:
             record(case=case, name=name, skipped="deadline")
             continue
-        row = {"case": case, "name": name}
-        for pas in ("fwd", "fwdbwd"):
-            c, secs = compiled[(name, pas)]
-            if isinstance(c, str):
-                row[pas + "_error"] = c
-                continue
-            row[pas + "_ms"] = round(median_ms(c, (p, x)), 3)
-            row[pas + "_compile_s"] = round(secs, 1)
+        row = timed_row(case, name, compiled, p, x)
         if "fwd_ms" in row:
             row["fwd_tfs"] = round(E.flops(s) / row["fwd_ms"] / 1e9, 1)
         if "fwdbwd_ms" in row:
@@ -114,6 +107,19 @@ def run_case(case, folder, names, deadline):
             row.update(parity_to_first(first, compiled, name, p, x))
         record(**row)
     del compiled
+
+
+def timed_row(case, name, compiled, p, x):
+    """Each pass's median ms and compile seconds (or its compile error) of one program."""
+    row = {"case": case, "name": name}
+    for pas in ("fwd", "fwdbwd"):
+        c, secs = compiled[(name, pas)]
+        if isinstance(c, str):
+            row[pas + "_error"] = c
+            continue
+        row[pas + "_ms"] = round(median_ms(c, (p, x)), 3)
+        row[pas + "_compile_s"] = round(secs, 1)
+    return row
 
 
 def parity_to_first(first, compiled, name, p, x):
@@ -157,13 +163,7 @@ def run_pairs(folder_a, folder_b, names, deadline):
             if time.time() > deadline:
                 record(case=name, name=tag, skipped="deadline")
                 continue
-            row = {"case": name, "name": tag}
-            for pas in ("fwd", "fwdbwd"):
-                c, secs = compiled[(tag, pas)]
-                if isinstance(c, str):
-                    row[pas + "_error"] = c
-                    continue
-                row[pas + "_ms"] = round(median_ms(c, (p, x)), 3)
+            row = timed_row(name, tag, compiled, p, x)
             if not isinstance(compiled[(tag, "fwdbwd")][0], str):
                 row.update(parity_to_first(first, compiled, tag, p, x))
             record(**row)

@@ -30,7 +30,7 @@ from moegen.hf.family_base import (
     v3_router,
 )
 from moegen.hf.layers import AllLayers, DenseFirst, FirstDense, LayerRule, Typed
-from moegen.hf.rules import Clamp, Copy, Expect, GptOssGlu, Groups, SharedWidth
+from moegen.hf.rules import Clamp, Copy, Expect, GptOssGlu, Groups, SharedWidth, step_clamps
 
 
 def mlp_types(fallback: LayerRule | None) -> Typed:
@@ -59,15 +59,7 @@ def _linear_attention_v3(norm: bool, scale: float, groups: tuple[int, int]) -> t
 # Ling/Ring (transformers 5.25): Step 3.7's clamp, min(silu(gate), L) and up in [-L, L], the
 # routed experts at expert_swiglu_limit_list[i], the shared experts at
 # share_expert_swiglu_limit_list[i]; 0 or null: no clamp
-_BAILING_CLAMPS = (
-    Clamp("expert_swiglu_limit_list", after_activation=True),
-    Clamp(
-        "share_expert_swiglu_limit_list",
-        field="layer.shared_glu",
-        after_activation=True,
-        unclamped="plain",
-    ),
-)
+_BAILING_CLAMPS = step_clamps("expert_swiglu_limit_list", "share_expert_swiglu_limit_list")
 
 
 # a router that takes its top-k by sigmoid score plus a selection bias and renormalises

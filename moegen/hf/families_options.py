@@ -45,6 +45,7 @@ from moegen.hf.rules import (
     SharedWidth,
     Softcaps,
     Switch,
+    step_clamps,
 )
 
 # Step 3.7: min(silu(gate), L) and up in [-L, L], the routed experts at swiglu_limits[i], the
@@ -62,13 +63,7 @@ _STEP3P7 = HfFamily(
         scaling(1.0, "moe_router_scaling_factor"),  # on the routed sum: the same product
         SharedWidth((), ("share_expert_dim", "share_expert_dims")),
         Copy("layer.shared_ffn_bias", ("mlp_bias",), False, "flag"),  # Step3p7MLP's biases
-        Clamp("swiglu_limits", after_activation=True),
-        Clamp(
-            "swiglu_limits_shared",
-            field="layer.shared_glu",
-            after_activation=True,
-            unclamped="plain",
-        ),
+        *step_clamps("swiglu_limits", "swiglu_limits_shared"),
     ),
     # the names its attribute_map reads them by (the published config.json's)
     {"experts": ("num_local_experts", "moe_num_experts"), "top_k": ("moe_top_k",)},

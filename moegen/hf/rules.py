@@ -229,6 +229,16 @@ class Clamp:
         return [Choice(self.field, glu, f"{view.prefix}{self.key} (gate and up)")]
 
 
+def step_clamps(routed_key: str, shared_key: str) -> tuple[Clamp, Clamp]:
+    """Step 3.7's clamp after the activation, min(act(gate), L) and up in [-L, L]: the routed
+    experts at the limit under `routed_key`, the shared expert at `shared_key`'s (unclamped:
+    a plain shared expert). Ling/Ring (transformers 5.25) clamp the same way."""
+    return (
+        Clamp(routed_key, after_activation=True),
+        Clamp(shared_key, field="layer.shared_glu", after_activation=True, unclamped="plain"),
+    )
+
+
 @dataclass(frozen=True)
 class Positive:
     """A number field set from the key when its value is above 0; 0 or below (or null)
