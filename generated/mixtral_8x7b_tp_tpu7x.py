@@ -26,8 +26,9 @@ way. Dropless: the receive buffer has RECEIVE_ROWS = 32768 rows, what a device g
 every token of its expert group (16384) sends it min(top_k, local experts) = 2 copies; no
 per-expert padding is added (the grouped matmul takes groups of any size).
 aux.received_rows reports the most rows any device actually received.
-Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 2048, 1024] (gate,
-up) and [512, 1024, 2048] (down), as (rows, contraction, output).
+Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 2048, 1792] (gate,
+up) and [512, 1792, 2048] (down), as (rows, contraction, output); the gradient kernels
+with their own (GATE_UP_TILING, DOWN_TILING).
 The 32768 rows of a grouped-matmul call are a whole number of row tiles.
 Routing: softmax scores, the top-2 experts, weighted by their scores, renormalised to sum
 to 1.
@@ -51,7 +52,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas.ops.tpu import megablox
+from jax.experimental.pallas.ops.tpu.megablox.gmm import gmm as megablox_gmm
+from jax.experimental.pallas.ops.tpu.megablox.gmm import tgmm as megablox_tgmm
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -88,9 +90,27 @@ GROUP_TOKENS = 16384  # tokens of the devices along the expert axis
 FFN_ROWS = 32768  # rows of one grouped-matmul call, worst case
 RECEIVE_ROWS = 32768  # certified ragged all-to-all receive buffer
 
-# megablox tiles (rows, contraction, output); the custom VJP reuses them for gmm and tgmm.
-GATE_UP_TILING = (512, 2048, 1024)
-DOWN_TILING = (512, 1024, 2048)
+
+class Tiling(NamedTuple):
+    """megablox tiles (rows, contraction, output) of one projection's three kernels."""
+
+    forward: tuple[int, int, int]  # gmm: rows @ weights
+    input_gradient: tuple[int, int, int]  # gmm: the result's gradient @ weights transposed
+    weight_gradient: tuple[int, int, int]  # tgmm: rows transposed @ the result's gradient
+
+
+GATE_UP_TILING = Tiling(
+    forward=(512, 2048, 1792),
+    input_gradient=(512, 1792, 2048),
+    weight_gradient=(512, 2048, 1024),
+)
+
+DOWN_TILING = Tiling(
+    forward=(512, 1792, 2048),
+    input_gradient=(512, 2048, 1792),
+    weight_gradient=(512, 1024, 2048),
+)
+
 PADDED_ROWS = 32768  # FFN_ROWS rounded up to a multiple of every row tile
 
 PARAM_DTYPE = jnp.float32
@@ -258,15 +278,62 @@ def _route(tokens: jax.Array, weights: Params) -> tuple[jax.Array, jax.Array]:
     return combine_weights, expert_ids
 
 
+def _gmm_forward(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    tiling: Tiling,
+    out_dtype: jax.typing.DTypeLike,
+) -> jax.Array:
+    """lhs @ rhs[g] on the rows of each group g (megablox gmm), written as out_dtype."""
+    return megablox_gmm(lhs, rhs, group_sizes, out_dtype, tiling.forward)
+
+
+def _gmm_fwd(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    tiling: Tiling,
+    out_dtype: jax.typing.DTypeLike,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
+    return _gmm_forward(lhs, rhs, group_sizes, tiling, out_dtype), (lhs, rhs, group_sizes)
+
+
+def _gmm_bwd(
+    tiling: Tiling,
+    out_dtype: jax.typing.DTypeLike,
+    residuals: tuple[jax.Array, jax.Array, jax.Array],
+    grad: jax.Array,
+) -> tuple[jax.Array, jax.Array, None]:
+    # megablox's own VJP, each kernel with its own tiles: their widths differ.
+    lhs, rhs, group_sizes = residuals
+    grad_lhs = megablox_gmm(
+        grad, rhs, group_sizes, lhs.dtype, tiling.input_gradient, transpose_rhs=True
+    )
+    grad_rhs = megablox_tgmm(
+        lhs.swapaxes(0, 1),
+        grad,
+        group_sizes,
+        rhs.dtype,
+        tiling.weight_gradient,
+        num_actual_groups=rhs.shape[0],
+    )
+    return grad_lhs, grad_rhs, None
+
+
+_gmm = jax.custom_vjp(_gmm_forward, nondiff_argnums=(3, 4))
+_gmm.defvjp(_gmm_fwd, _gmm_bwd)
+
+
 def _expert_ffn(rows: jax.Array, weights: Params, group_sizes: jax.Array) -> jax.Array:
     """Each expert's FFN on its contiguous group of rows: [FFN_ROWS, D].
 
     down(silu(x @ gate) * (x @ up)).
     """
-    gate = megablox.gmm(rows, weights["w_gate"], group_sizes, COMPUTE_DTYPE, GATE_UP_TILING)
-    up = megablox.gmm(rows, weights["w_up"], group_sizes, COMPUTE_DTYPE, GATE_UP_TILING)
+    gate = _gmm(rows, weights["w_gate"], group_sizes, GATE_UP_TILING, COMPUTE_DTYPE)
+    up = _gmm(rows, weights["w_up"], group_sizes, GATE_UP_TILING, COMPUTE_DTYPE)
     hidden = jax.nn.silu(gate) * up
-    out = megablox.gmm(hidden, weights["w_down"], group_sizes, COMPUTE_DTYPE, DOWN_TILING)
+    out = _gmm(hidden, weights["w_down"], group_sizes, DOWN_TILING, COMPUTE_DTYPE)
     return out
 
 

@@ -28,8 +28,9 @@ next block can be in flight. A block is sent on only once the previous block's p
 done (an optimization barrier), so that no transfer can be scheduled ahead of the matmuls
 it should hide under; `moegen build` reports how many ring transfers of the compiled TPU
 module overlap a grouped matmul.
-Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 768, 768] (gate, up)
-and [512, 1024, 1024] (down), as (rows, contraction, output).
+Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 512, 768] (gate, up)
+and [512, 768, 2048] (down), as (rows, contraction, output); the gradient kernels with
+their own (GATE_UP_TILING, DOWN_TILING).
 From the second embedding chunk on, gate and up add their product into the block's float32
 sums inside the kernel (_gmm_add, tiles [512, 512, 768], the sums' buffer aliased to its
 output), with megablox's gmm and tgmm as its gradient.
@@ -58,7 +59,6 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas.ops.tpu import megablox
 from jax.experimental.pallas.ops.tpu.megablox.gmm import gmm as megablox_gmm
 from jax.experimental.pallas.ops.tpu.megablox.gmm import make_group_metadata
 from jax.experimental.pallas.ops.tpu.megablox.gmm import tgmm as megablox_tgmm
@@ -94,9 +94,27 @@ FFN_ROWS = 4096  # rows of one grouped-matmul call, worst case
 OVERLAP_CHUNKS = 4
 CHUNK_WIDTH = 512  # EMBED_DIM / OVERLAP_CHUNKS
 
-# megablox tiles (rows, contraction, output); the custom VJP reuses them for gmm and tgmm.
-GATE_UP_TILING = (512, 768, 768)
-DOWN_TILING = (512, 1024, 1024)
+
+class Tiling(NamedTuple):
+    """megablox tiles (rows, contraction, output) of one projection's three kernels."""
+
+    forward: tuple[int, int, int]  # gmm: rows @ weights
+    input_gradient: tuple[int, int, int]  # gmm: the result's gradient @ weights transposed
+    weight_gradient: tuple[int, int, int]  # tgmm: rows transposed @ the result's gradient
+
+
+GATE_UP_TILING = Tiling(
+    forward=(512, 512, 768),
+    input_gradient=(512, 768, 512),
+    weight_gradient=(512, 512, 768),
+)
+
+DOWN_TILING = Tiling(
+    forward=(512, 768, 2048),
+    input_gradient=(512, 2048, 768),
+    weight_gradient=(512, 768, 2048),
+)
+
 # Tiles of _gmm_add, the in-place partial sums: lane tiles that divide the chunk's widths.
 ACCUMULATE_TILING = (512, 512, 768)
 PADDED_ROWS = 4096  # FFN_ROWS rounded up to a multiple of every row tile
@@ -262,6 +280,53 @@ def _route(tokens: jax.Array, weights: Params) -> tuple[jax.Array, jax.Array]:
     return combine_weights, expert_ids
 
 
+def _gmm_forward(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    tiling: Tiling,
+    out_dtype: jax.typing.DTypeLike,
+) -> jax.Array:
+    """lhs @ rhs[g] on the rows of each group g (megablox gmm), written as out_dtype."""
+    return megablox_gmm(lhs, rhs, group_sizes, out_dtype, tiling.forward)
+
+
+def _gmm_fwd(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    tiling: Tiling,
+    out_dtype: jax.typing.DTypeLike,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
+    return _gmm_forward(lhs, rhs, group_sizes, tiling, out_dtype), (lhs, rhs, group_sizes)
+
+
+def _gmm_bwd(
+    tiling: Tiling,
+    out_dtype: jax.typing.DTypeLike,
+    residuals: tuple[jax.Array, jax.Array, jax.Array],
+    grad: jax.Array,
+) -> tuple[jax.Array, jax.Array, None]:
+    # megablox's own VJP, each kernel with its own tiles: their widths differ.
+    lhs, rhs, group_sizes = residuals
+    grad_lhs = megablox_gmm(
+        grad, rhs, group_sizes, lhs.dtype, tiling.input_gradient, transpose_rhs=True
+    )
+    grad_rhs = megablox_tgmm(
+        lhs.swapaxes(0, 1),
+        grad,
+        group_sizes,
+        rhs.dtype,
+        tiling.weight_gradient,
+        num_actual_groups=rhs.shape[0],
+    )
+    return grad_lhs, grad_rhs, None
+
+
+_gmm = jax.custom_vjp(_gmm_forward, nondiff_argnums=(3, 4))
+_gmm.defvjp(_gmm_fwd, _gmm_bwd)
+
+
 def _gmm_add_forward(
     lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, total: jax.Array
 ) -> jax.Array:
@@ -351,17 +416,8 @@ def _gmm_add_fwd(
 def _gmm_add_bwd(
     residuals: tuple[jax.Array, jax.Array, jax.Array], grad: jax.Array
 ) -> tuple[jax.Array, jax.Array, None, jax.Array]:
-    # The sum passes its gradient through; the product's are megablox's own VJP's.
-    lhs, rhs, group_sizes = residuals
-    grad_lhs = megablox_gmm(grad, rhs, group_sizes, lhs.dtype, GATE_UP_TILING, transpose_rhs=True)
-    grad_rhs = megablox_tgmm(
-        lhs.swapaxes(0, 1),
-        grad,
-        group_sizes,
-        rhs.dtype,
-        GATE_UP_TILING,
-        num_actual_groups=rhs.shape[0],
-    )
+    # The sum passes its gradient through; the product's are _gmm's.
+    grad_lhs, grad_rhs, _ = _gmm_bwd(GATE_UP_TILING, jnp.float32, residuals, grad)
     return grad_lhs, grad_rhs, None, grad
 
 
@@ -436,17 +492,17 @@ def _routed_experts(
             rows = jnp.where(is_local[:, None], rows, jnp.zeros((), rows.dtype))
             if chunk == 0:  # the first chunk starts each block's sums
                 gate.append(
-                    megablox.gmm(
+                    _gmm(
                         rows,
                         weights["w_gate"][:, columns],
                         group_sizes,
-                        jnp.float32,
                         GATE_UP_TILING,
+                        jnp.float32,
                     )
                 )
                 up.append(
-                    megablox.gmm(
-                        rows, weights["w_up"][:, columns], group_sizes, jnp.float32, GATE_UP_TILING
+                    _gmm(
+                        rows, weights["w_up"][:, columns], group_sizes, GATE_UP_TILING, jnp.float32
                     )
                 )
             else:
@@ -459,7 +515,7 @@ def _routed_experts(
     for step in range(EXPERT_SHARDS):
         order, is_local, group_sizes = copies[step]
         hidden = (jax.nn.silu(gate[step]) * up[step]).astype(COMPUTE_DTYPE)
-        out = megablox.gmm(hidden, weights["w_down"], group_sizes, COMPUTE_DTYPE, DOWN_TILING)
+        out = _gmm(hidden, weights["w_down"], group_sizes, DOWN_TILING, COMPUTE_DTYPE)
         partials.append(
             _weighted_sum(out, order, is_local, group_weights[senders[step]], LOCAL_TOKENS)
         )

@@ -84,7 +84,7 @@ def _expected(lhs, rhs, total, sizes):
 
 def _with_tiling(module, monkeypatch, tiling) -> None:
     monkeypatch.setattr(module, "ACCUMULATE_TILING", tiling)
-    monkeypatch.setattr(module, "GATE_UP_TILING", tiling)
+    monkeypatch.setattr(module, "GATE_UP_TILING", module.Tiling(tiling, tiling, tiling))
 
 
 @pytest.mark.parametrize("sizes", GROUP_SIZES.values(), ids=GROUP_SIZES.keys())
@@ -149,7 +149,7 @@ def test_a_kernel_that_overwrites_instead_of_adding_fails_here(module, monkeypat
     _with_tiling(module, monkeypatch, tiling)
     lhs, rhs, total = _inputs(128, 128, seed=1)
     sizes = jnp.asarray([10, 30, 24], jnp.int32)
-    overwritten = module.megablox.gmm(
+    overwritten = module.megablox_gmm(
         lhs, rhs, sizes, jnp.float32, tiling, existing_out=jnp.asarray(total), interpret=True
     )
     want = _expected(lhs, rhs, total, [10, 30, 24])

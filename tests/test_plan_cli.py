@@ -77,7 +77,8 @@ def test_cli_plan_tpu_example(monkeypatch: pytest.MonkeyPatch) -> None:
     assert lines[0] == f"{TPU_EXAMPLE} -> mixtral_8x7b_v5e.py"
     assert (
         "  megablox tiles  gate/up [512, 1024, 1024], down [512, 1024, 1024] "
-        "(rows, contraction, output)"
+        "(rows, contraction, output); gradients: gate/up [512, 1024, 1024] and [512, 1024, 1024], "
+        "down [512, 1024, 1024] and [512, 1024, 1024] (input gmm, weight tgmm)"
     ) in lines
     hbm = hardware("tpu-v5e").hbm_bytes_per_device / 2**30
     assert (

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 from plan_cases import BYTES, REPO_ROOT, SHAPES, TPU_EXAMPLE, TPU_TARGETS, tpu_spec
 from spec_builder import spec_yaml
+from tiling_cases import choose_per_kernel
 
 from moegen.hardware import CATALOGUE
 from moegen.kernels.tiling import (
     LANES,
     ROW_MULTIPLE,
     Tile,
-    choose_tile,
+    kernel_vmem,
     lane_tiles,
-    tile_problems,
     usable_vmem,
     vmem_bytes,
     widest_lane_tile,
@@ -196,18 +196,10 @@ def test_gate_and_up_side_by_side_are_tiled_as_one_call_of_twice_the_width() -> 
     path = REPO_ROOT / "specs" / "qwen3_30b_a3b_ring_v6e.yaml"
     plan = make_plan(validate(load_spec_bytes(path.read_bytes(), str(path), path.stem)))
     assert plan.ffn.fuses_gate_up
-    chip = CATALOGUE["tpu-v6e"]
-    expected = choose_tile(
-        plan.experts.ffn_rows,
-        2048,
-        2 * 768,
-        "bfloat16",
-        chip.vmem_bytes_for_tiles,
-        groups=plan.local_experts,
-        peak_flops=chip.peak_bf16_flops_per_chip,
-        hbm_bytes_per_s=chip.hbm_bytes_per_s_per_chip,
+    expected = choose_per_kernel(
+        plan.experts.ffn_rows, 2048, 2 * 768, "bfloat16", "tpu-v6e", plan.local_experts
     )
-    assert plan.kernel.config.gate_up_tile == expected.as_tuple() == (512, 1024, 2048)
+    assert plan.kernel.config.gate_up_tile == expected.as_tuple() == (512, 2048, 1536)
     assert plan.kernel.config.gate_up_tile[2] > plan.ffn_dim  # wider than gate or up alone
 
 
@@ -248,8 +240,15 @@ def test_widest_layers_plan_runnable_tiles(embed: int, ffn: int, compute: str) -
     text = _one_chip_pallas(embed, ffn, compute)
     plan = make_plan(validate(load_spec_bytes(text.encode(), "wide.yaml", "wide")))
     budget = CATALOGUE["tpu-v5e"].vmem_bytes_for_tiles
-    for tile in (plan.kernel.config.gate_up_tile, plan.kernel.config.down_tile):
-        assert tile_problems(Tile(*tile), compute, budget) == [], tile
+    config = plan.kernel.config
+    for forward, backward in (
+        (config.gate_up_tile, config.gate_up_backward),
+        (config.down_tile, config.down_backward),
+    ):
+        # each kernel's own tile: whole lanes, and its own grid step within VMEM
+        for kernel, tile in enumerate((forward, *backward)):
+            assert tile[1] % LANES == 0 and tile[2] % LANES == 0, tile
+            assert kernel_vmem(Tile(*tile), compute)[kernel] <= budget, (kernel, tile)
     assert plan.ffn.chunks == 1  # too large for HBM in any number of slices: whole
     assert len(render(plan)) > 0
 

@@ -6,10 +6,10 @@ import math
 
 import pytest
 from spec_builder import spec_yaml
-from tiling_cases import choose
+from tiling_cases import choose_per_kernel
 
 from moegen.hardware import CATALOGUE
-from moegen.kernels.tiling import DTYPE_BYTES, ROW_MULTIPLE, Tile, tile_problems
+from moegen.kernels.tiling import DTYPE_BYTES, ROW_MULTIPLE, Tile, kernel_vmem, tile_problems
 from moegen.load import load_spec_bytes
 from moegen.plan import Plan, make_plan
 from moegen.validate import check_rules
@@ -138,17 +138,24 @@ def test_the_tile_rule(name: str) -> None:
     embed, ffn = kwargs["embed"], kwargs["ffn"]
     rows, groups = plan.experts.ffn_rows, plan.local_experts
     gate_up_width = 2 * ffn if plan.ffn.fuses_gate_up else ffn  # one call computes both
-    expected = {
-        "gate_up": kwargs.get("gate_up")
-        or choose(rows, embed, gate_up_width, dtype, hw, groups).as_tuple(),
-        "down": kwargs.get("down") or choose(rows, ffn, embed, dtype, hw, groups).as_tuple(),
+    chosen = {
+        "gate_up": choose_per_kernel(rows, embed, gate_up_width, dtype, hw, groups),
+        "down": choose_per_kernel(rows, ffn, embed, dtype, hw, groups),
     }
-    assert (plan.kernel.config.gate_up_tile, plan.kernel.config.down_tile) == (
-        expected["gate_up"],
-        expected["down"],
-    )
-    for tile in (plan.kernel.config.gate_up_tile, plan.kernel.config.down_tile):
-        assert tile_problems(Tile(*tile), dtype, budget) == []
+    for name in ("gate_up", "down"):
+        forward = getattr(pallas, f"{name}_tile")
+        backward = getattr(pallas, f"{name}_backward")
+        if kwargs.get(name):  # pinned: all three kernels run with it
+            assert forward == kwargs[name] and backward == (forward, forward)
+            assert tile_problems(Tile(*forward), dtype, budget) == []
+            continue
+        tile = chosen[name]
+        assert tile.backward is not None
+        assert (forward, backward) == (tile.as_tuple(), tuple(t.as_tuple() for t in tile.backward))
+        # each kernel keeps the row tile and fits VMEM in its own grid step
+        for kernel, own in enumerate((tile, *tile.backward)):
+            assert own.rows == tile.rows == forward[0]
+            assert kernel_vmem(own, dtype)[kernel] <= budget, (name, kernel, own)
 
 
 @pytest.mark.parametrize(

@@ -4,10 +4,28 @@ from __future__ import annotations
 
 from moegen.hardware import CATALOGUE
 from moegen.kernels.tiling import Tile, choose_tile
+from moegen.kernels.tiling_kernels import kernel_tiles
 
 MIB = 2**20
 DTYPES = ["bfloat16", "float32"]
 BUDGETS = {name: hw.vmem_bytes_for_tiles for name, hw in CATALOGUE.items() if hw.platform == "tpu"}
+
+
+def choose_per_kernel(rows: int, k: int, n: int, dtype: str, hw: str, groups: int = 8) -> Tile:
+    """What the plan takes where nothing is pinned: choose_tile's row tile, then each
+    kernel's own lane tiles at it (the forward's, carrying the gradients' as Tile.backward)."""
+    chip = CATALOGUE[hw]
+    return kernel_tiles(
+        choose(rows, k, n, dtype, hw, groups),
+        rows,
+        k,
+        n,
+        dtype,
+        chip.vmem_bytes_for_tiles,
+        groups=groups,
+        peak_flops=chip.peak_bf16_flops_per_chip,
+        hbm_bytes_per_s=chip.hbm_bytes_per_s_per_chip,
+    )
 
 
 def choose(rows: int, k: int, n: int, dtype: str, hw: str, groups: int = 8, **kw) -> Tile:

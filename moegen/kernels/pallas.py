@@ -12,6 +12,7 @@ import functools
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from moegen.diagnostics import Diagnostic
 from moegen.hardware import hardware
@@ -31,6 +32,7 @@ from moegen.kernels.tiling import (
     projection_out_dtypes,
     tile_problems,
 )
+from moegen.kernels.tiling_kernels import kernel_tiles
 from moegen.load import LoadedSpec
 from moegen.spec import Tiles
 
@@ -43,8 +45,11 @@ TWIN_TILE = [32, 128, 128]
 class PallasConfig(KernelConfig):
     """megablox gmm/tgmm (kernel pallas)."""
 
-    gate_up_tile: tuple[int, int, int]  # (rows, contraction, output)
+    gate_up_tile: tuple[int, int, int]  # (rows, contraction, output) of the forward gmm
     down_tile: tuple[int, int, int]
+    # each projection's (input-gradient gmm, weight-gradient tgmm) tiles
+    gate_up_backward: tuple[tuple[int, int, int], tuple[int, int, int]]
+    down_backward: tuple[tuple[int, int, int], tuple[int, int, int]]
     # FFN slices whose forward pass runs whole: that pass's tiles (None otherwise)
     forward_gate_up_tile: tuple[int, int, int] | None
     forward_down_tile: tuple[int, int, int] | None
@@ -77,6 +82,8 @@ def pallas_config(loaded: LoadedSpec, quantities: MatmulQuantities) -> PallasCon
     return PallasConfig(
         gate_up_tile=gate_up.as_tuple(),
         down_tile=down.as_tuple(),
+        gate_up_backward=_backward(gate_up),
+        down_backward=_backward(down),
         forward_gate_up_tile=forward[0].as_tuple() if forward else None,
         forward_down_tile=forward[1].as_tuple() if forward else None,
         interpret=quantities.interpret,
@@ -87,6 +94,12 @@ def pallas_config(loaded: LoadedSpec, quantities: MatmulQuantities) -> PallasCon
     )
 
 
+def _backward(tile: Tile) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The gradient kernels' tiles: the plan's own, else the forward's (pinned tiles)."""
+    input_gradient, weight_gradient = tile.backward or (tile, tile)
+    return input_gradient.as_tuple(), weight_gradient.as_tuple()
+
+
 def pallas_report_lines(config: PallasConfig) -> list[str]:
     """`moegen plan`'s line of the tiles, and of the whole forward pass's where it has its own."""
     forward = (
@@ -95,10 +108,18 @@ def pallas_report_lines(config: PallasConfig) -> list[str]:
         if config.forward_gate_up_tile
         else ""
     )
+    gradients = (
+        f"; gradients: gate/up {_pair(config.gate_up_backward)}, down {_pair(config.down_backward)}"
+        " (input gmm, weight tgmm)"
+    )
     return [
         f"  megablox tiles  gate/up {list(config.gate_up_tile)}, down {list(config.down_tile)} "
-        f"(rows, contraction, output){forward}"
+        f"(rows, contraction, output){forward}{gradients}"
     ]
+
+
+def _pair(tiles: tuple[tuple[int, int, int], ...]) -> str:
+    return " and ".join(str(list(tile)) for tile in tiles)
 
 
 def _accumulate_tile(
@@ -133,7 +154,7 @@ def pallas_tiles(loaded: LoadedSpec, request: TileRequest) -> tuple[Tile, Tile]:
         spec.dtypes.compute, spec.parallelism.overlap_chunks, request.ffn_chunks
     )
     choose = functools.partial(
-        choose_tile,
+        _choose_kernel_tiles,
         request.rows,
         dtype=spec.dtypes.compute,
         vmem_budget=chip.vmem_bytes_for_tiles,
@@ -153,6 +174,14 @@ def pallas_tiles(loaded: LoadedSpec, request: TileRequest) -> tuple[Tile, Tile]:
         else choose(request.down_contraction, spec.layer.routed_dim, out_dtype=down_out)
     )
     return gate_up, down
+
+
+def _choose_kernel_tiles(
+    rows: int, contraction: int, output: int, out_dtype: str, **chip: Any
+) -> Tile:
+    """The plan's row tile (choose_tile), then each kernel's own lane tiles at it."""
+    tile = choose_tile(rows, contraction, output, out_dtype=out_dtype, **chip)
+    return kernel_tiles(tile, rows, contraction, output, out_dtype=out_dtype, **chip)
 
 
 def pinned_tile_problems(loaded: LoadedSpec, ffn_chunks: int) -> list[tuple[str, str]]:

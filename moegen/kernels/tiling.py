@@ -3,16 +3,17 @@
 Plain integer rules shared by validation (a pinned tile that breaks one is a located error)
 and by the plan (which picks tiles when the spec does not: the fastest that fit VMEM, by a
 roofline of the kernels' work and megablox's own traffic model). `gmm` needs the row count to be
-a whole number of row tiles, and its custom VJP reuses the same tiling for the input gradient
-(`gmm` again) and the weight gradient (`tgmm`), so every row tile of every projection must
-divide the padded row count: the plan pads to the least common multiple of them.
+a whole number of row tiles, and the gradient kernels (`gmm` again for the input gradient,
+`tgmm` for the weights) keep the forward's row tile with lane tiles of their own
+(`moegen.kernels.tiling_kernels`), so every row tile of every projection must divide the
+padded row count: the plan pads to the least common multiple of them.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 LANES = 128  # contraction and output tiles are whole vector lanes
 ROW_MULTIPLE = {"float32": 8, "bfloat16": 16}  # sublanes of one vreg per dtype
@@ -26,6 +27,9 @@ class Tile:
     rows: int
     contraction: int
     output: int
+    # The gradient kernels' own tiles (input gradient, weight gradient) where the plan chose
+    # them (moegen.kernels.tiling_kernels); None: all three kernels run with this one.
+    backward: tuple[Tile, Tile] | None = field(default=None, compare=False, repr=False)
 
     def as_tuple(self) -> tuple[int, int, int]:
         return (self.rows, self.contraction, self.output)

@@ -28,7 +28,8 @@ per-expert padding is added (the grouped matmul takes groups of any size).
 aux.received_rows reports the most rows any device actually received.
 Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 256, 256] (gate, up)
 and [512, 256, 256] (down), as (rows, contraction, output); the forward pass's whole-width
-calls with [256, 256, 512] and [256, 512, 256].
+calls with [256, 256, 512] and [256, 512, 256]; the gradient kernels with their own
+(GATE_UP_TILING, DOWN_TILING).
 The 640 rows of a grouped-matmul call are padded to 1024, a whole number of row tiles; the
 padding rows belong to no expert group.
 Memory: the forward pass runs the expert FFN whole (in slices, their float32 sum would
@@ -62,7 +63,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas.ops.tpu import megablox
+from jax.experimental.pallas.ops.tpu.megablox.gmm import gmm as megablox_gmm
+from jax.experimental.pallas.ops.tpu.megablox.gmm import tgmm as megablox_tgmm
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -96,11 +98,40 @@ RECEIVE_ROWS = 640  # certified ragged all-to-all receive buffer
 FFN_CHUNKS = 2  # slices of the expert FFN width, run one at a time
 FFN_CHUNK = 256  # FFN_DIM / FFN_CHUNKS
 
-# megablox tiles (rows, contraction, output); the custom VJP reuses them for gmm and tgmm.
-GATE_UP_TILING = (512, 256, 256)
-DOWN_TILING = (512, 256, 256)
-FORWARD_GATE_UP_TILING = (256, 256, 512)  # the whole-width forward pass
-FORWARD_DOWN_TILING = (256, 512, 256)
+
+class Tiling(NamedTuple):
+    """megablox tiles (rows, contraction, output) of one projection's three kernels."""
+
+    forward: tuple[int, int, int]  # gmm: rows @ weights
+    input_gradient: tuple[int, int, int]  # gmm: the result's gradient @ weights transposed
+    weight_gradient: tuple[int, int, int]  # tgmm: rows transposed @ the result's gradient
+
+
+GATE_UP_TILING = Tiling(
+    forward=(512, 256, 256),
+    input_gradient=(512, 256, 256),
+    weight_gradient=(512, 256, 256),
+)
+
+DOWN_TILING = Tiling(
+    forward=(512, 256, 256),
+    input_gradient=(512, 256, 256),
+    weight_gradient=(512, 256, 256),
+)
+
+# The whole-width forward pass: its gradient runs slice by slice, with the tilings above.
+FORWARD_GATE_UP_TILING = Tiling(
+    forward=(256, 256, 512),
+    input_gradient=(256, 256, 512),
+    weight_gradient=(256, 256, 512),
+)
+
+FORWARD_DOWN_TILING = Tiling(
+    forward=(256, 512, 256),
+    input_gradient=(256, 512, 256),
+    weight_gradient=(256, 512, 256),
+)
+
 PADDED_ROWS = 1024  # FFN_ROWS rounded up to a multiple of every row tile
 
 PARAM_DTYPE = jnp.float32
@@ -317,6 +348,53 @@ def _load_balance_loss(logits: jax.Array, tokens_per_expert: jax.Array) -> jax.A
     return LOAD_BALANCE_WEIGHT * NUM_EXPERTS * jnp.sum(shares * mean_probs)
 
 
+def _gmm_forward(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    tiling: Tiling,
+    out_dtype: jax.typing.DTypeLike,
+) -> jax.Array:
+    """lhs @ rhs[g] on the rows of each group g (megablox gmm), written as out_dtype."""
+    return megablox_gmm(lhs, rhs, group_sizes, out_dtype, tiling.forward)
+
+
+def _gmm_fwd(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    tiling: Tiling,
+    out_dtype: jax.typing.DTypeLike,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
+    return _gmm_forward(lhs, rhs, group_sizes, tiling, out_dtype), (lhs, rhs, group_sizes)
+
+
+def _gmm_bwd(
+    tiling: Tiling,
+    out_dtype: jax.typing.DTypeLike,
+    residuals: tuple[jax.Array, jax.Array, jax.Array],
+    grad: jax.Array,
+) -> tuple[jax.Array, jax.Array, None]:
+    # megablox's own VJP, each kernel with its own tiles: their widths differ.
+    lhs, rhs, group_sizes = residuals
+    grad_lhs = megablox_gmm(
+        grad, rhs, group_sizes, lhs.dtype, tiling.input_gradient, transpose_rhs=True
+    )
+    grad_rhs = megablox_tgmm(
+        lhs.swapaxes(0, 1),
+        grad,
+        group_sizes,
+        rhs.dtype,
+        tiling.weight_gradient,
+        num_actual_groups=rhs.shape[0],
+    )
+    return grad_lhs, grad_rhs, None
+
+
+_gmm = jax.custom_vjp(_gmm_forward, nondiff_argnums=(3, 4))
+_gmm.defvjp(_gmm_fwd, _gmm_bwd)
+
+
 def _gelu(x: jax.Array) -> jax.Array:
     """Exact (erf) GELU."""
     return jax.nn.gelu(x, approximate=False)
@@ -361,11 +439,11 @@ def _whole_forward(
     """Every expert's FFN over all its columns at once, [rows, D], and its backward pass: that
     of the slices' sum (_sliced_backward)."""
     weights = _whole_weights(stored)
-    up = megablox.gmm(
-        rows, weights["w_up"], group_sizes, COMPUTE_DTYPE, FORWARD_GATE_UP_TILING
-    ) + weights["b_up"].at[row_experts].get(mode="fill", fill_value=0)
+    up = _gmm(rows, weights["w_up"], group_sizes, FORWARD_GATE_UP_TILING, COMPUTE_DTYPE) + weights[
+        "b_up"
+    ].at[row_experts].get(mode="fill", fill_value=0)
     hidden = _gelu(up)
-    out = megablox.gmm(hidden, weights["w_down"], group_sizes, COMPUTE_DTYPE, FORWARD_DOWN_TILING)
+    out = _gmm(hidden, weights["w_down"], group_sizes, FORWARD_DOWN_TILING, COMPUTE_DTYPE)
     return out, jax.tree_util.Partial(_sliced_backward, rows, stored, group_sizes, row_experts)
 
 
@@ -419,11 +497,11 @@ def _ffn_slice(
     """FFN columns [start, start + FFN_CHUNK) of every expert: its share of the down
     projection, [rows, D] float32."""
     weights = _weight_slice(stored, start)
-    up = megablox.gmm(rows, weights["w_up"], group_sizes, COMPUTE_DTYPE, GATE_UP_TILING) + weights[
+    up = _gmm(rows, weights["w_up"], group_sizes, GATE_UP_TILING, COMPUTE_DTYPE) + weights[
         "b_up"
     ].at[row_experts].get(mode="fill", fill_value=0)
     hidden = _gelu(up)
-    return megablox.gmm(hidden, weights["w_down"], group_sizes, jnp.float32, DOWN_TILING)
+    return _gmm(hidden, weights["w_down"], group_sizes, DOWN_TILING, jnp.float32)
 
 
 def _weight_slice(stored: Params, start: jax.Array) -> Params:
