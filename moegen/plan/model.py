@@ -18,6 +18,7 @@ from moegen.plan.memory import MemoryPlan
 from moegen.plan.mesh import MeshPlan
 from moegen.plan.network import NetworkPlan
 from moegen.plan.params import ParamPlan, PartitionSpec
+from moegen.plan.prose import tested_with
 from moegen.plan.roofline import Roofline
 from moegen.plan.router import RouterPlan
 from moegen.spec import Memory
@@ -59,6 +60,7 @@ class TokenChunkOption:
     train_peak: int  # planned forward+backward, bytes
     train_flops: int  # a training step's FLOPs as run (worst-case buffers, recomputation)
     ici_bytes: int  # forward+backward: sliced weights under fsdp are gathered once per chunk
+    train_s: float = 0.0  # a training step's estimated seconds (moegen.plan.step_time)
 
 
 @dataclass(frozen=True)
@@ -115,11 +117,17 @@ class Plan:
     variants: tuple[VariantPlan, ...] = ()
     # memory.token_chunks candidates, each planned (none where token chunks cannot run)
     chunk_candidates: ChunkCandidates = ChunkCandidates()
+
     # the main shape or a variant runs token chunks: the module imports what they use
     some_shape_chunks_tokens: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def tested_with(self) -> str:
+        """The versions the module is verified with (its docstring says them)."""
+        return tested_with(self.hardware)
 
     def shape_plans(self) -> list[tuple[str, Plan]]:
         """Every shape's plan, named: the main shape ("") first, then each variant's."""
