@@ -58,7 +58,10 @@ def program_text(source: str) -> str:
     that says more compiles the same program, so it keeps its records; a change to the code
     is a new key. Cut by line, not by a dump of the syntax tree, whose form moves between
     Python releases."""
-    body = ast.parse(source).body
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:  # not a module (a stand-in's text): keyed whole
+        return source
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]
     if not body:

@@ -18,7 +18,6 @@ from moegen.plan.memory import MemoryPlan
 from moegen.plan.mesh import MeshPlan
 from moegen.plan.network import NetworkPlan
 from moegen.plan.params import ParamPlan, PartitionSpec
-from moegen.plan.prose import tested_with
 from moegen.plan.roofline import Roofline
 from moegen.plan.router import RouterPlan
 from moegen.spec import Memory
@@ -123,11 +122,6 @@ class Plan:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    @property
-    def tested_with(self) -> str:
-        """The versions the module is verified with (its docstring says them)."""
-        return tested_with(self.hardware)
 
     def shape_plans(self) -> list[tuple[str, Plan]]:
         """Every shape's plan, named: the main shape ("") first, then each variant's."""
