@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_serializer, field_validator, model_validator
 
+from moegen.hardware import CATALOGUE
 from moegen.spec_parallelism import Parallelism, Replica
 from moegen.spec_placement import (
     INT32_MAX,
@@ -215,8 +216,10 @@ class Target(_Section):
         # Measured on one v5e chip (bench/TPU_CHECK.md): megablox ran Mixtral 8x7B 1.75x and
         # Qwen3-30B-A3B 1.18x faster than XLA's ragged_dot, so a TPU target defaults to it.
         if isinstance(data, dict) and "kernel" not in data:
-            hardware = data.get("hardware", "cpu")
-            tpu = isinstance(hardware, str) and hardware.startswith("tpu")
+            name = data.get("hardware", "cpu")
+            # a name not in the table: the hardware field refuses it, located
+            chip = CATALOGUE.get(name) if isinstance(name, str) else None
+            tpu = chip is not None and chip.platform == "tpu"
             return {**data, "kernel": "pallas" if tpu else "xla"}
         return data
 
