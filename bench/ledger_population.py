@@ -8,11 +8,12 @@ into the committed one after with `--merge`.
 
 Each spec of the population is planned, rendered and compiled for its TPU slice by moegen's
 own verifier (twins off), forward and forward+backward. A compiled figure is recorded in the
-store under the SHA-256 of the rendered module and the versions that shape a compile (jax,
-jaxlib, libtpu), so a rerun compiles only what changed; a program the compiler refuses for
-HBM is recorded with the compiler's first line. Printed: one row per spec, then for each
-program the distribution of the error (planned / compiled - 1) over the specs that compiled:
-median, 95th percentile and worst of |error|, the worst specs named.
+store under the SHA-256 of the rendered module's code (`program_text`: all but its header and
+docstring) and the versions that shape a compile (jax, jaxlib, libtpu), so a rerun compiles
+only what changed; a program the compiler refuses for HBM is recorded with the compiler's
+first line. Printed: one row per spec, then for each program the distribution of the error
+(planned / compiled - 1) over the specs that compiled: median, 95th percentile and worst of
+|error|, the worst specs named.
 
 Seed 0 is the population the ledger may be fitted on; seed 1 is the hold-out, on which no
 constant of moegen/plan/memory.py was fitted.
@@ -20,6 +21,7 @@ constant of moegen/plan/memory.py was fitted.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.metadata
 import json
@@ -50,9 +52,27 @@ def compile_versions() -> dict[str, str]:
     return {d: importlib.metadata.version(d) for d in ("jax", "jaxlib", "libtpu")}
 
 
+def program_text(source: str) -> str:
+    """What of a module the compiler sees: its text from the first statement after the
+    module's docstring (the header comments and the docstring left out). A header or docstring
+    that says more compiles the same program, so it keeps its records; a change to the code
+    is a new key. Cut by line, not by a dump of the syntax tree, whose form moves between
+    Python releases."""
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:  # not a module (a stand-in's text): keyed whole
+        return source
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    if not body:
+        return ""
+    first = min([body[0].lineno, *(d.lineno for d in getattr(body[0], "decorator_list", []))])
+    return "".join(source.splitlines(keepends=True)[first - 1 :])
+
+
 def module_key(source: str) -> str:
     versions = json.dumps(compile_versions(), sort_keys=True)
-    return hashlib.sha256((versions + "\0" + source).encode()).hexdigest()
+    return hashlib.sha256((versions + "\0" + program_text(source)).encode()).hexdigest()
 
 
 def compile_spec(name: str, text: str) -> dict[str, Any]:

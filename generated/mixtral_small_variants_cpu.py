@@ -35,6 +35,8 @@ moe_layer dispatches on x.shape to the one whose shape x has.
 Router math is float32; activations and expert matmuls are bfloat16;
 parameters are stored as float32.
 
+Tested with jax 0.12.0.1, the version moegen pins (its twin on CPU).
+
 Usage:
     mesh = make_mesh()
     params = init_params(jax.random.key(0), mesh)

@@ -41,6 +41,10 @@ Experts compute down(silu(x @ gate) * (x @ up)).
 Router math is float32; activations and expert matmuls are bfloat16;
 parameters are stored as float32.
 
+Tested with jax 0.12.0.1 and libtpu 0.0.51, the versions moegen pins (its twin on CPU,
+compiled for tpu-v6e); moegen's TPU device check runs layers generated like this one on a
+TPU v5e chip with jax 0.10.2.
+
 Usage:
     mesh = make_mesh()
     params = init_params(jax.random.key(0), mesh)

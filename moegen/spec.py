@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_serializer, field_validator
+from pydantic import ConfigDict, Field, field_serializer, field_validator, model_validator
 
+from moegen.hardware import CATALOGUE
 from moegen.spec_parallelism import Parallelism, Replica
 from moegen.spec_placement import (
     INT32_MAX,
@@ -202,8 +203,25 @@ class Tiles(_Section):
         return None if tile is None else list(tile)
 
 
+def _default_by_hardware(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)  # the default depends on target.hardware (Target._kernel)
+
+
 class Target(_Section):
     """Hardware the module is compiled for and the grouped-matmul kernel it uses."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kernel(cls, data: Any) -> Any:
+        # Measured on one v5e chip (bench/TPU_CHECK.md): megablox ran Mixtral 8x7B 1.75x and
+        # Qwen3-30B-A3B 1.18x faster than XLA's ragged_dot, so a TPU target defaults to it.
+        if isinstance(data, dict) and "kernel" not in data:
+            name = data.get("hardware", "cpu")
+            # a name not in the table: the hardware field refuses it, located
+            chip = CATALOGUE.get(name) if isinstance(name, str) else None
+            tpu = chip is not None and chip.platform == "tpu"
+            return {**data, "kernel": "pallas" if tpu else "xla"}
+        return data
 
     @field_validator("topology", mode="after")
     @classmethod
@@ -239,7 +257,9 @@ class Target(_Section):
     # its names and summaries into the JSON schema.
     kernel: Annotated[str, Field(min_length=1, max_length=32)] = Field(
         "xla",
-        description="The grouped-matmul kernel that runs the experts, by its registered name.",
+        description="The grouped-matmul kernel that runs the experts, by its registered name "
+        "(omit: pallas on a TPU target, the kernel measured fastest there; xla elsewhere).",
+        json_schema_extra=_default_by_hardware,
     )
     quantization: Literal["none", "fp8", "mxfp8"] = Field(
         "none",

@@ -78,6 +78,7 @@ BASE = {
     "moegen.interrupts",
     "moegen.provenance",
     "moegen.hardware",
+    "moegen.pins",
     "moegen.sizes",
 }
 # packages used at run time beside generated modules, not by the pipeline: no stage, and they

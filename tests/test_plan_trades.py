@@ -4,6 +4,8 @@ planned again (issue 28: a rewritten spec re-planned cost 27 full plans per make
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from conftest import EXAMPLE_SPECS
 
@@ -55,5 +57,6 @@ def test_the_chosen_trade_is_the_plans_own(path) -> None:
         shape_basis(loaded, False, None), Trade(plan.experts.token_chunks, plan.ffn.chunks)
     )
     assert alone.chosen.memory == plan.memory
-    assert alone.roofline == plan.roofline
+    # (the plan adds the layer whole's step time, which its trade's is a multiple of)
+    assert replace(alone.roofline, whole_step=plan.roofline.whole_step) == plan.roofline
     assert alone.network == plan.network

@@ -90,6 +90,8 @@ def _shape_plan(
         chosen = default_token_chunks(trade, basis.local_tokens, overlap, outcome_of)
         trade = replace(trade, token_chunks=chosen)
     plan = _plan(basis, plan_trade(trade))
+    whole = plan_trade(Trade(1, 1)).step
+    plan = replace(plan, roofline=replace(plan.roofline, whole_step=whole))
     if not options:
         return plan
     if whole_forward is not None:  # the candidates are the ledger's own choices (twins pin)

@@ -12,7 +12,7 @@ from moegen.load import LoadedSpec
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.ffn import FfnLayout
 from moegen.plan.ffn_buffers import local_ffn_dim
-from moegen.plan.prose import vma_unchecked_reason
+from moegen.plan.prose import tested_with, vma_unchecked_reason
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,8 @@ class KernelPlan:
     # index past the experts (filled with 0, its gradient dropped), or the gathers'
     # transposes add that memory into the tokens' and the biases' gradients.
     leaves_rows_unwritten: bool = False
+    # the versions a module of this kernel on this target is tested with (its docstring)
+    tested_with: str = ""
 
     @property
     def tiles(self) -> tuple[TileShape, TileShape] | None:
@@ -60,6 +62,7 @@ def kernel_plan(
         vma_unchecked_reason=reason,
         config=config,
         leaves_rows_unwritten=chosen.leaves_rows_unwritten,
+        tested_with=tested_with(loaded.spec.target.hardware),
     )
 
 

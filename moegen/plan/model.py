@@ -59,6 +59,7 @@ class TokenChunkOption:
     train_peak: int  # planned forward+backward, bytes
     train_flops: int  # a training step's FLOPs as run (worst-case buffers, recomputation)
     ici_bytes: int  # forward+backward: sliced weights under fsdp are gathered once per chunk
+    train_s: float = 0.0  # a training step's estimated seconds (moegen.plan.step_time)
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ class Plan:
     variants: tuple[VariantPlan, ...] = ()
     # memory.token_chunks candidates, each planned (none where token chunks cannot run)
     chunk_candidates: ChunkCandidates = ChunkCandidates()
+
     # the main shape or a variant runs token chunks: the module imports what they use
     some_shape_chunks_tokens: bool = False
 

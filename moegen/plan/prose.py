@@ -3,6 +3,7 @@ is off for a module. Built from validated numbers and enums only (no free text o
 
 from __future__ import annotations
 
+from moegen import pins
 from moegen.hardware import hardware
 from moegen.kernels import kernel
 from moegen.load import LoadedSpec
@@ -59,6 +60,23 @@ def summary(loaded: LoadedSpec) -> str:
         f"{routing}{extras}, {spec.parallelism.experts} experts, "
         f"on a {mesh} mesh, kernel {spec.target.kernel}, target {spec.target.hardware}"
         + _topology_text(spec.target.hardware, spec.target.topology)
+    )
+
+
+def tested_with(hardware_name: str) -> str:
+    """The versions a module for `hardware_name` is verified with, and where layers like it
+    ran on a chip."""
+    chip = hardware(hardware_name)
+    tpu = chip.platform == "tpu"
+    pinned = f"jax {pins.JAX}" + (f" and libtpu {pins.LIBTPU}" if tpu else "")
+    compiled = f", compiled for {hardware_name}" if chip.platform != "cpu" else ""
+    pinned += ", the versions moegen pins" if tpu else ", the version moegen pins"
+    text = f"Tested with {pinned} (its twin on CPU{compiled})"
+    if not tpu:
+        return text + "."
+    return (
+        f"{text}; moegen's TPU device check runs layers generated like this one on "
+        f"{pins.CHIP} with jax {pins.CHIP_JAX}."
     )
 
 

@@ -51,6 +51,7 @@ def format_plan(plan: Plan) -> str:
         lines += kernel(plan.kernel.name).report_lines(plan.kernel.config)
     lines += _network_lines(plan)
     lines += _roofline_lines(plan)
+    lines += _step_time_lines(plan)
     m = plan.memory
     hbm = f" of {_gib(m.hbm_bytes_per_device)} HBM" if m.hbm_bytes_per_device else ""
     lines.append(
@@ -126,21 +127,23 @@ def _ffn_slice_lines(plan: Plan) -> list[str]:
 
 
 def _token_chunk_lines(plan: Plan) -> list[str]:
-    """memory.token_chunks: each chunk count's planned peaks and training FLOPs."""
+    """memory.token_chunks: each chunk count's planned peaks, training FLOPs and step time."""
     options = plan.chunk_candidates.token_chunks
     if len(options) < 2:
         return []
     chosen = plan.experts.token_chunks
     lines = [
         f"  token chunks    {chosen} ({plan.experts.call_tokens} tokens each); "
-        "memory.token_chunks options, forward / forward+backward peak, training FLOPs:"
+        "memory.token_chunks options, forward / forward+backward peak, training FLOPs, "
+        "forward+backward time:"
     ]
     for option in options:
         mark = "  <- this spec" if option.chunks == chosen else ""
         slices = f", {option.ffn_chunks} FFN slices" if option.ffn_chunks > 1 else ""
+        time = f"  step ~{_ms(option.train_s)}" if option.train_s else ""
         lines.append(
             f"    {option.chunks:>3} chunks  peak {_gib(option.forward_peak):>10} / "
-            f"{_gib(option.train_peak):>10}  FLOPs {option.train_flops:.3e}{slices}{mark}"
+            f"{_gib(option.train_peak):>10}  FLOPs {option.train_flops:.3e}{time}{slices}{mark}"
         )
     return lines
 
@@ -264,6 +267,19 @@ def _network_lines(plan: Plan) -> list[str]:
             f"    {t.name:<42} {t.axis:<7} ICI {_gib(t.ici_bytes):>12}  DCN {_gib(t.dcn_bytes):>12}"
         )
     return lines
+
+
+def _step_time_lines(plan: Plan) -> list[str]:
+    """The routed path's estimated time as run, and what the trade costs over the layer whole."""
+    step, whole = plan.roofline.step, plan.roofline.whole_step
+    if not step.train_s:
+        return []
+    traded = plan.experts.token_chunks > 1 or plan.ffn.chunks > 1
+    multiple = f" ({step.train_s / whole.train_s:.2f}x the layer whole)" if traded else ""
+    return [
+        f"  step time (estimate, moegen.plan.step_time): forward {_ms(step.forward_s)}, "
+        f"forward+backward {_ms(step.train_s)}{multiple}"
+    ]
 
 
 def _roofline_lines(plan: Plan) -> list[str]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from moegen.hardware import Hardware
 from moegen.plan.network import NetworkPlan, Transfer
+from moegen.plan.step_time import StepTime
 
 # No datasheet figure: a 200 Gb/s NIC per host of 8 chips (v5e/v6e) is ~3 GB/s per chip; we
 # assume 6.25 GB/s per chip (a 200 Gb/s NIC per 4 chips) for every TPU generation.
@@ -60,6 +61,10 @@ class Roofline:
     ici_bytes_per_s: float  # per device, one direction
     dcn_bytes_per_s: float
     passes: tuple[PassRoofline, ...]  # forward, forward+backward
+    # not bounds: the passes' estimated seconds as run (moegen.plan.step_time), and the same
+    # shape's with no trade (one token chunk, the FFN whole), which a trade's is a multiple of
+    step: StepTime = StepTime(0.0, 0.0)
+    whole_step: StepTime = StepTime(0.0, 0.0)
 
 
 def roofline(

@@ -26,6 +26,7 @@ class TradeOutcome:
     memory: MemoryPlan
     train_flops: int  # a training step's FLOPs as run (worst-case buffers, recomputation)
     ici_bytes: int
+    train_s: float = 0.0  # a training step's estimated seconds (moegen.plan.step_time)
 
     def option(self) -> TokenChunkOption:
         return TokenChunkOption(
@@ -35,6 +36,7 @@ class TradeOutcome:
             train_peak=self.memory.train_peak,
             train_flops=self.train_flops,
             ici_bytes=self.ici_bytes,
+            train_s=self.train_s,
         )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from moegen.hardware import hardware
 from moegen.load import LoadedSpec
@@ -24,6 +24,7 @@ from moegen.plan.network import NetworkPlan, network_plan
 from moegen.plan.params import LayerShape, ParamPlan, param_plans
 from moegen.plan.roofline import Roofline, roofline
 from moegen.plan.slicing import regathers_weights
+from moegen.plan.step_time import StepShape, StepTime, step_time
 from moegen.plan.token_chunks import TradeOutcome
 from moegen.sizes import axes_product
 from moegen.spec import GATED_ACTIVATIONS, Spec
@@ -56,6 +57,7 @@ class Traded:
     chosen: FfnLayout
     network: NetworkPlan
     roofline: Roofline
+    step: StepTime  # the passes' estimated seconds as run (moegen.plan.step_time)
 
     def outcome(self) -> TradeOutcome:
         return TradeOutcome(
@@ -64,6 +66,7 @@ class Traded:
             memory=self.chosen.memory,
             train_flops=self.roofline.passes[-1].kernel_flops,
             ici_bytes=self.network.ici_bytes,
+            train_s=self.step.train_s,
         )
 
 
@@ -146,7 +149,35 @@ def traded(basis: ShapeBasis, trade: Trade) -> Traded:
         * spec.layer.embed_dim
         * DTYPE_BYTES[spec.dtypes.compute],
     )
-    return Traded(experts, layout, chosen, network, _roofline(basis, experts, chosen, network))
+    step = _step_time(basis, experts, chosen)
+    roofline = replace(_roofline(basis, experts, chosen, network), step=step)
+    return Traded(experts, layout, chosen, network, roofline, step)
+
+
+def _step_time(basis: ShapeBasis, experts: ExpertPlan, chosen: FfnLayout) -> StepTime:
+    spec = basis.loaded.spec
+    chip = hardware(spec.target.hardware)
+    per_chip = max(chip.devices_per_chip, 1)
+    shape = StepShape(
+        tokens=basis.local_tokens,
+        routed_rows=basis.routed_rows,
+        kernel_rows=chosen.rows,
+        calls=experts.ffn_calls * experts.token_chunks,
+        experts=max(experts.local_slots, experts.local_experts),
+        embed=spec.layer.latent_dim or spec.layer.embed_dim,
+        ffn=basis.local_ffn,
+        matmuls=3 if spec.layer.activation in GATED_ACTIVATIONS else 2,
+        compute_bytes=DTYPE_BYTES[spec.dtypes.compute],
+        param_bytes=DTYPE_BYTES[spec.dtypes.params],
+        token_chunks=experts.token_chunks,
+        ffn_slices=chosen.chunks,
+        whole_forward=chosen.forward_layout is not None,
+        fused_gate_up=chosen.fused,
+        tiles=tuple(tile.as_tuple() for tile in chosen.tiles or ()),
+    )
+    return step_time(
+        shape, chip.peak_bf16_flops_per_chip / per_chip, chip.hbm_bytes_per_s_per_chip / per_chip
+    )
 
 
 def _roofline(

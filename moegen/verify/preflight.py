@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 
+from moegen import pins
 from moegen.diagnostics import Diagnostic
 from moegen.hardware import hardware
 from moegen.kernels import KERNELS, kernel
@@ -19,7 +20,7 @@ from moegen.plan import Plan
 from moegen.strategies import sharding_strategies, strategy
 from moegen.verify.verdict import VerifyError
 
-LIBTPU_PIN = "libtpu==0.0.51"
+LIBTPU_PIN = f"libtpu=={pins.LIBTPU}"
 LIBTPU_FIX = f"pip install 'moegen[tpu]' ({LIBTPU_PIN}), or `make setup` in a moegen checkout"
 
 

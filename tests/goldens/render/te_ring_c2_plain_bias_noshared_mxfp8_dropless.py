@@ -34,6 +34,9 @@ Experts compute down(gelu(x @ up)) with a bias after each projection.
 Router math is float32; activations and expert matmuls are bfloat16;
 parameters are stored as float32.
 
+Tested with jax 0.12.0.1, the version moegen pins (its twin on CPU, compiled for
+gpu-b200).
+
 Usage:
     mesh = make_mesh()
     params = init_params(jax.random.key(0), mesh)
