@@ -103,17 +103,18 @@ def _tune_footnote(candidates: list[Any]) -> str:
 
     if any(c.peak_by == READ_BY for c in candidates):
         return (
-            "FLOPs and bytes are the plan's (memory trades only add recomputation; the main "
-            f"shape's); candidates are read fastest first, each peak is {READ_BY} of its "
+            "FLOPs and bytes are the plan's (the main shape's), the score its step time "
+            "(moegen.plan.step_time); candidates are read fastest first, each peak is "
+            f"{READ_BY} of its "
             "full-size programs (every shape's, the largest: the compiled peak, read before "
             "code generation), and none after the first that fits HBM is read. `moegen build` "
             "compiles the chosen one in full."
         )
     if any(c.counted_by == "plan" for c in candidates):
         return (
-            "FLOPs and bytes are the plan's, for every candidate: XLA's cost analysis counts a "
-            "loop's body once, and some candidates loop (token chunks, FFN slices, ring "
-            "steps); the peak is the compiler's."
+            "FLOPs and bytes are the plan's, for every candidate, and the score its step time: "
+            "XLA's cost analysis counts a loop's body once, and some candidates loop (token "
+            "chunks, FFN slices, ring steps); the peak is the compiler's."
         )
     return "FLOPs, bytes and the peak are the compiler's."
 

@@ -6,9 +6,10 @@ estimate: on generated populations it is more than 10% off the compiled peak on 
 of the programs (bench/LEDGER.md), so its trade leaves 30% of HBM free, and recomputes where
 the layer whole fits (14 of the 24 population layers made too big: bench.defaults_fit). With
 `memory.fit_check: assigned` (the default) the build instead ranks the trades the spec leaves
-open by the plan's roofline, as `moegen tune` does, and reads XLA's buffer assignment of each
-in that order (moegen.verify.assigned: the compiled peak to 0.0034% on every program
-measured, seconds a read); the first that fits is the module's trade, and the build says so.
+open by the plan's step time (moegen.plan.step_time), as `moegen tune` does, and reads XLA's
+buffer assignment of each in that order (moegen.verify.assigned: the compiled peak to 0.0034%
+on every program measured, seconds a read); the first that fits is the module's trade, and
+the build says so.
 
 The same spec gives the same module on every machine: the read is made by the pinned libtpu,
 in full (no time budget), and a read that fails for any reason but HBM stops the build rather

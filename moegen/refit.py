@@ -5,7 +5,7 @@ XLA's buffer assignment fits, and write it into the spec.
 Without the flag a layer out of HBM (by XLA's read before any twin, or by the full-size
 compile) is refused, and the error offers the plan's next candidates. With it, the plan's
 other trades (FFN slices x token chunks, as `moegen tune` lists them with both fields
-`auto`) are ranked by the plan's roofline and read by XLA's assigned peak in that order
+`auto`) are ranked by the plan's step time and read by XLA's assigned peak in that order
 (moegen.tune_memory): the first that fits is taken. The trade that failed is not read again.
 The trade is written into the spec text (moegen.spec_edit), every other byte kept, so that the
 spec alone says what the committed module runs; the build then verifies that spec as any other.

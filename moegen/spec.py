@@ -284,7 +284,8 @@ class Memory(_Section):
         "activations and gathered weights shrink to one slice, for about a third more expert "
         "FLOPs. With token_chunks, each chunk runs the FFN slice by slice. 1 = no slicing. "
         "Omit: 1, unless the layer would not fit the target's memory: then the fewest slices "
-        "that leave the ledger's headroom (30% of HBM) free (with token chunks: 1). "
+        "that leave the ledger's headroom (30% of HBM) free, unless token chunks that leave it "
+        "free are faster by the plan's step time (with token chunks: 1). "
         "auto: chosen by `moegen tune`, by XLA's own memory figure of each candidate.",
     )
     token_chunks: Size | Literal["auto"] | None = Field(
@@ -297,8 +298,10 @@ class Memory(_Section):
         "dropless, the same copies with a router capacity. 1 = one chunk. "
         "auto: chosen by `moegen tune` (with only memory choices left to it, by XLA's own "
         "memory figure of each candidate). Omit: the plan chooses, per shape: 1 when the layer "
-        "fits the target's memory (FFN slices included), else the fewest chunks that leave the "
-        "ledger's headroom (30% of HBM) free, else the fewest that fit.",
+        "fits the target's memory with its FFN whole (or the slices the spec pins); else, of "
+        "the plan's FFN slices and each chunk count, those that leave the ledger's headroom "
+        "(30% of HBM) free, the fastest by the plan's step time; else the one planned lowest "
+        "that fits.",
     )
     weight_casts: Literal["once", "per_slice"] = Field(
         "once",
@@ -320,7 +323,7 @@ class Memory(_Section):
         "code generated) agrees, and a layer the plan puts over HBM by less than 10% is "
         "refused where XLA finds it out of HBM; a layer XLA fits goes on to the build. Where "
         "the spec leaves ffn_chunks or token_chunks out and the layer does not fit whole by "
-        "the ledger, the trades are ranked by the plan's roofline and read by XLA's buffer "
+        "the ledger, the trades are ranked by the plan's step time and read by XLA's buffer "
         "assignment in that order: the first that fits is built (needs libtpu). "
         "compile: the ledger chooses the trades; refused "
         "before compiling only where that is proved (the parameters and their gradients alone "

@@ -6,7 +6,9 @@ planned, rendered and compiled (forward and forward+backward, no twins) for the 
 scored by the roofline of `moegen.plan.roofline` with the compiler's own counts in place of
 the plan's: max(compiled FLOPs / peak, compiled bytes accessed / HBM bandwidth) plus the
 plan's exposed communication; where a candidate loops (token chunks, FFN slices, ring steps),
-every candidate by the plan's counts, since XLA's cost analysis counts a loop's body once.
+every candidate by the plan's step time (moegen.plan.step_time: each step of the pass at its
+own bound, summed, with what a memory trade adds between the matmuls) plus its exposed
+communication, since XLA's cost analysis counts a loop's body once.
 Candidates that do not fit the device's HBM are out. On cpu, which has no peak figures, the
 score is bytes accessed plus communication bytes.
 The winner is written back into the spec in place of each `auto`, keeping every comment.
@@ -209,16 +211,25 @@ def _loops(plan: Plan | None) -> bool:
 
 
 def count_by_plan(candidate: Candidate) -> None:
-    """Score with the plan's FLOPs and HBM bytes: XLA's cost analysis counts a loop's body
-    once (a layer in 16 token chunks would count 1/16 of its expert FLOPs), so compiled counts
-    of candidates that loop differently cannot be compared; the plan counts every iteration
-    of every candidate alike. The compiled peak still decides what fits."""
+    """Score by the plan's step time (moegen.plan.step_time) plus its exposed communication,
+    where the target has chip figures (else its FLOPs and HBM bytes, as the roofline scores):
+    XLA's cost analysis counts a loop's body once (a layer in 16 token chunks would count 1/16
+    of its expert FLOPs), so compiled counts of candidates that loop differently cannot be
+    compared; the plan counts every iteration of every candidate alike. The compiled peak
+    still decides what fits."""
     assert candidate.plan is not None
-    train_roof = candidate.plan.roofline.passes[-1]
+    roof = candidate.plan.roofline
+    train_roof = roof.passes[-1]
     candidate.flops = train_roof.kernel_flops
     candidate.bytes_accessed = train_roof.hbm_bytes
     candidate.counted_by = "plan"
-    _set_score(candidate)
+    if roof.step.train_s:
+        # The plan's step time, not a bound over the pass: what a memory trade adds between
+        # the matmuls (weights read per chunk, gradients summed per chunk and slice) is most
+        # of its cost on the chip, and the pass's bound misses it (bench/trade_time).
+        candidate.score = roof.step.train_s + train_roof.exposed_comm_s
+    else:
+        _set_score(candidate)
 
 
 def _set_score(candidate: Candidate) -> None:

@@ -7,8 +7,9 @@ the plan's ledger.
 A memory trade changes no result, only work: FFN slices and token chunks recompute the gate
 and up matmuls and gather weights again. The plan counts what each candidate runs, every
 iteration of every loop (XLA's cost analysis counts a loop's body once), so candidates are
-ranked by the plan's roofline before anything is compiled and read in that order: the first
-that fits HBM by XLA's figure is the fastest that fits, and none after it is read.
+ranked by the plan's step time (moegen.plan.step_time: what a trade adds between the
+matmuls, which FLOPs do not show) before anything is compiled and read in that order: the
+first that fits HBM by XLA's figure is the fastest that fits, and none after it is read.
 
 Where the plan's ledger puts the chosen trade above HBM (by more than the refusal allows), the
 tuned spec also says `memory.fit_check: compile`: the compiler's figure found it to fit, and

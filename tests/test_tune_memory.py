@@ -350,3 +350,25 @@ def test_with_shape_variants_every_shape_is_read(tmp_path):
     long = max(f.peak for f in assigned_memory(plan, source, variant="long").values())
     assert long > main  # 8x the tokens
     assert assigned_peak(plan) == long
+
+
+def test_candidates_are_ranked_by_the_plans_step_time_not_its_flops(tmp_path):
+    """A memory trade's cost on the chip lies mostly between the matmuls (bench/trade_time):
+    the score is the plan's step time plus its exposed communication, and on this layer it
+    orders the trades otherwise than their FLOPs do."""
+    found = [c for c in candidates(load_spec(_spec(tmp_path, QWEN3_V5E))) if c.plan]
+    for candidate in found:
+        count_by_plan(candidate)
+        roof = candidate.plan.roofline
+        assert candidate.counted_by == "plan" and roof.step.train_s > 0
+        assert candidate.score == roof.step.train_s + roof.passes[-1].exposed_comm_s
+    trade = {_choice(c): c for c in found}
+    # the same FLOPs (the gate and up matmuls run twice either way), not the same time: on
+    # the chip 2 token chunks cost 1.4-1.9x the layer whole, 2 FFN slices 1.8-3.0x
+    assert trade[2, 1].flops == trade[1, 2].flops
+    assert trade[1, 1].score < trade[2, 1].score < trade[1, 2].score
+    for chunks, slices in trade:  # more of either trade costs more
+        if (chunks * 2, slices) in trade:
+            assert trade[chunks, slices].score < trade[chunks * 2, slices].score
+        if (chunks, slices * 2) in trade:
+            assert trade[chunks, slices].score < trade[chunks, slices * 2].score

@@ -34,11 +34,11 @@ TRAIN_PACKING = 0.15
 # before tpu7x's held gradients (below) were counted, -16.9% (s1_047) and -18.9% (s0_024)
 # since; lower only where a spec pins FFN slices inside token chunks (s0_003 -27.1%), which
 # the trade below never chooses. When the plan trades memory anyway (the layer whole does
-# not fit), it takes the fewest FFN slices or token chunks that leave this much of HBM free,
-# so that its own choice compiles: more of them cost no more FLOPs (any count above 1
-# recomputes the same matmuls). The headroom is taken over both seeds: the one constant the
-# hold-out is not kept from (bench/LEDGER.md); it is kept at the -28.6% it was set on, as
-# the choices bench.defaults_fit compiled were made with it.
+# not fit), it takes, of the FFN slices and token chunks that leave this much of HBM free,
+# the fastest by its step time (moegen.plan.step_time), so that its own choice compiles.
+# The headroom is taken over both seeds: the one constant the hold-out is not kept from
+# (bench/LEDGER.md); it is kept at the -28.6% it was set on, as the choices
+# bench.defaults_fit compiled were made with it.
 TRADE_HEADROOM = 0.30
 # The share of the expert weights' float32 gradients a target's compiler holds beside
 # forward+backward's peak, beyond the moments the ledger names. tpu7x: the same module

@@ -49,25 +49,32 @@ def default_token_chunks(
     """The token chunks of a shape whose spec omits memory.token_chunks. One chunk when the
     layer fits the target's HBM by the plan with the FFN whole or in the slices the spec pins
     (whether to trade at all allows the ledger's over-estimate, as the refusal does, plan.fit:
-    nearer HBM than that the compile decides), or in the FFN slices the plan chose with the
-    ledger's headroom (TRADE_HEADROOM). Else the fewest listed chunks that fit with the
-    headroom; else, of the plan's slices and the chunk counts that fit at all, the one planned
-    lowest; else one chunk (the refusal then names what would fit)."""
+    nearer HBM than that the compile decides). Else, of the trades that fit with the ledger's
+    headroom (TRADE_HEADROOM), the fastest by the plan's step time: one chunk in the FFN
+    slices the plan chose (or pinned), or each listed chunk count (a chunked layer's FFN
+    whole, unless pinned); on the chip a few token chunks often cost less than the fewest
+    slices that fit (bench/trade_time). Else, of the plan's slices and the chunk counts that
+    fit at all, the one planned lowest; else one chunk (the refusal then names what would
+    fit)."""
     whole = outcome_of(Trade(None, pinned.ffn_chunks))
     if overlap_chunks != 1:
         return 1
     pinned_slices = pinned.ffn_chunks is not None
     if (whole.ffn_chunks == 1 or pinned_slices) and not over_hbm(whole.memory):
         return 1  # no trade of the plan's own: a layer that fits is left as written
-    if fits(whole.memory, TRADE_HEADROOM):
-        return 1  # the FFN slices keep the headroom
     chunked = [outcome_of(Trade(c, pinned.ffn_chunks)) for c in _chunk_counts(local_tokens)[1:]]
-    roomy = next((o for o in chunked if fits(o.memory, TRADE_HEADROOM)), None)
-    if roomy is not None:
-        return roomy.token_chunks
+    roomy = [o for o in (whole, *chunked) if fits(o.memory, TRADE_HEADROOM)]
+    if roomy:
+        return min(roomy, key=_fastest).token_chunks
     # None keeps the headroom: the one planned lowest, where the ledger's error hurts least
     fitting = [o for o in (whole, *chunked) if not over_hbm(o.memory)]
     return min(fitting, key=lambda o: memory_peak(o.memory)).token_chunks if fitting else 1
+
+
+def _fastest(outcome: TradeOutcome) -> tuple[float, int]:
+    """The plan's step time, then fewer chunks (all equal where the target has no chip
+    figures: the fewest chunks)."""
+    return (outcome.train_s, outcome.token_chunks)
 
 
 def token_chunk_options(
