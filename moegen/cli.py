@@ -161,14 +161,16 @@ def build(
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
 def validate_command(specs: tuple[Path, ...], fmt: str) -> None:
     """Check SPECs (default: every spec in specs/) and report every problem, located; a
-    spec whose plan cannot fit its target's HBM is one."""
-    from moegen.pipeline import default_specs, load_fitting
+    spec whose plan cannot fit its target's HBM is one. Nothing is compiled: where XLA's
+    buffer assignment decides the fit (a TPU target), validate says that `moegen plan` and
+    `moegen build` read it."""
+    from moegen.pipeline import default_specs, load_planned
 
-    diagnostics = []
+    diagnostics, notes = [], []
     paths = list(specs) or _default_specs_or_exit(default_specs)
     for path in paths:
         try:
-            load_fitting(path)
+            notes += load_planned(path)[1]
         except SpecError as err:
             diagnostics.extend(err.diagnostics)
     if diagnostics:
@@ -177,6 +179,8 @@ def validate_command(specs: tuple[Path, ...], fmt: str) -> None:
     if fmt == "json":
         click.echo("[]")
     elif fmt == "text":
+        for note in notes:
+            _err(f"note: {note}")
         _err(f"{len(paths)} spec(s) valid")
 
 

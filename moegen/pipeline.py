@@ -18,7 +18,6 @@ from moegen.emit import check_out_dir, rewrite_in_place, write_all
 from moegen.hardware import hardware
 from moegen.load import FieldPath, LoadedSpec, load_spec
 from moegen.own_trade import (
-    choose_own_trade,
     choose_reporting,
     chooses_by_assignment,
     read_step,
@@ -44,6 +43,7 @@ from moegen.verify.refusal_read import (
     RefusalRead,
     planned_over_hbm,
     read_before_refusing,
+    read_has_a_say,
 )
 from moegen.verify.verdict import TAKE_OFFER, CompilerCrashed, OutOfHbm, VerifyError
 
@@ -98,14 +98,42 @@ def load_valid(path: Path) -> LoadedSpec:
     return validate(load_spec(path))
 
 
-def load_fitting(path: Path) -> LoadedSpec:
-    """`load_valid`, then planned: SpecError also when the plan says the layer cannot fit its
-    target's HBM (moegen.plan.fit), as `generate` refuses it before render and verify."""
+# What `moegen plan` and `moegen build` read where validate leaves the fit to XLA.
+READ_LATER = (
+    "`moegen plan` and `moegen build` read XLA's buffer assignment of the full-size programs "
+    "(seconds a program; up to a minute for the largest layers)"
+)
+
+
+def load_planned(path: Path) -> tuple[LoadedSpec, list[str]]:
+    """`load_valid`, then planned, never compiled (editors, pre-commit and CI run validate):
+    SpecError also where the plan alone decides that the layer cannot fit its target's HBM
+    (moegen.plan.fit: a refusal it proves, `memory.fit_check` other than `assigned`, a
+    target XLA's read cannot reach). Where XLA's read decides instead (as `generate` makes
+    it), the spec passes with a note that says so."""
     loaded = load_valid(path)
-    plan = refuse_unfit(loaded, make_plan(loaded))
-    if chooses_by_assignment(loaded, plan):  # as generate: refused where no trade fits
-        choose_own_trade(loaded, plan, lambda candidate: None)
-    return loaded
+    plan = make_plan(loaded)
+    display = loaded.source.display
+    problems = fit_problems(loaded, plan, _plan_changed)
+    reads = loaded.spec.memory.fit_check == "assigned" and read_has_a_say(plan)
+    if problems and not reads:
+        raise UnfitSpec(problems, plan)
+    if problems:
+        return loaded, [
+            f"{display}: the plan's ledger puts the layer over HBM, by less than it proves; "
+            f"whether it fits is XLA's to say: {READ_LATER}"
+        ]
+    if chooses_by_assignment(loaded, plan):
+        return loaded, [
+            f"{display}: the plan trades memory for time, and the trade is chosen by XLA's "
+            f"figure, fastest first: {READ_LATER}"
+        ]
+    if reads and planned_over_hbm(plan):
+        return loaded, [
+            f"{display}: planned over HBM within the ledger's error; whether it fits is "
+            f"XLA's to say: {READ_LATER}"
+        ]
+    return loaded, []
 
 
 def refuse_unfit(loaded: LoadedSpec, plan: Plan) -> Plan:

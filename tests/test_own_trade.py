@@ -153,12 +153,14 @@ def test_a_failed_read_stops_the_build_rather_than_take_another_trade(tmp_path, 
     assert "XLA's read of a trade failed: compile forward ended before" in problem.message
 
 
-def test_where_no_trade_fits_validate_and_build_refuse(tmp_path, monkeypatch):
-    _xla(monkeypatch, peak_gib=40.0)  # every trade over the 31.24 GiB granted
+def test_where_no_trade_fits_the_build_refuses_and_validate_reads_nothing(tmp_path, monkeypatch):
+    reads = _xla(monkeypatch, peak_gib=40.0)  # every trade over the 31.24 GiB granted
     spec = _spec(tmp_path)
-    for stage in (pipeline.load_fitting, pipeline.generate):
-        with pytest.raises(SpecError, match="no trade fits by XLA's buffer assignment"):
-            stage(spec)
+    _, notes = pipeline.load_planned(spec)
+    assert reads == [] and "the trade is chosen by XLA's figure, fastest first" in notes[0]
+    with pytest.raises(SpecError, match="no trade fits by XLA's buffer assignment"):
+        pipeline.generate(spec)
+    assert reads
 
 
 def test_check_regenerates_the_same_module(tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ import pytest
 from conftest import assert_no_traceback, run_moegen
 
 from moegen.diagnostics import SpecError
-from moegen.pipeline import generate, load_fitting, load_valid
+from moegen.pipeline import generate, load_planned, load_valid
 from moegen.plan import make_plan
 from moegen.plan.fit import COMPILE_DECIDES, cannot_fit
 from moegen.verify import VerifyError, refusal_read
@@ -121,7 +121,7 @@ def test_a_refusal_says_what_xla_read(
 ):
     _stand_in(monkeypatch, peak_gib=peak_gib, error=error)
     with pytest.raises(SpecError) as info:
-        load_fitting(_spec(tmp_path))
+        generate(_spec(tmp_path))
     (problem,) = info.value.diagnostics
     # XLA measured it: the build flag that reads other trades is offered instead
     offer = "" if offers_the_compile else f" {TAKE_OFFER}"
@@ -133,7 +133,7 @@ def test_without_libtpu_the_refusal_names_it(tmp_path, monkeypatch):
     reads = _stand_in(monkeypatch, peak_gib=1.0)
     monkeypatch.setattr(refusal_read, "module_installed", lambda name: name != "libtpu")
     with pytest.raises(SpecError, match=r"needs libtpu: pip install 'moegen\[tpu\]'"):
-        load_fitting(_spec(tmp_path))
+        generate(_spec(tmp_path))
     assert reads == []
 
 
@@ -145,7 +145,7 @@ def test_no_read_where_the_plan_proves_the_refusal(tmp_path, monkeypatch):
     proved = make_plan(load_valid(path))
     assert read_before_refusing(proved) is None
     with pytest.raises(SpecError, match="more than the plan's error bound"):
-        load_fitting(path)
+        generate(path)
     assert reads == []
 
 
@@ -154,7 +154,7 @@ def test_fit_check_plan_keeps_the_ledgers_word_and_reads_nothing(tmp_path, monke
     path = _spec(tmp_path)
     path.write_text(path.read_text(encoding="utf-8") + "memory: {fit_check: plan}\n")
     with pytest.raises(SpecError, match=COMPILE_DECIDES.lstrip("; ")):
-        load_fitting(path)
+        generate(path)
     assert reads == []
 
 
@@ -189,7 +189,7 @@ def test_a_layer_planned_over_hbm_within_the_error_is_read_too(tmp_path, monkeyp
     assert not cannot_fit(plan) and plan.memory.train_peak > plan.memory.hbm_bytes_per_device
     reads = _stand_in(monkeypatch, error="compile forward+backward: out of HBM: (18.08G)")
     with pytest.raises(SpecError) as info:
-        load_fitting(_llama4(tmp_path, TWO_CHUNKS))
+        generate(_llama4(tmp_path, TWO_CHUNKS))
     (problem,) = info.value.diagnostics
     assert problem.field == "shapes.batch" and len(reads) == 1
     assert problem.message.startswith("the plan needs 16.60 GiB per device by its ledger, 4% over")
@@ -239,14 +239,14 @@ def test_a_written_trade_under_hbm_is_not_read(tmp_path, monkeypatch):
     path.write_text(DEEPSEEK + "memory: {ffn_chunks: 16}\n", encoding="utf-8")
     plan = make_plan(load_valid(path))
     assert plan.memory.train_peak < plan.memory.hbm_bytes_per_device
-    load_fitting(path)
+    generate(path)
     assert reads == []
 
 
 def test_a_layer_planned_under_hbm_or_with_fit_check_plan_is_not_read(tmp_path, monkeypatch):
     reads = _stand_in(monkeypatch, error="never asked")
-    load_fitting(_llama4(tmp_path, "memory: {fit_check: plan}\n"))
-    load_fitting(_spec(tmp_path, batch=48))  # planned under HBM
+    generate(_llama4(tmp_path, "memory: {fit_check: plan}\n"))
+    generate(_spec(tmp_path, batch=48))  # planned under HBM
     assert reads == []
 
 
@@ -268,3 +268,26 @@ def test_xla_decides_for_real(tmp_path):
     assert "(18.08G) exceeds available HBM (15.75G)" in chunks.stderr
     # left open, XLA's read chooses the trade: the layer whole, 14.30 GiB, fits
     assert run_moegen("validate", _llama4(tmp_path)).returncode == 0
+
+
+@pytest.mark.parametrize("peak_gib", [15.0, 40.0])
+def test_validate_reads_nothing_and_says_who_decides(tmp_path, monkeypatch, peak_gib):
+    """validate runs in editors, pre-commit and CI: it never compiles. The ledger alone would
+    refuse this layer; XLA's read decides, at plan and build, and validate says so whether
+    the read would fit it or not."""
+    reads = _stand_in(monkeypatch, peak_gib=peak_gib)
+    path = _spec(tmp_path)
+    loaded, notes = load_planned(path)
+    assert reads == [] and loaded.source.display == path.as_posix()
+    (note,) = notes
+    assert "over HBM, by less than it proves; whether it fits is XLA's to say" in note
+    assert "`moegen plan` and `moegen build` read XLA's buffer assignment" in note
+
+
+def test_validate_keeps_the_plans_refusal_where_no_read_has_a_say(tmp_path, monkeypatch):
+    reads = _stand_in(monkeypatch, peak_gib=1.0)
+    path = _spec(tmp_path)
+    path.write_text(path.read_text(encoding="utf-8") + "memory: {fit_check: plan}\n")
+    with pytest.raises(SpecError, match=COMPILE_DECIDES.lstrip("; ")):
+        load_planned(path)
+    assert reads == []

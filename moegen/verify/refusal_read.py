@@ -54,12 +54,18 @@ def planned_over_hbm(plan: Plan) -> bool:
     )
 
 
+def read_has_a_say(plan: Plan) -> bool:
+    """Whether XLA's read can overturn the ledger's word on `plan`: a TPU target, and no
+    shape the plan proves cannot fit."""
+    shapes = [shape for _, shape in plan.shape_plans()]
+    return tpu_target(plan) is not None and not any(proved_unfit(s.memory) for s in shapes)
+
+
 def read_before_refusing(plan: Plan) -> RefusalRead | None:
     """XLA's buffer assignment of every shape of `plan`, where the plan refuses it on its
     ledger's word on a TPU target, or plans it over HBM by less than its error; None where
     no read has a say (not a TPU target, or a shape the plan proves cannot fit)."""
-    shapes = [shape for _, shape in plan.shape_plans()]
-    if tpu_target(plan) is None or any(proved_unfit(shape.memory) for shape in shapes):
+    if not read_has_a_say(plan):
         return None
     if not module_installed("libtpu"):
         return RefusalRead(
