@@ -31,7 +31,7 @@ from moegen.tune_candidate import Candidate
 from moegen.tune_memory import MEMORY_FIELDS, NOT_READ, READ_BY, choose_by_assignment
 from moegen.variants import unchecked
 from moegen.verify import Step, VerifyError
-from moegen.verify.assigned import assigned_peak
+from moegen.verify.assigned import assigned_peak, kept_words
 from moegen.verify.messages import MemoryVerdict
 from moegen.verify.preflight import LIBTPU_FIX, module_installed
 from moegen.verify.verdict import every_shapes_own_trades
@@ -79,7 +79,8 @@ def read_step(candidate: Candidate) -> MemoryVerdict:
     trade = ", ".join(
         f"{path[1]} {value}" for path, value in candidate.choices.items() if path[0] == "memory"
     )
-    words = candidate.problem or f"{candidate.peak_bytes / 2**30:.2f} GiB per device: fits"
+    kept = kept_words(candidate.peak_bytes)
+    words = candidate.problem or f"{candidate.peak_bytes / 2**30:.2f} GiB per device{kept}: fits"
     return MemoryVerdict(f"memory: read {trade}", candidate.seconds, words)
 
 

@@ -36,6 +36,7 @@ from moegen.variants import unchecked
 from moegen.verify.compiler_errors import crash_words, out_of_memory
 from moegen.verify.messages import PROGRAMS
 from moegen.verify.pool import worker_env
+from moegen.verify.read_record import keep, read_key, recall
 from moegen.verify.verdict import VerifyError, every_shapes_own_trades
 from moegen.verify.verification import scratch_directory, tpu_target
 
@@ -61,6 +62,7 @@ class AssignedMemory:
     output: int
     temp: int
     seconds: float
+    kept: bool = False  # read back from an earlier read (moegen.verify.read_record)
 
     @property
     def peak(self) -> int:
@@ -91,18 +93,46 @@ def assigned_memory(
     tpu = tpu_target(plan)
     if tpu is None:
         raise VerifyError("TPU targets only: this target has no compile-only TPU slice")
+    shape = _Shape(json.dumps(tpu.to_json()), plan.mesh.num_devices, variant)
+    key = read_key(source, variant, shape.tpu, shape.num_devices)
+    kept = recall(key)
+    if kept is not None:  # read before: its figures, or the compiler's refusal
+        figures, refused = kept
+        if refused:  # the compiler's words, said to be kept on their first line
+            first, newline, rest = refused.partition("\n")
+            raise VerifyError(first + KEPT + newline + rest)
+        return {p: AssignedMemory(**figure, kept=True) for p, figure in figures.items()}
+    try:
+        found = _read(source, shape, timeout_s)
+    except VerifyError as err:
+        if "out of HBM" in str(err):
+            keep(key, {}, str(err))
+        raise
+    keep(key, {program: _figures(figure) for program, figure in found.items()})
+    return found
+
+
+def _read(source: str, shape: _Shape, timeout_s: float) -> dict[str, AssignedMemory]:
     with scratch_directory() as folder:
         (folder / "layer.py").write_text(source, encoding="utf-8")
         start = time.perf_counter()
-        shape = _Shape(json.dumps(tpu.to_json()), plan.mesh.num_devices, variant)
         workers = {program: _start(folder, program, shape) for program in PROGRAMS}
         try:
-            return _wait(folder, workers, start, timeout_s, variant)
+            return _wait(folder, workers, start, timeout_s, shape.variant)
         finally:
             for proc in workers.values():
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait()
+
+
+def _figures(figure: AssignedMemory) -> dict[str, float]:
+    return {
+        "argument": figure.argument,
+        "output": figure.output,
+        "temp": figure.temp,
+        "seconds": figure.seconds,
+    }
 
 
 @dataclass(frozen=True)
@@ -179,17 +209,32 @@ def _failure(folder: Path, program: str, returncode: int | None = None) -> str:
     return f"compile {program} ended before XLA's buffer assignment{how}:\n{tail}"
 
 
+class KeptPeak(int):
+    """A peak read back from an earlier read of the same programs (moegen.verify.read_record),
+    not read now: the words that print it say so (KEPT)."""
+
+
+KEPT = " (kept from an earlier read of the same programs)"
+
+
+def kept_words(peak: int) -> str:
+    """KEPT where `peak` was read back, else nothing."""
+    return KEPT if isinstance(peak, KeptPeak) else ""
+
+
 def assigned_peak(plan: Plan) -> int:
     """The largest of the programs' peaks as XLA assigned them, per device, of every shape
     of the module rendered from `plan` (the main one and each variant's: one module holds
-    them all, and a memory trade is chosen for all). Raises VerifyError as assigned_memory
-    does."""
+    them all, and a memory trade is chosen for all); a KeptPeak where every figure was read
+    back. Raises VerifyError as assigned_memory does."""
     source = render(plan)
-    return max(
-        figure.peak
+    figures = [
+        figure
         for variant, _ in plan.shape_plans()
         for figure in assigned_memory(plan, source, variant=variant).values()
-    )
+    ]
+    peak = max(figure.peak for figure in figures)
+    return KeptPeak(peak) if all(figure.kept for figure in figures) else peak
 
 
 # The layer as first written: one token chunk, the FFN unsliced.

@@ -89,17 +89,17 @@ def records_dir() -> Path:
     return cache_root().joinpath(*_BELOW_ROOT)
 
 
-def _open_records(*, create: bool) -> int:
-    """The records directory, opened (made first, with `create`) without following a symbolic
-    link below the cache root: the root is the user's own choice and may be a link (to a
-    larger disk, say), but what is below it anyone who can write the cache may have made, a
-    link to a directory of the user's among it. OSError where it cannot be (ENOTDIR or
-    ELOOP: a link, which is never followed)."""
+def open_below_cache(*, create: bool, below: tuple[str, ...] = _BELOW_ROOT) -> int:
+    """The records directory (or another `below` the cache root), opened (made first, with
+    `create`) without following a symbolic link below the cache root: the root is the
+    user's own choice and may be a link (to a larger disk, say), but what is below it anyone
+    who can write the cache may have made, a link to a directory of the user's among it.
+    OSError where it cannot be (ENOTDIR or ELOOP: a link, which is never followed)."""
     root = cache_root()
     if create:
         root.mkdir(parents=True, exist_ok=True)
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    for name in _BELOW_ROOT:
+    for name in below:
         try:
             if create:
                 with suppress(FileExistsError):  # a link there too: mkdir does not follow it
@@ -294,7 +294,7 @@ def load_record(key: str) -> Record | None:
     is not a file this user's moegen wrote and signed, of this format, step by step as a
     worker reports them. The figures in it are the caller's to judge (moegen.verify.evidence)."""
     try:
-        directory = _open_records(create=False)
+        directory = open_below_cache(create=False)
     except OSError as err:
         if err.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):  # none yet, or a link
             return None
@@ -349,19 +349,20 @@ def store_record(record: Record) -> None:
     if signature is None:
         return
     with suppress(OSError):
-        directory = _open_records(create=True)
+        directory = open_below_cache(create=True)
         try:
-            _write_record(directory, record.key, {**data, "signature": signature})
+            write_file_in(directory, record.key, {**data, "signature": signature})
         finally:
             os.close(directory)
 
 
-def _write_record(directory: int, key: str, data: dict[str, Any]) -> None:
-    """`data` as the record of `key` in the open `directory`: every name taken relative to
-    it, so that no link swapped in meanwhile is followed."""
+def write_file_in(directory: int, key: str, data: dict[str, Any], path: Path | None = None) -> None:
+    """`data` as the record of `key` in the open `directory` (at `path`, default the records
+    directory): every name taken relative to it, so that no link swapped in meanwhile is
+    followed."""
     # by path: should a link be swapped in since, it can only remove what this user's dead
     # moegen left there (names signed for that very directory)
-    provenance.remove_leftovers(records_dir(), _TEMP_MARK)
+    provenance.remove_leftovers(path or records_dir(), _TEMP_MARK)
     temp = provenance.owned_name(directory, f".{key[:16]}", _TEMP_MARK)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     try:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from moegen.hardware import hardware
 from moegen.plan import Plan
 from moegen.plan.fit import memory_peak, proved_unfit
-from moegen.verify.assigned import assigned_peak, fits_by_assignment
+from moegen.verify.assigned import assigned_peak, fits_by_assignment, kept_words
 from moegen.verify.preflight import LIBTPU_FIX, module_installed
 from moegen.verify.verdict import VerifyError
 from moegen.verify.verification import tpu_target
@@ -87,7 +87,8 @@ def read_before_refusing(plan: Plan) -> RefusalRead | None:
     seconds = time.perf_counter() - start
     granted = hardware(plan.hardware).compiler_hbm_bytes_per_device
     words = (
-        f"XLA's buffer assignment of the full-size programs: {peak / GiB:.2f} GiB per device, "
+        f"XLA's buffer assignment of the full-size programs{kept_words(peak)}: "
+        f"{peak / GiB:.2f} GiB per device, "
         f"of the {granted / GiB:.2f} GiB the compiler grants a program"
     )
     if fits_by_assignment(plan, peak):
