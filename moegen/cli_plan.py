@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 )
 def plan_command(spec: Path, as_json: bool, compile_too: bool, assigned: bool) -> None:
     """Print every static quantity moegen derives from SPEC."""
+    from moegen.own_trade import ANNOUNCED
     from moegen.pipeline import generate
     from moegen.plan import format_plan
     from moegen.verify import VerifyError, verify
@@ -49,7 +50,7 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool, assigned: bool) -
     reads: list[MemoryVerdict] = []
 
     def keep_read(spec: str, step: str, seconds: float, details: Step | None) -> None:
-        if isinstance(details, MemoryVerdict):
+        if isinstance(details, MemoryVerdict) and step != ANNOUNCED:
             reads.append(details)
 
     try:

@@ -37,6 +37,11 @@ from moegen.verify.preflight import LIBTPU_FIX, module_installed
 from moegen.verify.verdict import every_shapes_own_trades
 
 OUT_OF_HBM = "out of HBM"  # in a read's error: XLA's answer that the trade does not fit
+# What a read costs, said before the first: the forward and forward+backward programs
+# assigned side by side (5.45 s for Qwen3-30B-A3B over 16 v5e chips; 25-60 s for DeepSeek-V3,
+# Qwen3-235B and Jamba at batch 32), a kept read (moegen.verify.read_record) milliseconds.
+ANNOUNCED = "memory: XLA's buffer assignment"  # the step that says reads are coming
+READ_TIME = "about 5 s to a minute a read, the largest layers longest; a kept read milliseconds"
 OnRead = Callable[[Candidate], None]
 Note = Callable[[str, str, float, Step | None], None]  # moegen.pipeline's Progress
 ReadPeak = Callable[[Plan], int]
@@ -67,7 +72,11 @@ def choose_reporting(loaded: LoadedSpec, ledger: Plan, note: Note) -> tuple[Load
         step = read_step(candidate)
         note(display, step.step, step.seconds, step)
 
-    chosen, plan, words = choose_own_trade(loaded, ledger, on_read)
+    def announce(count: int) -> None:
+        words = f"up to {count} trades, fastest first, until one fits: {READ_TIME}"
+        note(display, ANNOUNCED, 0.0, MemoryVerdict(ANNOUNCED, 0.0, words))
+
+    chosen, plan, words = choose_own_trade(loaded, ledger, on_read, announce=announce)
     step = MemoryVerdict("memory: trade chosen", time.perf_counter() - start, words)
     note(display, step.step, step.seconds, step)
     return chosen, plan
@@ -85,11 +94,16 @@ def read_step(candidate: Candidate) -> MemoryVerdict:
 
 
 def choose_own_trade(
-    loaded: LoadedSpec, plan: Plan, on_read: OnRead, read_peak: ReadPeak | None = None
+    loaded: LoadedSpec,
+    plan: Plan,
+    on_read: OnRead,
+    read_peak: ReadPeak | None = None,
+    announce: Callable[[int], None] | None = None,
 ) -> tuple[LoadedSpec, Plan, str]:
     """The spec with its open trades set to the fastest that XLA fits (the source text
-    unchanged: the spec leaves them to the build), its plan, and the words of the choice.
-    SpecError, located at `memory`, where no libtpu can read, a read fails, or none fits."""
+    unchanged: the spec leaves them to the build), its plan, and the words of the choice;
+    `announce` is told how many trades may be read, before the first. SpecError, located at
+    `memory`, where no libtpu can read, a read fails, or none fits."""
     if not module_installed("libtpu"):
         raise _refused(loaded, plan, f"XLA's buffer assignment needs libtpu: {LIBTPU_FIX}")
     memory = loaded.spec.memory
@@ -97,6 +111,8 @@ def choose_own_trade(
     found = candidates(unchecked(loaded, open_fields))
     found += _ledger_trade(loaded, plan, open_fields, found)
     read = read_peak or assigned_peak  # looked up now: tests stand in for it
+    if announce is not None:
+        announce(sum(c.plan is not None for c in found))
 
     def strict(candidate_plan: Plan) -> int:
         try:

@@ -27,7 +27,13 @@ from conftest import assert_no_traceback, run_moegen
 from spec_builder import spec_yaml, validated
 
 from moegen.hardware import hardware
-from moegen.kernels.tiling import Tile, projection_out_dtypes, tile_problems
+from moegen.kernels.tiling import (
+    Tile,
+    kernel_vmem,
+    projection_out_dtypes,
+    tile_problems,
+    usable_vmem,
+)
 from moegen.load import LoadedSpec
 from moegen.plan import Plan, make_plan
 
@@ -142,8 +148,9 @@ LAYERS |= {
 
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_validates_and_plans(name: str) -> None:
-    """Each layer validates, its kernel tiles fit the scoped VMEM in every kernel (with the
-    dtype each call writes), its mesh lays out, and its plan fits the chip's HBM."""
+    """Each layer validates, each megablox kernel's tiles (forward, input gradient, weight
+    gradient: each its own) fit the scoped VMEM in that kernel (with the dtype each call
+    writes), its mesh lays out, and its plan fits the chip's HBM."""
     layer = LAYERS[name]
     plan = layer.plan()
     chip = hardware(plan.hardware)
@@ -154,20 +161,25 @@ def test_validates_and_plans(name: str) -> None:
         outs = projection_out_dtypes(
             plan.compute_dtype, plan.experts.overlap_chunks, plan.ffn.chunks
         )
-        for tile, out in zip(
-            (plan.kernel.config.gate_up_tile, plan.kernel.config.down_tile), outs, strict=True
-        ):
-            assert (
-                tile_problems(Tile(*tile), plan.compute_dtype, chip.vmem_bytes_for_tiles, out) == []
-            )
+        config = plan.kernel.config
+        projections = (
+            (config.gate_up_tile, *config.gate_up_backward),
+            (config.down_tile, *config.down_backward),
+        )
+        usable = usable_vmem(chip.vmem_bytes_for_tiles)
+        for kernels, out in zip(projections, outs, strict=True):
+            for kernel, tile in enumerate(kernels):
+                assert tile_problems(Tile(*tile), plan.compute_dtype, 2**40, out) == []
+                assert kernel_vmem(Tile(*tile), plan.compute_dtype, out)[kernel] <= usable
 
 
 def test_the_sliced_down_projection_gets_a_narrower_tile() -> None:
     """The Mixtral layer's down projection writes float32 in slices: the 1024-wide contraction
-    tile megablox uses by default would need 16.5 MiB in the weight gradient."""
-    plan = LAYERS["mixtral_2_slices"].plan()
-    assert plan.kernel.config.gate_up_tile == (512, 1024, 1024)
-    assert plan.kernel.config.down_tile == (512, 896, 1024)
+    tile megablox uses by default would need 16.5 MiB in the weight gradient, whose kernel
+    gets a narrower one of its own; the forward and input-gradient kernels keep 1024."""
+    config = LAYERS["mixtral_2_slices"].plan().kernel.config
+    assert config.gate_up_tile == config.down_tile == (512, 1024, 1024)
+    assert config.down_backward == ((512, 1024, 1024), (512, 896, 1024))
 
 
 def _structure(plan: Plan) -> tuple:
@@ -237,8 +249,10 @@ def test_the_plan_slices_only_where_pinned_tiles_fit() -> None:
     down tile that only fits a bfloat16 result keeps the layer whole (the HBM verdict of the
     build then says what to change), and one that fits both lets the plan slice: 16 slices
     (10.7 GiB), the fewest that leave the ledger's headroom of 30% (8 leave 26%, at 11.8 GiB;
-    4 fit, at 14.1 GiB, without it)."""
+    4 fit, at 14.1 GiB, without it). One token chunk pinned: left to the plan, token chunks
+    that keep the headroom are faster by its step time, and it takes those."""
     base = V5E_2X4 | GROK1 | {"axes": {"fsdp": 2, "expert": 4}, "kernel": "pallas", "batch": 16}
+    base |= {"token_chunks": 1}
     assert Layer(base, "").plan().ffn.chunks == 16
     pinned = Layer(base | {"tiles": {"down": [512, 1024, 1024]}}, "").plan()
     assert pinned.ffn.chunks == 1 and pinned.kernel.config.down_tile == (512, 1024, 1024)

@@ -14,6 +14,7 @@ from test_refusal_read import DEEPSEEK, LLAMA4
 from moegen import own_trade, pipeline
 from moegen.check import check
 from moegen.diagnostics import SpecError
+from moegen.own_trade import ANNOUNCED, READ_TIME
 from moegen.plan import Plan
 from moegen.tune import count_by_plan
 from moegen.tune_candidate import Candidate
@@ -78,6 +79,7 @@ def test_the_fastest_trade_xla_fits_is_the_modules(tmp_path, monkeypatch):
     written = _spec(tmp_path / "written", "memory: {ffn_chunks: 1, token_chunks: 1}\n")
     assert _body(generated.source) == _body(pipeline.generate(written).source)
     assert _steps(notes) == [
+        (ANNOUNCED, f"up to 25 trades, fastest first, until one fits: {READ_TIME}"),
         ("memory: read token_chunks 1, ffn_chunks 1", "25.94 GiB per device: fits"),
         (
             "memory: trade chosen",
@@ -182,3 +184,16 @@ def test_a_real_read_takes_the_layer_whole(tmp_path):
     (chosen,) = [verdict for name, verdict in _steps(notes) if name == "memory: trade chosen"]
     assert chosen.startswith("memory.token_chunks: 1, memory.ffn_chunks: 1: XLA's buffer ")
     assert "14.30 GiB per device" in chosen and "would have run 1 FFN slice x 2 token" in chosen
+
+
+def test_the_reads_are_announced_before_the_first_with_what_they_cost(tmp_path, monkeypatch):
+    _xla(monkeypatch)
+    steps: list[tuple[str, object]] = []
+    pipeline.generate(_spec(tmp_path), lambda spec, step, s, details: steps.append((step, details)))
+    names = [name for name, _ in steps]
+    first_read = next(i for i, name in enumerate(names) if name.startswith("memory: read "))
+    announced = names.index(ANNOUNCED)
+    assert announced < first_read
+    words = steps[announced][1].verdict
+    assert words.startswith("up to ") and "trades, fastest first, until one fits: " in words
+    assert words.endswith(READ_TIME)
