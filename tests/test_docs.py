@@ -76,3 +76,9 @@ def test_every_docs_page_is_in_the_mkdocs_nav():
     docs = REPO_ROOT / "docs"
     on_disk = sorted(p.relative_to(docs).as_posix() for p in docs.rglob("*.md"))
     assert sorted(pages(config["nav"])) == on_disk
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """What, install, quick start, a map (issue 53): the rest lives in docs/ and bench/."""
+    lines = (REPO_ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 150, len(lines)
