@@ -60,12 +60,13 @@ def test_example_modules_hold_only_their_path(rendered, name):
     assert ("jnp.sum(combine_weights" in code) is plan.router.renormalize
     calls = {
         "xla": "jax.lax.ragged_dot(",
-        "pallas": "megablox.gmm(",
+        "pallas": "_gmm(",  # megablox, through a custom VJP giving each kernel its own tiles
         "te": "_te_grouped_matmul(",
         "tokamax": "_tokamax_grouped_matmul(",
     }
     # (gate,) up, down; gate and up side by side in one call where the plan fuses them
-    assert code.count(calls[plan.kernel.name]) >= plan.ffn.grouped_matmul_sites
+    sites = re.findall(rf"(?<![\w.]){re.escape(calls[plan.kernel.name])}", code)
+    assert len(sites) >= plan.ffn.grouped_matmul_sites
     assert ('weights["w_gate_up"]' in rendered[name]) is plan.ffn.fuses_gate_up
     assert not any(call in code for kernel, call in calls.items() if kernel != plan.kernel.name)
 
