@@ -95,19 +95,31 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
     # A.X-K1: V3's MoE (192 experts, 8 groups keep 4, top-8, scaling 2.5, 1 shared), then an
     # RMSNorm of the block's output (post_mlp_layernorm, eps rms_norm_eps): spec
     # layer.output_norm_eps. The oracle's epsilon is large enough to matter at these sizes.
-    _v3_like(
+    # Its checkpoints keep the norm's weight beside the block (model.layers.{L}.
+    # post_mlp_layernorm.weight), transformers' state_dict inside it (mlp.post_mlp_layernorm).
+    ModelFamily(
         "axk1",
         "axk1",
         "AXK1Config",
         "AXK1MoE",
         "AXK1ForCausalLM",
-        Tiny(
+        ROUTED,
+        SIGMOID_BIAS,
+        oracle=Tiny(
             32,
             8,
             shared=F,
             scaling=2.5,
             groups=(8, 4),
             config=ONE_SHARED | dict(rms_norm_eps=0.01),
+            spec={"output_norm_eps": 0.01},
+        ),
+        checkpoint=Tiny(
+            8,
+            2,
+            shared=families_keys.CF,
+            scaling=2.5,
+            config=ONE_GROUP | ONE_SHARED | dict(rms_norm_eps=0.01),
             spec={"output_norm_eps": 0.01},
         ),
     ),

@@ -339,3 +339,14 @@ def test_per_expert_region_reads_its_experts_only() -> None:
         ("experts.2.w2.weight", (slice(3, 6), slice(0, 8))),
         ("experts.3.w2.weight", (slice(3, 6), slice(0, 8))),
     ]
+
+
+def test_a_key_can_climb_from_the_block_to_its_layer() -> None:
+    """A.X-K1's checkpoints keep the block's output norm in the decoder layer, beside it."""
+    from moegen.checkpoints.sources import full_key
+
+    block = "model.language_model.layers.3.mlp."
+    assert full_key(block, "experts.0.up_proj.weight") == block + "experts.0.up_proj.weight"
+    assert full_key(block, "../post_mlp_layernorm.weight") == (
+        "model.language_model.layers.3.post_mlp_layernorm.weight"
+    )

@@ -83,20 +83,36 @@ def _shared(
     }
 
 
+def _v3_like(name: str, title: str) -> Family:
+    """A family whose checkpoints hold DeepSeek-V3's block, in its names."""
+    return Family(name, title, (name,), _qwen_style(_V3_EXTRA), **_DEEPSEEK_CONFIG)
+
+
+def _output_norm(module: str) -> dict[str, Source]:
+    """The RMSNorm of the block's output (layer.output_norm_eps): its weight [D]."""
+    return {"output_norm": Source(f"{module}.weight", ("d",))}
+
+
 _QWEN_PUBLISHED = _per_expert("gate_proj", "up_proj", "down_proj")
 _MIXTRAL_PUBLISHED = _per_expert("w1", "w3", "w2")
 _BIAS = {"routing_bias": Source("gate.e_score_correction_bias", ("e",))}
+_V3_EXTRA = {**_BIAS, **_shared("shared_experts")}  # DeepSeek-V3's block: bias, a shared expert
 
 
 def _qwen_style(
-    extra: Mapping[str, Source] | None = None, router: str = "gate.weight"
+    extra: Mapping[str, Source] | None = None,
+    router: str = "gate.weight",
+    published: Mapping[str, Source] | None = None,
 ) -> tuple[Layout, ...]:
     """Qwen2-MoE's conversion (qwen3_moe, olmoe, deepseek_v2/v3, glm4_moe, dots1, hunyuan):
-    the same block, experts fused in memory and per expert on the Hub."""
+    the same block, experts fused in memory and per expert on the Hub (`published`: the
+    sources the Hub keeps elsewhere)."""
     extra = extra or {}
     return (
         Layout("fused", "mlp", {**_router(router), **_fused(), **extra}),
-        Layout("published", "mlp", {**_router(router), **_QWEN_PUBLISHED, **extra}),
+        Layout(
+            "published", "mlp", {**_router(router), **_QWEN_PUBLISHED, **extra, **(published or {})}
+        ),
     )
 
 
@@ -173,32 +189,20 @@ FAMILIES: Mapping[str, Family] = {
             _qwen_style(),
             **(_QWEN_CONFIG | {"ffn": ("intermediate_size",)}),
         ),
+        _v3_like("deepseek_v3", "DeepSeek-V3"),
+        _v3_like("glm4_moe", "GLM-4.5"),
+        _v3_like("dots1", "dots.llm1"),
+        _v3_like("minicpm5_moe", "MiniCPM5-MoE"),
         Family(
-            "deepseek_v3",
-            "DeepSeek-V3",
-            ("deepseek_v3",),
-            _qwen_style({**_BIAS, **_shared("shared_experts")}),
-            **_DEEPSEEK_CONFIG,
-        ),
-        Family(
-            "glm4_moe",
-            "GLM-4.5",
-            ("glm4_moe",),
-            _qwen_style({**_BIAS, **_shared("shared_experts")}),
-            **_DEEPSEEK_CONFIG,
-        ),
-        Family(
-            "dots1",
-            "dots.llm1",
-            ("dots1",),
-            _qwen_style({**_BIAS, **_shared("shared_experts")}),
-            **_DEEPSEEK_CONFIG,
-        ),
-        Family(
-            "minicpm5_moe",
-            "MiniCPM5-MoE",
-            ("minicpm5_moe",),
-            _qwen_style({**_BIAS, **_shared("shared_experts")}),
+            "axk1",
+            "A.X K1",
+            ("axk1",),
+            # the output norm: moved into the block by transformers on load, beside it (in the
+            # decoder layer) on the Hub
+            _qwen_style(
+                {**_V3_EXTRA, **_output_norm("post_mlp_layernorm")},
+                published=_output_norm("../post_mlp_layernorm"),
+            ),
             **_DEEPSEEK_CONFIG,
         ),
         Family(

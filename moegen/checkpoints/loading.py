@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from moegen.checkpoints.match import Match, Target, check_config, family_named, match_layer
 from moegen.checkpoints.reader import Checkpoint, CheckpointError
-from moegen.checkpoints.sources import AXIS_NAMES, PARAM_AXES, Source
+from moegen.checkpoints.sources import AXIS_NAMES, PARAM_AXES, Source, full_key
 
 MAX_LAYER = 1 << 20
 
@@ -158,7 +158,7 @@ def region_reader(
     axes = PARAM_AXES[name]
 
     def fetch(key: str, index: tuple[slice, ...]) -> np.ndarray:
-        return ckpt.read(block + key, index)
+        return ckpt.read(full_key(block, key), index)
 
     def read(region: Region) -> np.ndarray:
         found = source.read(fetch, dict(zip(axes, region, strict=True)), target.sizes, axes)

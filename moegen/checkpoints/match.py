@@ -17,7 +17,7 @@ import numpy as np
 
 from moegen.checkpoints.layouts import FAMILIES, QUANTIZED_SUFFIXES, SPEC_FIELD, Family, Layout
 from moegen.checkpoints.reader import FLOAT_DTYPES, Checkpoint, CheckpointError
-from moegen.checkpoints.sources import Source
+from moegen.checkpoints.sources import Source, full_key
 
 MAX_LISTED = 8  # keys listed in a message before "..."
 REQUIRED = ("router", "w_gate", "w_up", "w_down")  # every family's checkpoint has these
@@ -241,7 +241,7 @@ def match_layer(family: Family, ckpt: Checkpoint, target: Target, layer: int) ->
     _refuse_unknown(family, layout, under, block, where, target)
     ignored: dict[str, list[str]] = {}  # fix -> the keys it is for
     for name, source in layout.params.items():
-        key = block + source.key_of(0)
+        key = full_key(block, source.key_of(0))
         if name not in target.shapes and key in ckpt.files:
             keys = ignored.setdefault(_fix_for_missing_param(name, ckpt, key, source), [])
             if key not in keys:
@@ -333,7 +333,7 @@ def _check_source(
     expected = source.shape(target.sizes)
     experts = range(target.sizes["e"]) if source.per_expert else [None]
     for expert in experts:
-        key = block + source.key_of(expert)
+        key = full_key(block, source.key_of(expert))
         if key not in ckpt.files:
             fix = (
                 "the checkpoint is incomplete (a shard left out of the index?)"

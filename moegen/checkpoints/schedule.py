@@ -190,9 +190,10 @@ def _deepseek_v4(config: _Config, count: int | None) -> tuple[Callable[[int], st
     )
 
 
-def _minicpm5(config: _Config, count: int | None) -> tuple[Callable[[int], str], str]:
-    """MiniCPM5-MoE: mlp_layer_types where config.json has it (save_pretrained writes it),
-    else the first first_k_dense_replace layers (default 1) dense."""
+def _layer_types(config: _Config, count: int | None) -> tuple[Callable[[int], str], str]:
+    """MiniCPM5-MoE and A.X K1: mlp_layer_types where config.json has it (save_pretrained
+    writes it), else the first first_k_dense_replace layers (default 1) dense, then every
+    moe_layer_freq-th."""
     if "mlp_layer_types" not in config.values:
         return _first_k_dense(1)(config, count)
     kinds = config.kind_list("mlp_layer_types", count, {"sparse": MOE, "dense": DENSE})
@@ -215,7 +216,8 @@ RULES: Mapping[str, Callable[[_Config, int | None], tuple[Callable[[int], str], 
     "llama4": _llama4,
     "ernie4_5_moe": _ernie,
     "deepseek_v4": _deepseek_v4,
-    "minicpm5_moe": _minicpm5,
+    "minicpm5_moe": _layer_types,
+    "axk1": _layer_types,
 }
 COUNT_KEYS = {"dbrx": "n_layers"}  # the key of the layer count, where not num_hidden_layers
 

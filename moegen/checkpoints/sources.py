@@ -48,6 +48,19 @@ PARAM_AXES: Mapping[str, str] = {
 AXIS_NAMES = {"e": "NUM_EXPERTS", "d": "EMBED_DIM", "f": "FFN_DIM", "s": "SHARED_FFN_DIM"}
 
 Region = Mapping[str, tuple[int, int]]  # axis -> [start, stop)
+# A source key that starts with this is relative to the decoder layer, not to the MoE block:
+# A.X-K1's checkpoints keep the block's output norm beside it (`post_mlp_layernorm.weight`).
+IN_LAYER = "../"
+
+
+def full_key(block: str, key: str) -> str:
+    """The checkpoint key of `key`, relative to the MoE block whose prefix is `block` (e.g.
+    "model.layers.3.mlp."), or to its decoder layer where it starts with IN_LAYER."""
+    if key.startswith(IN_LAYER):
+        return block[: block.rstrip(".").rfind(".") + 1] + key.removeprefix(IN_LAYER)
+    return block + key
+
+
 Fetch = Callable[[str, tuple[slice, ...]], np.ndarray]
 
 
