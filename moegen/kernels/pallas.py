@@ -62,6 +62,23 @@ class PallasConfig(KernelConfig):
     accumulate_tile: tuple[int, int, int] | None = None
 
     @property
+    def kernel_tiles(self) -> dict[str, tuple[TileShape, TileShape, TileShape]]:
+        """Each tiling constant the module defines: its projection's (forward, input-gradient,
+        weight-gradient) tiles; a whole forward pass's (FFN slices) runs all three with its
+        forward's (its gradient runs slice by slice, with the others)."""
+        tiles = {
+            "GATE_UP_TILING": (self.gate_up_tile, *self.gate_up_backward),
+            "DOWN_TILING": (self.down_tile, *self.down_backward),
+        }
+        for name, tile in (
+            ("FORWARD_GATE_UP_TILING", self.forward_gate_up_tile),
+            ("FORWARD_DOWN_TILING", self.forward_down_tile),
+        ):
+            if tile is not None:
+                tiles[name] = (tile, tile, tile)
+        return tiles
+
+    @property
     def call_tiles(self) -> tuple[TileShape, TileShape]:
         return self.gate_up_tile, self.down_tile
 
