@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from families_keys import LOCAL_MOE, NUM_MOE, RENORMALIZED, ROUTED, SIGMOID_BIAS, F
+from families_keys import CF, LOCAL_MOE, NUM_MOE, RENORMALIZED, ROUTED, SIGMOID_BIAS, F
 from family_model import Keys, ModelFamily, Tiny
 
 # Step 3.7 clamps the activated gate (min(silu(g), L)), the shared expert at its own limit
@@ -38,6 +38,11 @@ _GEMMA4 = RENORMALIZED | {
 # renormalises (norm_topk_prob), as the spec does
 KOLIBRI_ORACLE = Tiny(
     16, 6, shared=2 * F, config=dict(norm_topk_prob=True, shared_expert_intermediate_size=2 * F)
+)
+# the checkpoint tests' model: its Hub layout keeps the selection bias beside the block
+# (moe.router.expert_bias), transformers' state_dict inside it
+KOLIBRI_CHECKPOINT = Tiny(
+    8, 2, shared=2 * CF, config=dict(norm_topk_prob=True, shared_expert_intermediate_size=2 * CF)
 )
 _GEMMA4_CONFIG = dict(
     enable_moe_block=True,
@@ -115,10 +120,11 @@ OPTION_FAMILIES: list[ModelFamily] = [
         "kolibri1",
         "Kolibri1Config",
         "Kolibri1SparseMoeBlock",
-        "",
+        "Kolibri1ForCausalLM",
         NUM_MOE,
         SIGMOID_BIAS | {"routing_bias_on": "logits"},
         oracle=KOLIBRI_ORACLE,
+        checkpoint=KOLIBRI_CHECKPOINT,
     ),
     # Kolibri 1.1 (transformers 5.25): Kolibri1's block (384 experts, top-6, not renormalised),
     # dense MLPs in the mlp_only_layers; the oracle renormalises, as Kolibri1's does
@@ -127,10 +133,15 @@ OPTION_FAMILIES: list[ModelFamily] = [
         "kolibri1_1",
         "Kolibri1_1Config",
         "Kolibri1_1SparseMoeBlock",
-        "",
+        "Kolibri1_1ForCausalLM",
         NUM_MOE,
         SIGMOID_BIAS | {"routing_bias_on": "logits"},
         oracle=KOLIBRI_ORACLE,
+        # layer 1 an MoE layer (the config's default keeps the first two dense)
+        checkpoint=replace(
+            KOLIBRI_CHECKPOINT,
+            config=KOLIBRI_CHECKPOINT.config | dict(mlp_only_layers=[0], index_num_heads=1),
+        ),
     ),
     # LFM2-MoE: renormalised by the sum plus 1e-6
     ModelFamily(

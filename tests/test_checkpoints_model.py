@@ -116,6 +116,8 @@ RULE_CASES: dict[str, tuple[str, dict[str, Any], list[int]]] = {
     "ernie_default": ("ernie4_5_moe", {"num_hidden_layers": 3}, [1, 2]),
     "axk1_types": ("axk1", {"num_hidden_layers": 3, "mlp_layer_types": ["dense", "sparse", "dense"]}, [1]),
     "axk1_freq": ("axk1", {"num_hidden_layers": 5, "first_k_dense_replace": 1, "moe_layer_freq": 2}, [2, 4]),
+    "kolibri1_1_default": ("kolibri1_1", {"num_hidden_layers": 4}, [2, 3]),
+    "kolibri1_1_listed": ("kolibri1_1", {"num_hidden_layers": 3, "mlp_only_layers": [1]}, [0, 2]),
     "v4_types": ("deepseek_v4", {"num_hidden_layers": 3,
                                  "mlp_layer_types": ["hash_moe", "moe", "moe"]}, [0, 1, 2]),
 }

@@ -97,6 +97,7 @@ _QWEN_PUBLISHED = _per_expert("gate_proj", "up_proj", "down_proj")
 _MIXTRAL_PUBLISHED = _per_expert("w1", "w3", "w2")
 _BIAS = {"routing_bias": Source("gate.e_score_correction_bias", ("e",))}
 _V3_EXTRA = {**_BIAS, **_shared("shared_experts")}  # DeepSeek-V3's block: bias, a shared expert
+_KOLIBRI_BIAS = {"routing_bias": Source("../moe.router.expert_bias", ("e",))}
 
 
 def _qwen_style(
@@ -204,6 +205,17 @@ FAMILIES: Mapping[str, Family] = {
                 published=_output_norm("../post_mlp_layernorm"),
             ),
             **_DEEPSEEK_CONFIG,
+        ),
+        *(
+            # DeepSeek-V3's block names; the Hub keeps the selection bias beside the block
+            Family(
+                name,
+                title,
+                (name,),
+                _qwen_style(_V3_EXTRA, published=_KOLIBRI_BIAS),
+                **_QWEN_CONFIG,
+            )
+            for name, title in (("kolibri1", "Kolibri1"), ("kolibri1_1", "Kolibri 1.1"))
         ),
         Family(
             "deepseek_v2",

@@ -132,6 +132,15 @@ def _qwen(config: _Config, count: int | None) -> tuple[Callable[[int], str], str
     return kind, f"{config.name('decoder_sparse_step')} = {step}{only}"
 
 
+def _kolibri1_1(config: _Config, count: int | None) -> tuple[Callable[[int], str], str]:
+    """Kolibri 1.1: the layers in mlp_only_layers dense (absent or null: the first two, as
+    Kolibri1_1Config makes them)."""
+    listed = config.layer_list("mlp_only_layers", count)
+    dense = set((0, 1) if listed is None else listed)
+    said = f"{config.name('mlp_only_layers')} = {sorted(dense)}"
+    return (lambda layer: DENSE if layer in dense else MOE), said
+
+
 def _jamba(config: _Config, count: int | None) -> tuple[Callable[[int], str], str]:
     period = config.integer("expert_layer_period", 2, minimum=1)
     offset = config.integer("expert_layer_offset", 1)
@@ -218,6 +227,8 @@ RULES: Mapping[str, Callable[[_Config, int | None], tuple[Callable[[int], str], 
     "deepseek_v4": _deepseek_v4,
     "minicpm5_moe": _layer_types,
     "axk1": _layer_types,
+    "kolibri1": _every,
+    "kolibri1_1": _kolibri1_1,
 }
 COUNT_KEYS = {"dbrx": "n_layers"}  # the key of the layer count, where not num_hidden_layers
 
