@@ -252,22 +252,26 @@ def test_a_layer_planned_under_hbm_or_with_fit_check_plan_is_not_read(tmp_path, 
 
 @pytest.mark.slow
 def test_xla_decides_for_real(tmp_path):
-    """The real reads: the layer the ledger over-counts is valid; the larger one is refused
-    with the compiler's figure, without the offer of the full-size compile."""
-    fits = run_moegen("validate", _spec(tmp_path))
+    """The real reads, by `moegen plan` (validate reads nothing): the layer the ledger
+    over-counts is planned, and a second plan reads XLA's figure back, saying so; the larger
+    one is refused with the compiler's figure, without the offer of the full-size compile."""
+    fits = run_moegen("plan", _spec(tmp_path))
     assert fits.returncode == 0, fits.stderr
+    assert "kept from an earlier read" not in fits.stdout
+    again = run_moegen("plan", _spec(tmp_path))
+    assert "(kept from an earlier read of the same programs): " in again.stdout, again.stdout
     too_big = tmp_path / "big"
     too_big.mkdir()
-    refused = run_moegen("validate", _spec(too_big, batch=112))
+    refused = run_moegen("plan", _spec(too_big, batch=112))
     assert refused.returncode == EXIT_INVALID, refused
     assert "XLA's buffer assignment: compile forward+backward: out of HBM" in refused.stderr
     assert COMPILE_DECIDES not in refused.stderr
     assert_no_traceback(refused.stderr)
-    chunks = run_moegen("validate", _llama4(tmp_path, TWO_CHUNKS))
+    chunks = run_moegen("plan", _llama4(tmp_path, TWO_CHUNKS))
     assert chunks.returncode == EXIT_INVALID, chunks
     assert "(18.08G) exceeds available HBM (15.75G)" in chunks.stderr
     # left open, XLA's read chooses the trade: the layer whole, 14.30 GiB, fits
-    assert run_moegen("validate", _llama4(tmp_path)).returncode == 0
+    assert run_moegen("plan", _llama4(tmp_path)).returncode == 0
 
 
 @pytest.mark.parametrize("peak_gib", [15.0, 40.0])

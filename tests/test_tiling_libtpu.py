@@ -116,17 +116,25 @@ def compiled(hw: str, cases: list[list], raised: bool) -> list[dict]:
 
 
 def projection_kernels(
-    rows: int, k: int, n: int, groups: int, tile: Tile, dtype: str, out: str
+    rows: int, k: int, n: int, groups: int, tiles: Tile | tuple[Tile, ...], dtype: str, out: str
 ) -> list[tuple[list, int]]:
-    """The three kernels of one projection [rows, k] -> [rows, n] as megablox's VJP runs them,
-    each with the dtypes it reads and writes, beside what kernel_vmem says it needs."""
-    problem, tiling = [rows, k, n, groups], list(tile.as_tuple())
+    """The three kernels of one projection [rows, k] -> [rows, n] as the module's VJP runs
+    them, each with its own tile (one Tile: the same for all three) and the dtypes it reads
+    and writes, beside what kernel_vmem says it needs."""
+    forward, input_gradient, weight_gradient = tiles if isinstance(tiles, tuple) else [tiles] * 3
+    problem = [rows, k, n, groups]
     cases = [
-        ["forward gmm", problem, tiling, dtype, dtype, out],
-        ["input-gradient gmm", problem, tiling, out, dtype, dtype],
-        ["weight-gradient tgmm", problem, tiling, dtype, out, dtype],
+        (["forward gmm", problem, list(forward.as_tuple()), dtype, dtype, out], forward),
+        (
+            ["input-gradient gmm", problem, list(input_gradient.as_tuple()), out, dtype, dtype],
+            input_gradient,
+        ),
+        (
+            ["weight-gradient tgmm", problem, list(weight_gradient.as_tuple()), dtype, out, dtype],
+            weight_gradient,
+        ),
     ]
-    return list(zip(cases, kernel_vmem(tile, dtype, out), strict=True))
+    return [(case, kernel_vmem(tile, dtype, out)[i]) for i, (case, tile) in enumerate(cases)]
 
 
 def plan_kernels(loaded: LoadedSpec) -> tuple[str, list[tuple[list, int]]]:
@@ -137,8 +145,9 @@ def plan_kernels(loaded: LoadedSpec) -> tuple[str, list[tuple[list, int]]]:
     )
     width = plan.ffn.chunk_width * (2 if plan.ffn.fuses_gate_up else 1)
     rows, groups, dtype = plan.kernel.config.padded_rows, plan.local_experts, plan.compute_dtype
-    gate_up = Tile(*plan.kernel.config.gate_up_tile)
-    down = Tile(*plan.kernel.config.down_tile)
+    tiles = plan.kernel.config.kernel_tiles  # each kernel's own
+    gate_up = tuple(Tile(*tile) for tile in tiles["GATE_UP_TILING"])
+    down = tuple(Tile(*tile) for tile in tiles["DOWN_TILING"])
     chunk = plan.experts.chunk_width
     return plan.hardware, [
         *projection_kernels(rows, chunk, width, groups, gate_up, dtype, gate_up_out),
@@ -206,18 +215,23 @@ def test_a_tile_the_model_refuses_the_compiler_refuses() -> None:
     """Mixtral's down projection in 2 FFN slices ([rows, 7168] -> 4096, writing float32) on
     v5e: megablox's default tile is refused by the model (16.5 MiB in the weight gradient) and
     by the compiler under v5e's own limit (16.12 MiB of 16: CompileTimeScopedVmemOom); the
-    plan's choice compiles, every kernel, gradients included."""
-    default, chosen = (
-        Tile(512, 1024, 1024),
-        LAYERS["mixtral_2_slices"].plan().kernel.config.down_tile,
+    plan gives the weight gradient a narrower tile of its own, and every kernel compiles."""
+    default = Tile(512, 1024, 1024)
+    chosen = tuple(
+        Tile(*tile)
+        for tile in LAYERS["mixtral_2_slices"].plan().kernel.config.kernel_tiles["DOWN_TILING"]
     )
-    assert chosen == (512, 896, 1024)
+    assert [t.as_tuple() for t in chosen] == [
+        (512, 1024, 1024),
+        (512, 1024, 1024),
+        (512, 896, 1024),
+    ]
     assert tile_problems(default, "bfloat16", 16 * MIB, "float32")
-    assert tile_problems(Tile(*chosen), "bfloat16", 16 * MIB, "float32") == []
+    assert tile_problems(chosen[2], "bfloat16", 16 * MIB, "float32") == []
     cases = [
         case
-        for tile in (default, Tile(*chosen))
-        for case, _ in projection_kernels(32768, 7168, 4096, 2, tile, "bfloat16", "float32")
+        for tiles in (default, chosen)
+        for case, _ in projection_kernels(32768, 7168, 4096, 2, tiles, "bfloat16", "float32")
     ]
     results = compiled("tpu-v5e", cases, raised=False)
     assert results[2]["oom"][1] == 16.0 and results[2]["oom"][0] > 16.0, results[2]
