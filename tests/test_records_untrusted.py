@@ -71,7 +71,7 @@ def _rewrite(change: Callable[[dict], None], *, sign: bool = True) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))
     change(data)
     if sign:
-        data["signature"] = provenance.sign(record._PURPOSE, record._payload(data))
+        data["signature"] = provenance.sign(record._PURPOSE, record.signed_payload(data))
     path.write_text(json.dumps(data), encoding="utf-8")
 
 

@@ -109,8 +109,10 @@ def test_key_changes_with_what_shapes_the_verdict(change, monkeypatch):
     elif change == "xla_flags":
         monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true")
     elif change == "jax":
-        real = record._version
-        monkeypatch.setattr(record, "_version", lambda d: "0.0.0" if d == "jax" else real(d))
+        real = record.installed_version
+        monkeypatch.setattr(
+            record, "installed_version", lambda d: "0.0.0" if d == "jax" else real(d)
+        )
     elif change == "verifier":
         monkeypatch.setattr(record, "verifier_digest", lambda: "another verifier")
     assert record.record_key(job, sources, devices) != base

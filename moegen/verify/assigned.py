@@ -24,7 +24,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -127,12 +127,8 @@ def _read(source: str, shape: _Shape, timeout_s: float) -> dict[str, AssignedMem
 
 
 def _figures(figure: AssignedMemory) -> dict[str, float]:
-    return {
-        "argument": figure.argument,
-        "output": figure.output,
-        "temp": figure.temp,
-        "seconds": figure.seconds,
-    }
+    """A read's figures as kept (moegen.verify.read_record): all but whether it was kept."""
+    return {name: value for name, value in asdict(figure).items() if name != "kept"}
 
 
 @dataclass(frozen=True)

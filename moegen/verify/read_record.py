@@ -18,7 +18,6 @@ read would be: the build's full-size compile still judges the module.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 from contextlib import suppress
@@ -29,7 +28,9 @@ from moegen.verify.messages import PROGRAMS
 from moegen.verify.record import (
     WORKER_ENV,
     cache_root,
+    installed_version,
     open_below_cache,
+    signed_payload,
     verified_text,
     verifier_digest,
     write_file_in,
@@ -46,7 +47,7 @@ Figures = dict[str, dict[str, float]]  # program -> argument, output, temp bytes
 
 def read_key(source: str, variant: str, tpu_json: str, num_devices: int) -> str:
     """The key of XLA's read of one shape of `source` for the TPU slice `tpu_json`."""
-    versions = {dist: _version(dist) for dist in ("jax", "jaxlib", "libtpu")}
+    versions = {dist: installed_version(dist) for dist in ("jax", "jaxlib", "libtpu")}
     content = {
         "format": READ_FORMAT,
         "module": hashlib.sha256(verified_text(source).encode("utf-8")).hexdigest(),
@@ -58,13 +59,6 @@ def read_key(source: str, variant: str, tpu_json: str, num_devices: int) -> str:
         "verifier": verifier_digest(),
     }
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def recall(key: str) -> tuple[Figures, str] | None:
@@ -86,7 +80,7 @@ def recall(key: str) -> tuple[Figures, str] | None:
         return None
     if data["format"] != READ_FORMAT:
         return None
-    if not provenance.signed_by_us(_PURPOSE, _payload(data), data["signature"]):
+    if not provenance.signed_by_us(_PURPOSE, signed_payload(data), data["signature"]):
         return None
     return _strict(data["figures"], data["refused"])
 
@@ -100,7 +94,7 @@ def keep(key: str, figures: Figures, refused: str = "") -> None:
         "figures": figures,
         "refused": refused,
     }
-    signature = provenance.sign(_PURPOSE, _payload(data))
+    signature = provenance.sign(_PURPOSE, signed_payload(data))
     if signature is None:
         return
     with suppress(OSError):
@@ -113,11 +107,6 @@ def keep(key: str, figures: Figures, refused: str = "") -> None:
 
 def _path() -> Any:
     return cache_root().joinpath(*_BELOW)
-
-
-def _payload(data: dict[str, Any]) -> bytes:
-    body = {k: v for k, v in data.items() if k != "signature"}
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _strict(figures: Any, refused: Any) -> tuple[Figures, str] | None:

@@ -187,7 +187,7 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _version(dist: str) -> str | None:
+def installed_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -202,7 +202,7 @@ def pinned_versions(job: Job) -> dict[str, str | None]:
     lowering = kernel(job.cuda.kernel).cuda_lowering if job.cuda is not None else None
     if lowering is not None:
         dists += lowering.distributions
-    versions = {dist: _version(dist) for dist in dists}
+    versions = {dist: installed_version(dist) for dist in dists}
     versions["python"] = ".".join(map(str, sys.version_info[:2]))
     versions["moegen"] = __version__
     return versions
@@ -284,7 +284,7 @@ class UntrustedRecord(Exception):
     """A record is there but proves nothing: the message says why, in a few words."""
 
 
-def _payload(data: Mapping[str, Any]) -> bytes:
+def signed_payload(data: Mapping[str, Any]) -> bytes:
     body = {k: v for k, v in data.items() if k != "signature"}
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
@@ -312,7 +312,7 @@ def load_record(key: str) -> Record | None:
         raise UntrustedRecord("not a record of this moegen's format")
     if data["format"] != RECORD_FORMAT or data["key"] != key:
         raise UntrustedRecord("written for another format or key")
-    if not provenance.signed_by_us(_PURPOSE, _payload(data), data["signature"]):
+    if not provenance.signed_by_us(_PURPOSE, signed_payload(data), data["signature"]):
         raise UntrustedRecord(_unsigned_reason())
     return _decoded(key, data)
 
@@ -345,7 +345,7 @@ def store_record(record: Record) -> None:
     way to the records among the reasons: caching_off says so), or no key to sign with, is
     skipped, not fatal."""
     data = record.to_json()
-    signature = provenance.sign(_PURPOSE, _payload(data))
+    signature = provenance.sign(_PURPOSE, signed_payload(data))
     if signature is None:
         return
     with suppress(OSError):
