@@ -9,7 +9,7 @@ by more than LEDGER_OVERESTIMATE (where the plan trades memory of its own), at m
 MAX_DOUBLINGS times. The build's default for that spec is then compiled for the TPU slice,
 forward and forward+backward, by moegen's own verifier (twins off), and the compiled peak
 judged against HBM. The default is the trade XLA's buffer assignment chooses
-(moegen.own_trade: the plan ranks the trades, XLA's read decides their fit, seconds each),
+(moegen.fit.own_trade: the plan ranks the trades, XLA's read decides their fit, seconds each),
 compiled as the spec with that trade written; the ledger's own choice, which the build
 took before, is listed beside it. The figures go to the same
 store as the ledger's population (bench/ledger_population.json, keyed by the module's hash
@@ -24,7 +24,7 @@ whole read with XLA's buffer assignment (moegen.verify.assigned, seconds a spec)
 ledger's trade was needed at all.
 With `--tuned`, each traded spec is also tuned with its memory trades left `auto`
 (`moegen tune`: the plan ranks the trades, XLA's buffer assignment decides their fit, in
-seconds each; moegen.tune_memory), and the tuned choice compiled in full where it differs
+seconds each; moegen.fit.by_assignment), and the tuned choice compiled in full where it differs
 from the plan's (recorded in the same store): does the choice by XLA's figure compile and
 fit, and what does it save?
 Specs whose whole layer fits even at the largest batch tried are listed as "fits whole" and
@@ -44,15 +44,15 @@ import yaml
 from bench.ledger_population import STORE, _load, plan_of, recorded
 from bench.population import population
 from moegen.diagnostics import SpecError
+from moegen.fit import choose_own_trade, chooses_by_assignment
 from moegen.load import load_spec_bytes
-from moegen.own_trade import choose_own_trade, chooses_by_assignment
 from moegen.pipeline import refuse_unfit
-from moegen.plan import Plan, make_plan
-from moegen.plan.fit import over_hbm, peak
+from moegen.plan import Plan, make_plan, over_hbm, peak
 from moegen.render import render
 from moegen.tune import tune
 from moegen.validate import validate
 from moegen.variants import unchecked
+from moegen.verify import XLA_READS
 from moegen.verify.assigned import WHOLE, whole_layer
 
 MAX_DOUBLINGS = 6
@@ -107,7 +107,7 @@ def judge(
     label: str, text: str, store: dict[str, Any], compile_missing: bool, path: Path = STORE
 ) -> str:
     """One row: the plan's ledger's choice for the spec, the build's (XLA's read chooses a
-    trade the spec leaves open on a TPU target: moegen.own_trade), and what the compiler made
+    trade the spec leaves open on a TPU target: moegen.fit.own_trade), and what the compiler made
     of the build's, compiled as the spec with that trade written."""
     loaded = validate(load_spec_bytes(text.encode(), f"{label}.yaml", label))
     whole = make_plan(unchecked(loaded, WHOLE), options=False)
@@ -123,7 +123,7 @@ def judge(
         return " | ".join([*cells, "the ledger's", "-", _compiled(figures, plan)])
     reads: list = []
     try:
-        _, chosen, _ = choose_own_trade(loaded, plan, reads.append)
+        _, chosen, _ = choose_own_trade(loaded, plan, XLA_READS, reads.append)
     except SpecError as err:
         refused = err.diagnostics[0].message.split("; the build chooses")[-1][:200]
         return " | ".join([*cells, f"refused by XLA's read ({len(reads)} candidates){refused}"])

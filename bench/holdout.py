@@ -14,13 +14,13 @@ was written on, with the figure that is the compiled one to 0.0034% on those 220
 For each spec, as drawn: the plan's forward and forward+backward peaks against the assigned
 ones (planned / assigned - 1). Then, as bench.defaults_fit does, the spec made too big to run
 whole (its trades dropped, its batch raised until the plan puts the layer whole over HBM): the
-build's own choice, as moegen.own_trade makes it (the trades ranked by the plan's roofline,
+build's own choice, as moegen.fit.own_trade makes it (the trades ranked by the plan's roofline,
 read the same way in that order, the first that fits what the compiler grants a program
 taken, with the generated code's margin, `fits_by_assignment`), beside the ledger's; with
 `memory.fit_check` other than `assigned` the ledger's own choice, read; a refusal by the plan
 is checked against the layer whole's assignment (a refusal of a layer that fits would be
 wrong).
-With `--take-fitting-trade`, a refused one is also given to moegen.refit, as `moegen build
+With `--take-fitting-trade`, a refused one is also given to moegen.fit.refit, as `moegen build
 --take-fitting-trade` would: the plan's other trades read the same way, fastest first, and
 the first that fits taken (or none).
 
@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,16 +42,22 @@ from bench.defaults_fit import too_big
 from bench.ledger_population import _save, distribution_line, module_key, plan_of
 from bench.population import population
 from moegen.diagnostics import SpecError
+from moegen.fit import (
+    CompilerReads,
+    ReadError,
+    choose_own_trade,
+    chooses_by_assignment,
+    fits_by_assignment,
+    take_fitting_trade,
+)
 from moegen.load import load_spec_bytes
-from moegen.own_trade import choose_own_trade, chooses_by_assignment
 from moegen.pipeline import refuse_unfit
 from moegen.plan import Plan, cannot_fit, make_plan
-from moegen.refit import take_fitting_trade
 from moegen.render import render
 from moegen.validate import validate
 from moegen.variants import unchecked
 from moegen.verify import VerifyError
-from moegen.verify.assigned import WHOLE, assigned_memory, fits_by_assignment
+from moegen.verify.assigned import WHOLE, assigned_memory
 
 STORE = Path(__file__).resolve().parent / "holdout_assigned.json"
 FITTED_SEEDS = (0, 1)  # compiled and looked at while the ledger's rules were written
@@ -143,7 +148,7 @@ def default_row(
     grant = plan.memory.hbm_bytes_per_device
     verdict = "fits" if fits_by_assignment(plan, _peak(got)) else "OVER"
     verdicts[verdict].append(label)
-    if cannot_fit(plan):  # memory.fit_check: assigned let it through (moegen.verify.refusal_read)
+    if cannot_fit(plan):  # memory.fit_check: assigned let it through (moegen.fit.refusal_read)
         verdicts["the ledger alone refused it, XLA's read let it through"].append(label)
         choice += " (the ledger alone refused it; XLA's read let it through)"
     return f"{label} | {choice} | {_peak(got) / GiB:.2f} of {grant / GiB:.2f} GiB: {verdict}"
@@ -155,7 +160,7 @@ def _chosen_row(store: Path, label: str, loaded: Any, plan: Plan, verdicts: dict
     ledger = f"the ledger's {plan.ffn.chunks} slices x {plan.experts.token_chunks} token chunks"
     reads: list = []
     try:
-        _, chosen, _ = choose_own_trade(loaded, plan, reads.append, _store_read(store, label))
+        _, chosen, _ = choose_own_trade(loaded, plan, _store_reads(store, label), reads.append)
     except SpecError as err:
         verdicts["no trade fits by XLA's read: refused"].append(label)
         return f"{label} | {ledger} | refused: {err.diagnostics[0].message[-160:]}"
@@ -174,16 +179,16 @@ def _chosen_row(store: Path, label: str, loaded: Any, plan: Plan, verdicts: dict
     )
 
 
-def _store_read(store: Path, label: str) -> Callable[[Plan], int]:
-    """XLA's read of a trade through the store: its peak, or VerifyError with its refusal."""
+def _store_reads(store: Path, label: str) -> CompilerReads:
+    """XLA's read of a trade through the store: its peak, or ReadError with its refusal."""
 
     def read_peak(candidate: Plan) -> int:
         got = read_every_shape(store, label + "_trade", candidate)
         if "refused" in got:
-            raise VerifyError(got["refused"])
+            raise ReadError(got["refused"])
         return _peak(got)
 
-    return read_peak
+    return CompilerReads(peak=read_peak, missing=lambda: None)
 
 
 def _refused_row(
@@ -207,11 +212,11 @@ def _refused_row(
 def _taken(
     store: Path, label: str, loaded: Any, plan: Plan, err: SpecError, verdicts: dict[str, list]
 ) -> str:
-    """The trade --take-fitting-trade takes where the plan's own is refused (moegen.refit),
+    """The trade --take-fitting-trade takes where the plan's own is refused (moegen.fit.refit),
     every read through the store."""
 
     try:
-        _, words = take_fitting_trade(loaded, plan, err, read_peak=_store_read(store, label))
+        _, words = take_fitting_trade(loaded, plan, err, _store_reads(store, label))
     except SpecError as still:
         verdicts["refused, and no other trade fits by XLA's read"].append(label)
         return " | --take-fitting-trade: " + str(still).rsplit("took no trade: ", 1)[-1]

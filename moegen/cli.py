@@ -24,7 +24,7 @@ from moegen.cli_tune import tune_command
 from moegen.diagnostics import FORMATS, SpecError, format_diagnostics
 
 if TYPE_CHECKING:  # imported where used: `moegen validate` must not pay for verify
-    from moegen.verify.messages import Step
+    from moegen.verify import Step
 
 EXIT_OK, EXIT_STALE, EXIT_USAGE = 0, 1, 2
 SCHEMA_PATH = Path("specs/moegen.schema.json")
@@ -105,11 +105,9 @@ def build(
     from moegen.cli_output import verify_cache
     from moegen.pipeline import SpecNotRewritten
     from moegen.pipeline import build as run_build
-    from moegen.refit import take_fitting_trade as refit
+    from moegen.pipeline import take_fitting_trade as refit
     from moegen.render import RenderError
-    from moegen.verify import MissingVerifier, VerifyError
-    from moegen.verify.describe import describe_step
-    from moegen.verify.messages import Reused
+    from moegen.verify import MissingVerifier, Reused, VerifyError, describe_step
 
     current: list[str] = []
     replayed: set[str] = set()  # specs whose steps are a record's, not this run's

@@ -34,9 +34,9 @@ def terminal_heartbeat(name_modules: bool = False) -> contextlib.AbstractContext
     runs, when stderr is a terminal; elsewhere (CI, a pipe, a file) the output stays as is."""
     if not sys.stderr.isatty():
         return contextlib.nullcontext()
-    from moegen.verify import heartbeat
+    from moegen.verify import heartbeat_enabled, heartbeat_interval
 
-    return heartbeat.enabled(to_stderr, heartbeat.interval_from_env(), name_modules)
+    return heartbeat_enabled(to_stderr, heartbeat_interval(), name_modules)
 
 
 def verify_cache(*, verifying: bool, no_cache: bool, reverify: bool) -> VerifyCache | None:
@@ -44,11 +44,11 @@ def verify_cache(*, verifying: bool, no_cache: bool, reverify: bool) -> VerifyCa
     is off that the user did not turn off (a state directory others can write, a link in the
     cache), one line says so before anything is verified, with why and the fix: otherwise
     every build would verify every spec again, minutes each, and never say why."""
-    from moegen.verify import record
+    from moegen.verify import VerifyCache, caching_off
 
     if no_cache:
         return None
-    notice = record.caching_off() if verifying else None
+    notice = caching_off() if verifying else None
     if notice is not None:
         to_stderr(f"moegen: {notice}")
-    return record.VerifyCache(reuse=not reverify)
+    return VerifyCache(reuse=not reverify)

@@ -18,7 +18,7 @@ from moegen.diagnostics import SpecError
 
 if TYPE_CHECKING:
     from moegen.plan import Plan
-    from moegen.verify.messages import Step
+    from moegen.verify import Step
 
 
 @click.command(name="plan")
@@ -38,15 +38,13 @@ if TYPE_CHECKING:
 )
 def plan_command(spec: Path, as_json: bool, compile_too: bool, assigned: bool) -> None:
     """Print every static quantity moegen derives from SPEC."""
-    from moegen.own_trade import ANNOUNCED
+    from moegen.fit import ANNOUNCED
     from moegen.pipeline import generate
     from moegen.plan import format_plan
-    from moegen.verify import VerifyError, verify
-    from moegen.verify.describe import describe_step
-    from moegen.verify.messages import Imported, MemoryVerdict
+    from moegen.verify import Imported, MemoryVerdict, VerifyError, describe_step, verify
 
     # XLA's reads: where the ledger alone would have refused, and of the trades a TPU spec
-    # leaves open, with the one chosen (moegen.own_trade)
+    # leaves open, with the one chosen (moegen.fit.own_trade)
     reads: list[MemoryVerdict] = []
 
     def keep_read(spec: str, step: str, seconds: float, details: Step | None) -> None:
@@ -69,7 +67,7 @@ def plan_command(spec: Path, as_json: bool, compile_too: bool, assigned: bool) -
         compiled = [s for s in report.steps if not isinstance(s, Imported)]
     figures, whole = {}, None
     if assigned:
-        from moegen.verify.assigned import whole_layer, whole_layer_text
+        from moegen.verify import whole_layer, whole_layer_text
 
         try:
             with terminal_heartbeat():
@@ -104,7 +102,7 @@ def assigned_figures(plan: Plan, source: str) -> dict[str, dict[str, float]]:
     """Each program's assigned bytes (argument, output, temp, peak) and seconds, of every
     shape ("forward", "forward+backward", then "forward (VARIANT)" ...); raises VerifyError
     (off TPU, a failed compile, the compiler's out-of-memory verdict)."""
-    from moegen.verify.assigned import assigned_memory
+    from moegen.verify import assigned_memory
 
     figures = {}
     for variant, _ in plan.shape_plans():
@@ -116,7 +114,7 @@ def assigned_figures(plan: Plan, source: str) -> dict[str, dict[str, float]]:
 
 def assigned_text(plan: Plan, figures: dict[str, dict[str, float]]) -> str:
     """The figures beside the plan's ledger (each shape's own), as `moegen plan` prints them."""
-    from moegen.verify.messages import PROGRAMS
+    from moegen.verify import PROGRAMS
 
     planned, seconds = {}, 0.0
     for name, shape in plan.shape_plans():

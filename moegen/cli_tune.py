@@ -37,9 +37,9 @@ def tune_command(spec: Path, dry_run: bool, budget_s: float) -> None:
     """Choose SPEC's `auto` values by compiling each candidate for the target (memory trades
     alone, on TPU: by XLA's buffer assignment of each, fastest first)."""
     from moegen.emit import rewrite_in_place
+    from moegen.fit import NOT_READ
     from moegen.load import load_spec
     from moegen.tune import patch, tune, yaml_value
-    from moegen.tune_memory import NOT_READ
     from moegen.verify import MissingVerifier
 
     def progress(i: int, n: int, candidate: Any) -> None:
@@ -99,7 +99,7 @@ def _tune_row(c: Any, chosen: bool, unit: str, choice: str) -> str:
 def _tune_footnote(candidates: list[Any]) -> str:
     """Whose figures the table shows: the plan's counts where a candidate loops, and the
     compiler's peak or XLA's buffer assignment of it."""
-    from moegen.tune_memory import READ_BY
+    from moegen.fit import READ_BY
 
     if any(c.peak_by == READ_BY for c in candidates):
         return (

@@ -1,4 +1,4 @@
-"""Stage 6, emit: write generated modules all or nothing, even when the process is killed.
+"""Stage 7, emit: write generated modules all or nothing, even when the process is killed.
 
 `write_all(files, out_dir=OUT)`, what `moegen build` uses, commits by one directory swap:
 1. under a flock of OUT's parent (moegen writers take turns), clear what this user's dead

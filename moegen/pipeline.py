@@ -1,51 +1,53 @@
-"""The pipeline wired together: load -> validate -> plan -> render -> verify -> emit.
+"""The pipeline wired together: load -> validate -> plan -> fit -> render -> verify -> emit.
 
 The CLI calls these; each stage lives in its own module and imports only the stages before
 it (tests/test_pipeline_imports.py): what a stage needs from an earlier one it is handed
-(verify gets the plan the source was rendered from), never recomputed.
+(verify gets the plan the source was rendered from), never recomputed. The fit stage reads
+the compiler's memory figure through the reader verify supplies (moegen.verify.XLA_READS),
+handed to it here.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from moegen import fit
 from moegen.diagnostics import Diagnostic, SpecError
 from moegen.emit import check_out_dir, rewrite_in_place, write_all
-from moegen.hardware import hardware
-from moegen.load import FieldPath, LoadedSpec, load_spec
-from moegen.own_trade import (
-    choose_reporting,
+from moegen.fit import (
+    ANNOUNCED,
+    READ_TIME,
+    TAKE_OFFER,
+    Candidate,
+    UnfitSpec,
     chooses_by_assignment,
-    read_step,
+    kept_words,
 )
+from moegen.hardware import hardware
+from moegen.load import LoadedSpec, load_spec
 from moegen.parallel import OrderedProgress, TaskFailed, run_tasks
-from moegen.plan import Plan, fit_problems, make_plan
-from moegen.plan.fit import COMPILE_DECIDES, peak
+from moegen.plan import Plan, make_plan
 from moegen.render import render
 from moegen.validate import validate
-from moegen.variants import derive
 from moegen.verify import (
+    XLA_READS,
+    CompilerCrashed,
+    MemoryVerdict,
+    OutOfHbm,
     Step,
     VerifyCache,
+    VerifyError,
     VerifyReport,
     allow_workers,
+    require_verifiers,
     stop_workers,
     verify,
+    whole_layer_verdict,
 )
-from moegen.verify.assigned import whole_layer_verdict
-from moegen.verify.messages import MemoryVerdict
-from moegen.verify.preflight import require_verifiers
-from moegen.verify.refusal_read import (
-    RefusalRead,
-    planned_over_hbm,
-    read_before_refusing,
-    read_has_a_say,
-)
-from moegen.verify.verdict import TAKE_OFFER, CompilerCrashed, OutOfHbm, VerifyError
 
 DEFAULT_SPEC_DIR = Path("specs")
 DEFAULT_OUT_DIR = Path("generated")
@@ -56,14 +58,6 @@ Progress = Callable[[str, str, float, Step | None], None]
 # each trade read: the spec with another trade written in, and the words of the choice
 # (moegen.refit.take_fitting_trade); raises the failure where it takes none.
 Refit = Callable[[LoadedSpec, Plan, Exception, Callable[[Any], None]], tuple[LoadedSpec, str]]
-
-
-class UnfitSpec(SpecError):
-    """The plan (or XLA's read of it) says the layer cannot fit its target's HBM."""
-
-    def __init__(self, diagnostics: list[Diagnostic], plan: Plan) -> None:
-        super().__init__(diagnostics)
-        self.plan = plan
 
 
 class SpecNotRewritten(Exception):
@@ -98,111 +92,27 @@ def load_valid(path: Path) -> LoadedSpec:
     return validate(load_spec(path))
 
 
-# What `moegen plan` and `moegen build` read where validate leaves the fit to XLA.
-READ_LATER = (
-    "`moegen plan` and `moegen build` read XLA's buffer assignment of the full-size programs "
-    "(seconds a program; up to a minute for the largest layers)"
-)
-
-
 def load_planned(path: Path) -> tuple[LoadedSpec, list[str]]:
-    """`load_valid`, then planned, never compiled (editors, pre-commit and CI run validate):
-    SpecError also where the plan alone decides that the layer cannot fit its target's HBM
-    (moegen.plan.fit: a refusal it proves, `memory.fit_check` other than `assigned`, a
-    target XLA's read cannot reach). Where XLA's read decides instead (as `generate` makes
-    it), the spec passes with a note that says so."""
+    """`load_valid`, then planned and fitted, never compiled (editors, pre-commit and CI run
+    validate): UnfitSpec where the plan alone decides that the layer cannot fit its target's
+    HBM; where XLA's read decides instead (as `generate` makes it), a note that says so
+    (moegen.fit.fit_notes)."""
     loaded = load_valid(path)
-    plan = make_plan(loaded)
-    display = loaded.source.display
-    problems = fit_problems(loaded, plan, _plan_changed)
-    reads = loaded.spec.memory.fit_check == "assigned" and read_has_a_say(plan)
-    if problems and not reads:
-        raise UnfitSpec(problems, plan)
-    if problems:
-        return loaded, [
-            f"{display}: the plan's ledger puts the layer over HBM, by less than it proves; "
-            f"whether it fits is XLA's to say: {READ_LATER}"
-        ]
-    if chooses_by_assignment(loaded, plan):
-        return loaded, [
-            f"{display}: the plan trades memory for time, and the trade is chosen by XLA's "
-            f"figure, fastest first: {READ_LATER}"
-        ]
-    if reads and planned_over_hbm(plan):
-        return loaded, [
-            f"{display}: planned over HBM within the ledger's error; whether it fits is "
-            f"XLA's to say: {READ_LATER}"
-        ]
-    return loaded, []
+    return loaded, fit.fit_notes(loaded, make_plan(loaded))
 
 
 def refuse_unfit(loaded: LoadedSpec, plan: Plan) -> Plan:
-    """`plan` when by it the spec can fit its target's HBM; SpecError, located and naming
-    what would fit, when it cannot (moegen.plan.fit)."""
-    return fitting_plan(loaded, plan)[0]
+    """`plan` where by it (or by XLA's read, where the ledger cannot tell) the spec can fit
+    its target's HBM; UnfitSpec, located and naming what would fit, where it cannot."""
+    return fit.fitting_plan(loaded, plan, XLA_READS)[0]
 
 
-def fitting_plan(loaded: LoadedSpec, plan: Plan) -> tuple[Plan, RefusalRead | None]:
-    """refuse_unfit, and XLA's read where the plan's ledger cannot tell: with
-    `memory.fit_check: assigned` (the default), on a TPU target, a refusal the ledger does not
-    prove stands only where XLA's buffer assignment agrees, and a layer planned over HBM
-    within the ledger's error is refused where XLA finds it out of HBM
-    (moegen.verify.refusal_read); each says XLA's figure. A trade the spec leaves to the plan
-    is XLA's to choose instead, fit included (moegen.own_trade, after this)."""
-    problems = fit_problems(loaded, plan, _plan_changed)
-    reads = loaded.spec.memory.fit_check == "assigned"
-    if not problems and chooses_by_assignment(loaded, plan):
-        return plan, None
-    if not problems:  # but over HBM within the ledger's error
-        read = read_before_refusing(plan) if reads and planned_over_hbm(plan) else None
-        if read is None or not read.measured:
-            return plan, None
-        if read.fits:
-            return plan, read
-        raise UnfitSpec([_over_by_xla(loaded, plan, read)], plan)
-    read = read_before_refusing(plan) if reads else None
-    if read is not None and read.fits:
-        return plan, read
-    if read is not None:
-        problems = [_with_read(problem, read) for problem in problems]
-    raise UnfitSpec(problems, plan)
-
-
-def _over_by_xla(loaded: LoadedSpec, plan: Plan, read: RefusalRead) -> Diagnostic:
-    """A layer the ledger puts over HBM within its error (its trade written in the spec) that
-    XLA finds out of HBM: refused in seconds, not after minutes of twins and compiles, with
-    what to try."""
-    largest = max(peak(shape) for _, shape in plan.shape_plans())
-    hbm = plan.memory.hbm_bytes_per_device
-    message = (
-        f"the plan needs {largest / 2**30:.2f} GiB per device by its ledger, "
-        f"{largest / hbm - 1:.0%} over the {hbm / 2**30:.2f} GiB HBM of {plan.hardware}, "
-        f"within the ledger's own error; {read.words.rstrip('.')}. Leave memory.ffn_chunks "
-        "and memory.token_chunks out (the build then takes the fastest trade XLA's buffer "
-        "assignment fits, seconds a trade), or shorten shapes.batch. "
-        f"{TAKE_OFFER}"
-    )
-    return loaded.diagnostic(("shapes", "batch"), message)
-
-
-def _with_read(problem: Diagnostic, read: RefusalRead) -> Diagnostic:
-    """A refusal by the ledger's word with XLA's answer; where XLA has measured the layer,
-    leaving the decision to the full-size compile is no longer offered, but another trade
-    read by XLA is (the ledger refused every trade; XLA may fit one: bench.holdout)."""
-    message = problem.message.rstrip()
-    if read.measured:
-        message = message.replace(COMPILE_DECIDES, "")
-    offer = f" {TAKE_OFFER}" if read.measured else ""
-    return replace(problem, message=f"{message} {read.words.rstrip('.')}.{offer}")
-
-
-def _plan_changed(loaded: LoadedSpec, changes: Mapping[FieldPath, Any]) -> Plan | None:
-    """The plan of the spec with `changes` and no shape variants; None when that is invalid."""
-    try:
-        # Only the peak is asked of it: no token chunk candidates.
-        return make_plan(derive(loaded, {("shapes", "variants"): None, **changes}), options=False)
-    except SpecError:
-        return None
+def take_fitting_trade(
+    loaded: LoadedSpec, failed: Plan, failure: Exception, on_read: Callable[[Any], None]
+) -> tuple[LoadedSpec, str]:
+    """--take-fitting-trade (moegen.fit.refit), read by XLA's buffer assignment."""
+    crashed = isinstance(failure, CompilerCrashed)
+    return fit.take_fitting_trade(loaded, failed, failure, XLA_READS, on_read, crashed=crashed)
 
 
 def generate(path: Path, progress: Progress | None = None, refit: Refit | None = None) -> Generated:
@@ -224,7 +134,7 @@ def generate(path: Path, progress: Progress | None = None, refit: Refit | None =
 def _planned(loaded: LoadedSpec, note: Progress) -> Generated:
     """Plan (refused where it cannot fit, before any twin or compile) and render."""
     start = time.perf_counter()
-    plan, read = fitting_plan(loaded, make_plan(loaded))
+    plan, read = fit.fitting_plan(loaded, make_plan(loaded), XLA_READS)
     planned_s = time.perf_counter() - start - (read.seconds if read else 0.0)
     note(loaded.source.display, "plan", planned_s, None)
     if read is not None:  # the ledger would have refused it; XLA's assignment fits it
@@ -253,6 +163,37 @@ def _retraded(
     step = MemoryVerdict("memory: trade taken", time.perf_counter() - start, words)
     note(display, step.step, step.seconds, step)
     return retraded
+
+
+def choose_reporting(loaded: LoadedSpec, ledger: Plan, note: Progress) -> tuple[LoadedSpec, Plan]:
+    """The trade the spec leaves open, chosen by XLA's read (moegen.fit.own_trade), each read
+    and the choice reported as steps of the spec, as --take-fitting-trade reports its own."""
+    display = loaded.source.display
+    start = time.perf_counter()
+
+    def on_read(candidate: Candidate) -> None:
+        step = read_step(candidate)
+        note(display, step.step, step.seconds, step)
+
+    def announce(count: int) -> None:
+        words = f"up to {count} trades, fastest first, until one fits: {READ_TIME}"
+        note(display, ANNOUNCED, 0.0, MemoryVerdict(ANNOUNCED, 0.0, words))
+
+    chosen, plan, words = fit.choose_own_trade(loaded, ledger, XLA_READS, on_read, announce)
+    step = MemoryVerdict("memory: trade chosen", time.perf_counter() - start, words)
+    note(display, step.step, step.seconds, step)
+    return chosen, plan
+
+
+def read_step(candidate: Candidate) -> MemoryVerdict:
+    """One trade read by XLA's assignment as a step of the build: `memory: read ffn_chunks 2,
+    token_chunks 4`, and its peak or why it was not taken."""
+    trade = ", ".join(
+        f"{path[1]} {value}" for path, value in candidate.choices.items() if path[0] == "memory"
+    )
+    kept = kept_words(candidate.peak_bytes)
+    words = candidate.problem or f"{candidate.peak_bytes / 2**30:.2f} GiB per device{kept}: fits"
+    return MemoryVerdict(f"memory: read {trade}", candidate.seconds, words)
 
 
 def output_path(out_dir: Path, generated: Generated) -> Path:
@@ -381,7 +322,6 @@ def _whole_layer_step(generated: Generated) -> MemoryVerdict | None:
 
 
 def _refuse_collisions(results: list[tuple[Path, Generated]]) -> None:
-    from moegen.diagnostics import Diagnostic, SpecError
 
     seen: dict[Path, str] = {}
     problems = []

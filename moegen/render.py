@@ -1,4 +1,4 @@
-"""Stage 4, render: a plan to the source of a formatted, lint-clean Python module.
+"""Stage 5, render: a plan to the source of a formatted, lint-clean Python module.
 
 Templates read plan values only (StrictUndefined: a missing value is an error, never an
 empty string). The output goes through `ruff format` and `ruff check` with moegen's own

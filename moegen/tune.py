@@ -17,78 +17,31 @@ The winner is written back into the spec in place of each `auto`, keeping every 
 from __future__ import annotations
 
 import difflib
-import itertools
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from moegen.diagnostics import SpecError
+from moegen.fit import (
+    FIT_CHECK,
+    Candidate,
+    TuneResult,
+    by_assignment,
+    candidates,
+    choose_by_assignment,
+    count_by_plan,
+    loops,
+    set_score,
+    yaml_value,
+)
 from moegen.hardware import hardware
 from moegen.load import FieldPath, LoadedSpec, load_spec_bytes
-from moegen.plan import Plan, make_plan
+from moegen.plan import make_plan
 from moegen.render import render
 from moegen.spec import Tiles
-from moegen.strategies import STRATEGIES
-from moegen.tune_candidate import Candidate, TuneResult
-from moegen.tune_memory import FIT_CHECK, by_assignment, choose_by_assignment
 from moegen.variants import derive
-from moegen.verify import VerifyError, verify
-from moegen.verify.messages import Compiled
-from moegen.verify.preflight import require_verifiers
-
-OVERLAP_CANDIDATES = (1, 2, 4, 8)
-TOKEN_CHUNK_CANDIDATES = (1, 2, 4, 8, 16)  # those that do not split the tokens are refused
-FFN_CHUNK_CANDIDATES = (1, 2, 4, 8, 16)  # those that do not split the FFN width are refused
-# (rows, contraction, output) variants tried beside the plan's own choice
-TILE_CANDIDATES = ((256, 512, 512), (512, 512, 1024), (512, 1024, 1024), (1024, 1024, 1024))
-
-
-def choice_values(loaded: LoadedSpec) -> dict[FieldPath, list[Any]]:
-    """For each `auto` field, the values worth compiling."""
-    spec = loaded.spec
-    out: dict[FieldPath, list[Any]] = {}
-    for path in spec.auto_fields():
-        if path == ("parallelism", "experts"):
-            sharded = "expert" in spec.mesh.axes
-            out[path] = [
-                name for name, option in STRATEGIES.items() if option.shards_experts == sharded
-            ]
-        elif path == ("parallelism", "overlap_chunks"):
-            out[path] = list(OVERLAP_CANDIDATES)
-        elif path == ("target", "tiles"):
-            out[path] = [None, *(Tiles(gate_up=list(t), down=list(t)) for t in TILE_CANDIDATES)]
-        elif path == ("memory", "token_chunks"):
-            out[path] = list(TOKEN_CHUNK_CANDIDATES)
-        elif path == ("memory", "ffn_chunks"):
-            out[path] = list(FFN_CHUNK_CANDIDATES)
-    return out
-
-
-def candidates(loaded: LoadedSpec) -> list[Candidate]:
-    """Every combination of candidate values, each validated (invalid ones say why)."""
-    values = choice_values(loaded)
-    out = []
-    for combo in itertools.product(*values.values()):
-        choices = dict(zip(values, combo, strict=True))
-        strategy = choices.get(("parallelism", "experts"), loaded.spec.parallelism.experts)
-        chunks = choices.get(("parallelism", "overlap_chunks"), 1)
-        if chunks != 1 and not STRATEGIES[strategy].overlaps:
-            continue  # chunks only overlap the ring's transfers
-        out.append(candidate_of(loaded, choices))
-    return out
-
-
-def candidate_of(loaded: LoadedSpec, choices: dict[FieldPath, Any]) -> Candidate:
-    """The spec with `choices`, validated and planned, or the first rule it breaks."""
-    candidate = Candidate(choices)
-    try:
-        candidate.loaded = derive(loaded, choices)
-    except SpecError as err:
-        candidate.problem = err.diagnostics[0].message
-    else:
-        candidate.plan = make_plan(candidate.loaded)
-    return candidate
+from moegen.verify import XLA_READS, Compiled, VerifyError, require_verifiers, verify
 
 
 def tune(
@@ -99,7 +52,7 @@ def tune(
 ) -> TuneResult:
     """Score every valid candidate (until `budget_s` runs out); pick the best. Candidates are
     compiled, but where only memory trades are `auto` on a TPU target: then the plan ranks
-    them and XLA's buffer assignment decides their fit (moegen.tune_memory)."""
+    them and XLA's buffer assignment decides their fit (moegen.fit.by_assignment)."""
     if not loaded.spec.auto_fields():
         raise SpecError(
             [loaded.diagnostic((), "nothing to tune: write auto for parallelism.experts, "
@@ -112,7 +65,7 @@ def tune(
     _refuse_a_spec_no_choice_mends(loaded, found)
     _require_verifiers_once(found)
     if by_assignment(loaded):
-        winner = choose_by_assignment(found, count_by_plan, budget_s, on_candidate)
+        winner = choose_by_assignment(found, XLA_READS, budget_s, on_candidate)
     else:
         winner = _compile_each(found, chip.hbm_bytes_per_device, budget_s, on_candidate)
     new_text = _written(loaded, winner.choices) if winner else loaded.source.text
@@ -176,7 +129,7 @@ def _compile_each(
                 _score(candidate, hbm)
         on_candidate(i + 1, len(found), candidate)
     scored = [c for c in found if not c.problem]
-    if any(_loops(c.plan) for c in scored):
+    if any(loops(c.plan) for c in scored):
         for candidate in scored:
             count_by_plan(candidate)
     return min(scored, key=lambda c: c.score) if scored else None
@@ -201,56 +154,7 @@ def _score(candidate: Candidate, hbm: int) -> None:
     if hbm and candidate.peak_bytes > hbm:
         candidate.problem = f"peak {candidate.peak_bytes / 2**30:.2f} GiB exceeds HBM"
         return
-    _set_score(candidate)
-
-
-def _loops(plan: Plan | None) -> bool:
-    """Whether the layer runs its experts in a loop (token chunks, FFN slices, ring steps)."""
-    assert plan is not None
-    return plan.experts.token_chunks > 1 or plan.ffn.chunks > 1 or plan.experts.ffn_calls > 1
-
-
-def count_by_plan(candidate: Candidate) -> None:
-    """Score by the plan's step time (moegen.plan.step_time) plus its exposed communication,
-    where the target has chip figures (else its FLOPs and HBM bytes, as the roofline scores):
-    XLA's cost analysis counts a loop's body once (a layer in 16 token chunks would count 1/16
-    of its expert FLOPs), so compiled counts of candidates that loop differently cannot be
-    compared; the plan counts every iteration of every candidate alike. The compiled peak
-    still decides what fits."""
-    assert candidate.plan is not None
-    roof = candidate.plan.roofline
-    train_roof = roof.passes[-1]
-    candidate.flops = train_roof.kernel_flops
-    candidate.bytes_accessed = train_roof.hbm_bytes
-    candidate.counted_by = "plan"
-    if roof.step.train_s:
-        # The plan's step time, not a bound over the pass: what a memory trade adds between
-        # the matmuls (weights read per chunk, gradients summed per chunk and slice) is most
-        # of its cost on the chip, and the pass's bound misses it (bench/trade_time).
-        candidate.score = roof.step.train_s + train_roof.exposed_comm_s
-    else:
-        _set_score(candidate)
-
-
-def _set_score(candidate: Candidate) -> None:
-    assert candidate.plan is not None
-    roof = candidate.plan.roofline
-    train_roof = roof.passes[-1]
-    if roof.peak_flops_per_s:
-        compute = candidate.flops / roof.peak_flops_per_s
-        memory = candidate.bytes_accessed / roof.hbm_bytes_per_s
-        candidate.score = max(compute, memory) + train_roof.exposed_comm_s
-    else:
-        candidate.score = candidate.bytes_accessed + train_roof.ici_bytes + train_roof.dcn_bytes
-
-
-def yaml_value(value: Any) -> str:
-    """A chosen value as YAML text (tiles as a flow mapping)."""
-    if isinstance(value, Tiles):
-        return f"{{gate_up: {list(value.gate_up or ())}, down: {list(value.down or ())}}}"
-    if value is None:
-        return "null"
-    return str(value)
+    set_score(candidate)
 
 
 def write_back(loaded: LoadedSpec, choices: dict[FieldPath, Any]) -> str:

@@ -1,5 +1,5 @@
 """bench.defaults_fit judges the build's own choice: for a trade the spec leaves open on a
-TPU target, the one XLA's read chooses (moegen.own_trade), compiled as the spec with that
+TPU target, the one XLA's read chooses (moegen.fit.own_trade), compiled as the spec with that
 trade written, the ledger's beside it. Stand-in reads and no compile here."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import yaml
 from test_refusal_read import DEEPSEEK
 
 import bench.defaults_fit as defaults_fit
-from moegen import own_trade
+from moegen.verify import assigned, preflight
 
 GiB = 2**30
 
@@ -20,8 +20,8 @@ def test_the_row_names_the_ledgers_choice_and_judges_the_builds(monkeypatch):
         read.append((plan.ffn.chunks, plan.experts.token_chunks))
         return 26 * GiB
 
-    monkeypatch.setattr(own_trade, "assigned_peak", assigned_peak)
-    monkeypatch.setattr(own_trade, "module_installed", lambda name: True)
+    monkeypatch.setattr(assigned, "assigned_peak", assigned_peak)
+    monkeypatch.setattr(preflight, "module_installed", lambda name: True)
     compiled: list = []
 
     def recorded(store, path, label, text, source, compile_missing):

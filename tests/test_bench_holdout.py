@@ -131,11 +131,8 @@ def test_where_no_trade_fits_the_row_says_what_was_read(tmp_path, reads, monkeyp
 
 
 def test_the_builds_own_choice_is_read_through_the_store(tmp_path, reads, monkeypatch):
-    """A trade the spec leaves open, chosen as moegen.own_trade chooses it (the fastest that
+    """A trade the spec leaves open, chosen as moegen.fit.own_trade chooses it (the fastest that
     XLA fits: here the layer whole, 2 GiB), each read once into the store."""
-    from moegen import own_trade
-
-    monkeypatch.setattr(own_trade, "module_installed", lambda name: True)
     store = tmp_path / "store.json"
     loaded, plan, _ = _unfit_llama4(tmp_path)
     verdicts: dict[str, list] = holdout.defaultdict(list)

@@ -79,12 +79,12 @@ def test_the_ledger_is_within_tolerance_of_the_compiled_peak(name: str, program:
 
 
 def test_the_refusal_margin_covers_the_ledgers_overestimate() -> None:
-    """moegen.plan.fit refuses above HBM x (1 + LEDGER_OVERESTIMATE): never less than the
+    """moegen.fit.refusal refuses above HBM x (1 + LEDGER_OVERESTIMATE): never less than the
     most the ledger is measured over the compiler, or a spec that fits could be refused."""
     worst = 0.0
     for name, entry in COMPILED["specs"].items():
         plan = planned(name)
-        planned_peak = max(plan["train"], plan["forward"])  # what moegen.plan.fit compares
+        planned_peak = max(plan["train"], plan["forward"])  # what moegen.plan.headroom compares
         compiled_peak = max(entry["train"]["peak"], entry["forward"]["peak"])
         worst = max(worst, (planned_peak - compiled_peak) / compiled_peak)
     assert 0 < worst <= LEDGER_OVERESTIMATE

@@ -174,11 +174,10 @@ def _compiled(record: dict, program: str) -> int | None:
 def test_the_refusal_margin_covers_every_recorded_overestimate():
     """memory.fit_check: compile refuses a plan more than REFUSAL_OVERESTIMATE over HBM as
     proved: never less than the most the plan is over the compiled peak on either population
-    (the larger of the two programs, as moegen.plan.fit compares), nor over XLA's assigned
+    (the larger of the two programs, as moegen.plan.headroom compares), nor over XLA's assigned
     peak on the hold-outs of bench.holdout (seeds 2-4: the compiled peak to 0.0034%), or it
     is no proof. Seed 4 broke the bound set on seeds 0 and 1 (55%): +63.6%, s4_026."""
-    from moegen.plan import REFUSAL_OVERESTIMATE
-    from moegen.plan.fit import MEASURED_OVERESTIMATE, peak
+    from moegen.plan import MEASURED_OVERESTIMATE, REFUSAL_OVERESTIMATE, peak
 
     overs = []
     for name, plan, record in _population_plans():

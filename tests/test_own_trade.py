@@ -1,5 +1,5 @@
 """A memory trade a TPU spec leaves to the plan is chosen by XLA's buffer assignment
-(moegen.own_trade): the trades ranked by the plan's roofline, read in that order, the first
+(moegen.fit.own_trade): the trades ranked by the plan's roofline, read in that order, the first
 that fits taken, the module that of the spec with that trade written, the spec unchanged.
 Stand-in reads here, one real read (slow)."""
 
@@ -11,15 +11,12 @@ import pytest
 from conftest import assert_no_traceback
 from test_refusal_read import DEEPSEEK, LLAMA4
 
-from moegen import own_trade, pipeline
+from moegen import pipeline
 from moegen.check import check
 from moegen.diagnostics import SpecError
-from moegen.own_trade import ANNOUNCED, READ_TIME
+from moegen.fit import ANNOUNCED, READ_TIME, Candidate, count_by_plan
 from moegen.plan import Plan
-from moegen.tune import count_by_plan
-from moegen.tune_candidate import Candidate
-from moegen.verify import VerifyError
-from moegen.verify.preflight import LIBTPU_FIX
+from moegen.verify import LIBTPU_FIX, VerifyError, assigned, preflight
 
 GiB = 2**30
 WHOLE = (1, 1)
@@ -42,8 +39,8 @@ def _xla(monkeypatch, out_of_hbm=(), peak_gib: float = 25.94, error: str = "") -
             raise VerifyError("compile forward+backward: out of HBM: (34.53G)")
         return int(peak_gib * GiB)
 
-    monkeypatch.setattr(own_trade, "assigned_peak", assigned_peak)
-    monkeypatch.setattr(own_trade, "module_installed", lambda name: True)
+    monkeypatch.setattr(assigned, "assigned_peak", assigned_peak)
+    monkeypatch.setattr(preflight, "module_installed", lambda name: True)
     return reads
 
 
@@ -134,7 +131,7 @@ def test_without_libtpu_the_build_says_what_to_install_and_writes_nothing(
     tmp_path, monkeypatch, invoke_main
 ):
     reads = _xla(monkeypatch)
-    monkeypatch.setattr(own_trade, "module_installed", lambda name: False)
+    monkeypatch.setattr(preflight, "module_installed", lambda name: False)
     spec = _spec(tmp_path)
     said = invoke_main("build", "--no-verify", spec.name, cwd=tmp_path)
     assert said.code == 3 and reads == []

@@ -1,4 +1,4 @@
-"""The pipeline is one-way: load -> kernels -> validate -> plan -> render -> verify -> emit,
+"""The pipeline is one-way: load -> kernels -> validate -> plan -> fit -> render -> verify -> emit,
 each stage importing only the stages before it, and no two modules importing each other.
 
 moegen.kernels (one module per grouped-matmul kernel, and their registry) is a stage of its
@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "moegen"
-STAGES = ("load", "kernels", "validate", "plan", "render", "verify", "emit", "top")
+STAGES = ("load", "kernels", "validate", "plan", "fit", "render", "verify", "emit", "top")
 # module (or package, for all its modules) -> stage; the longest match wins
 STAGE_OF = {
     "moegen.load": "load",
@@ -45,6 +45,7 @@ STAGE_OF = {
     "moegen.validate": "validate",
     "moegen.variants": "validate",  # a spec with fields changed, validated again
     "moegen.plan": "plan",
+    "moegen.fit": "fit",  # the plan against HBM; the compiler's figure through a handed reader
     "moegen.render": "render",
     "moegen.render_variants": "render",  # a shape variant's statements beside the main ones
     "moegen.verify": "verify",
@@ -61,11 +62,6 @@ STAGE_OF = {
     "moegen.__main__": "top",
     "moegen.check": "top",
     "moegen.tune": "top",
-    "moegen.tune_candidate": "top",  # a candidate of tune and its result
-    "moegen.tune_memory": "top",  # tune of memory trades by XLA's buffer assignment
-    "moegen.refit": "top",  # build --take-fitting-trade: another trade where HBM runs out
-    "moegen.own_trade": "top",  # the trade a TPU spec leaves open, chosen by XLA's read
-    "moegen.spec_edit": "top",  # memory fields written into a spec's own text
     "moegen.schema": "top",
     "moegen.schema_file": "top",  # --check and --write of the schema file
     "moegen.init": "top",  # a starter spec, validated before it is written
@@ -120,6 +116,26 @@ def _known(name: str) -> str | None:
     return name or None
 
 
+def _face_names(package: str) -> frozenset[str]:
+    """The names a package's face binds by importing them (what `from package import x`
+    gets, where x is also the name of one of its modules)."""
+    path = MODULES.get(package)
+    if path is None or path.name != "__init__.py":
+        return frozenset()
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    return frozenset(
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    )
+
+
+def _imported(base: str, name: str) -> str:
+    """What `from base import name` names: the face's own binding, else base.name."""
+    return base if name in _face_names(base) else f"{base}.{name}"
+
+
 def imports(module: str) -> set[str]:
     """The moegen modules `module` imports, wherever in it the import is."""
     path = MODULES[module]
@@ -134,8 +150,9 @@ def imports(module: str) -> set[str]:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
             # `from moegen import interrupts` names a module; `from moegen.plan import Plan`
-            # a name inside one
-            names = [f"{base}.{alias.name}" for alias in node.names] or [base]
+            # a name inside one; `from moegen.load import shape_variants` the function the
+            # face re-exports, not its module of the same name
+            names = [_imported(base, alias.name) for alias in node.names] or [base]
         else:
             continue
         edges.update(k for k in map(_known, names) if k is not None and k != module)
@@ -236,6 +253,39 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycle() -> None:
     cycles = _cycles(GRAPH)
     assert not cycles, "modules that import each other: " + "; ".join(map(" <-> ".join, cycles))
+
+
+def _unit(module: str) -> str:
+    """A top-level unit of the package: a subpackage (moegen.fit) or a loose module."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_package_import_cycle() -> None:
+    """No two top-level units (subpackages, loose modules) import each other, through their
+    faces or past them: a package is one concern, used one way."""
+    units: dict[str, set[str]] = {}
+    for module, targets in GRAPH.items():
+        for target in targets:
+            if _unit(target) != _unit(module):
+                units.setdefault(_unit(module), set()).add(_unit(target))
+    cycles = _cycles(units)
+    assert not cycles, "packages that import each other: " + "; ".join(map(" <-> ".join, cycles))
+
+
+def test_no_import_of_another_packages_submodule() -> None:
+    """Outside a package its face is its interface: a module of moegen.verify may import
+    moegen.verify.assigned, a module of moegen.fit only moegen.verify. (Loose modules of
+    moegen itself are their own faces.)"""
+    faces = {m for m, path in MODULES.items() if path.name == "__init__.py"}
+    reaching = [
+        f"{module} imports {target}"
+        for module, targets in sorted(GRAPH.items())
+        for target in sorted(targets)
+        if target not in faces
+        and (package := target.rpartition(".")[0]) != "moegen"
+        and not (module == package or module.startswith(package + "."))
+    ]
+    assert not reaching, "imports past a package's face:\n  " + "\n  ".join(reaching)
 
 
 def test_verify_reads_hlo_through_one_parser() -> None:

@@ -10,11 +10,12 @@ import os
 import pytest
 from conftest import REPO_ROOT
 
+from moegen.fit import KEPT, KeptPeak, kept_words
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
 from moegen.render import render
 from moegen.verify import assigned, read_record
-from moegen.verify.assigned import KEPT, AssignedMemory, KeptPeak, assigned_memory, assigned_peak
+from moegen.verify.assigned import AssignedMemory, assigned_memory, assigned_peak
 from moegen.verify.messages import PROGRAMS
 from moegen.verify.verdict import VerifyError
 
@@ -56,7 +57,7 @@ def test_a_second_read_of_the_same_programs_is_read_back_and_says_so(plan, reads
     second = assigned_peak(plan)
     assert reads == [""] and first == second == 6 * GiB + len(PROGRAMS) + 2 * GiB - 1
     assert not isinstance(first, KeptPeak) and isinstance(second, KeptPeak)
-    assert assigned.kept_words(second) == KEPT and assigned.kept_words(first) == ""
+    assert kept_words(second) == KEPT and kept_words(first) == ""
     figures = assigned_memory(plan, render(plan))
     assert all(f.kept for f in figures.values()) and reads == [""]
 

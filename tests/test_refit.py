@@ -1,4 +1,4 @@
-"""`moegen build --take-fitting-trade` (moegen.refit): where a TPU layer runs out of HBM as
+"""`moegen build --take-fitting-trade` (moegen.fit.refit): where a TPU layer runs out of HBM as
 planned, by XLA's read before any twin or by the full-size compile, the plan's other memory
 trades are read by XLA's buffer assignment, fastest first; the first that fits is taken,
 written into the spec and built. Where none fits, the build fails as it would have, says
@@ -14,20 +14,27 @@ import yaml
 from conftest import assert_no_traceback
 from test_refusal_read import LLAMA4
 
-from moegen import own_trade, pipeline, refit
+from moegen import pipeline
 from moegen.diagnostics import SpecError
+from moegen.fit import TAKE_OFFER
 from moegen.load import load_spec
+from moegen.pipeline import take_fitting_trade
 from moegen.plan import Plan
-from moegen.refit import take_fitting_trade
-from moegen.verify import VerifyError, VerifyReport, refusal_read
-from moegen.verify.verdict import TAKE_OFFER, CompilerCrashed, OutOfHbm
+from moegen.verify import (
+    CompilerCrashed,
+    OutOfHbm,
+    VerifyError,
+    VerifyReport,
+    assigned,
+    preflight,
+)
 
 GiB = 2**30
 CPU_SPEC = Path(__file__).resolve().parent.parent / "specs" / "mixtral_small_cpu.yaml"
 
 
 # The trade written: a trade the spec leaves open is chosen by XLA's read before anything
-# else (moegen.own_trade, tests/test_own_trade.py), so none of those runs out of HBM.
+# else (moegen.fit.own_trade, tests/test_own_trade.py), so none of those runs out of HBM.
 LLAMA4_TRADED = LLAMA4 + "memory:\n  token_chunks: 2\n"
 
 
@@ -54,10 +61,8 @@ def _xla(monkeypatch, out_of_hbm: set[tuple[int, int]], peak_gib: float = 14.0) 
             raise VerifyError("compile forward+backward: out of HBM: (18.08G)")
         return int(peak_gib * GiB)
 
-    monkeypatch.setattr(refusal_read, "assigned_peak", assigned_peak)
-    monkeypatch.setattr(refusal_read, "module_installed", lambda name: True)
-    monkeypatch.setattr(refit, "assigned_peak", assigned_peak)
-    monkeypatch.setattr(own_trade, "assigned_peak", assigned_peak)
+    monkeypatch.setattr(assigned, "assigned_peak", assigned_peak)
+    monkeypatch.setattr(preflight, "module_installed", lambda name: True)
     monkeypatch.setattr(pipeline, "whole_layer_verdict", lambda *args, **kwargs: None)
     return reads
 
@@ -91,8 +96,8 @@ def test_the_fastest_trade_xla_fits_is_taken_and_written(tmp_path, monkeypatch):
 
 
 def test_where_no_trade_fits_the_build_fails_as_before_and_writes_nothing(tmp_path, monkeypatch):
-    _xla(monkeypatch, out_of_hbm=set(), peak_gib=15.7)  # every read over 99% of the grant
-    monkeypatch.setattr(refusal_read, "assigned_peak", _out_of_hbm)
+    # the spec's own trade out of HBM, every other read over 99% of the grant
+    _xla(monkeypatch, out_of_hbm={(1, 2)}, peak_gib=15.7)
     spec = _llama4(tmp_path)
     out = tmp_path / "generated"
     with pytest.raises(SpecError) as info:
@@ -108,10 +113,6 @@ def test_where_no_trade_fits_the_build_fails_as_before_and_writes_nothing(tmp_pa
     )
     assert problem.message.endswith("15.70 GiB).")
     assert spec.read_text(encoding="utf-8") == LLAMA4_TRADED and not out.exists()
-
-
-def _out_of_hbm(plan: Plan) -> int:
-    raise VerifyError("compile forward+backward: out of HBM: (18.08G)")
 
 
 def test_an_out_of_hbm_full_compile_takes_a_trade_too(tmp_path, monkeypatch):
@@ -224,7 +225,7 @@ def test_a_target_that_is_not_a_tpu_takes_no_trade(tmp_path):
     failure = OutOfHbm("compile forward+backward: out of HBM")
     plan = pipeline.make_plan(loaded)
     with pytest.raises(OutOfHbm, match="reads trades on TPU targets only"):
-        take_fitting_trade(loaded, plan, failure)
+        take_fitting_trade(loaded, plan, failure, lambda candidate: None)
 
 
 def test_a_layout_it_cannot_write_is_refused_located(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 """Where the plan would refuse a TPU layer on its ledger's word alone (planned over HBM by
 more than LEDGER_OVERESTIMATE, by less than REFUSAL_OVERESTIMATE), XLA's buffer assignment
-decides (moegen.verify.refusal_read): a layer it fits goes on, and the build says which figure
+decides (moegen.fit.refusal_read): a layer it fits goes on, and the build says which figure
 let it; a refusal it agrees with says XLA's figure. Stand-in reads here, and two real ones
 (slow): a layer the ledger over-counts by a third, and one XLA finds out of HBM too."""
 
@@ -13,12 +13,10 @@ import pytest
 from conftest import assert_no_traceback, run_moegen
 
 from moegen.diagnostics import SpecError
+from moegen.fit import COMPILE_DECIDES, TAKE_OFFER, read_before_refusing
 from moegen.pipeline import generate, load_planned, load_valid
-from moegen.plan import make_plan
-from moegen.plan.fit import COMPILE_DECIDES, cannot_fit
-from moegen.verify import VerifyError, refusal_read
-from moegen.verify.refusal_read import read_before_refusing
-from moegen.verify.verdict import TAKE_OFFER
+from moegen.plan import cannot_fit, make_plan
+from moegen.verify import XLA_READS, VerifyError, assigned, preflight
 
 GiB = 2**30
 EXIT_INVALID = 3
@@ -55,8 +53,8 @@ def _stand_in(monkeypatch, peak_gib: float | None = None, error: str | None = No
             raise VerifyError(error)
         return int(peak_gib * GiB)
 
-    monkeypatch.setattr(refusal_read, "assigned_peak", assigned_peak)
-    monkeypatch.setattr(refusal_read, "module_installed", lambda name: True)
+    monkeypatch.setattr(assigned, "assigned_peak", assigned_peak)
+    monkeypatch.setattr(preflight, "module_installed", lambda name: True)
     return reads
 
 
@@ -131,7 +129,7 @@ def test_a_refusal_says_what_xla_read(
 
 def test_without_libtpu_the_refusal_names_it(tmp_path, monkeypatch):
     reads = _stand_in(monkeypatch, peak_gib=1.0)
-    monkeypatch.setattr(refusal_read, "module_installed", lambda name: name != "libtpu")
+    monkeypatch.setattr(preflight, "module_installed", lambda name: name != "libtpu")
     with pytest.raises(SpecError, match=r"needs libtpu: pip install 'moegen\[tpu\]'"):
         generate(_spec(tmp_path))
     assert reads == []
@@ -143,7 +141,7 @@ def test_no_read_where_the_plan_proves_the_refusal(tmp_path, monkeypatch):
     text = DEEPSEEK.replace("tpu-v6e", "tpu-v5e").replace("batch: 128", "batch: 256")
     path.write_text(text, encoding="utf-8")
     proved = make_plan(load_valid(path))
-    assert read_before_refusing(proved) is None
+    assert read_before_refusing(proved, XLA_READS) is None
     with pytest.raises(SpecError, match="more than the plan's error bound"):
         generate(path)
     assert reads == []

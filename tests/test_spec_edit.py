@@ -1,4 +1,4 @@
-"""Memory fields written into a spec's own text (moegen.spec_edit): replaced where written,
+"""Memory fields written into a spec's own text (moegen.fit.spec_edit): replaced where written,
 inserted where not, in every layout a user writes (block, flow, none; CRLF, a byte-order
 mark, comments, quotes), every other byte kept; a layout it cannot place is refused, not
 written wrong."""
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from moegen.fit import CannotEdit, with_memory_fields
 from moegen.load import load_spec_bytes
-from moegen.spec_edit import CannotEdit, with_memory_fields
 
 BASE = Path(__file__).resolve().parent.parent / "specs" / "mixtral_8x7b_v5e.yaml"
 TRADE = {("memory", "token_chunks"): 4, ("memory", "ffn_chunks"): 2}

@@ -8,18 +8,18 @@ import pytest
 from conftest import REPO_ROOT, assert_no_traceback, run_moegen, snapshot
 from tpu_cases import FLOAT32_STEP, pallas_yaml, write_spec
 
+from moegen.fit import TAKE_OFFER
 from moegen.hardware import GIB
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
 from moegen.plan.model import TokenChunkOption
 from moegen.verify import VerifyError, VerifyReport, memory_verdict, peak_bytes
-from moegen.verify.verdict import TAKE_OFFER
 
 
 def test_spec_the_plan_says_cannot_fit_is_refused_before_any_compile(tmp_path):
     """64 experts of 4096 x 8192 on a v5e 2x2 with the FFN whole: the plan needs 28.4 GiB of
     16, more than the ledger's error over HBM, so `moegen build` refuses it, located at
-    memory.ffn_chunks, before any twin or compile (moegen.plan.fit; it used to spend the twin
+    memory.ffn_chunks, before any twin or compile (moegen.fit.refusal; it used to spend the twin
     and a forward compile before the compiler said so). Left to the plan, the FFN runs in
     slices and it fits. The compiler's own verdict is covered below, on reports."""
     name = "too_big_v5e"

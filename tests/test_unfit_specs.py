@@ -1,5 +1,5 @@
 """Specs the plan proves cannot fit their target's HBM (tests/unfit_specs/): valid by every
-rule of validation, refused by the plan (moegen.plan.fit) with exactly the located diagnostic
+rule of validation, refused by the plan (moegen.fit.refusal) with exactly the located diagnostic
 of their golden `.expected` file, by `plan` and `build` alike, before any twin runs and with
 nothing written; by `validate` too where the plan alone decides (validate never compiles:
 where XLA's buffer assignment decides, it says so and passes). The time a refusal takes is
@@ -22,12 +22,17 @@ from conftest import EXAMPLE_SPECS, REPO_ROOT, assert_no_traceback, run_moegen
 from golden_runner import UNFIT, expected_text
 
 from moegen.diagnostics import SpecError
+from moegen.fit import read_has_a_say
 from moegen.load import load_spec_bytes
 from moegen.pipeline import generate, load_valid, refuse_unfit
-from moegen.plan import LEDGER_OVERESTIMATE, REFUSAL_OVERESTIMATE, cannot_fit, make_plan
-from moegen.plan.fit import MEASURED_OVERESTIMATE
+from moegen.plan import (
+    LEDGER_OVERESTIMATE,
+    MEASURED_OVERESTIMATE,
+    REFUSAL_OVERESTIMATE,
+    cannot_fit,
+    make_plan,
+)
 from moegen.validate import validate
-from moegen.verify.refusal_read import read_has_a_say
 
 CORPUS_DIR = UNFIT.folder  # relative to REPO_ROOT, as shown in messages
 CASES = [REPO_ROOT / UNFIT.case(name) for name in UNFIT.case_names()]
@@ -173,7 +178,7 @@ def test_with_fit_check_compile_a_layer_the_plan_does_not_prove_unfit_goes_to_th
     assert refuse_unfit(loaded, plan) is plan
     with pytest.raises(SpecError, match="memory.fit_check: compile lets"):  # the ledger alone
         refuse_unfit(*_loaded_and_plan(_with_fit_check("pinned_whole_ffn_v5e", "plan")))
-    # by default XLA reads the plan's word (moegen.verify.refusal_read), and agrees here
+    # by default XLA reads the plan's word (moegen.fit.refusal_read), and agrees here
     with pytest.raises(SpecError, match="XLA.s buffer assignment: compile .* out of HBM"):
         refuse_unfit(*_loaded_and_plan(_with_fit_check("pinned_whole_ffn_v5e", "assigned")))
 

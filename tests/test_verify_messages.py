@@ -220,7 +220,7 @@ def test_a_worker_killed_by_a_compiler_crash_says_so_without_its_stack() -> None
     died = SimpleNamespace(returncode=-6)
     report = VerifyReport(steps=[Imported("import", 0.1)])
     crashed = pool._ended_without_word(died, COMPILER_CRASH, report)
-    assert isinstance(crashed, CompilerCrashed)  # another trade can mend it (moegen.refit)
+    assert isinstance(crashed, CompilerCrashed)  # another trade can mend it (moegen.fit.refit)
     words = str(crashed)
     assert words.startswith("the XLA compiler crashed (signal 6) after the step 'import'")
     assert "fusion_util.cc:2636" in words and "not a mistake in the spec" in words

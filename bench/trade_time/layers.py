@@ -29,8 +29,7 @@ from bench.population import FAMILIES
 from moegen.diagnostics import SpecError
 from moegen.hardware import hardware
 from moegen.load import load_spec_bytes
-from moegen.plan import make_plan
-from moegen.plan.fit import peak
+from moegen.plan import make_plan, peak
 from moegen.render import render
 from moegen.validate import validate
 

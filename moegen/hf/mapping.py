@@ -110,7 +110,7 @@ def _names_experts(data: dict[str, Any]) -> bool:
 
 
 def _size_rules(family: HfFamily) -> list[Size]:
-    from moegen.checkpoints.layouts import FAMILIES as LAYOUTS  # the size keys, known there
+    from moegen.checkpoints import FAMILIES as LAYOUTS  # the size keys, known there
 
     layout = LAYOUTS[family.sizes]
 

@@ -27,9 +27,11 @@ from moegen.kernels.registry import (
     kernel_is_registered,
     kernels_on,
 )
+from moegen.kernels.tiling import LANES, Tile, padded_rows
 
 __all__ = [
     "KERNELS",
+    "LANES",
     "KERNEL_ALIASES",
     "KERNEL_NAMES",
     "KERNEL_RULES",
@@ -42,8 +44,10 @@ __all__ = [
     "Preflight",
     "RowPadding",
     "TileRequest",
+    "Tile",
     "TileShape",
     "kernel",
     "kernel_is_registered",
     "kernels_on",
+    "padded_rows",
 ]

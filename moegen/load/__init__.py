@@ -15,6 +15,7 @@ from moegen.load.loader import (
     module_name_problem,
 )
 from moegen.load.schema_errors import choice_message, describe
+from moegen.load.shape_variants import SHAPE_FIELDS, shape_variants
 from moegen.load.source import FieldPath, Locations, SpecSource, dotted
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Locations",
     "MAX_NAME_CHARACTERS",
     "MAX_SPEC_BYTES",
+    "SHAPE_FIELDS",
     "SpecSource",
     "choice_message",
     "describe",
@@ -31,4 +33,5 @@ __all__ = [
     "load_spec",
     "load_spec_bytes",
     "module_name_problem",
+    "shape_variants",
 ]

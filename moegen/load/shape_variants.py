@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from moegen.load import LoadedSpec, Locations
+from moegen.load.loader import LoadedSpec
+from moegen.load.source import Locations
 from moegen.spec import Shapes
 
 SHAPE_FIELDS = ("batch", "seq_len")

@@ -10,7 +10,16 @@ from moegen.plan.assemble import MAIN_SHAPE, make_plan
 from moegen.plan.costs import CostPlan
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.ffn import FfnChunkOption, FfnPlan
-from moegen.plan.fit import LEDGER_OVERESTIMATE, REFUSAL_OVERESTIMATE, cannot_fit, fit_problems
+from moegen.plan.headroom import (
+    LEDGER_OVERESTIMATE,
+    MEASURED_OVERESTIMATE,
+    REFUSAL_OVERESTIMATE,
+    cannot_fit,
+    memory_peak,
+    over_hbm,
+    peak,
+    proved_unfit,
+)
 from moegen.plan.kernel import KernelPlan
 from moegen.plan.memory import MemoryPlan
 from moegen.plan.mesh import MeshPlan
@@ -32,6 +41,7 @@ __all__ = [
     "KernelPlan",
     "LEDGER_OVERESTIMATE",
     "MAIN_SHAPE",
+    "MEASURED_OVERESTIMATE",
     "MemoryPlan",
     "MeshPlan",
     "NetworkPlan",
@@ -46,7 +56,10 @@ __all__ = [
     "Transfer",
     "VariantPlan",
     "cannot_fit",
-    "fit_problems",
     "format_plan",
     "make_plan",
+    "memory_peak",
+    "over_hbm",
+    "peak",
+    "proved_unfit",
 ]

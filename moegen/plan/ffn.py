@@ -14,12 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from moegen.hardware import hardware
-from moegen.kernels import TileRequest, kernel
-from moegen.kernels.tiling import (
-    LANES,
-    Tile,
-    padded_rows,
-)
+from moegen.kernels import LANES, Tile, TileRequest, kernel, padded_rows
 from moegen.load import LoadedSpec
 from moegen.plan.activation import GluPlan, glu_plan
 from moegen.plan.costs import DTYPE_BYTES, CostPlan

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from moegen.plan.fit import memory_peak, over_hbm
+from moegen.plan.headroom import memory_peak, over_hbm
 from moegen.plan.memory import TRADE_HEADROOM, MemoryPlan, fits
 from moegen.plan.model import TokenChunkOption, Trade
 
@@ -46,16 +46,15 @@ OutcomeOf = Callable[[Trade], TradeOutcome]
 def default_token_chunks(
     pinned: Trade, local_tokens: int, overlap_chunks: int, outcome_of: OutcomeOf
 ) -> int:
-    """The token chunks of a shape whose spec omits memory.token_chunks. One chunk when the
-    layer fits the target's HBM by the plan with the FFN whole or in the slices the spec pins
-    (whether to trade at all allows the ledger's over-estimate, as the refusal does, plan.fit:
-    nearer HBM than that the compile decides). Else, of the trades that fit with the ledger's
-    headroom (TRADE_HEADROOM), the fastest by the plan's step time: one chunk in the FFN
-    slices the plan chose (or pinned), or each listed chunk count (a chunked layer's FFN
-    whole, unless pinned); on the chip a few token chunks often cost less than the fewest
-    slices that fit (bench/trade_time). Else, of the plan's slices and the chunk counts that
-    fit at all, the one planned lowest; else one chunk (the refusal then names what would
-    fit)."""
+    """The token chunks of a shape whose spec omits memory.token_chunks. One chunk when the layer
+    fits the target's HBM by the plan with the FFN whole or in the slices the spec pins (whether to
+    trade at all allows the ledger's over-estimate, as the refusal does, moegen.fit.refusal: nearer
+    HBM than that the compile decides). Else, of the trades that fit with the ledger's headroom
+    (TRADE_HEADROOM), the fastest by the plan's step time: one chunk in the FFN slices the plan
+    chose (or pinned), or each listed chunk count (a chunked layer's FFN whole, unless pinned); on
+    the chip a few token chunks often cost less than the fewest slices that fit (bench/trade_time).
+    Else, of the plan's slices and the chunk counts that fit at all, the one planned lowest; else
+    one chunk (the refusal then names what would fit)."""
     whole = outcome_of(Trade(None, pinned.ffn_chunks))
     if overlap_chunks != 1:
         return 1

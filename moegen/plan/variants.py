@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from moegen.load import LoadedSpec
-from moegen.load.shape_variants import shape_variants
+from moegen.load import LoadedSpec, shape_variants
 from moegen.plan.model import Plan, Trade, VariantPlan
 
 

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from moegen.diagnostics import Diagnostic
-from moegen.load import LoadedSpec
-from moegen.load.shape_variants import SHAPE_FIELDS, shape_variants
+from moegen.load import SHAPE_FIELDS, LoadedSpec, shape_variants
 from moegen.spec import ShapeVariant
 
 VARIANT_NAME = re.compile(r"[a-z][a-z0-9_]*")

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from moegen.hardware import hardware
+from moegen.fit import KEPT, KeptPeak, every_shapes_own_trades, fits_by_assignment
 from moegen.load import LoadedSpec
 from moegen.plan import Plan, make_plan
 from moegen.render import render
@@ -37,7 +37,7 @@ from moegen.verify.compiler_errors import crash_words, out_of_memory
 from moegen.verify.messages import PROGRAMS
 from moegen.verify.pool import worker_env
 from moegen.verify.read_record import keep, read_key, recall
-from moegen.verify.verdict import VerifyError, every_shapes_own_trades
+from moegen.verify.verdict import VerifyError
 from moegen.verify.verification import scratch_directory, tpu_target
 
 # the jitted function's name in each program, which names XLA's module and its dump files
@@ -205,19 +205,6 @@ def _failure(folder: Path, program: str, returncode: int | None = None) -> str:
     return f"compile {program} ended before XLA's buffer assignment{how}:\n{tail}"
 
 
-class KeptPeak(int):
-    """A peak read back from an earlier read of the same programs (moegen.verify.read_record),
-    not read now: the words that print it say so (KEPT)."""
-
-
-KEPT = " (kept from an earlier read of the same programs)"
-
-
-def kept_words(peak: int) -> str:
-    """KEPT where `peak` was read back, else nothing."""
-    return KEPT if isinstance(peak, KeptPeak) else ""
-
-
 def assigned_peak(plan: Plan) -> int:
     """The largest of the programs' peaks as XLA assigned them, per device, of every shape
     of the module rendered from `plan` (the main one and each variant's: one module holds
@@ -235,16 +222,6 @@ def assigned_peak(plan: Plan) -> int:
 
 # The layer as first written: one token chunk, the FFN unsliced.
 WHOLE = {("memory", "token_chunks"): 1, ("memory", "ffn_chunks"): 1}
-# What the compiler's last HBM check adds to the assigned peak: the generated code (s0_041 of
-# bench.population: assigned 15.74 GiB, refused at "15.77G of 15.75G"), a fraction of what
-# the compiler grants a program (moegen.hardware: less than the HBM).
-CODE_MARGIN = 0.01
-
-
-def fits_by_assignment(plan: Plan, peak: int) -> bool:
-    """Whether an assigned peak leaves the compiler's grant of HBM CODE_MARGIN to spare."""
-    granted = hardware(plan.hardware).compiler_hbm_bytes_per_device
-    return peak <= (1 - CODE_MARGIN) * granted
 
 
 def whole_layer(loaded: LoadedSpec, plan: Plan) -> dict[str, Any] | None:

@@ -18,8 +18,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from moegen.kernels import kernel
-from moegen.kernels.tiling import LANES
+from moegen.kernels import LANES, kernel
 from moegen.load import FieldPath, LoadedSpec
 from moegen.plan import MAIN_SHAPE, Plan, make_plan
 from moegen.sizes import axes_product

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from moegen.fit import TAKE_OFFER
 from moegen.hardware import hardware
 from moegen.plan import Plan
-from moegen.spec import Memory
 from moegen.verify.compiler_errors import KERNEL_ROLES
 from moegen.verify.messages import Compiled, CompilerOutOfMemory, VerifyReport
 
@@ -85,50 +85,6 @@ def memory_verdict(plan: Plan, report: VerifyReport) -> str | None:
         f"(plan estimate: forward {plan.memory.forward_peak / 2**30:.2f}, "
         f"forward+backward {plan.memory.train_peak / 2**30:.2f} GiB)"
     )
-
-
-def own_trades(memory: Memory, plan: Plan) -> list[str]:
-    """The FFN slices and token chunks the plan chose on a TPU target where the spec leaves
-    them to it (empty: none, or not a TPU target)."""
-    if hardware(plan.hardware).platform != "tpu":
-        return []
-    own = []
-    if memory.ffn_chunks is None and plan.ffn.chunks > 1:
-        own.append(f"{plan.ffn.chunks} FFN slices")
-    if memory.token_chunks is None and plan.experts.token_chunks > 1:
-        own.append(f"{plan.experts.token_chunks} token chunks")
-    return own
-
-
-def every_shapes_own_trades(memory: Memory, plan: Plan) -> list[str]:
-    """own_trades of the main shape and of each variant, a variant's named ("4 token chunks
-    for long"): one memory section serves every shape."""
-    return [
-        trade + (f" for {name}" if name else "")
-        for name, shape in plan.shape_plans()
-        for trade in own_trades(memory, shape)
-    ]
-
-
-def own_trade_note(memory: Memory, plan: Plan) -> str:
-    """Where, on a TPU target, the plan chose FFN slices or token chunks the spec leaves to
-    it: that the choice rests on the plan's ledger (an estimate), and how to have it made by
-    the compiler's own figure instead (moegen.tune_memory)."""
-    own = own_trades(memory, plan)
-    if not own:
-        return ""
-    return (
-        f"; {' and '.join(own)} chosen by the plan's memory ledger, an estimate (write "
-        "memory.ffn_chunks: auto and memory.token_chunks: auto and run `moegen tune` to have "
-        "them chosen by XLA's buffer assignment, in seconds a candidate)"
-    )
-
-
-# What an out-of-HBM error offers last: taking another trade (moegen.refit) strips it.
-TAKE_OFFER = (
-    "Or build with --take-fitting-trade: it reads the plan's other memory trades by XLA's "
-    "buffer assignment, fastest first, and writes the first that fits into the spec."
-)
 
 
 def _hbm_advice(plan: Plan) -> str:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from moegen import interrupts, provenance
+from moegen.fit import own_trade_note
 from moegen.kernels import kernel
 from moegen.load import LoadedSpec
 from moegen.plan import GluPlan, Plan, make_plan
@@ -49,7 +50,7 @@ from moegen.verify.pool import run_worker as _run_worker
 from moegen.verify.preflight import require_verifiers
 from moegen.verify.record import VerifyCache
 from moegen.verify.twin import TwinSpec, plan_twin, twins_of
-from moegen.verify.verdict import VerifyError, memory_verdict, own_trade_note
+from moegen.verify.verdict import VerifyError, memory_verdict
 
 OnStep = Callable[[Step], None]
 

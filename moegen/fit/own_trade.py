@@ -7,9 +7,9 @@ of the programs (bench/LEDGER.md), so its trade leaves 30% of HBM free, and reco
 the layer whole fits (14 of the 24 population layers made too big: bench.defaults_fit). With
 `memory.fit_check: assigned` (the default) the build instead ranks the trades the spec leaves
 open by the plan's step time (moegen.plan.step_time), as `moegen tune` does, and reads XLA's
-buffer assignment of each in that order (moegen.verify.assigned: the compiled peak to 0.0034%
-on every program measured, seconds a read); the first that fits is the module's trade, and
-the build says so.
+buffer assignment of each in that order (moegen.fit.reads, as moegen.verify.xla_reads reads
+it: the compiled peak to 0.0034% on every program measured, seconds a read); the first that
+fits is the module's trade, and the build says so.
 
 The same spec gives the same module on every machine: the read is made by the pinned libtpu,
 in full (no time budget), and a read that fails for any reason but HBM stops the build rather
@@ -19,36 +19,28 @@ trade, rather than fall back to another module.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from moegen.diagnostics import SpecError
+from moegen.fit.by_assignment import MEMORY_FIELDS, NOT_READ, choose_by_assignment
+from moegen.fit.candidates import Candidate, candidate_of, candidates, yaml_value
+from moegen.fit.reads import READ_BY, CompilerReads, ReadError
 from moegen.hardware import hardware
 from moegen.load import FieldPath, LoadedSpec
 from moegen.plan import Plan
-from moegen.tune import candidate_of, candidates, count_by_plan, yaml_value
-from moegen.tune_candidate import Candidate
-from moegen.tune_memory import MEMORY_FIELDS, NOT_READ, READ_BY, choose_by_assignment
+from moegen.spec import Memory
 from moegen.variants import unchecked
-from moegen.verify import Step, VerifyError
-from moegen.verify.assigned import assigned_peak, kept_words
-from moegen.verify.messages import MemoryVerdict
-from moegen.verify.preflight import LIBTPU_FIX, module_installed
-from moegen.verify.verdict import every_shapes_own_trades
 
-OUT_OF_HBM = "out of HBM"  # in a read's error: XLA's answer that the trade does not fit
 # What a read costs, said before the first: the forward and forward+backward programs
 # assigned side by side (5.45 s for Qwen3-30B-A3B over 16 v5e chips; 25-60 s for DeepSeek-V3,
 # Qwen3-235B and Jamba at batch 32), a kept read (moegen.verify.read_record) milliseconds.
 ANNOUNCED = "memory: XLA's buffer assignment"  # the step that says reads are coming
 READ_TIME = "about 5 s to a minute a read, the largest layers longest; a kept read milliseconds"
 OnRead = Callable[[Candidate], None]
-Note = Callable[[str, str, float, Step | None], None]  # moegen.pipeline's Progress
-ReadPeak = Callable[[Plan], int]
 
 
 class ReadFailed(Exception):
-    """A read that failed for another reason than HBM (not a VerifyError: the ranking must
+    """A read that failed for another reason than HBM (not a ReadError: the ranking must
     not move on to the next trade, which would make the module depend on the failure)."""
 
 
@@ -62,63 +54,32 @@ def chooses_by_assignment(loaded: LoadedSpec, plan: Plan) -> bool:
     return bool(every_shapes_own_trades(memory, plan))
 
 
-def choose_reporting(loaded: LoadedSpec, ledger: Plan, note: Note) -> tuple[LoadedSpec, Plan]:
-    """choose_own_trade, each read and the choice reported as steps of the spec, as
-    --take-fitting-trade reports its own."""
-    display = loaded.source.display
-    start = time.perf_counter()
-
-    def on_read(candidate: Candidate) -> None:
-        step = read_step(candidate)
-        note(display, step.step, step.seconds, step)
-
-    def announce(count: int) -> None:
-        words = f"up to {count} trades, fastest first, until one fits: {READ_TIME}"
-        note(display, ANNOUNCED, 0.0, MemoryVerdict(ANNOUNCED, 0.0, words))
-
-    chosen, plan, words = choose_own_trade(loaded, ledger, on_read, announce=announce)
-    step = MemoryVerdict("memory: trade chosen", time.perf_counter() - start, words)
-    note(display, step.step, step.seconds, step)
-    return chosen, plan
-
-
-def read_step(candidate: Candidate) -> MemoryVerdict:
-    """One trade read by XLA's assignment as a step of the build: `memory: read ffn_chunks 2,
-    token_chunks 4`, and its peak or why it was not taken."""
-    trade = ", ".join(
-        f"{path[1]} {value}" for path, value in candidate.choices.items() if path[0] == "memory"
-    )
-    kept = kept_words(candidate.peak_bytes)
-    words = candidate.problem or f"{candidate.peak_bytes / 2**30:.2f} GiB per device{kept}: fits"
-    return MemoryVerdict(f"memory: read {trade}", candidate.seconds, words)
-
-
 def choose_own_trade(
     loaded: LoadedSpec,
     plan: Plan,
+    reads: CompilerReads,
     on_read: OnRead,
-    read_peak: ReadPeak | None = None,
     announce: Callable[[int], None] | None = None,
 ) -> tuple[LoadedSpec, Plan, str]:
     """The spec with its open trades set to the fastest that XLA fits (the source text
     unchanged: the spec leaves them to the build), its plan, and the words of the choice;
     `announce` is told how many trades may be read, before the first. SpecError, located at
     `memory`, where no libtpu can read, a read fails, or none fits."""
-    if not module_installed("libtpu"):
-        raise _refused(loaded, plan, f"XLA's buffer assignment needs libtpu: {LIBTPU_FIX}")
+    missing = reads.missing()
+    if missing is not None:
+        raise _refused(loaded, plan, f"{READ_BY} needs {missing}")
     memory = loaded.spec.memory
     open_fields = {p: "auto" for p in sorted(MEMORY_FIELDS) if getattr(memory, p[1]) is None}
     found = candidates(unchecked(loaded, open_fields))
     found += _ledger_trade(loaded, plan, open_fields, found)
-    read = read_peak or assigned_peak  # looked up now: tests stand in for it
     if announce is not None:
         announce(sum(c.plan is not None for c in found))
 
     def strict(candidate_plan: Plan) -> int:
         try:
-            return read(candidate_plan)
-        except VerifyError as err:
-            if OUT_OF_HBM in str(err):
+            return reads.peak(candidate_plan)
+        except ReadError as err:
+            if err.out_of_hbm:
                 raise
             raise ReadFailed(str(err).strip().splitlines()[0][:300]) from None
 
@@ -127,7 +88,8 @@ def choose_own_trade(
             on_read(candidate)
 
     try:
-        winner = choose_by_assignment(found, count_by_plan, float("inf"), reported, strict)
+        strict_reads = CompilerReads(strict, reads.missing)
+        winner = choose_by_assignment(found, strict_reads, float("inf"), reported)
     except ReadFailed as err:
         raise _refused(loaded, plan, f"XLA's read of a trade failed: {err}") from None
     if winner is None or winner.loaded is None or winner.plan is None:
@@ -178,3 +140,40 @@ def _chosen_words(winner: Candidate, ledger: Plan) -> str:
 
 def _count(n: int, thing: str) -> str:
     return f"{n} {thing}{'' if n == 1 else 's'}"
+
+
+def own_trades(memory: Memory, plan: Plan) -> list[str]:
+    """The FFN slices and token chunks the plan chose on a TPU target where the spec leaves
+    them to it (empty: none, or not a TPU target)."""
+    if hardware(plan.hardware).platform != "tpu":
+        return []
+    own = []
+    if memory.ffn_chunks is None and plan.ffn.chunks > 1:
+        own.append(f"{plan.ffn.chunks} FFN slices")
+    if memory.token_chunks is None and plan.experts.token_chunks > 1:
+        own.append(f"{plan.experts.token_chunks} token chunks")
+    return own
+
+
+def every_shapes_own_trades(memory: Memory, plan: Plan) -> list[str]:
+    """own_trades of the main shape and of each variant, a variant's named ("4 token chunks
+    for long"): one memory section serves every shape."""
+    return [
+        trade + (f" for {name}" if name else "")
+        for name, shape in plan.shape_plans()
+        for trade in own_trades(memory, shape)
+    ]
+
+
+def own_trade_note(memory: Memory, plan: Plan) -> str:
+    """Where, on a TPU target, the plan chose FFN slices or token chunks the spec leaves to
+    it: that the choice rests on the plan's ledger (an estimate), and how to have it made by
+    the compiler's own figure instead (moegen.fit.by_assignment)."""
+    own = own_trades(memory, plan)
+    if not own:
+        return ""
+    return (
+        f"; {' and '.join(own)} chosen by the plan's memory ledger, an estimate (write "
+        "memory.ffn_chunks: auto and memory.token_chunks: auto and run `moegen tune` to have "
+        "them chosen by XLA's buffer assignment, in seconds a candidate)"
+    )

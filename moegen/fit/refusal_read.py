@@ -1,6 +1,6 @@
 """Before the plan refuses a TPU layer on its ledger's word alone: XLA's own figure decides.
 
-The plan refuses a spec whose ledger puts it over HBM (moegen.plan.fit). Where the ledger
+The plan refuses a spec whose ledger puts it over HBM (moegen.fit.refusal). Where the ledger
 *proves* it cannot fit (the parameters and their gradients alone over HBM, or the estimate
 over by more than the ledger has ever been measured over the compiler), the refusal stands
 in milliseconds. Between the two (over by more than LEDGER_OVERESTIMATE, by less than
@@ -8,15 +8,15 @@ REFUSAL_OVERESTIMATE) the ledger is an estimate that has been measured up to 38%
 peak on a population nobody fitted it on (bench.holdout, seed 2: two of its seven refusals
 there were of layers that fit), so a refusal there can be wrong.
 On a TPU target the layer's buffer assignment, as XLA makes it for the full-size programs
-(moegen.verify.assigned, seconds, no code generated), says whether it fits: the refusal
-stands only where XLA agrees, and says XLA's figure; a layer XLA fits goes on to the build,
-whose full-size compile has the last word. Just over HBM (by less than LEDGER_OVERESTIMATE)
-the plan does not refuse, and its ledger can as well be under the compiler (seed 3 of
-bench.holdout: a trade planned 4% over HBM needs 18.08 of 15.75 GiB in temporaries alone):
-the read refuses a layer XLA finds out of HBM in seconds, before the twins and the full
-compile spend minutes. (A trade the spec leaves to the plan is chosen by XLA's read instead,
-fit included: moegen.own_trade.)
-All of it with `memory.fit_check: assigned`, the default (moegen.pipeline.fitting_plan).
+(moegen.fit.reads, as moegen.verify.xla_reads reads it: seconds, no code generated), says whether it
+fits: the refusal stands only where XLA agrees, and says XLA's figure; a layer XLA fits goes on to
+the build, whose full-size compile has the last word. Just over HBM (by less than
+LEDGER_OVERESTIMATE) the plan does not refuse, and its ledger can as well be under the compiler
+(seed 3 of bench.holdout: a trade planned 4% over HBM needs 18.08 of 15.75 GiB in temporaries
+alone): the read refuses a layer XLA finds out of HBM in seconds, before the twins and the full
+compile spend minutes. (A trade the spec leaves to the plan is chosen by XLA's read instead, fit
+included: moegen.fit.own_trade.)
+All of it with `memory.fit_check: assigned`, the default (moegen.fit.fitting).
 """
 
 from __future__ import annotations
@@ -24,13 +24,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from moegen.fit.reads import READ_BY, CompilerReads, ReadError, fits_by_assignment, kept_words
 from moegen.hardware import hardware
-from moegen.plan import Plan
-from moegen.plan.fit import memory_peak, proved_unfit
-from moegen.verify.assigned import assigned_peak, fits_by_assignment, kept_words
-from moegen.verify.preflight import LIBTPU_FIX, module_installed
-from moegen.verify.verdict import VerifyError
-from moegen.verify.verification import tpu_target
+from moegen.plan import Plan, memory_peak, proved_unfit
 
 GiB = 2**30
 
@@ -58,36 +54,34 @@ def read_has_a_say(plan: Plan) -> bool:
     """Whether XLA's read can overturn the ledger's word on `plan`: a TPU target, and no
     shape the plan proves cannot fit."""
     shapes = [shape for _, shape in plan.shape_plans()]
-    return tpu_target(plan) is not None and not any(proved_unfit(s.memory) for s in shapes)
+    tpu = plan.mesh.tpu_topology_name is not None  # a TPU slice XLA compiles for
+    return tpu and not any(proved_unfit(s.memory) for s in shapes)
 
 
-def read_before_refusing(plan: Plan) -> RefusalRead | None:
+def read_before_refusing(plan: Plan, reads: CompilerReads) -> RefusalRead | None:
     """XLA's buffer assignment of every shape of `plan`, where the plan refuses it on its
     ledger's word on a TPU target, or plans it over HBM by less than its error; None where
     no read has a say (not a TPU target, or a shape the plan proves cannot fit)."""
     if not read_has_a_say(plan):
         return None
-    if not module_installed("libtpu"):
-        return RefusalRead(
-            False,
-            f"XLA's buffer assignment, which would decide, needs libtpu: {LIBTPU_FIX}",
-            0.0,
-            measured=False,
-        )
+    missing = reads.missing()
+    if missing is not None:
+        words = f"{READ_BY}, which would decide, needs {missing}"
+        return RefusalRead(False, words, 0.0, measured=False)
     start = time.perf_counter()
     try:
-        peak = assigned_peak(plan)
-    except VerifyError as err:
+        peak = reads.peak(plan)
+    except ReadError as err:
         line = str(err).strip().splitlines()[0]
         seconds = time.perf_counter() - start
-        if "out of HBM" in line:
-            return RefusalRead(False, f"XLA's buffer assignment: {line}", seconds)
-        words = f"XLA's buffer assignment could not be read ({line})"
+        if err.out_of_hbm:
+            return RefusalRead(False, f"{READ_BY}: {line}", seconds)
+        words = f"{READ_BY} could not be read ({line})"
         return RefusalRead(False, words, seconds, measured=False)
     seconds = time.perf_counter() - start
     granted = hardware(plan.hardware).compiler_hbm_bytes_per_device
     words = (
-        f"XLA's buffer assignment of the full-size programs{kept_words(peak)}: "
+        f"{READ_BY} of the full-size programs{kept_words(peak)}: "
         f"{peak / GiB:.2f} GiB per device, "
         f"of the {granted / GiB:.2f} GiB the compiler grants a program"
     )

@@ -3,10 +3,10 @@ here, located, before any twin runs or any compile starts, with what would fit i
 FFN slice counts, the largest batch and the larger mesh axes whose plans fit.
 
 The refusal is the plan's, so it allows for the plan's own error in the direction that could
-make a refusal wrong (`LEDGER_OVERESTIMATE`); a spec the plan says only just fits, or just
+make a refusal wrong (moegen.plan.headroom); a spec the plan says only just fits, or just
 misses, goes on to the compile, whose memory verdict decides (moegen.verify.verdict). On a
-TPU target the pipeline asks XLA's buffer assignment first, where the plan refuses on its
-ledger's word or puts the layer over HBM at all (moegen.verify.refusal_read).
+TPU target the build asks XLA's buffer assignment first, where the plan refuses on its
+ledger's word or puts the layer over HBM at all (moegen.fit.refusal_read).
 """
 
 from __future__ import annotations
@@ -18,40 +18,23 @@ from typing import Any
 
 from moegen.diagnostics import Diagnostic
 from moegen.hardware import hardware
-from moegen.load import FieldPath, LoadedSpec
-from moegen.load.shape_variants import shape_variants
-from moegen.plan.memory import MemoryPlan
-from moegen.plan.model import Plan
+from moegen.load import FieldPath, LoadedSpec, shape_variants
+from moegen.plan import (
+    MEASURED_OVERESTIMATE,
+    REFUSAL_OVERESTIMATE,
+    Plan,
+    cannot_fit,
+    peak,
+    proved_unfit,
+)
 from moegen.spec import Shapes
 
 # The plan of the spec with some fields changed (and no shape variants), validated: None
-# when the changed spec breaks a rule. The caller supplies it (moegen.pipeline): the plan
-# decides, validation refuses, and this stage does not import validation.
+# when the changed spec breaks a rule. The caller supplies it (moegen.fit.fitting.plan_changed).
 PlanWith = Callable[[LoadedSpec, Mapping[FieldPath, Any]], Plan | None]
 
-# How far above HBM the plan may put a layer before it trades memory of its own
-# (moegen.plan.token_chunks) and, with `memory.fit_check: plan` (the default), before it
-# refuses the spec. The committed examples' worst over-estimate (+8.7%, deepseek_v3_v5p;
-# tests/test_ledger.py). It is not a bound beyond them: on the generated populations no
-# refusal was wrong (every spec refused is out of HBM in the compiler), but the plan has been
-# measured up to REFUSAL_OVERESTIMATE above the compiled peak, so the message says so and
-# names `memory.fit_check: compile`.
-LEDGER_OVERESTIMATE = 0.10
-# What proves a layer cannot fit (`memory.fit_check: compile` refuses only that): the plan
-# above HBM by more than the most it has been measured above the compiled peak (the larger
-# of the two programs, as compared here), with room to spare. Set at 55% on seeds 0 and 1 of
-# the generated populations as drawn (worst +51.0%, s1_034), it was broken twice by what
-# bench.holdout and bench.defaults_fit read since: a fresh seed 4 as drawn, +63.6% (s4_026,
-# mixtral), and the layers made too big to run whole, read whole by XLA's buffer assignment
-# when the build chooses their trade: +123.5% (s2_023, olmoe at batch 224, 7 [rows, D]
-# buffers counted at the row gradient where XLA holds far fewer), +111.5% (s1_046), +100.9%
-# (s3_003), +94.0% (s1_020). Three times HBM leaves a third above the worst. An empirical
-# bound, not a proof, and said so; tests/test_ledger_population.py holds it above every
-# recorded over-estimate, compiled (seeds 0, 1) and assigned (seeds 2-4, too-big layers).
-REFUSAL_OVERESTIMATE = 2.00
-MEASURED_OVERESTIMATE = 1.24  # the worst of them, rounded up
 # What a refusal by the ledger's word alone offers, unless XLA's own figure has spoken
-# (moegen.verify.refusal_read: on a TPU target the build reads it before refusing).
+# (moegen.fit.refusal_read: on a TPU target the build reads it before refusing).
 COMPILE_DECIDES = "; memory.fit_check: compile lets the full-size compile decide"
 # Plans made to find the largest batch that fits: a binary search over multiples of the batch
 # shards takes log2(batch / shards) of them (a few ms each), so 24 cover any batch moegen
@@ -74,37 +57,6 @@ def fit_problems(loaded: LoadedSpec, plan: Plan, plan_with: PlanWith) -> list[Di
         if problem:
             out.append(problem)
     return out
-
-
-def peak(plan: Plan) -> int:
-    """The planned peak per device: forward+backward (the forward never holds more)."""
-    return memory_peak(plan.memory)
-
-
-def memory_peak(memory: MemoryPlan) -> int:
-    return max(memory.train_peak, memory.forward_peak)
-
-
-def cannot_fit(plan: Plan, compile_decides: bool = False) -> bool:
-    """The spec is refused: proved not to fit (`proved_unfit`), or, unless the compile
-    decides (`memory.fit_check: compile`), planned above HBM by more than LEDGER_OVERESTIMATE."""
-    return proved_unfit(plan.memory) or (not compile_decides and over_hbm(plan.memory))
-
-
-def proved_unfit(memory: MemoryPlan) -> bool:
-    """The parameters and their gradients alone (the compiled program's arguments and outputs,
-    which the ledger counts to the byte) are over HBM, or the planned peak is above it by more
-    than the plan has been measured over the compiler (REFUSAL_OVERESTIMATE)."""
-    hbm = memory.hbm_bytes_per_device
-    return bool(hbm) and (
-        memory.exact_bytes > hbm or memory_peak(memory) > hbm * (1 + REFUSAL_OVERESTIMATE)
-    )
-
-
-def over_hbm(memory: MemoryPlan) -> bool:
-    """The planned peak is above HBM by more than LEDGER_OVERESTIMATE: the plan trades."""
-    hbm = memory.hbm_bytes_per_device
-    return bool(hbm) and memory_peak(memory) > hbm * (1 + LEDGER_OVERESTIMATE)
 
 
 def _fits(plan: Plan) -> bool:

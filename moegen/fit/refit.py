@@ -6,8 +6,8 @@ Without the flag a layer out of HBM (by XLA's read before any twin, or by the fu
 compile) is refused, and the error offers the plan's next candidates. With it, the plan's
 other trades (FFN slices x token chunks, as `moegen tune` lists them with both fields
 `auto`) are ranked by the plan's step time and read by XLA's assigned peak in that order
-(moegen.tune_memory): the first that fits is taken. The trade that failed is not read again.
-The trade is written into the spec text (moegen.spec_edit), every other byte kept, so that the
+(moegen.fit.by_assignment): the first that fits is taken. The trade that failed is not read again.
+The trade is written into the spec text (moegen.fit.spec_edit), every other byte kept, so that the
 spec alone says what the committed module runs; the build then verifies that spec as any other.
 """
 
@@ -17,40 +17,44 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from moegen.diagnostics import SpecError
+from moegen.fit.by_assignment import FIT_CHECK, NOT_READ, PROVED, choose_by_assignment
+from moegen.fit.candidates import Candidate, candidates, yaml_value
+from moegen.fit.reads import OUT_OF_HBM, READ_BY, CompilerReads
+from moegen.fit.spec_edit import CannotEdit, with_memory_fields
 from moegen.hardware import hardware
 from moegen.load import FieldPath, LoadedSpec
 from moegen.plan import Plan
-from moegen.spec_edit import CannotEdit, with_memory_fields
-from moegen.tune import candidates, count_by_plan, yaml_value
-from moegen.tune_candidate import Candidate
-from moegen.tune_memory import FIT_CHECK, NOT_READ, PROVED, READ_BY, choose_by_assignment
 from moegen.validate import validate
 from moegen.variants import unchecked
-from moegen.verify import VerifyError
-from moegen.verify.assigned import assigned_peak
-from moegen.verify.preflight import require_verifiers
-from moegen.verify.verdict import TAKE_OFFER, CompilerCrashed
 
 TRADES: dict[FieldPath, str] = {
     ("memory", "ffn_chunks"): "auto",
     ("memory", "token_chunks"): "auto",
 }
-OUT_OF_HBM = "out of HBM"  # in a read's refusal: XLA's answer, not a failed read
 BUDGET_S = 240.0  # moegen tune's default: reads stop being started after it
 OnRead = Callable[[Candidate], None]  # each trade read, as it is decided
-ReadPeak = Callable[[Plan], int]
+# What an out-of-HBM error offers last: taking another trade (moegen.fit.refit) strips it.
+TAKE_OFFER = (
+    "Or build with --take-fitting-trade: it reads the plan's other memory trades by XLA's "
+    "buffer assignment, fastest first, and writes the first that fits into the spec."
+)
 
 
 def take_fitting_trade(
     loaded: LoadedSpec,
     failed: Plan,
     failure: Exception,
+    reads: CompilerReads,
     on_read: OnRead = lambda candidate: None,
-    read_peak: ReadPeak | None = None,
+    *,
+    crashed: bool = False,
 ) -> tuple[LoadedSpec, str]:
     """The spec with the fastest memory trade XLA fits written in, and the words of the
-    choice; raises `failure` (with why no trade was taken) where none is, or the target is
-    not a TPU. `failed`: the plan that ran out of HBM (its trade is not read again)."""
+    choice; raises `failure` (with why no trade was taken) where none is, where no read can
+    be made here, or where the target is not a TPU. `failed`: the plan that ran out of HBM
+    (its trade is not read again). `failure`: a SpecError, or an exception made of its
+    message alone (verify's), which is raised again with the words added; `crashed`: it is a
+    compiler crash, not HBM."""
     if hardware(loaded.spec.target.hardware).platform != "tpu":
         raise _with_words(failure, "--take-fitting-trade reads trades on TPU targets only")
     try:
@@ -60,14 +64,15 @@ def take_fitting_trade(
     planned = [c for c in found if c.plan is not None and c.loaded is not None]
     if not planned:
         raise _with_words(failure, "the spec admits no other memory trade")
-    require_verifiers([(planned[0].loaded, planned[0].plan)])  # type: ignore[list-item]
+    missing = reads.missing()
+    if missing is not None:
+        raise _with_words(failure, f"{READ_BY} needs {missing}")
 
     def reported(i: int, n: int, candidate: Candidate) -> None:
         if candidate.problem != NOT_READ and candidate.plan is not None:
             on_read(candidate)
 
-    read = read_peak or assigned_peak  # looked up now: tests stand in for it
-    winner = choose_by_assignment(found, count_by_plan, BUDGET_S, reported, read)
+    winner = choose_by_assignment(found, reads, BUDGET_S, reported)
     if winner is None:
         raise _with_words(failure, _none_fits(planned))
     values = {path: value for path, value in winner.choices.items() if path[0] == "memory"}
@@ -80,7 +85,7 @@ def take_fitting_trade(
             f"but moegen cannot write it into this spec's layout; write it by hand: {by_hand}"
         )
         raise SpecError([loaded.diagnostic(("memory",), message)]) from None
-    return taken, _taken_words(winner, failed, failure)
+    return taken, _taken_words(winner, failed, crashed)
 
 
 def trade_text(candidate: Candidate) -> str:
@@ -124,9 +129,9 @@ def _none_fits(planned: list[Candidate]) -> str:
     return said
 
 
-def _taken_words(winner: Candidate, failed: Plan, failure: Exception) -> str:
+def _taken_words(winner: Candidate, failed: Plan, crashed: bool) -> str:
     assert winner.plan is not None
-    fate = "crashed the compiler" if isinstance(failure, CompilerCrashed) else "ran out of HBM"
+    fate = "crashed the compiler" if crashed else "ran out of HBM"
     granted = hardware(winner.plan.hardware).compiler_hbm_bytes_per_device
     fit_check = (
         " (and memory.fit_check: compile: the plan's ledger alone would refuse it)"
@@ -155,7 +160,5 @@ def _with_words(failure: Exception, words: str) -> Exception:
         if said not in message:
             message = f"{message.rstrip()} {said}"
         return SpecError([replace(first, message=message), *rest])
-    if isinstance(failure, VerifyError):
-        message = str(failure).replace(TAKE_OFFER, said)
-        return type(failure)(message if said in message else f"{message}\n{said}")
-    return failure
+    message = str(failure).replace(TAKE_OFFER, said)
+    return type(failure)(message if said in message else f"{message}\n{said}")

@@ -1,8 +1,9 @@
 """`moegen tune` when only memory trades are left to it (memory.ffn_chunks and
 memory.token_chunks written `auto`) on a TPU target: each candidate's fit is read from XLA's
-own buffer assignment of its full-size programs, every shape's (moegen.verify.assigned: the
-compiled peak, in seconds, stopped before code generation) instead of from a full compile or
-the plan's ledger.
+own buffer assignment of its full-size programs, every shape's (moegen.fit.reads, as
+moegen.verify.xla_reads reads it: the compiled peak, in seconds, stopped before code
+generation) instead of from a full compile or the plan's ledger. The build's own trade
+(moegen.fit.own_trade) and --take-fitting-trade (moegen.fit.refit) choose the same way.
 
 A memory trade changes no result, only work: FFN slices and token chunks recompute the gate
 and up matmuls and gather weights again. The plan counts what each candidate runs, every
@@ -21,22 +22,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from moegen.fit.candidates import Candidate, count_by_plan
+from moegen.fit.reads import READ_BY, CompilerReads, ReadError, fits_by_assignment
 from moegen.hardware import hardware
 from moegen.load import LoadedSpec
-from moegen.plan import Plan
-from moegen.plan.fit import over_hbm, proved_unfit
-from moegen.tune_candidate import Candidate
-from moegen.verify import VerifyError
-from moegen.verify.assigned import assigned_peak, fits_by_assignment
+from moegen.plan import Plan, over_hbm, proved_unfit
 
 MEMORY_FIELDS = frozenset({("memory", "ffn_chunks"), ("memory", "token_chunks")})
 FIT_CHECK = ("memory", "fit_check")
-READ_BY = "XLA's buffer assignment"
 NOT_READ = "not read: a faster candidate fits"
 PROVED = "not read: the plan proves it out of HBM"
 OnCandidate = Callable[[int, int, Candidate], None]
-ReadPeak = Callable[[Plan], int]  # the larger program's assigned peak; raises VerifyError
-CountByPlan = Callable[[Candidate], None]  # sets a candidate's FLOPs, bytes and score
 
 
 def by_assignment(loaded: LoadedSpec) -> bool:
@@ -50,15 +46,11 @@ def by_assignment(loaded: LoadedSpec) -> bool:
 
 
 def choose_by_assignment(
-    found: list[Candidate],
-    count_by_plan: CountByPlan,
-    budget_s: float,
-    on_candidate: OnCandidate,
-    read_peak: ReadPeak = assigned_peak,
+    found: list[Candidate], reads: CompilerReads, budget_s: float, on_candidate: OnCandidate
 ) -> Candidate | None:
     """Rank the valid candidates by the plan's counts, read XLA's peak of each in that order
     and return the first that fits HBM with the generated code's margin to spare
-    (moegen.verify.assigned.fits_by_assignment) (None: none does). Every
+    (moegen.fit.reads.fits_by_assignment) (None: none does). Every
     candidate is reported once, in the order it was decided. (tune says a missing compiler
     before this is called.)"""
     planned = [c for c in found if c.plan is not None]
@@ -75,7 +67,7 @@ def choose_by_assignment(
             elif time.perf_counter() - start > budget_s:
                 candidate.problem = f"not read: the {budget_s:.0f} s budget ran out"
             else:
-                _read(candidate, read_peak)
+                _read(candidate, reads)
                 winner = None if candidate.problem else candidate
         on_candidate(i + 1, len(ranked), candidate)
     if winner is not None and winner.plan is not None and _ledger_refuses(winner.plan):
@@ -83,7 +75,7 @@ def choose_by_assignment(
     return winner
 
 
-def _read(candidate: Candidate, read_peak: ReadPeak) -> None:
+def _read(candidate: Candidate, reads: CompilerReads) -> None:
     """Set the candidate's peak by XLA's assignment, or its problem: proved out of HBM by
     the plan (not read), refused by the compiler, or too near HBM to fit."""
     plan = candidate.plan
@@ -94,8 +86,8 @@ def _read(candidate: Candidate, read_peak: ReadPeak) -> None:
         return
     start = time.perf_counter()
     try:
-        candidate.peak_bytes = read_peak(plan)
-    except VerifyError as err:
+        candidate.peak_bytes = reads.peak(plan)
+    except ReadError as err:
         candidate.problem = f"{READ_BY}: {str(err).splitlines()[0]}"
         return
     finally:
