@@ -4,7 +4,8 @@
 #                  end to end: all a CPU target needs
 #   make setup     install the test set-up too: the dev, tpu, checkpoints, oracle and flax
 #                  extras (pytest, libtpu, safetensors, torch and transformers, flax)
-#   make test      set up, then run the test suite
+#   make test      set up, then run the test suite (the README's quick start on .venv/example,
+#                  a venv set up as `make example` sets up .venv: what it installs, alone)
 #   make test-fast set up, then the fast loop (pytest -m "not slow": no child-process compiles)
 #   make check     set up, then check generated/ and the JSON Schema are fresh
 # Each level has its stamp in .venv, so `make example` then `make test` adds to the same .venv.
@@ -26,11 +27,13 @@ GPU_KERNELS_STAMP := $(VENV)/.moegen-gpu-kernels-installed
 
 setup: $(STAMP)
 
-$(CORE_STAMP): pyproject.toml scripts/make-venv
-	./scripts/make-venv $(VENV)
-	@echo "installing moegen, jax and optax into $(VENV) (about a minute; pip prints nothing meanwhile)"
-	$(VENV)/bin/python -m pip install -q -e ".[train]"
-	touch $(CORE_STAMP)
+# The core install (what `make example` needs) into the venv $*: a pattern rule, so that the
+# quick start's own venv (EXAMPLE_VENV, below) is made by the same recipe as .venv.
+%/.moegen-core-installed: pyproject.toml scripts/make-venv
+	./scripts/make-venv $*
+	@echo "installing moegen, jax and optax into $* (about a minute; pip prints nothing meanwhile)"
+	$*/bin/python -m pip install -q -e ".[train]"
+	touch $@
 
 $(STAMP): $(CORE_STAMP)
 	@echo "installing the test set-up (pytest, libtpu, torch and transformers, flax: ~6 GB, a few minutes; pip prints nothing meanwhile)"
@@ -41,8 +44,14 @@ example: $(CORE_STAMP)
 	$(VENV)/bin/moegen build $(EXAMPLE)
 
 # MOEGEN_REQUIRE_ORACLE: the transformers oracle tests fail, not skip, without transformers.
-test: $(STAMP)
-	MOEGEN_REQUIRE_ORACLE=1 $(VENV)/bin/pytest -q
+# The README's quick start runs on EXAMPLE_VENV, a second venv made as `make example` makes
+# .venv (the core install alone: the test set-up in .venv would hide a dependency the core
+# lacks); inside .venv, so that it is ignored and removed with it. MOEGEN_REQUIRE_EXAMPLE_VENV:
+# that test fails, not skips, without it.
+EXAMPLE_VENV := $(VENV)/example
+test: $(STAMP) $(EXAMPLE_VENV)/.moegen-core-installed
+	MOEGEN_REQUIRE_ORACLE=1 MOEGEN_EXAMPLE_VENV=$(abspath $(EXAMPLE_VENV)) \
+	  MOEGEN_REQUIRE_EXAMPLE_VENV=1 $(VENV)/bin/pytest -q
 
 test-fast: $(STAMP)
 	MOEGEN_REQUIRE_ORACLE=1 $(VENV)/bin/pytest -q -m "not slow"

@@ -3,7 +3,9 @@
 Blocks run per section (a `# ` or `## ` heading of one file), in order, in a scratch folder: a
 copy of the repository (the pip users' section: an empty folder, a fresh project), with
 .venv/bin first on PATH and this
-checkout's moegen importable; python blocks as `python block.py` there, so that `generated/`
+checkout's moegen importable; the README's quick start, where MOEGEN_EXAMPLE_VENV names a venv
+made as `make example` makes .venv (`make test` makes one), runs there instead, the test
+set-up's packages out of reach (a dependency the core install lacks fails it); python blocks as `python block.py` there, so that `generated/`
 imports as in the repository root. A comment just before a block's fence,
 `<!-- readme-test: CLAIM -->`, may replace running it with a checked claim:
 
@@ -26,6 +28,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,6 +48,14 @@ DEVELOP_PAGE = "docs/how-to/develop.md"  # where the golden update commands are
 BLOCKS = [b for b in readme_blocks() if b.kind or saved_file(b)]  # run, or saved as a file
 SECTIONS = list(dict.fromkeys(b.section_key for b in BLOCKS if b.claim not in NOT_RUN_HERE))
 COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".*_cache", "*.egg-info")
+FULL_VENV = REPO_ROOT / ".venv"
+# The quick start on the set-up `make example` gives alone (issue 53: it once lacked optax):
+# where that venv is given, the quick start runs there, and not again on the full .venv.
+QUICK_START = "README.md: Quick start"
+EXAMPLE_VENV = os.environ.get("MOEGEN_EXAMPLE_VENV")
+TEST_SET_UP_ONLY = ("pytest", "torch", "transformers", "flax", "libtpu")
+if EXAMPLE_VENV:
+    SECTIONS.remove(QUICK_START)
 
 
 def test_every_runnable_block_is_run_or_its_claim_known():
@@ -90,15 +101,57 @@ def test_the_readme_train_py_is_examples_train_generated():
 @pytest.mark.slow
 @pytest.mark.parametrize("section", SECTIONS)
 def test_the_section_runs_as_written(section, tmp_path):
-    folder = tmp_path / "run"
-    blocks = [b for b in BLOCKS if b.section_key == section and b.claim not in NOT_RUN_HERE]
+    blocks = section_blocks(section)
     if blocks[0].section == PIP_SECTION:
+        folder = tmp_path / "run"
         folder.mkdir()
     else:
-        shutil.copytree(REPO_ROOT, folder, ignore=COPY_IGNORE, symlinks=True)
-        (folder / ".venv").symlink_to(REPO_ROOT / ".venv")
+        folder = repository_copy(tmp_path, FULL_VENV)
     for block in blocks:
         run_block(block, folder)
+
+
+@pytest.mark.slow
+def test_the_quick_start_runs_on_what_make_example_installs(tmp_path):
+    venv = example_venv()
+    folder = repository_copy(tmp_path, venv)
+    blocks = section_blocks(QUICK_START)
+    # the step that needs optax, which the core install once lacked, is among those run
+    assert any("examples/train_generated.py" in b.text for b in blocks), QUICK_START
+    for block in blocks:
+        run_block(block, folder, venv)
+
+
+def example_venv() -> Path:
+    """The venv MOEGEN_EXAMPLE_VENV names, checked to be the core install alone; a skip without
+    it, a failure where MOEGEN_REQUIRE_EXAMPLE_VENV=1 (`make test` sets both, so CI runs it)."""
+    if not EXAMPLE_VENV:
+        reason = "MOEGEN_EXAMPLE_VENV names no venv (`make test` makes one: .venv/example)"
+        if os.environ.get("MOEGEN_REQUIRE_EXAMPLE_VENV") == "1":
+            pytest.fail(f"MOEGEN_REQUIRE_EXAMPLE_VENV=1 but {reason}")
+        pytest.skip(reason)
+    venv = Path(EXAMPLE_VENV).resolve()
+    assert (venv / ".moegen-core-installed").is_file(), f"{venv}: not the Makefile's core install"
+    # -I: the venv's own packages alone, whatever PYTHONPATH the tests run with
+    probe = f"import importlib.util as u; print(*[m for m in {TEST_SET_UP_ONLY} if u.find_spec(m)])"
+    found = subprocess.run(
+        [venv / "bin" / "python", "-I", "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert not found, f"{venv} holds the test set-up ({found}): not what `make example` makes"
+    return venv
+
+
+def section_blocks(section: str) -> list[Block]:
+    """A section's blocks that run here, in order."""
+    return [b for b in BLOCKS if b.section_key == section and b.claim not in NOT_RUN_HERE]
+
+
+def repository_copy(tmp_path: Path, venv: Path) -> Path:
+    """A scratch copy of the repository whose .venv is `venv`."""
+    folder = tmp_path / "run"
+    shutil.copytree(REPO_ROOT, folder, ignore=COPY_IGNORE, symlinks=True)
+    (folder / ".venv").symlink_to(venv)
+    return folder
 
 
 # The golden runner's test file, and the folders of its corpora (goldens next to their cases).
@@ -115,9 +168,7 @@ def test_the_golden_update_command_is_the_runners_alone():
 @pytest.mark.slow
 @pytest.mark.parametrize("command", GOLDEN_COMMANDS)
 def test_a_golden_update_command_writes_a_removed_golden_back(command, tmp_path):
-    folder = tmp_path / "run"
-    shutil.copytree(REPO_ROOT, folder, ignore=COPY_IGNORE, symlinks=True)
-    (folder / ".venv").symlink_to(REPO_ROOT / ".venv")
+    folder = repository_copy(tmp_path, FULL_VENV)
     removed = []
     for goldens in GOLDEN_FOLDERS:
         golden = sorted(
@@ -133,7 +184,7 @@ def test_a_golden_update_command_writes_a_removed_golden_back(command, tmp_path)
         assert_same_tree(REPO_ROOT / goldens, folder / goldens)
 
 
-def run_block(block: Block, folder: Path) -> None:
+def run_block(block: Block, folder: Path, venv: Path = FULL_VENV) -> None:
     name = saved_file(block)
     if name:
         (folder / name).write_text(block.text, encoding="utf-8")
@@ -148,7 +199,7 @@ def run_block(block: Block, folder: Path) -> None:
     result = subprocess.run(
         args,
         cwd=folder,
-        env=block_env(folder),
+        env=block_env(folder, venv),
         capture_output=True,
         text=True,
         timeout=TIME_LIMIT_S,
@@ -157,9 +208,14 @@ def run_block(block: Block, folder: Path) -> None:
     assert result.returncode == 0, f"{block.where}:\n{block.text}\n{result.stdout}{result.stderr}"
 
 
-def block_env(folder: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "MOEGEN_DEBUG")}
-    env["PATH"] = f"{REPO_ROOT / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+def block_env(folder: Path, venv: Path) -> dict[str, str]:
+    unset = ("XLA_FLAGS", "MOEGEN_DEBUG", "VIRTUAL_ENV")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    # venv's bin first, and the test run's own venv off PATH: its packages would hide what
+    # venv lacks (an activated .venv, or pytest started from it)
+    running = {str(Path(v) / "bin") for v in (sys.prefix, os.environ.get("VIRTUAL_ENV")) if v}
+    kept = [p for p in env.get("PATH", "").split(os.pathsep) if p not in running]
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), *kept])
     # this checkout's moegen (the venv's editable install may be another worktree's)
     root = folder if (folder / "moegen").is_dir() else REPO_ROOT
     env["PYTHONPATH"] = str(root)
