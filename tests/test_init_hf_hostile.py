@@ -22,9 +22,9 @@ from conftest import assert_no_traceback
 from init_hf_cases import LAYER_LISTS
 from init_hf_configs import DEEPSEEK, ERNIE, GEMMA4_26B, LLAMA4_TEXT, MIXTRAL, QWEN2, STEP3P7
 
+from moegen.checkpoints import LayerSet, describe
 from moegen.hf.config_file import MAX_LAYERS, ConfigView, read_json
 from moegen.hf.layer_kinds import MAX_KINDS
-from moegen.hf.layer_set import LayerSet, describe
 from moegen.hf.mapping import _family, choices_of, model_of
 
 INT32_MAX = 2**31 - 1

@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from moegen.checkpoints import LayerSet
 from moegen.hf.config_file import MISSING, ConfigView, HfConfigError
-from moegen.hf.layer_set import LayerSet
 from moegen.hf.layers import per_layer_bound
 from moegen.hf.rules import Choice
 

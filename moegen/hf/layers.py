@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moegen.checkpoints import LayerSet
 from moegen.hf.config_file import MAX_LAYERS, MISSING, ConfigView
-from moegen.hf.layer_set import LayerSet
 from moegen.hf.rules import lookup
 
 LAYERS = "num_hidden_layers"

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moegen.checkpoints import LayerSet, describe
 from moegen.hf.config_file import ConfigView, HfConfigError, config_file, read_json, short
 from moegen.hf.families import FAMILIES, REFUSED
 from moegen.hf.family_base import HfFamily
 from moegen.hf.layer_kinds import layer_kinds
-from moegen.hf.layer_set import LayerSet, describe
 from moegen.hf.layers import decoder_layers
 from moegen.hf.rules import Choice, Size
 from moegen.hf.spec_text import Draft, Placement, spec_text

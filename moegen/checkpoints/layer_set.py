@@ -6,6 +6,10 @@ materialising 2**31 indices takes gigabytes and minutes. `LayerSet` keeps each r
 `range` (lazy, with arithmetic length and membership), so a rule costs the same for 10 layers
 as for 2**31; only the explicit lists a file spells out (mlp_only_layers, moe_layers) become
 runs one index at a time, and those are as long as the file that holds them.
+
+It lives in moegen.checkpoints because the rules that find a model's MoE layers do
+(moegen.checkpoints.layer_rules), which the checkpoint loader and `moegen init --from-hf` both
+run; the loader may import nothing of moegen outside its own package.
 """
 
 from __future__ import annotations
