@@ -25,6 +25,7 @@ from init_hf_configs import DEEPSEEK, ERNIE, GEMMA4_26B, LLAMA4_TEXT, MIXTRAL, Q
 from moegen.checkpoints import LayerSet, describe
 from moegen.hf.config_file import MAX_LAYERS, ConfigView, read_json
 from moegen.hf.layer_kinds import MAX_KINDS
+from moegen.hf.layers import layers_of
 from moegen.hf.mapping import _family, choices_of, model_of
 
 INT32_MAX = 2**31 - 1
@@ -369,8 +370,8 @@ def _layer_by_layer(path: Path) -> Any:
     """[(choices, layers)] of each kind, the rules run on each MoE layer in turn (as moegen
     did before it grouped them), or the refusal."""
     try:
-        _, family, view = _family(path, read_json(path))
-        layers, _ = family.layers.moe_layers(view)
+        model_type, family, view = _family(path, read_json(path))
+        layers = layers_of(model_type, view).moe
         choose = choices_of(family)
         kinds: dict[str, tuple[Any, list[int]]] = {}
         for layer in layers:

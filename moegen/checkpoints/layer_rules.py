@@ -129,7 +129,8 @@ class FirstDense:
             return Layers(layers, f"{how} where {reader.name(self.freq)} is true", total)
         step = reader.integer(self.freq, 1, minimum=1)
         layers = LayerSet.span(range(dense + (-dense) % step, total, step))  # i % step == 0
-        every = f", where i % {step} = 0 ({reader.name(self.freq)})" if step > 1 else ""
+        name = reader.name(self.freq)
+        every = f" with i % {name} = 0, {name} = {step}" if step > 1 else ""
         return Layers(layers, how + every, total)
 
 

@@ -72,6 +72,7 @@ _EVERY = (
     *("qwen3_5_moe_text", "qwen4_exp_text", "lara_mini", "granitemoe_swa", "granitemoehybrid"),
     *("aria_text", "openai_privacy_filter", "jetmoe", "kolibri1"),
     *("inkling2_text", "inkling2", "inkling2_loop_text", "inkling2_loop"),
+    # both its encoder and decoder layers build the block (enable_moe_block is not read)
     *("diffusion_gemma_text", "diffusion_gemma"),
 )
 # config classes that fix how many layers come first, dense, without a key for it

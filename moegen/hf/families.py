@@ -1,13 +1,14 @@
 """The model families `moegen init --from-hf` maps: one entry per config.json model_type.
 
-An entry says which decoder layers are MoE layers and, as rules (moegen/hf/rules.py), which
-config.json key gives each spec field, with the default of the family's transformers config
-class where the key is absent. The sizes (experts, embed, ffn, top-k) are the config keys
-moegen.checkpoints.layouts already reads for the family, plus the names transformers 5
-writes where they differ (`size_aliases`). Each choice is what the family's transformers MoE
-block does (transformers 5.25, models/<family>/modeling_<family>.py), so that the written
-spec routes as the model does; tests/test_init_hf.py holds every entry against the oracle's
-families.
+An entry says, as rules (moegen/hf/rules.py), which config.json key gives each spec field,
+with the default of the family's transformers config class where the key is absent. The
+sizes (experts, embed, ffn, top-k) are the config keys moegen.checkpoints.layouts already
+reads for the family, plus the names transformers 5 writes where they differ
+(`size_aliases`). Each choice is what the family's transformers MoE block does (transformers
+5.25, models/<family>/modeling_<family>.py), so that the written spec routes as the model
+does; tests/test_init_hf.py holds every entry against the oracle's families. Which decoder
+layers are MoE layers is not an entry's: one table says it for this command and the
+checkpoint loader alike (moegen.checkpoints.schedules, by model_type).
 """
 
 from __future__ import annotations
@@ -37,15 +38,6 @@ from moegen.hf.family_base import (
     scaling,
     softmax,
 )
-from moegen.hf.layers import (
-    AllLayers,
-    FirstDense,
-    Listed,
-    Period,
-    SparseStep,
-    Typed,
-    Window,
-)
 from moegen.hf.rules import (
     Choose,
     Clamp,
@@ -56,11 +48,9 @@ from moegen.hf.rules import (
 )
 from moegen.spec import UNSUPPORTED_CHOICES
 
-_HASH_LAYERS = "hash-routed (a fixed token-to-expert table, tid2eid), not a moegen router"
 _LLAMA4 = HfFamily(
     "Llama 4",
     "llama4",
-    Listed(),
     (
         ACTIVATION,
         Fixed("router.score", "sigmoid", "Llama4Router: sigmoid of the top-k logits"),
@@ -73,7 +63,6 @@ _LLAMA4 = HfFamily(
 _QWEN3_VL = HfFamily(
     "Qwen3-VL-MoE",
     "qwen3_moe",
-    SparseStep(),
     (
         ACTIVATION,
         softmax("Qwen3VLMoeTextSparseMoeBlock"),
@@ -87,7 +76,6 @@ _BASE: Mapping[str, HfFamily] = {
     "mixtral": HfFamily(
         "Mixtral",
         "mixtral",
-        AllLayers(),
         (
             ACTIVATION,
             softmax("MixtralSparseMoeBlock"),
@@ -99,36 +87,29 @@ _BASE: Mapping[str, HfFamily] = {
     "qwen3_moe": HfFamily(
         "Qwen3-MoE",
         "qwen3_moe",
-        SparseStep(),
         qwen("Qwen3MoeSparseMoeBlock", 0.001),
         {"experts": ("num_local_experts",)},  # what transformers 5 writes for num_experts
     ),
-    "olmoe": HfFamily("OLMoE", "olmoe", AllLayers(), qwen("OlmoeSparseMoeBlock", 0.01)),
+    "olmoe": HfFamily("OLMoE", "olmoe", qwen("OlmoeSparseMoeBlock", 0.01)),
     "deepseek_v3": HfFamily(
         "DeepSeek-V3",
         "deepseek_v3",
-        FirstDense("first_k_dense_replace", 3),
         deepseek_v3_style("DeepseekV3MoE", True, 2.5, (8, 4), 1),
     ),
     "glm4_moe": HfFamily(
         "GLM-4.5",
         "glm4_moe",
-        FirstDense("first_k_dense_replace", 1),
         deepseek_v3_style("Glm4MoeMoE", True, 1.0, (1, 1), 1),
     ),
     "dots1": HfFamily(
         "dots.llm1",
         "dots1",
-        FirstDense("first_k_dense_replace", 0),
         deepseek_v3_style("Dots1MoE", False, 1.0, (1, 1), None),
     ),
-    "deepseek_v2": HfFamily(
-        "DeepSeek-V2", "deepseek_v2", FirstDense("first_k_dense_replace", 0), DEEPSEEK_V2
-    ),
+    "deepseek_v2": HfFamily("DeepSeek-V2", "deepseek_v2", DEEPSEEK_V2),
     "dbrx": HfFamily(
         "DBRX",
         "dbrx",
-        AllLayers("n_layers"),
         (
             Choose("layer.activation", ("ffn_config.ffn_act_fn.name",), GATED, "silu"),
             softmax("DbrxRouter"),
@@ -151,7 +132,6 @@ _BASE: Mapping[str, HfFamily] = {
     "jamba": HfFamily(
         "Jamba",
         "jamba",
-        Period(),
         (
             ACTIVATION,
             softmax("JambaSparseMoeBlock"),
@@ -159,20 +139,18 @@ _BASE: Mapping[str, HfFamily] = {
             balance(0.001),
         ),
     ),
-    "granitemoe": HfFamily("Granite-MoE", "granitemoe", AllLayers(), GRANITE),
+    "granitemoe": HfFamily("Granite-MoE", "granitemoe", GRANITE),
     "granitemoeshared": HfFamily(
         "Granite-MoE-Shared",
         "granitemoe",
-        AllLayers(),
         GRANITE_SHARED,
     ),
-    "flex_olmo": HfFamily("FlexOlmo", "olmoe", AllLayers(), qwen("FlexOlmoSparseMoeBlock", 0.01)),
+    "flex_olmo": HfFamily("FlexOlmo", "olmoe", qwen("FlexOlmoSparseMoeBlock", 0.01)),
     "qwen3_vl_moe_text": _QWEN3_VL,
     "qwen3_vl_moe": replace(_QWEN3_VL, text_config=True),
     "hunyuan_v1_moe": HfFamily(
         "Hunyuan-A13B",
         "hunyuan_v1_moe",
-        AllLayers(),
         (
             ACTIVATION,
             softmax("HunYuanMoEV1Gate"),
@@ -184,7 +162,6 @@ _BASE: Mapping[str, HfFamily] = {
     "minimax": HfFamily(
         "MiniMax-Text-01",
         "minimax",
-        AllLayers(),
         (
             ACTIVATION,
             softmax("MiniMaxSparseMoeBlock"),
@@ -196,7 +173,6 @@ _BASE: Mapping[str, HfFamily] = {
     "deepseek_v4": HfFamily(
         "DeepSeek-V4",
         "deepseek_v4",
-        Typed("mlp_layer_types", "moe", (("hash_moe", _HASH_LAYERS),)),
         (
             ACTIVATION,
             Choose(
@@ -217,7 +193,6 @@ _BASE: Mapping[str, HfFamily] = {
     "gpt_oss": HfFamily(
         "gpt-oss",
         "gpt_oss",
-        AllLayers(),
         (*GPT_OSS_EXPERTS, balance(0.001)),
     ),
     "llama4_text": _LLAMA4,
@@ -225,7 +200,6 @@ _BASE: Mapping[str, HfFamily] = {
     "qwen2_moe": HfFamily(
         "Qwen1.5/2-MoE",
         "qwen2_moe",
-        SparseStep(),
         (
             *qwen("Qwen2MoeSparseMoeBlock", 0.001),
             SharedWidth((), ("shared_expert_intermediate_size",)),
@@ -235,7 +209,6 @@ _BASE: Mapping[str, HfFamily] = {
     "ernie4_5_moe": HfFamily(
         "ERNIE 4.5",
         "ernie4_5_moe",
-        Window(),
         (
             ACTIVATION,
             softmax("Ernie4_5_MoeSparseMoeBlock"),

@@ -5,7 +5,8 @@ optional groups ranked by the sum of their best two, renormalised, scaled, and s
 of moe_intermediate_size each. The defaults are each config class's.
 
 Most choose their MoE layers by `mlp_layer_types` ("sparse"; "dense" layers run an MLP),
-which the config class derives when a config.json does not give it, each in its own way.
+which the config class derives when a config.json does not give it, each in its own way
+(moegen.checkpoints.schedules says how, for each model_type).
 """
 
 from __future__ import annotations
@@ -29,13 +30,7 @@ from moegen.hf.family_base import (
     softmax,
     v3_router,
 )
-from moegen.hf.layers import AllLayers, DenseFirst, FirstDense, LayerRule, Typed
 from moegen.hf.rules import Clamp, Copy, Expect, GptOssGlu, Groups, SharedWidth, step_clamps
-
-
-def mlp_types(fallback: LayerRule | None) -> Typed:
-    """The decoder layer builds the MoE block where mlp_layer_types[i] is "sparse"."""
-    return Typed("mlp_layer_types", "sparse", (("dense", "a dense MLP"),), fallback)
 
 
 def _shared(count: str, default: int | None, width: str = "moe_intermediate_size") -> SharedWidth:
@@ -99,31 +94,26 @@ DEEPSEEK_FAMILIES: Mapping[str, HfFamily] = {
     "deepseek_v32": HfFamily(
         "DeepSeek-V3.2",
         "deepseek_v3",
-        mlp_types(FirstDense("first_k_dense_replace", 3)),
         deepseek_v3_style("DeepseekV32MoE", True, 2.5, (8, 4), 1),
     ),
     "glm_moe_dsa": HfFamily(
         "GLM-5",
         "deepseek_v3",
-        mlp_types(FirstDense("first_k_dense_replace", 3)),
         deepseek_v3_style("GlmMoeDsaMoE", True, 2.5, (1, 1), 1),
     ),
     "glm4_moe_lite": HfFamily(
         "GLM-4.7-Flash",
         "deepseek_v3",
-        mlp_types(DenseFirst(None, 1)),
         deepseek_v3_style("Glm4MoeLiteMoE", True, 1.8, (1, 1), 1),
     ),
     "glm4v_moe_text": HfFamily(
         "GLM-4.5V text",
         "deepseek_v3",
-        FirstDense("first_k_dense_replace", 1),  # its decoder layer reads this, not a list
         (*deepseek_v3_style("Glm4vMoeTextMoE", True, 1.0, (1, 1), 1), balance(0.0001)),
     ),
     "glm5_next_text": HfFamily(
         "GLM-5-Next text",
         "deepseek_v3",
-        mlp_types(DenseFirst(None, 3)),
         (
             *silu_experts("Glm5NextTextExperts"),
             *deepseek_v3_style("Glm5NextTextMoE", True, 2.5, (1, 1), 1)[1:],
@@ -134,7 +124,6 @@ DEEPSEEK_FAMILIES: Mapping[str, HfFamily] = {
     "bailing_hybrid": HfFamily(
         "Ling/Ring hybrid",
         "deepseek_v3",
-        mlp_types(FirstDense("first_k_dense_replace", 2)),
         (*_linear_attention_v3(True, 2.5, (8, 4)), *_BAILING_CLAMPS),
         size_keys={**_QWEN_SIZES, "top_k": ("num_experts_per_token", "num_experts_per_tok")},
     ),
@@ -143,39 +132,33 @@ DEEPSEEK_FAMILIES: Mapping[str, HfFamily] = {
     "minicpm5_moe": HfFamily(
         "MiniCPM5-MoE",
         "deepseek_v3",
-        mlp_types(DenseFirst("first_k_dense_replace", 1)),
         (*v3_router("MiniCPM5MoeTopkRouter", True, 3.66, (1, 1)), _shared("n_shared_experts", 1)),
         size_keys={"experts": ("n_routed_experts", "num_local_experts")},
     ),
     "kimi_linear": HfFamily(
         "Kimi Linear",
         "deepseek_v3",
-        mlp_types(FirstDense("first_k_dense_replace", 1)),
         _linear_attention_v3(True, 2.446, (1, 1)),
         size_keys={**_QWEN_SIZES, "top_k": ("num_experts_per_token", "num_experts_per_tok")},
     ),
     "axk2": HfFamily(
         "A.X K2",
         "deepseek_v3",
-        mlp_types(DenseFirst("first_k_dense_replace", 1, "moe_layer_freq")),
         _AXK2,
     ),
     "axk1": HfFamily(
         "A.X K1",
         "deepseek_v3",
-        mlp_types(DenseFirst("first_k_dense_replace", 1, "moe_layer_freq")),
         _AXK1,
     ),
     "solar_open": HfFamily(
         "Solar Open",
         "deepseek_v3",
-        AllLayers(),  # SolarOpenDecoderLayer always builds the MoE block
         deepseek_v3_style("SolarOpenMoE", True, 1.0, (1, 1), 1),
     ),
     "dots3_note_text": HfFamily(
         "dots3 note text",
         "deepseek_v3",
-        mlp_types(DenseFirst("first_k_dense_replace", 1, "moe_layer_freq")),
         (
             *v3_router("Dots3NoteTextTopkRouter", True, 1.0, (1, 1)),
             _shared("n_shared_experts", 1, "shared_experts_intermediate_size"),
@@ -184,26 +167,22 @@ DEEPSEEK_FAMILIES: Mapping[str, HfFamily] = {
     "exaone_moe": HfFamily(
         "EXAONE MoE",
         "qwen3_moe",
-        mlp_types(FirstDense("first_k_dense_replace", 1)),
         (*v3_router("ExaoneMoeTopkRouter", True, 2.5, (1, 1)), _shared("num_shared_experts", 1)),
     ),
     "mimo_v2_flash": HfFamily(
         "MiMo-V2-Flash",
         "deepseek_v3",
-        mlp_types(DenseFirst(None, 1)),
         v3_router("MiMoV2FlashTopkRouter", True, 1.0, (1, 1)),  # no shared expert
     ),
     "beam": HfFamily(
         "Beam",
         "qwen3_moe",
-        mlp_types(DenseFirst(None, 3)),
         # BeamMoE scales the experts' sum, not each weight: the same product
         v3_router("BeamTopKRouter", True, 2.5, (8, 4)),
     ),
     "hy_v3": HfFamily(
         "HY3",
         "qwen3_moe",
-        mlp_types(DenseFirst(None, 1)),
         (
             ACTIVATION,
             *_biased_sigmoid("HYV3TopKRouter"),
@@ -214,7 +193,6 @@ DEEPSEEK_FAMILIES: Mapping[str, HfFamily] = {
     "afmoe": HfFamily(
         "AFMoE (Trinity)",
         "qwen3_moe",
-        FirstDense("num_dense_layers", 1),
         (
             ACTIVATION,
             *_biased_sigmoid("AfmoeTokenChoiceRouter"),
@@ -226,7 +204,6 @@ DEEPSEEK_FAMILIES: Mapping[str, HfFamily] = {
         "dots3 note vision",
         "qwen3_moe",
         # absent, the class derives it from pyramid_num_routed, which config.json does not keep
-        mlp_types(None),
         (
             ACTIVATION,
             *_biased_sigmoid("Dots3NoteVisionTopKRouter"),
@@ -237,13 +214,11 @@ DEEPSEEK_FAMILIES: Mapping[str, HfFamily] = {
     "minimax_m2": HfFamily(
         "MiniMax-M2",
         "mixtral",
-        AllLayers(),
         (ACTIVATION, *_biased_sigmoid("MiniMaxM2TopKRouter"), NO_JITTER, balance(0.001)),
     ),
     "minimax_m3_vl_text": HfFamily(
         "MiniMax-M3-VL text",
         "mixtral",
-        mlp_types(DenseFirst(None, 0, "moe_layer_freq")),
         (
             # gpt-oss's clamped SwiGLU on routed and shared experts, whatever hidden_act says
             *silu_experts("MiniMaxM3VLExperts")[:1],
@@ -257,24 +232,19 @@ DEEPSEEK_FAMILIES: Mapping[str, HfFamily] = {
     "mistral4": HfFamily(
         "Mistral Small 4",
         "deepseek_v3",
-        FirstDense("first_k_dense_replace", 0),  # its decoder layer reads this, not a list
         (*_MISTRAL4, norm_topk(True)),
     ),
     "mistral_large4_text": HfFamily(
         "Mistral Large 3 text",
         "deepseek_v3",
-        mlp_types(FirstDense("first_k_dense_replace", 1)),
         (*_MISTRAL4, renormalized("MistralLarge4TextTopkRouter")),
     ),
     # DeepSeek-V2's block; their config classes derive no list for a null mlp_layer_types
     # but Unlimited-OCR's, and the decoder layers index it
-    "deepseek_ocr2_text": HfFamily(
-        "DeepSeek-OCR 2 text", "deepseek_v3", mlp_types(None), DEEPSEEK_V2
-    ),
+    "deepseek_ocr2_text": HfFamily("DeepSeek-OCR 2 text", "deepseek_v3", DEEPSEEK_V2),
     "unlimited_ocr_text": HfFamily(
         "Unlimited-OCR text",
         "deepseek_v3",
-        mlp_types(FirstDense("first_k_dense_replace", 1)),
         DEEPSEEK_V2,
     ),
 }

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from moegen.hf.families_deepseek import mlp_types
 from moegen.hf.family_base import (
     ACTIVATION,
     GATED,
@@ -25,7 +24,6 @@ from moegen.hf.family_base import (
     silu_experts,
     softmax,
 )
-from moegen.hf.layers import AllLayers, DenseFirst, FirstDense, SparseStep
 from moegen.hf.rules import Choose, Copy, Expect, Fixed, SharedWidth, Switch
 
 _SHARED = SharedWidth((), ("shared_expert_intermediate_size",))
@@ -83,20 +81,17 @@ MORE_FAMILIES: Mapping[str, HfFamily] = {
     "mellum": HfFamily(
         "Mellum",
         "qwen3_moe",
-        mlp_types(AllLayers()),
         (ACTIVATION, softmax("MellumTopKRouter"), norm_topk(True), balance(0.001)),
         _LOCAL,
     ),
     "qwen3_omni_moe_text": HfFamily(
         "Qwen3-Omni thinker",
         "qwen3_moe",
-        SparseStep(),
         (ACTIVATION, softmax("Qwen3OmniMoeThinkerTextTopKRouter"), norm_topk(True), balance(0.001)),
     ),
     "qwen3_omni_moe_talker_text": HfFamily(
         "Qwen3-Omni talker",
         "qwen3_moe",
-        AllLayers(),  # Qwen3OmniMoeTalkerDecoderLayer always builds the talker's block
         (
             ACTIVATION,
             softmax("Qwen3OmniMoeTalkerTextTopKRouter"),
@@ -109,7 +104,6 @@ MORE_FAMILIES: Mapping[str, HfFamily] = {
     "qwen3_5_moe_text": HfFamily(
         "Qwen3.5-MoE",
         "qwen3_moe",
-        AllLayers(),
         (
             ACTIVATION,
             softmax("Qwen3_5MoeTopKRouter"),
@@ -118,35 +112,31 @@ MORE_FAMILIES: Mapping[str, HfFamily] = {
             balance(0.001),
         ),
     ),
-    "qwen3_next": HfFamily("Qwen3-Next", "qwen3_moe", SparseStep(), _QWEN3_NEXT),
+    "qwen3_next": HfFamily("Qwen3-Next", "qwen3_moe", _QWEN3_NEXT),
     # Qwen3-Next's block in every decoder layer
-    "qwen4_exp_text": HfFamily("Qwen4-Exp text", "qwen3_moe", AllLayers(), _QWEN3_NEXT),
+    "qwen4_exp_text": HfFamily("Qwen4-Exp text", "qwen3_moe", _QWEN3_NEXT),
     "lara_mini": HfFamily(
         "Lara-Mini",
         "qwen3_moe",
-        AllLayers(),
         (ACTIVATION, softmax("LaraMiniTopKRouter"), norm_topk(True), _SHARED, balance(0.001)),
     ),
     "flint": HfFamily(
         "Flint",
         "qwen3_moe",
-        SparseStep(),
         # sigmoid scores without a selection bias; the shared expert added in full
         (ACTIVATION, sigmoid("FlintTopKRouter"), norm_topk(True), _SHARED, balance(0.0005)),
     ),
-    "granitemoe_swa": HfFamily("Granite-MoE SWA", "granitemoe", AllLayers(), GRANITE_SHARED),
+    "granitemoe_swa": HfFamily("Granite-MoE SWA", "granitemoe", GRANITE_SHARED),
     # its decoder layer always adds its shared MLP (shared_intermediate_size) to the block's
-    "granitemoehybrid": HfFamily("Granite-MoE hybrid", "granitemoe", AllLayers(), GRANITE_SHARED),
+    "granitemoehybrid": HfFamily("Granite-MoE hybrid", "granitemoe", GRANITE_SHARED),
     "cohere2_moe": HfFamily(
         "Cohere2-MoE",
         "olmoe",
-        mlp_types(FirstDense("first_k_dense_replace", 0)),
         (ACTIVATION, _COHERE2_SCORE, _COHERE2_SHARED),
     ),
     "aria_text": HfFamily(
         "Aria text",
         "ernie4_5_moe",
-        AllLayers(),
         (
             *silu_experts("AriaExperts"),
             *after_top_k("AriaTextTopKRouter"),
@@ -157,13 +147,10 @@ MORE_FAMILIES: Mapping[str, HfFamily] = {
     ),
     # gpt-oss's experts with gate and up concatenated; its router's division by top_k is
     # undone by the block's product with it. A token classifier: no balancing loss
-    "openai_privacy_filter": HfFamily(
-        "OpenAI privacy filter", "gpt_oss", AllLayers(), GPT_OSS_EXPERTS
-    ),
+    "openai_privacy_filter": HfFamily("OpenAI privacy filter", "gpt_oss", GPT_OSS_EXPERTS),
     "jetmoe": HfFamily(
         "JetMoE",
         "mixtral",
-        AllLayers(),
         (
             Choose("layer.activation", ("activation_function",), GATED, "silu"),
             *after_top_k("JetMoeTopKGating"),
@@ -178,7 +165,6 @@ MORE_FAMILIES: Mapping[str, HfFamily] = {
     "ernie4_5_vl_moe_text": HfFamily(
         "ERNIE-4.5-VL text tokens",
         "ernie4_5_moe",
-        mlp_types(DenseFirst(None, 1)),
         _ERNIE_VL,
         size_keys={"ffn": ("moe_intermediate_size[0]",)},
     ),

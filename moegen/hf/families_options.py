@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from moegen.hf.families_deepseek import mlp_types
 from moegen.hf.family_base import (
     ACTIVATION,
     SELECTION_BIAS,
@@ -24,15 +23,6 @@ from moegen.hf.family_base import (
     silu_experts,
     softmax,
     v3_router,
-)
-from moegen.hf.layers import (
-    AllBut,
-    AllLayers,
-    BlockPattern,
-    DenseFirst,
-    FirstDense,
-    IndexList,
-    Switched,
 )
 from moegen.hf.rules import (
     Choose,
@@ -54,7 +44,6 @@ from moegen.hf.rules import (
 _STEP3P7 = HfFamily(
     "Step 3.5/3.7",
     "deepseek_v3",
-    mlp_types(IndexList()),
     (
         Fixed("layer.activation", "swiglu", "Step3p7Experts: silu (the config forces hidden_act)"),
         sigmoid("Step3p7TopKRouter"),
@@ -88,22 +77,8 @@ def _hy_v4(block: str) -> tuple[Rule, ...]:
     )
 
 
-_HY_V4_VL = HfFamily(
-    "HY-V4-VL text", "deepseek_v3", mlp_types(DenseFirst(None, 1)), _hy_v4("HYV4VL")
-)
+_HY_V4_VL = HfFamily("HY-V4-VL text", "deepseek_v3", _hy_v4("HYV4VL"))
 
-# Nemotron-H's block types; only "moe" layers have the MoE block
-_NEMOTRON_LAYERS = BlockPattern(
-    ("layers_block_type", "layer_types"),
-    "hybrid_override_pattern",
-    ("linear_attention", "moe", "full_attention", "mlp"),
-    "moe",
-    (
-        ("mlp", "a dense MLP"),
-        ("linear_attention", "a Mamba-2 mixer, no MLP"),
-        ("full_attention", "attention, no MLP"),
-    ),
-)
 # NemotronHExperts and the shared NemotronHMLP run act(x @ up) without a gate
 _UNGATED = {"relu2": "relu2", "relu": "relu", "gelu": "gelu"}
 
@@ -128,14 +103,13 @@ _GEMMA_NOTE = (
 )
 
 
-def _gemma(title: str, block: str, layers: Switched | AllLayers) -> HfFamily:
+def _gemma(title: str, block: str) -> HfFamily:
     """Gemma 4's MoE block (DiffusionGemma's is the same): the router sees
     rms_norm(x) * scale / sqrt(D), softmax top-k renormalised, then times a per-expert
     scale; the experts run on their own RMS-normalised input (pre_feedforward_layernorm_2)."""
     return HfFamily(
         title,
         "qwen3_moe",
-        layers,
         (
             _GEMMA_ACTIVATION,
             softmax(f"{block}Router"),
@@ -149,15 +123,13 @@ def _gemma(title: str, block: str, layers: Switched | AllLayers) -> HfFamily:
     )
 
 
-_GEMMA4 = _gemma("Gemma 4", "Gemma4Text", Switched("enable_moe_block"))
-# both its encoder and decoder layers always build the block (enable_moe_block is not read)
+_GEMMA4 = _gemma("Gemma 4", "Gemma4Text")
 # Inkling2: every decoder layer an MoE block; sigmoid scores (scoring_func) with a selection
 # bias, renormalised (+1e-20, below float32's resolution), times route_scale; soft-capped
 # SwiGLU experts, no shared expert
 _INKLING2 = HfFamily(
     "Inkling2",
     "deepseek_v3",
-    AllLayers(),
     (
         Fixed("layer.activation", "swiglu", "Inkling2SoftcappedSwiGLU: silu's sigmoid"),
         sigmoid("Inkling2TopKRouter"),
@@ -168,7 +140,7 @@ _INKLING2 = HfFamily(
         Softcaps("mlp_gate_softcap", "mlp_up_softcap", (4.0, 25.0)),
     ),
 )
-_DIFFUSION_GEMMA = _gemma("DiffusionGemma", "DiffusionGemmaText", AllLayers())
+_DIFFUSION_GEMMA = _gemma("DiffusionGemma", "DiffusionGemmaText")
 # Inkling: the router's weight has n_shared_experts more rows, which score the shared experts;
 # their sigmoid scores and the chosen experts' are normalised together, times route_scale and
 # a learned global_scale, and each shared expert's hidden units are scaled by its weight.
@@ -176,7 +148,6 @@ _DIFFUSION_GEMMA = _gemma("DiffusionGemma", "DiffusionGemmaText", AllLayers())
 _INKLING = HfFamily(
     "Inkling",
     "deepseek_v3",
-    mlp_types(DenseFirst("dense_mlp_idx", 0)),
     (
         ACTIVATION,
         sigmoid("InklingTopkRouter"),
@@ -203,7 +174,6 @@ _INKLING = HfFamily(
 _LONGCAT_FLASH = HfFamily(
     "LongCat-Flash",
     "deepseek_v3",
-    AllLayers("num_layers"),
     (
         ACTIVATION,
         softmax("LongcatFlashTopkRouter"),
@@ -220,7 +190,6 @@ _LONGCAT_FLASH = HfFamily(
 _KOLIBRI1 = HfFamily(
     "Kolibri1",
     "qwen3_moe",
-    AllLayers(),
     (
         ACTIVATION,
         sigmoid("Kolibri1TopKRouter"),
@@ -236,16 +205,15 @@ _KOLIBRI1 = HfFamily(
 OPTION_FAMILIES: Mapping[str, HfFamily] = {
     "step3p5": _STEP3P7,  # Step3p7TextConfig's model_type
     "step3p7": replace(_STEP3P7, text_config=True),
-    "hy_v4": HfFamily("HY-V4", "deepseek_v3", mlp_types(DenseFirst(None, 1)), _hy_v4("HYV4")),
+    "hy_v4": HfFamily("HY-V4", "deepseek_v3", _hy_v4("HYV4")),
     "hy_v4_vl_text": _HY_V4_VL,
     "hy_v4_vl": replace(_HY_V4_VL, text_config=True),
     "kolibri1": _KOLIBRI1,
     # Kolibri 1.1's MoE block is Kolibri1's; the layers in mlp_only_layers run a dense MLP
-    "kolibri1_1": replace(_KOLIBRI1, title="Kolibri 1.1", layers=AllBut("mlp_only_layers", 2)),
+    "kolibri1_1": replace(_KOLIBRI1, title="Kolibri 1.1"),
     "lfm2_moe": HfFamily(
         "LFM2-MoE",
         "qwen3_moe",
-        FirstDense("num_dense_layers", 2),
         (
             Fixed("layer.activation", "swiglu", "Lfm2MoeExperts: always silu(gate) * up"),
             sigmoid("Lfm2MoeTopKRouter"),
@@ -267,7 +235,6 @@ OPTION_FAMILIES: Mapping[str, HfFamily] = {
     "laguna": HfFamily(
         "Laguna",
         "qwen3_moe",
-        mlp_types(DenseFirst(None, 1)),
         (
             ACTIVATION,
             sigmoid("LagunaTopKRouter"),
@@ -287,7 +254,6 @@ OPTION_FAMILIES: Mapping[str, HfFamily] = {
     "nemotron_h": HfFamily(
         "Nemotron-H",
         "deepseek_v3",
-        _NEMOTRON_LAYERS,
         (
             Choose("layer.activation", ("mlp_hidden_act",), _UNGATED, "relu2", "; ungated"),
             *v3_router("NemotronHTopkRouter", True, 1.0, (1, 1))[1:],

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from moegen.hf.layers import LayerRule
 from moegen.hf.rules import (
     Choose,
     Clamp,
@@ -43,7 +42,6 @@ Rule = (
 class HfFamily:
     title: str
     sizes: str  # the moegen.checkpoints.layouts family whose size keys this one reads
-    layers: LayerRule
     rules: tuple[Rule, ...]
     size_aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     text_config: bool = False  # multimodal: the text model's keys are under text_config

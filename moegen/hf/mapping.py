@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moegen.checkpoints import FAMILIES as LAYOUTS  # the size keys, known there
 from moegen.checkpoints import LayerSet, describe
 from moegen.hf.config_file import ConfigView, HfConfigError, config_file, read_json, short
 from moegen.hf.families import FAMILIES, REFUSED
 from moegen.hf.family_base import HfFamily
 from moegen.hf.layer_kinds import layer_kinds
-from moegen.hf.layers import decoder_layers
+from moegen.hf.layers import layers_of
 from moegen.hf.rules import Choice, Size
 from moegen.hf.spec_text import Draft, Placement, spec_text
 
@@ -57,7 +58,8 @@ class Model:
     model_type: str
     family: HfFamily
     view: ConfigView
-    layers_how: str
+    layers_how: str  # how the MoE layers were found (moegen.checkpoints.schedules' rule)
+    decoder_layers: int  # the count the rule went by
     kinds: tuple[LayerKind, ...]
 
 
@@ -110,8 +112,6 @@ def _names_experts(data: dict[str, Any]) -> bool:
 
 
 def _size_rules(family: HfFamily) -> list[Size]:
-    from moegen.checkpoints import FAMILIES as LAYOUTS  # the size keys, known there
-
     layout = LAYOUTS[family.sizes]
 
     def keys(name: str) -> tuple[str, ...]:
@@ -151,11 +151,11 @@ def model_of(source: Path) -> Model:
     """config.json (or a folder holding it) read, its family found, its MoE layers mapped."""
     file = config_file(source)
     model_type, family, view = _family(file, read_json(file))
-    layers, how = family.layers.moe_layers(view)
-    if not layers:
-        raise HfConfigError(f"{file}: no MoE layer: {how} selects none")
-    kinds = tuple(LayerKind(c, k) for c, k in layer_kinds(view, layers, choices_of(family)))
-    return Model(file, model_type, family, view, how, kinds)
+    found = layers_of(model_type, view)
+    if not found.moe:
+        raise HfConfigError(f"{file}: no MoE layer: {found.how} selects none")
+    kinds = tuple(LayerKind(c, k) for c, k in layer_kinds(view, found.moe, choices_of(family)))
+    return Model(file, model_type, family, view, found.how, found.count, kinds)
 
 
 def _kind_names(kinds: tuple[LayerKind, ...]) -> list[str]:
@@ -180,7 +180,7 @@ def specs_from_hf(source: Path, target: Path | None, placement: Placement) -> di
     except RecursionError:  # a value nested past what comparing or showing it can follow
         raise HfConfigError(f"{source}: nested too deeply to be a model config") from None
     target = target or Path("specs") / f"{model.model_type}.yaml"
-    total = decoder_layers(model.family.layers, model.view)
+    total = model.decoder_layers
     found: dict[Path, Draft] = {}
     for kind, suffix in zip(model.kinds, _kind_names(model.kinds), strict=True):
         path = target.with_name(f"{target.stem}{suffix}{target.suffix}")
