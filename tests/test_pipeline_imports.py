@@ -20,7 +20,9 @@ cannot carry a stage's dependency backwards. (The megablox kernel model, what a 
 and whether it fits VMEM, is the pallas kernel's: moegen.kernels.tiling, in the kernels
 stage, which validation and the plan both come after.) Runtime libraries stand outside the
 pipeline too: moegen.checkpoints loads published weights into a generated module (reading only
-the module's constants) and imports no stage.
+the module's constants) and imports no stage. It also holds the one table of which decoder
+layers of a model are MoE layers (moegen.checkpoints.schedules), because the loader needs it
+and may import nothing of moegen outside itself; moegen.hf (top) reads it through the face.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
     layers, stacked = load_model_params(module, "path/to/model", mesh=mesh, stacked=True)
 
 `layers=None` loads every MoE layer of the model. Which layers those are comes from
-config.json (`schedule.py`: first_k_dense_replace, decoder_sparse_step, mlp_only_layers,
+config.json (`schedule.py`, running the family's rule in `schedules.py`, the one table that
+`moegen init --from-hf` reads too: first_k_dense_replace, decoder_sparse_step, mlp_only_layers,
 moe_layers, mlp_layer_types, ... as the family's transformers decoder layer reads them), and is
 cross-checked against the checkpoint's tensors: a layer config.json makes an MoE layer without
 expert tensors, or expert tensors in a layer it makes dense or beyond its layer count, is a
