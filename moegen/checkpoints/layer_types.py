@@ -200,4 +200,6 @@ LayerRule = (
 
 def count_key(rule: LayerRule) -> str:
     """The key of the decoder-layer count the rule reads (where a caller looks for it)."""
+    if isinstance(rule, Typed) and rule.fallback is not None:
+        return count_key(rule.fallback)  # the list's length is the count the fallback reads
     return rule.count if isinstance(rule, AllLayers) else LAYERS

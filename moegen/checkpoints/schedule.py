@@ -53,6 +53,7 @@ class _Config:
         self.values: Mapping[str, Any] = text if nested else config
         self.prefix = "text_config." if nested else ""
         self.path = path
+        self.count_key = count_key
         self.count = self._integer(count_key, None, 1)  # None: config.json does not say
 
     def name(self, key: str) -> str:
@@ -65,8 +66,9 @@ class _Config:
         return self.values.get(key, ABSENT)
 
     def layer_count(self, key: str) -> int:
+        count = self.count if key == self.count_key else self._integer(key, None, 1)
         # without a count, every layer this loader reads (the tensors say which are there)
-        return MAX_LAYER if self.count is None else self.count
+        return MAX_LAYER if count is None else count
 
     def _integer(self, key: str, default: int | None, minimum: int) -> int | None:
         if key not in self.values:
@@ -109,7 +111,7 @@ class _Config:
         unknown = sorted({v for v in value if v not in known})
         if unknown:
             raise self.fail(key, f"has {unknown!r:.80}; known: {', '.join(known)}")
-        self.per_layer(key, value, self.layer_count(key))
+        self.per_layer(key, value, self.layer_count(self.count_key))
         if not value:
             raise self.fail(key, "lists 0 layers")
         return value
