@@ -1,4 +1,4 @@
-"""XLA's buffer assignment read before code generation (moegen.verify.assigned) against the
+"""XLA's buffer assignment read before code generation (moegen.verify.memory.assigned) against the
 finished compile, on the generated populations: the same figure, in how many seconds.
 
     python -m bench.assigned --population 60 --seed S [--specs NAME ...] [--record]
@@ -27,7 +27,7 @@ from bench.ledger_population import STORE, Errors, _load, _save, module_key, pla
 from bench.population import population
 from moegen.render import render
 from moegen.verify import VerifyError
-from moegen.verify.assigned import assigned_memory
+from moegen.verify.memory.assigned import assigned_memory
 
 GiB = 2**30
 PROGRAMS = {"forward": "forward", "forward+backward": "train"}

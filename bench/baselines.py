@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from moegen.verify.reference import GATED_ACTIVATIONS, ReferenceConfig
+from moegen.verify.reference.layer import GATED_ACTIVATIONS, ReferenceConfig
 
 Params = dict[str, jax.Array]
 Layer = Callable[[Params, jax.Array], jax.Array]

@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from moegen.verify.reference import ReferenceConfig
+from moegen.verify.reference.layer import ReferenceConfig
 
 RESULT_PREFIX = "BENCH-RESULT "
 
@@ -59,7 +59,7 @@ def _mesh(module, devices, variant: str):
 
 def compile_worker(job: dict) -> dict:
     """Compile one variant's forward+backward for the TPU slice; its counters."""
-    from moegen.verify.compiled import (
+    from moegen.verify.worker.compiled import (
         OutOfMemory,
         compile_program,
         compiled_counters,

@@ -20,7 +20,7 @@ and its planned peak, the build's choice and XLA's figure of it, the compiled pe
 verdict: "fits", "OOM" (the compiler's figure), or "refused" (the plan refuses it before
 any compile, naming what would fit, or XLA's read finds no trade that fits: no default
 walked into the compiler). With `--assigned`, each spec the ledger trades has its layer
-whole read with XLA's buffer assignment (moegen.verify.assigned, seconds a spec): whether the
+whole read with XLA's buffer assignment (moegen.verify.memory.assigned, seconds a spec): whether the
 ledger's trade was needed at all.
 With `--tuned`, each traded spec is also tuned with its memory trades left `auto`
 (`moegen tune`: the plan ranks the trades, XLA's buffer assignment decides their fit, in
@@ -53,7 +53,7 @@ from moegen.tune import tune
 from moegen.validate import validate
 from moegen.variants import unchecked
 from moegen.verify import XLA_READS
-from moegen.verify.assigned import WHOLE, whole_layer
+from moegen.verify.memory.assigned import WHOLE, whole_layer
 
 MAX_DOUBLINGS = 6
 GiB = 2**30

@@ -9,7 +9,7 @@ Seeds 0 and 1 of bench.population have been compiled in full, and looked at whil
 seed 1, the hold-out, shaped two rules (bench/LEDGER.md says which). This reads seeds no rule
 was written on, with the figure that is the compiled one to 0.0034% on those 220 programs
 (`python -m bench.assigned`): XLA's buffer assignment, stopped before code generation
-(moegen.verify.assigned), seconds a spec where a full compile takes minutes.
+(moegen.verify.memory.assigned), seconds a spec where a full compile takes minutes.
 
 For each spec, as drawn: the plan's forward and forward+backward peaks against the assigned
 ones (planned / assigned - 1). Then, as bench.defaults_fit does, the spec made too big to run
@@ -57,7 +57,7 @@ from moegen.render import render
 from moegen.validate import validate
 from moegen.variants import unchecked
 from moegen.verify import VerifyError
-from moegen.verify.assigned import WHOLE, assigned_memory
+from moegen.verify.memory.assigned import WHOLE, assigned_memory
 
 STORE = Path(__file__).resolve().parent / "holdout_assigned.json"
 FITTED_SEEDS = (0, 1)  # compiled and looked at while the ledger's rules were written

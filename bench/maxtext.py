@@ -2,7 +2,7 @@
 
     python -m bench.maxtext [--rows LABEL ...] [--out bench/MAXTEXT.md]
 
-MaxText's figures are ../shared/reference/maxtext-anchor.md's (maxtext 0.2.5, jax/jaxlib
+MaxText's figures are bench/reference/maxtext_anchor.md's (maxtext 0.2.5, jax/jaxlib
 0.12.0.1, libtpu 0.0.51: moegen's pins; dropless, megablox, float32 parameters, bfloat16
 compute, softmax top-k renormalised, SwiGLU, no bias, tokens over every mesh axis), copied
 into ANCHOR below. For each row this builds the same layer as a moegen spec and compiles its
@@ -77,7 +77,7 @@ class Row:
     train_flops_g: float
 
 
-# ../shared/reference/maxtext-anchor.md: global batch 8 on every row.
+# bench/reference/maxtext_anchor.md: global batch 8 on every row.
 ANCHOR = (
     Row("a_mixtral_s4096", 4096, 14336, 8, 2, 4096, {"fsdp": 2, "expert": 4}, "tpu-v5e", "2x4",
         "ragged_all_to_all", 3.339, 6.613, 34646.0),

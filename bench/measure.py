@@ -25,7 +25,7 @@ from moegen.plan import make_plan
 from moegen.render import render
 from moegen.variants import derive
 from moegen.verify import plan_twin, reference_config, tpu_target, twin_of
-from moegen.verify.reference import ReferenceConfig
+from moegen.verify.reference.layer import ReferenceConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SPEC_DIR = REPO_ROOT / "specs"

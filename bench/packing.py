@@ -39,7 +39,7 @@ from pathlib import Path
 
 from bench.ledger_population import STORE, _load, compile_spec, module_key, planned
 from bench.population import population
-from moegen.verify.assigned import MODULE_NAMES
+from moegen.verify.memory.assigned import MODULE_NAMES
 
 GiB = 2**30
 # the programs moegen's verifier compiles, keyed as the population store keys them

@@ -64,7 +64,7 @@ def edit_description(spec: Path) -> None:
 
 
 def module_without_description(path: Path) -> str:
-    from moegen.verify.record import verified_text
+    from moegen.verify.records.record import verified_text
 
     return verified_text(path.read_text(encoding="utf-8"))
 

@@ -26,7 +26,7 @@ def _counters(spec: dict, variant: str) -> dict | None:
 
 def _operand_bytes(spec: dict, variant: str) -> float | None:
     """Bytes accessed with each kernel call counted as XLA counts a dot: operands and result
-    once (moegen.verify.loops.kernel_tile_bytes); the same as bytes accessed without kernels."""
+    once (moegen.verify.hlo.loops.kernel_tile_bytes); the same as bytes accessed without kernels."""
     outcome = spec["variants"].get(variant) or {}
     if "counters" not in outcome:
         return None
@@ -136,7 +136,7 @@ def _intro(results: dict[str, Any]) -> list[str]:
         "fresh process per compile. All figures are **per device**, from the compiled program: "
         "`cost_analysis()` flops and bytes accessed (never `optimal_seconds`), `memory_analysis()` "
         "peak = arguments + outputs + temporaries - aliased, and the collectives of the scheduled "
-        "HLO (`moegen.verify.counters`): *exposed* = synchronous, or async with no compute "
+        "HLO (`moegen.verify.hlo.counters`): *exposed* = synchronous, or async with no compute "
         "scheduled between start and done. Useful FLOPs: the plan's `cost.train_flops` (3 x "
         "(router + routed experts at top-k + shared expert), per device, no padding)."
     )

@@ -16,7 +16,7 @@ READING_NOTES = (
     "XLA counts a dot or a ragged dot as its operands and result once, whatever tiles its "
     "emitter uses. *bytes, kernel operands once* takes from the compiled bytes what each "
     "kernel call's estimate counts beyond one read of its operands and one write of its result "
-    "(`moegen.verify.loops.kernel_tile_bytes`, loop trips included), so that the Pallas layers "
+    "(`moegen.verify.hlo.loops.kernel_tile_bytes`, loop trips included), so that the Pallas layers "
     "are counted as XLA counts the baselines; it equals *bytes accessed* for a layer without "
     "Pallas kernels.",
     "Where a baseline's */ useful* is above 1 without a worst-case buffer, GSPMD replicated work: "

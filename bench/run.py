@@ -7,7 +7,7 @@ For each example spec (by name, from specs/):
 1. TPU counters: forward+backward (gradients of sum(y) with respect to the parameters and x)
    of the generated module and of both baselines (bench/baselines.py) is compiled for the
    spec's slice on compile-only devices (libtpu, no TPU), each compile in a fresh process.
-   Counters come from `moegen.verify.compiled.compiled_counters`: compiled flops and bytes
+   Counters come from `moegen.verify.worker.compiled.compiled_counters`: compiled flops and bytes
    accessed, per-device peak memory, collectives with or without compute scheduled inside.
    Useful FLOPs are the plan's `cost.train_flops` (per device).
 2. CPU wall time of the twins: the spec's shrunken twin (its own dtypes, the same mesh on

@@ -1,6 +1,6 @@
 """How far a correct low-precision twin lies from the float32 dense reference, over a
 population of specs: the figures behind TOLERANCES["bfloat16"] and the 1% set aside
-(moegen.verify.twin, moegen.verify.parity.set_aside_share).
+(moegen.verify.twin, moegen.verify.reference.parity.set_aside_share).
 
     python -m bench.twin_tolerance --population 40 --seed 0
     python -m bench.twin_tolerance --population 40 --seed 1 --activation relu --weighting input
@@ -49,9 +49,9 @@ def _twin_module(loaded: Any, directory: Path) -> tuple[Any, Any]:
     from moegen.plan import make_plan
     from moegen.render import render
     from moegen.verify import reference_config
-    from moegen.verify.reference import ReferenceConfig
+    from moegen.verify.reference.layer import ReferenceConfig
     from moegen.verify.twin import plan_twin, twin_of
-    from moegen.verify.worker import import_module
+    from moegen.verify.worker.child import import_module
 
     full = make_plan(loaded)
     plan = plan_twin(twin_of(loaded, full, dtype=None), full)
@@ -66,7 +66,7 @@ def _case_errors(programs: Any, case: tuple) -> tuple[float, float, float]:
     relative error of any output or gradient. Verification takes the second: each gradient
     measured against its typical size over fresh cotangents where one draw cancels it
     (ParityPrograms.typical_gradient_norms); the third is without that."""
-    from moegen.verify import parity
+    from moegen.verify.reference import parity
 
     drawn = programs.compare(*case)
     compared = programs.with_typical_sizes(drawn)
@@ -77,7 +77,7 @@ def _case_errors(programs: Any, case: tuple) -> tuple[float, float, float]:
 
 
 def _cases(module: Any) -> dict[str, tuple]:
-    from moegen.verify import parity
+    from moegen.verify.reference import parity
 
     cases = {"random": parity.random_case(module, 0)}
     if module.NUM_EXPERTS > module.TOP_K:
@@ -113,7 +113,7 @@ def main() -> None:
     from moegen.diagnostics import SpecError
     from moegen.load import load_spec_bytes
     from moegen.validate import validate
-    from moegen.verify.parity import ParityPrograms
+    from moegen.verify.reference.parity import ParityPrograms
     from moegen.verify.twin import TOLERANCES
 
     tolerance = TOLERANCES["bfloat16"]

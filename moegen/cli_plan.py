@@ -1,6 +1,6 @@
 """`moegen plan SPEC`: every static quantity moegen derives from SPEC; with --compile the
 full-size programs compiled for the target beside it, with --assigned XLA's buffer
-assignment of them (moegen.verify.assigned: the compiled peak in seconds). Registered on the
+assignment of them (moegen.verify.memory.assigned: the compiled peak in seconds). Registered on the
 `moegen` group by moegen.cli."""
 
 from __future__ import annotations

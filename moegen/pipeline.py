@@ -214,7 +214,7 @@ def build(
 
     Every spec is generated, and checked for what its verification needs installed, before
     any is verified; `jobs` specs are verified at a time (moegen.parallel), the report kept in
-    spec order. `cache`: reuse records of passed verifications (moegen.verify.record).
+    spec order. `cache`: reuse records of passed verifications (moegen.verify.records.record).
     The write is one atomic exchange of `out_dir` (moegen.emit), which first clears what
     this user's killed builds provably left there; a build that writes nothing (an invalid
     spec, a failed verification) touches nothing on disk. `refit`: where a layer runs out of
@@ -313,7 +313,7 @@ def _sentence(verdict: str) -> str:
 
 def _whole_layer_step(generated: Generated) -> MemoryVerdict | None:
     """Where the plan chose a memory trade on its own on a TPU target: the layer whole, read
-    by XLA's buffer assignment (moegen.verify.assigned), as a step after the verdict."""
+    by XLA's buffer assignment (moegen.verify.memory.assigned), as a step after the verdict."""
     start = time.perf_counter()
     verdict = whole_layer_verdict(generated.loaded, generated.plan)
     if verdict is None:

@@ -230,7 +230,7 @@ def _no_constant(name: str) -> Any:
 
 
 # a directory is named by its path or, for a write that must not follow a link on the way
-# to it, by a descriptor of it opened without following one (moegen.verify.record)
+# to it, by a descriptor of it opened without following one (moegen.verify.records.record)
 Directory = str | os.PathLike[str] | int
 
 

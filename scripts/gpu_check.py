@@ -11,7 +11,7 @@ Two phases, both driven by scripts/gpu_check.sh:
               1. twin parity of each small module on the GPU against the dense reference
                  (forward, aux.tokens_per_expert, gradients of x and every parameter; float32
                  twins at matmul precision "highest", tolerance 1e-4), random routing and
-                 starved experts, as moegen/verify/worker.py does on CPU;
+                 starved experts, as moegen/verify/worker/child.py does on CPU;
               2. the bf16 matmul peak (a big jnp.dot, median of several);
               3. forward and forward+backward time of the realistic module and of two plain
                  JAX baselines of the same shapes: a dense one-hot layer (every token through

@@ -3,7 +3,7 @@
 Imports neither moegen nor pydantic: only jax, numpy and the files under .gpu_check/ (the
 modules, and moegen's dense reference copied there by gpu_check_prepare). Each small module
 runs on the GPU against the reference, forward, aux.tokens_per_expert and gradients of x and
-every parameter, on random routing and starved experts, as moegen/verify/worker.py does on
+every parameter, on random routing and starved experts, as moegen/verify/worker/child.py does on
 CPU (float32 twins at matmul precision "highest").
 """
 

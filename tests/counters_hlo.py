@@ -1,4 +1,4 @@
-"""Handwritten scheduled HLO (a module around a body, its instructions) for the tests of `moegen.verify.counters`."""
+"""Handwritten scheduled HLO (a module around a body, its instructions) for the tests of `moegen.verify.hlo.counters`."""
 
 from __future__ import annotations
 

@@ -3,7 +3,6 @@ tests put in place of a real worker (moegen.verify.verification._run_worker) and
 
 from __future__ import annotations
 
-from moegen.verify.evidence import expected_steps, least_kernel_calls
 from moegen.verify.messages import (
     Compiled,
     Imported,
@@ -14,6 +13,7 @@ from moegen.verify.messages import (
     Step,
     TwinParity,
 )
+from moegen.verify.records.evidence import expected_steps, least_kernel_calls
 
 
 def passing_steps(job: Job, param_bytes: int) -> list[Step]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moegen.verify.reference import ReferenceConfig
+from moegen.verify.reference.layer import ReferenceConfig
 
 GATED = ("swiglu", "geglu")
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 from reference_case_model import GATED, S4, S8, S16, C, Case, make_params
 
-from moegen.verify.reference import SharedGlu
+from moegen.verify.reference.layer import SharedGlu
 
 __all__ = ["CASES", "GATED", "GRADIENT_CASES", "C", "Case", "case_data", "make_params"]
 

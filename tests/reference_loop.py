@@ -7,7 +7,7 @@ import math
 import numpy as np
 from reference_cases import GATED
 
-from moegen.verify.reference import ReferenceAux, ReferenceConfig, dense_moe
+from moegen.verify.reference.layer import ReferenceAux, ReferenceConfig, dense_moe
 
 
 def slow_score(logits: list[float], score: str) -> list[float]:

@@ -4,7 +4,7 @@ from their home devices and their gradients summed back. One case per path a spl
 a fetched weight take: the kernels that run on CPU twins, fsdp-gathered weights, biases, a
 shared expert, a tensor split, token chunks, a sequence axis, identity experts, input
 weighting, a capacity, bfloat16. Verification adds a routing skewed to the replicated
-experts (moegen.verify.parity.skewed_case) to the random and starved ones."""
+experts (moegen.verify.reference.parity.skewed_case) to the random and starved ones."""
 
 from __future__ import annotations
 

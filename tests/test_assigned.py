@@ -1,4 +1,4 @@
-"""XLA's buffer assignment read before code generation (moegen.verify.assigned, `moegen plan
+"""XLA's buffer assignment read before code generation (moegen.verify.memory.assigned, `moegen plan
 --assigned`): the compiled peak, without the compile's minutes.
 
 bench/ledger_compiled.json records each TPU example's finished compile (memory_analysis), and
@@ -15,8 +15,9 @@ import pytest
 from moegen.cli_plan import assigned_text
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
-from moegen.verify import VerifyError, assigned
-from moegen.verify.assigned import (
+from moegen.verify import VerifyError
+from moegen.verify.memory import assigned
+from moegen.verify.memory.assigned import (
     MODULE_NAMES,
     _failure,
     assigned_sizes,
@@ -275,7 +276,7 @@ def test_a_plans_own_trade_out_of_hbm_is_said_with_the_layer_whole(
     """The full-size compile of the ledger's own trade runs out of HBM (stood in for): the
     build's error adds XLA's read of the layer whole, and what to write."""
     import moegen.pipeline
-    from moegen.verify.verdict import OutOfHbm
+    from moegen.verify.memory.verdict import OutOfHbm
 
     def verify(loaded, source, *, plan, on_step=lambda step: None, timeout_s=None, cache=None):
         raise OutOfHbm("forward+backward does not fit tpu-v5e 4x4; the TPU compiler says: ...")

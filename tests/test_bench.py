@@ -20,7 +20,7 @@ from moegen.plan import make_plan
 from moegen.render import render
 from moegen.validate import validate
 from moegen.verify import reference_config, twin_of
-from moegen.verify.reference import ReferenceConfig, dense_moe
+from moegen.verify.reference.layer import ReferenceConfig, dense_moe
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,7 @@ import pytest
 from bench.assigned import ASSIGNED_STORE, assigned_errors, record_assigned
 from bench.ledger_population import module_key, planned
 from bench.population import population
-from moegen.verify.assigned import AssignedMemory
+from moegen.verify.memory.assigned import AssignedMemory
 
 SPECS = population(3, 0)
 

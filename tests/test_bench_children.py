@@ -1,6 +1,6 @@
 """The benchmark's child processes on small layers: one compile for a TPU slice (compile-only
 devices, libtpu) and the CPU timing of a twin, each in its own process, through verify's public
-API (moegen.verify.compiled in the child). The benchmark itself is not a test."""
+API (moegen.verify.worker.compiled in the child). The benchmark itself is not a test."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ import yaml
 from test_refusal_read import DEEPSEEK
 
 import bench.defaults_fit as defaults_fit
-from moegen.verify import assigned, preflight
+from moegen.verify import preflight
+from moegen.verify.memory import assigned
 
 GiB = 2**30
 

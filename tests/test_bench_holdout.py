@@ -11,7 +11,7 @@ import pytest
 import bench.holdout as holdout
 from bench.population import population
 from moegen.verify import VerifyError
-from moegen.verify.assigned import AssignedMemory
+from moegen.verify.memory.assigned import AssignedMemory
 
 SPECS = population(2, 2)
 

@@ -1,4 +1,4 @@
-"""`moegen.verify.hlo`, `.collectives` and `.counters` on handwritten scheduled HLO: the parser, collectives with or without compute scheduled inside them, and compiled_counters' flops, bytes and memory."""
+"""`moegen.verify.hlo.parse`, `.collectives` and `.counters` on handwritten scheduled HLO: the parser, collectives with or without compute scheduled inside them, and compiled_counters' flops, bytes and memory."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from counters_hlo import (
     only,
 )
 
-from moegen.verify.collectives import collective_counters
-from moegen.verify.counters import compiled_counters
-from moegen.verify.hlo import parse_hlo, parse_instruction, shape_bytes
+from moegen.verify.hlo.collectives import collective_counters
+from moegen.verify.hlo.counters import compiled_counters
+from moegen.verify.hlo.parse import parse_hlo, parse_instruction, shape_bytes
 
 
 def test_parser_reads_shape_opcode_and_operands() -> None:

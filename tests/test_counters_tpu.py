@@ -1,4 +1,4 @@
-"""`moegen.verify.counters` on one real compile: a tiny shard_map program on 8 compile-only TPU v5e 2x4 devices."""
+"""`moegen.verify.hlo.counters` on one real compile: a tiny shard_map program on 8 compile-only TPU v5e 2x4 devices."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ TINY = textwrap.dedent(
     import jax, jax.numpy as jnp
     from jax.experimental import topologies
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from moegen.verify.counters import compiled_counters
+    from moegen.verify.hlo.counters import compiled_counters
 
     devices = topologies.get_topology_desc(
         platform="tpu", topology_name="v5e:2x4", chip_config_name="default",

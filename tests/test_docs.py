@@ -82,3 +82,27 @@ def test_the_readme_is_a_front_door() -> None:
     """What, install, quick start, a map (issue 53): the rest lives in docs/ and bench/."""
     lines = (REPO_ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 150, len(lines)
+
+
+def test_nothing_cites_a_file_outside_the_repository() -> None:
+    """A reader has only the repository: no tracked file names the team's notes beside it
+    (what they measured is copied in, e.g. bench/reference/maxtext_anchor.md)."""
+    found = subprocess.run(
+        [
+            "git",
+            "grep",
+            "-n",
+            "-e",
+            "../shared/",
+            "-e",
+            "/work/shared",
+            "--",
+            ".",
+            ":!tests/test_docs.py",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert found.returncode in (0, 1), found.stderr
+    assert found.stdout == "", found.stdout

@@ -103,7 +103,7 @@ RECEIVED = textwrap.dedent(
     """
     import functools, importlib.util, json, sys
     import jax, jax.numpy as jnp, numpy as np
-    from moegen.verify.reference import RouterConfig, dense_moe
+    from moegen.verify.reference.layer import RouterConfig, dense_moe
 
     spec = importlib.util.spec_from_file_location("layer", sys.argv[1])
     m = importlib.util.module_from_spec(spec)
@@ -200,8 +200,9 @@ PALLAS_PARITY = textwrap.dedent(
     """
     import json, sys
     import jax
-    from moegen.verify import parity, worker
-    from moegen.verify.reference import RouterConfig
+    from moegen.verify.reference import parity
+    from moegen.verify.worker import child as worker
+    from moegen.verify.reference.layer import RouterConfig
 
     m = worker.import_module(sys.argv[1], "twin")
     cfg = RouterConfig(top_k=m.TOP_K, score="softmax", renormalize=True)

@@ -1,4 +1,4 @@
-"""The heartbeat a build prints on a terminal while a verify step runs (moegen.verify.heartbeat), its
+"""The heartbeat a build prints on a terminal while a verify step runs (moegen.verify.worker.heartbeat), its
 absence everywhere else, and verify workers that keep libtpu's start-up noise to themselves."""
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from conftest import REPO_ROOT
 from tpu_cases import pallas_yaml, write_spec
 
 from moegen.pipeline import generate
-from moegen.verify import heartbeat, pool, record, verify
+from moegen.verify import verify
 from moegen.verify.messages import Imported, Job, TwinJob, encode
+from moegen.verify.records import record
+from moegen.verify.worker import heartbeat, pool
 
 LIBTPU_NOISE = ("E0000", "TPU_WORKER_HOSTNAMES", "Logging before InitGoogle", "host bounds")
 
@@ -138,7 +140,7 @@ def test_estimates_come_from_a_record_of_the_same_module(tmp_path):
 CLI_PROBE = textwrap.dedent(
     """
     from moegen import cli
-    from moegen.verify import heartbeat
+    from moegen.verify.worker import heartbeat
     with cli._terminal_heartbeat():
         print("heartbeat on" if heartbeat._settings.sink else "heartbeat off", flush=True)
     """

@@ -157,8 +157,8 @@ def test_a_kernel_twin_is_its_own_or_one_that_runs_on_cpu() -> None:
 def test_a_cuda_lowering_prepares_its_kernels_package(monkeypatch) -> None:
     """The worker prepares what the kernel's registry entry names, for the target's SM; a
     kernel lowered for CUDA names a package and what its lowering holds."""
-    from moegen.verify import worker
     from moegen.verify.messages import CudaTarget
+    from moegen.verify.worker import child as worker
 
     prepared = []
     lowered = [name for name, k in KERNELS.items() if k.cuda_lowering is not None]

@@ -1,4 +1,4 @@
-"""moegen.verify.loops: completing cost_analysis() with the trips of while loops.
+"""moegen.verify.hlo.loops: completing cost_analysis() with the trips of while loops.
 
 cost_analysis counts a loop body once; a real TPU compile (compile-only devices, libtpu) of
 the same matmuls in a lax.scan and unrolled shows it, and the correction must close the gap.
@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from moegen.verify.loops import kernel_tile_bytes, loop_corrections
+from moegen.verify.hlo.loops import kernel_tile_bytes, loop_corrections
 
 SCAN_VS_UNROLLED = textwrap.dedent(
     """
@@ -23,7 +23,7 @@ SCAN_VS_UNROLLED = textwrap.dedent(
     import jax, jax.numpy as jnp
     from jax.experimental import topologies
     from jax.sharding import SingleDeviceSharding
-    from moegen.verify.counters import compiled_counters
+    from moegen.verify.hlo.counters import compiled_counters
 
     device = topologies.get_topology_desc(
         platform="tpu", topology_name="v5e:2x2", chip_config_name="default",

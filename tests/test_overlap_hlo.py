@@ -25,8 +25,8 @@ from moegen.load import load_spec_bytes
 from moegen.plan import Plan, make_plan
 from moegen.render import render
 from moegen.validate import validate
-from moegen.verify.hlo import entry_instructions
-from moegen.verify.overlap import is_grouped_matmul, overlapped, permute_windows
+from moegen.verify.hlo.overlap import is_grouped_matmul, overlapped, permute_windows
+from moegen.verify.hlo.parse import entry_instructions
 
 # name -> (hardware, overlap chunks): the same small layer on a 2x4 slice, mesh fsdp 2 x expert 4
 VARIANTS = {

@@ -1,11 +1,16 @@
-"""moegen.verify.hlo and moegen.verify.overlap on synthetic scheduled HLO: names, opcodes, operands, and transfers with or without a grouped matmul under them."""
+"""moegen.verify.hlo.parse and moegen.verify.hlo.overlap on synthetic scheduled HLO: names, opcodes, operands, and transfers with or without a grouped matmul under them."""
 
 from __future__ import annotations
 
 import pytest
 
-from moegen.verify.hlo import entry_instructions, parse_instruction
-from moegen.verify.overlap import hidden_transfers, is_grouped_matmul, overlapped, permute_windows
+from moegen.verify.hlo.overlap import (
+    hidden_transfers,
+    is_grouped_matmul,
+    overlapped,
+    permute_windows,
+)
+from moegen.verify.hlo.parse import entry_instructions, parse_instruction
 
 _GMM = (
     "{name} = f32[128,128]{{1,0:T(8,128)}} custom-call(%lhs, %rhs{extra}), "

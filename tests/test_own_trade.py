@@ -16,7 +16,8 @@ from moegen.check import check
 from moegen.diagnostics import SpecError
 from moegen.fit import ANNOUNCED, READ_TIME, Candidate, count_by_plan
 from moegen.plan import Plan
-from moegen.verify import LIBTPU_FIX, VerifyError, assigned, preflight
+from moegen.verify import LIBTPU_FIX, VerifyError, preflight
+from moegen.verify.memory import assigned
 
 GiB = 2**30
 WHOLE = (1, 1)

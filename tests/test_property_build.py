@@ -61,7 +61,7 @@ def build(drawn: dict) -> str:
 
 
 # Drawn in CI (2026-12-03): its bfloat16 twin's grad_b_up was 5.9e-2 off, one ReLU term
-# flipped by rounding (see moegen.verify.parity.set_aside_share).
+# flipped by rounding (see moegen.verify.reference.parity.set_aside_share).
 RELU_FLIPPED_BY_ROUNDING = {
     "experts": 64,
     "embed": 64,
@@ -91,7 +91,7 @@ RELU_FLIPPED_BY_ROUNDING = {
 
 # Drawn by a campaign (2026-12-06): two replicated experts, top-6. The skewed case sent every
 # token to both, 40 of 120 copies, and was refused for "under half the copies": a token sends
-# an expert one copy at most, so two experts can get a third (moegen.verify.parity.skewed_enough).
+# an expert one copy at most, so two experts can get a third (moegen.verify.reference.parity.skewed_enough).
 REPLICAS_OUTNUMBERED_BY_THE_PICKS = {
     "experts": 32,
     "embed": 32,
@@ -133,7 +133,7 @@ def test_drawn_cpu_specs_build_with_twin_parity(drawn: dict) -> None:
 
 # Drawn by a campaign (2026-12-06): its bfloat16 twin's grad_router_scale was 2.7e-1 off,
 # the one scalar's terms summing to 1.8 where they sum to 20-190 for other cotangents (see
-# moegen.verify.parity.ParityPrograms.typical_gradient_norms).
+# moegen.verify.reference.parity.ParityPrograms.typical_gradient_norms).
 SCALE_CANCELLED_BY_ITS_COTANGENT = {
     "experts": 2,
     "embed": 16,

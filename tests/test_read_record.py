@@ -1,4 +1,4 @@
-"""XLA's buffer assignment reads kept (moegen.verify.read_record): a second read of the same
+"""XLA's buffer assignment reads kept (moegen.verify.records.read_record): a second read of the same
 programs is read back, said to be kept, and never trusted past what a record is: a forged,
 unsigned, malformed or linked one is ignored and the programs read again."""
 
@@ -14,10 +14,11 @@ from moegen.fit import KEPT, KeptPeak, kept_words
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
 from moegen.render import render
-from moegen.verify import assigned, read_record
-from moegen.verify.assigned import AssignedMemory, assigned_memory, assigned_peak
+from moegen.verify.memory import assigned
+from moegen.verify.memory.assigned import AssignedMemory, assigned_memory, assigned_peak
+from moegen.verify.memory.verdict import VerifyError
 from moegen.verify.messages import PROGRAMS
-from moegen.verify.verdict import VerifyError
+from moegen.verify.records import read_record
 
 GiB = 2**30
 FIGURES = {

@@ -15,8 +15,9 @@ from record_cases import passing_steps
 
 import moegen.verify.verification
 from moegen.pipeline import generate
-from moegen.verify import VerifyReport, record
+from moegen.verify import VerifyReport
 from moegen.verify.messages import Imported, Job
+from moegen.verify.records import record
 
 SPEC = REPO_ROOT / "specs" / "mixtral_small_cpu.yaml"
 KEY = "a" * 64

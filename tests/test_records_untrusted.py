@@ -17,9 +17,10 @@ from record_cases import passing_steps
 import moegen.verify.verification
 from moegen import provenance
 from moegen.pipeline import generate
-from moegen.verify import VerifyCache, VerifyReport, record, verify
-from moegen.verify.evidence import judge
+from moegen.verify import VerifyCache, VerifyReport, verify
 from moegen.verify.messages import Job, RecordIgnored, Reused
+from moegen.verify.records import record
+from moegen.verify.records.evidence import judge
 
 CPU_SPEC = REPO_ROOT / "specs" / "mixtral_small_cpu.yaml"
 TPU_SPEC = REPO_ROOT / "specs" / "mixtral_8x7b_v5e.yaml"

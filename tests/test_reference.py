@@ -2,7 +2,7 @@
 
 The loop is written from the definition (route each token on its own, sort the copies of each
 expert to apply its capacity, run the chosen experts one by one) in float64 numpy, sharing
-nothing with `moegen.verify.reference` but the config dataclass it reads.
+nothing with `moegen.verify.reference.layer` but the config dataclass it reads.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from reference_cases import CASES, GRADIENT_CASES, C, Case, case_data, make_params
 from reference_loop import check_against_loop, slow_moe
 
-from moegen.verify.reference import RouterConfig, dense_moe, router_combine, tokens_per_expert
+from moegen.verify.reference.layer import RouterConfig, dense_moe, router_combine, tokens_per_expert
 
 # ----------------------------------------------------------------------------------------------
 # The plain router over a grid of shapes (the original coverage).

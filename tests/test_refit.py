@@ -20,14 +20,8 @@ from moegen.fit import TAKE_OFFER
 from moegen.load import load_spec
 from moegen.pipeline import take_fitting_trade
 from moegen.plan import Plan
-from moegen.verify import (
-    CompilerCrashed,
-    OutOfHbm,
-    VerifyError,
-    VerifyReport,
-    assigned,
-    preflight,
-)
+from moegen.verify import CompilerCrashed, OutOfHbm, VerifyError, VerifyReport, preflight
+from moegen.verify.memory import assigned
 
 GiB = 2**30
 CPU_SPEC = Path(__file__).resolve().parent.parent / "specs" / "mixtral_small_cpu.yaml"

@@ -16,7 +16,8 @@ from moegen.diagnostics import SpecError
 from moegen.fit import COMPILE_DECIDES, TAKE_OFFER, read_before_refusing
 from moegen.pipeline import generate, load_planned, load_valid
 from moegen.plan import cannot_fit, make_plan
-from moegen.verify import XLA_READS, VerifyError, assigned, preflight
+from moegen.verify import XLA_READS, VerifyError, preflight
+from moegen.verify.memory import assigned
 
 GiB = 2**30
 EXIT_INVALID = 3

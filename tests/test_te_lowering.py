@@ -22,7 +22,7 @@ from conftest import require_gpu_library
 from moegen.kernels import te as te_kernel
 from moegen.kernels.te import TeConfig
 from moegen.render import _environment
-from moegen.verify import cuda
+from moegen.verify.worker import cuda
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -292,7 +292,7 @@ SHARD_MAP_CHILD = textwrap.dedent(
     import json, sys
     sys.path.insert(0, {tests!r})
     from moegen.kernels import te as te_kernel
-    from moegen.verify import cuda
+    from moegen.verify.worker import cuda
     te_kernel.prepare_te({sm})
     import jax, jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P

@@ -146,8 +146,9 @@ PADDING_SCRIPT = textwrap.dedent(
     import json, sys
     import jax.numpy as jnp
     import numpy as np
-    from moegen.verify import parity, worker
-    from moegen.verify.reference import RouterConfig
+    from moegen.verify.reference import parity
+    from moegen.verify.worker import child as worker
+    from moegen.verify.reference.layer import RouterConfig
 
     cfg = RouterConfig(**json.loads(sys.argv[1]))
     real_relative_error = parity.relative_error

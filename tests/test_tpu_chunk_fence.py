@@ -25,9 +25,9 @@ from spec_builder import spec_yaml, validated
 
 from moegen.plan import make_plan
 from moegen.render import render
-from moegen.verify.compiler_errors import compiler_crash
-from moegen.verify.pool import worker_env
+from moegen.verify.memory.compiler_errors import compiler_crash
 from moegen.verify.verification import tpu_target
+from moegen.verify.worker.pool import worker_env
 
 # The smallest layer found that crashed without the barrier (13 s a forward compile here).
 CRASHED = {
@@ -89,9 +89,7 @@ def test_the_layer_libtpu_crashed_on_compiles_its_forward(tmp_path) -> None:
     layer = tmp_path / "layer.py"
     layer.write_text(render(plan), encoding="utf-8")
     tpu = json.dumps(tpu_target(plan).to_json())
-    compile_forward = (
-        "import sys; from moegen.verify.assigned_worker import main; sys.exit(main(*sys.argv[1:]))"
-    )
+    compile_forward = "import sys; from moegen.verify.memory.assigned_worker import main; sys.exit(main(*sys.argv[1:]))"
     done = subprocess.run(
         [sys.executable, "-c", compile_forward, str(layer), tpu, "forward"],
         env=worker_env(plan.mesh.num_devices, tmp_path),

@@ -34,7 +34,7 @@ NO_LIBTPU_SCRIPT = textwrap.dedent(
 
     importlib.util.find_spec = find_spec
 
-    from moegen.verify import worker
+    from moegen.verify.worker import child as worker
 
     tpu = json.loads(sys.argv[2])
     try:

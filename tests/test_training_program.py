@@ -21,7 +21,7 @@ CHILD = textwrap.dedent(
     jax.config.update("jax_num_cpu_devices", 4)
     import jax.numpy as jnp
     import numpy as np
-    from moegen.verify.worker import full_size_programs, import_module
+    from moegen.verify.worker.child import full_size_programs, import_module
 
     module = import_module(sys.argv[1], "trained_layer")
     devices = jax.devices()[: module.NUM_DEVICES]

@@ -22,7 +22,12 @@ from moegen.plan import make_plan
 from moegen.plan.costs import DTYPE_BYTES
 from moegen.sizes import axes_product
 from moegen.verify import TOLERANCES, VerifyError, verify
-from moegen.verify.parity import KINK_SHARE, relative_error, set_aside_share, skewed_enough
+from moegen.verify.reference.parity import (
+    KINK_SHARE,
+    relative_error,
+    set_aside_share,
+    skewed_enough,
+)
 from moegen.verify.twin import TWIN_SEQUENCES_PER_SHARD, twin_of, twin_seq_len
 
 FLOAT32_STEP = "twin parity (float32)"

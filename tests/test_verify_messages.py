@@ -12,8 +12,8 @@ import pytest
 
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
-from moegen.verify import CompilerCrashed, PlanDefect, VerifyError, memory_verdict, pool
-from moegen.verify.compiler_errors import compiler_crash, out_of_memory
+from moegen.verify import CompilerCrashed, PlanDefect, VerifyError, memory_verdict
+from moegen.verify.memory.compiler_errors import compiler_crash, out_of_memory
 from moegen.verify.messages import (
     CollectiveTotals,
     Compiled,
@@ -32,6 +32,7 @@ from moegen.verify.messages import (
     decode,
     encode,
 )
+from moegen.verify.worker import pool
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30

@@ -1,4 +1,4 @@
-"""Verification records (moegen.verify.record): what changes the key and what does not, a hit,
+"""Verification records (moegen.verify.records.record): what changes the key and what does not, a hit,
 a miss, a corrupt record, atomic writes, and verify() reusing a record without a worker."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from record_cases import passing_steps
 
 import moegen.verify.verification
 from moegen.pipeline import generate
-from moegen.verify import VerifyCache, VerifyReport, record, verify
+from moegen.verify import VerifyCache, VerifyReport, verify
 from moegen.verify.messages import Imported, Job, Reused, TpuTarget, TwinJob, TwinParity
+from moegen.verify.records import record
 
 SPEC = REPO_ROOT / "specs" / "mixtral_small_cpu.yaml"
 MODULE = (REPO_ROOT / "generated" / "mixtral_small_cpu.py").read_text(encoding="utf-8")

@@ -3,7 +3,7 @@
 load -> validate -> plan -> fit -> render -> verify -> emit. The plan's ledger estimates what
 a layer holds; where it cannot tell (or a TPU spec leaves its memory trade open) the fit
 stage asks the compiler's own figure through a reader it is handed (moegen.fit.reads:
-moegen.verify.xla_reads supplies XLA's buffer assignment), so it imports no later stage.
+moegen.verify.memory.xla_reads supplies XLA's buffer assignment), so it imports no later stage.
 It refuses what cannot fit (fitting), chooses the trade a spec leaves open (own_trade),
 takes another where a layer runs out of HBM (refit, writing it into the spec: spec_edit),
 and ranks and reads the candidates of those and of `moegen tune` (candidates,

@@ -1,7 +1,7 @@
 """`moegen tune` when only memory trades are left to it (memory.ffn_chunks and
 memory.token_chunks written `auto`) on a TPU target: each candidate's fit is read from XLA's
 own buffer assignment of its full-size programs, every shape's (moegen.fit.reads, as
-moegen.verify.xla_reads reads it: the compiled peak, in seconds, stopped before code
+moegen.verify.memory.xla_reads reads it: the compiled peak, in seconds, stopped before code
 generation) instead of from a full compile or the plan's ledger. The build's own trade
 (moegen.fit.own_trade) and --take-fitting-trade (moegen.fit.refit) choose the same way.
 

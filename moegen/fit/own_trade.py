@@ -7,7 +7,7 @@ of the programs (bench/LEDGER.md), so its trade leaves 30% of HBM free, and reco
 the layer whole fits (14 of the 24 population layers made too big: bench.defaults_fit). With
 `memory.fit_check: assigned` (the default) the build instead ranks the trades the spec leaves
 open by the plan's step time (moegen.plan.step_time), as `moegen tune` does, and reads XLA's
-buffer assignment of each in that order (moegen.fit.reads, as moegen.verify.xla_reads reads
+buffer assignment of each in that order (moegen.fit.reads, as moegen.verify.memory.xla_reads reads
 it: the compiled peak to 0.0034% on every program measured, seconds a read); the first that
 fits is the module's trade, and the build says so.
 
@@ -33,7 +33,7 @@ from moegen.variants import unchecked
 
 # What a read costs, said before the first: the forward and forward+backward programs
 # assigned side by side (5.45 s for Qwen3-30B-A3B over 16 v5e chips; 25-60 s for DeepSeek-V3,
-# Qwen3-235B and Jamba at batch 32), a kept read (moegen.verify.read_record) milliseconds.
+# Qwen3-235B and Jamba at batch 32), a kept read (moegen.verify.records.read_record) milliseconds.
 ANNOUNCED = "memory: XLA's buffer assignment"  # the step that says reads are coming
 READ_TIME = "about 5 s to a minute a read, the largest layers longest; a kept read milliseconds"
 OnRead = Callable[[Candidate], None]

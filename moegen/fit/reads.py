@@ -1,12 +1,12 @@
 """What the fit stage asks of the compiler, as a small protocol: verify supplies it.
 
-The fit stage decides with the compiler's own memory figure where the plan's ledger cannot:
-whether a layer the ledger refuses does fit, and which of the memory trades a spec leaves
-open is the fastest that fits. Reading that figure means rendering the plan's module and
-compiling it for the target, which are later stages (render, verify); so the fit stage
-takes the reader as an argument (`CompilerReads`) and imports neither. moegen.verify.xla_reads
-supplies XLA's buffer assignment (seconds a program, the compiled peak to 0.003%); the
-pipeline hands it to the fit stage, and tests and benchmarks hand in their own.
+The fit stage decides with the compiler's own memory figure where the plan's ledger cannot: whether
+a layer the ledger refuses does fit, and which of the memory trades a spec leaves open is the
+fastest that fits. Reading that figure means rendering the plan's module and compiling it for the
+target, which are later stages (render, verify); so the fit stage takes the reader as an argument
+(`CompilerReads`) and imports neither. moegen.verify.memory.xla_reads supplies XLA's buffer
+assignment (seconds a program, the compiled peak to 0.003%); the pipeline hands it to the fit stage,
+and tests and benchmarks hand in their own.
 """
 
 from __future__ import annotations

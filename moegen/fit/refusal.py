@@ -4,7 +4,7 @@ FFN slice counts, the largest batch and the larger mesh axes whose plans fit.
 
 The refusal is the plan's, so it allows for the plan's own error in the direction that could
 make a refusal wrong (moegen.plan.headroom); a spec the plan says only just fits, or just
-misses, goes on to the compile, whose memory verdict decides (moegen.verify.verdict). On a
+misses, goes on to the compile, whose memory verdict decides (moegen.verify.memory.verdict). On a
 TPU target the build asks XLA's buffer assignment first, where the plan refuses on its
 ledger's word or puts the layer over HBM at all (moegen.fit.refusal_read).
 """

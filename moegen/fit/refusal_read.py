@@ -8,9 +8,9 @@ REFUSAL_OVERESTIMATE) the ledger is an estimate that has been measured up to 38%
 peak on a population nobody fitted it on (bench.holdout, seed 2: two of its seven refusals
 there were of layers that fit), so a refusal there can be wrong.
 On a TPU target the layer's buffer assignment, as XLA makes it for the full-size programs
-(moegen.fit.reads, as moegen.verify.xla_reads reads it: seconds, no code generated), says whether it
-fits: the refusal stands only where XLA agrees, and says XLA's figure; a layer XLA fits goes on to
-the build, whose full-size compile has the last word. Just over HBM (by less than
+(moegen.fit.reads, as moegen.verify.memory.xla_reads reads it: seconds, no code generated), says
+whether it fits: the refusal stands only where XLA agrees, and says XLA's figure; a layer XLA fits
+goes on to the build, whose full-size compile has the last word. Just over HBM (by less than
 LEDGER_OVERESTIMATE) the plan does not refuse, and its ledger can as well be under the compiler
 (seed 3 of bench.holdout: a trade planned 4% over HBM needs 18.08 of 15.75 GiB in temporaries
 alone): the read refuses a layer XLA finds out of HBM in seconds, before the twins and the full

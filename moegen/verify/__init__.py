@@ -1,22 +1,29 @@
 """Stage 6, verify: prove a rendered module before anything is written.
 
-The logic lives in moegen.verify.verification (the steps), moegen.verify.assigned (XLA's
-buffer assignment, which moegen.verify.xla_reads hands the fit stage) and the modules they
+The logic lives in moegen.verify.verification (the steps), moegen.verify.memory.assigned (XLA's
+buffer assignment, which moegen.verify.memory.xla_reads hands the fit stage) and the modules they
 name; this package face only re-exports.
 """
 
 from __future__ import annotations
 
-from moegen.verify.assigned import (
+from moegen.verify.describe import describe_step
+from moegen.verify.memory.assigned import (
     assigned_memory,
     assigned_peak,
     whole_layer,
     whole_layer_text,
     whole_layer_verdict,
 )
-from moegen.verify.describe import describe_step
-from moegen.verify.heartbeat import enabled as heartbeat_enabled
-from moegen.verify.heartbeat import interval_from_env as heartbeat_interval
+from moegen.verify.memory.verdict import (
+    CompilerCrashed,
+    OutOfHbm,
+    PlanDefect,
+    VerifyError,
+    memory_verdict,
+    peak_bytes,
+)
+from moegen.verify.memory.xla_reads import XLA_READS
 from moegen.verify.messages import (
     PROGRAMS,
     Compiled,
@@ -26,20 +33,13 @@ from moegen.verify.messages import (
     Step,
     VerifyReport,
 )
-from moegen.verify.pool import allow_workers, stop_workers
 from moegen.verify.preflight import LIBTPU_FIX, MissingVerifier, require_verifiers
-from moegen.verify.record import VerifyCache, caching_off
+from moegen.verify.records.record import VerifyCache, caching_off
 from moegen.verify.twin import TOLERANCES, TwinSpec, plan_twin, twin_of, twins_of
-from moegen.verify.verdict import (
-    CompilerCrashed,
-    OutOfHbm,
-    PlanDefect,
-    VerifyError,
-    memory_verdict,
-    peak_bytes,
-)
 from moegen.verify.verification import OnStep, reference_config, tpu_target, verify
-from moegen.verify.xla_reads import XLA_READS
+from moegen.verify.worker.heartbeat import enabled as heartbeat_enabled
+from moegen.verify.worker.heartbeat import interval_from_env as heartbeat_interval
+from moegen.verify.worker.pool import allow_workers, stop_workers
 
 __all__ = [
     "LIBTPU_FIX",

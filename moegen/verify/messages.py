@@ -20,7 +20,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
-from moegen.verify.compiler_errors import out_of_memory
+from moegen.verify.memory.compiler_errors import out_of_memory
 
 
 class Message(dict):
@@ -169,7 +169,7 @@ class Memory(Message):
 
 @dataclasses.dataclass(frozen=True, eq=True)
 class CollectiveTotals(Message):
-    """Collectives of a compiled program (moegen.verify.collectives.summarize, totals only)."""
+    """Collectives of a compiled program (moegen.verify.hlo.collectives.summarize, totals only)."""
 
     renamed: ClassVar[dict[str, str]] = {"asynchronous": "async"}
     total: int = 0
@@ -257,7 +257,7 @@ class MemoryVerdict(Step):
 
 @dataclasses.dataclass(frozen=True, eq=True)
 class Reused(Step):
-    """No worker ran: a record of the same verification passed (moegen.verify.record); the
+    """No worker ran: a record of the same verification passed (moegen.verify.records.record); the
     recorded steps follow, with their figures and times as they were measured then."""
 
     verified_at: str = ""  # ISO 8601
@@ -266,8 +266,8 @@ class Reused(Step):
 
 @dataclasses.dataclass(frozen=True, eq=True)
 class RecordIgnored(Step):
-    """A record of this verification was there but proved nothing (moegen.verify.record,
-    moegen.verify.evidence): the worker runs, and this says why."""
+    """A record of this verification was there but proved nothing (moegen.verify.records.record,
+    moegen.verify.records.evidence): the worker runs, and this says why."""
 
     reason: str = ""
 

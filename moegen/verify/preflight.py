@@ -18,7 +18,7 @@ from moegen.kernels import KERNELS, kernel
 from moegen.load import LoadedSpec
 from moegen.plan import Plan
 from moegen.strategies import sharding_strategies, strategy
-from moegen.verify.verdict import VerifyError
+from moegen.verify.memory.verdict import VerifyError
 
 LIBTPU_PIN = f"libtpu=={pins.LIBTPU}"
 LIBTPU_FIX = f"pip install 'moegen[tpu]' ({LIBTPU_PIN}), or `make setup` in a moegen checkout"

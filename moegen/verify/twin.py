@@ -35,7 +35,7 @@ TWIN_LATENT = 12  # the experts' latent width, where they have one: differs from
 # float32 twin: the issue's bar. Low-precision twins compare bf16 compute to a float32
 # reference, so they only catch gross errors (a wrong path, not rounding). Measured on drawn
 # cpu specs in bfloat16 compute (the worst relative error of any output or gradient, the
-# largest 1% of element differences set aside, moegen.verify.parity.set_aside_share):
+# largest 1% of element differences set aside, moegen.verify.reference.parity.set_aside_share):
 # 105 cases of every activation, median 6.1e-3, worst 2.1e-2; 55 cases of ReLU with
 # input weighting, where rounding flips the most ReLU terms, median 1.2e-2, worst 4.9e-2;
 # hold-out (another seed, 75 ReLU cases, after the bound was chosen): median 6.2e-3, worst

@@ -4,14 +4,14 @@ a. import it; b. run its shrunken twin on fake CPU devices against the dense ref
 forward, aux and gradients (float32, and again in the spec's own dtypes when they differ);
 c. compile the full-size forward and forward+backward for the target.
 
-The work runs in a child process (`moegen.verify.worker`) because JAX fixes its device
+The work runs in a child process (`moegen.verify.worker.child`) because JAX fixes its device
 count at start-up, and so that a crash in generated code cannot take moegen down with it.
 It is given a `Job` and reports typed steps (moegen.verify.messages).
 
 The public API, beside `verify`: the twins (`twin_of`, `twins_of`, `plan_twin`),
 `reference_config`, `tpu_target`, the verdict (`memory_verdict`, `peak_bytes`, `VerifyError`)
 and the messages (moegen.verify.messages); in processes that run JAX, the dense reference
-(moegen.verify.reference) and `moegen.verify.compiled`, which compiles and counts. The
+(moegen.verify.reference.layer) and `moegen.verify.worker.compiled`, which compiles and counts. The
 benchmark uses only these; the rest of the package is its own business.
 """
 
@@ -32,8 +32,7 @@ from moegen.kernels import kernel
 from moegen.load import LoadedSpec
 from moegen.plan import GluPlan, Plan, make_plan
 from moegen.render import render
-from moegen.verify import record
-from moegen.verify.evidence import judge
+from moegen.verify.memory.verdict import VerifyError, memory_verdict
 from moegen.verify.messages import (
     PROGRAMS,
     CudaTarget,
@@ -46,11 +45,12 @@ from moegen.verify.messages import (
     TwinJob,
     VerifyReport,
 )
-from moegen.verify.pool import run_worker as _run_worker
 from moegen.verify.preflight import require_verifiers
-from moegen.verify.record import VerifyCache
+from moegen.verify.records import record
+from moegen.verify.records.evidence import judge
+from moegen.verify.records.record import VerifyCache
 from moegen.verify.twin import TwinSpec, plan_twin, twins_of
-from moegen.verify.verdict import VerifyError, memory_verdict
+from moegen.verify.worker.pool import run_worker as _run_worker
 
 OnStep = Callable[[Step], None]
 
@@ -80,7 +80,7 @@ def verify(
     `run_twins=False` only imports and compiles (what `moegen plan --compile` shows);
     `run_compiles=False` only imports and runs the twins (no memory verdict then);
     `compile_forward=False` compiles forward+backward alone (all `moegen tune` scores).
-    `cache` (moegen.verify.record): reuse and keep records of passed verifications, and give
+    `cache` (moegen.verify.records.record): reuse and keep records of passed verifications, and give
     the worker JAX's persistent compilation cache; None: neither.
     """
     plan = make_plan(loaded) if plan is None else plan

@@ -16,8 +16,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
-from moegen.verify import parity, worker
-from moegen.verify.reference import ReferenceConfig, dense_moe
+from moegen.verify.reference import parity
+from moegen.verify.reference.layer import ReferenceConfig, dense_moe
+from moegen.verify.worker import child as worker
 
 
 def local_rows(module, mesh) -> slice:

@@ -1,4 +1,4 @@
-"""The worker of moegen.verify.assigned: compile one full-size program of a rendered module
+"""The worker of moegen.verify.memory.assigned: compile one full-size program of a rendered module
 for its TPU slice. The parent reads XLA's buffer assignment from the dump and stops this
 process before code generation ends; a compile that fails says so on stderr."""
 
@@ -9,9 +9,9 @@ import sys
 
 import jax
 
-from moegen.verify.compiled import target_devices
 from moegen.verify.messages import TpuTarget
-from moegen.verify.worker import full_size_programs, import_module, shape_of
+from moegen.verify.worker.child import full_size_programs, import_module, shape_of
+from moegen.verify.worker.compiled import target_devices
 
 
 def main(module_path: str, tpu_json: str, program: str, variant: str = "") -> int:

@@ -8,19 +8,19 @@ targets compiled on compile-only devices) and returns plain JSON-able values:
   collectives, and it does not model the interconnect. For Pallas kernels `flops` is the
   kernel's own CostEstimate (megablox: 2*m*k*n over the whole padded row buffer).
   cost_analysis counts a while loop's body once: `flops` and `bytes_accessed` add the other
-  trips (`moegen.verify.loops`), and `loops` says how many loops were completed so.
+  trips (`moegen.verify.hlo.loops`), and `loops` says how many loops were completed so.
 - `memory`: `compiled.memory_analysis()` sizes per device, and `peak` =
   argument + output + temp - alias (what XLA must hold at once).
 - `collectives`: every collective of the scheduled HLO and whether compute is scheduled while
-  it is in flight (`moegen.verify.collectives`).
+  it is in flight (`moegen.verify.hlo.collectives`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from moegen.verify.collectives import collective_counters
-from moegen.verify.loops import loop_corrections
+from moegen.verify.hlo.collectives import collective_counters
+from moegen.verify.hlo.loops import loop_corrections
 
 MEMORY_FIELDS = ("argument", "output", "temp", "alias", "generated_code")
 

@@ -5,7 +5,7 @@ combine matrix keeps the routed outputs: the GShard-style formulation, O(tokens 
 only for small twins. It shares no code with the generated module, and it sorts nothing: top-k,
 group limits and capacity are all written as pairwise comparisons ("how many entries beat this
 one"), so that it shares no method with a sort- or top_k-based implementation either (the
-router is in `moegen.verify.reference_routing`).
+router is in `moegen.verify.reference.routing`).
 
 Features follow from `ReferenceConfig` and from which keys `params` holds:
 
@@ -36,8 +36,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from moegen.verify.reference_checks import check_reference_args
-from moegen.verify.reference_fields import (
+from moegen.verify.reference.checks import check_reference_args
+from moegen.verify.reference.fields import (
     ACTIVATIONS,
     DROP_POLICIES,
     GATED_ACTIVATIONS,
@@ -46,7 +46,7 @@ from moegen.verify.reference_fields import (
     RouterConfig,
     SharedGlu,
 )
-from moegen.verify.reference_routing import (
+from moegen.verify.reference.routing import (
     Routing,
     highest_einsum,
     rank,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from moegen.verify.hlo import Instruction, entry_instructions
+from moegen.verify.hlo.parse import Instruction, entry_instructions
 
 _GROUPED_MATMUL = re.compile(r"gmm")
 

@@ -1,7 +1,7 @@
 """The memory verdict: the compiled per-device peaks against the chip's HBM, in words.
 
 A compiler out-of-memory is one of two failures, told apart by the compiler's own error
-(moegen.verify.compiler_errors): the layer does not fit HBM, which the spec can change (the
+(moegen.verify.memory.compiler_errors): the layer does not fit HBM, which the spec can change (the
 verdict names the plan's largest buffers and what to change), or a kernel's tiles do not fit
 its scoped VMEM, which is the plan's defect: the plan chose the tiles (or admitted pinned ones)
 against a VMEM budget the compiler does not grant, and HBM advice would send the user after
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from moegen.fit import TAKE_OFFER
 from moegen.hardware import hardware
 from moegen.plan import Plan
-from moegen.verify.compiler_errors import KERNEL_ROLES
+from moegen.verify.memory.compiler_errors import KERNEL_ROLES
 from moegen.verify.messages import Compiled, CompilerOutOfMemory, VerifyReport
 
 
@@ -28,8 +28,9 @@ class OutOfHbm(VerifyError):
 
 
 class CompilerCrashed(VerifyError):
-    """A compiler stopped on a failed internal check (moegen.verify.compiler_errors): a defect
-    of the pinned compiler, not of the spec; another memory trade compiles another program."""
+    """A compiler stopped on a failed internal check (moegen.verify.memory.compiler_errors): a
+    defect of the pinned compiler, not of the spec; another memory trade compiles another
+    program."""
 
 
 class PlanDefect(VerifyError):

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from moegen.verify.reference_fields import ReferenceConfig
+from moegen.verify.reference.fields import ReferenceConfig
 
 
 class Routing(NamedTuple):

@@ -2,7 +2,7 @@
 and every live one stopped at once when a build that verifies several specs fails or is
 interrupted.
 
-A worker runs `moegen.verify.worker` in a fresh interpreter (JAX fixes its device count at
+A worker runs `moegen.verify.worker.child` in a fresh interpreter (JAX fixes its device count at
 start-up) with the host platform's device count forced to the mesh's; it dies with this
 process (interrupts.guard_worker, before it imports JAX) and then removes its scratch
 directory itself.
@@ -19,10 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from moegen import interrupts
-from moegen.verify import heartbeat
-from moegen.verify.compiler_errors import crash_words
+from moegen.verify.memory.compiler_errors import crash_words
+from moegen.verify.memory.verdict import CompilerCrashed, VerifyError
 from moegen.verify.messages import Message, Step, VerifyReport, WorkerFailed, decode
-from moegen.verify.verdict import CompilerCrashed, VerifyError
+from moegen.verify.worker import heartbeat
 
 DEFAULT_TIMEOUT_S = 1800
 TIMEOUT_ENV = "MOEGEN_VERIFY_TIMEOUT"  # seconds a verify worker may run
@@ -149,7 +149,7 @@ stop_workers, allow_workers = _WORKERS.stop, _WORKERS.allow
 
 _WORKER_MAIN = (
     "from moegen.interrupts import guard_worker; guard_worker(); import runpy; "
-    "runpy.run_module('moegen.verify.worker', run_name='__main__', alter_sys=True)"
+    "runpy.run_module('moegen.verify.worker.child', run_name='__main__', alter_sys=True)"
 )
 
 

@@ -1,9 +1,9 @@
 """The dense reference's argument checks: a config and a parameter set that belong together
-(`moegen.verify.reference` calls `check_reference_args` before computing anything)."""
+(`moegen.verify.reference.layer` calls `check_reference_args` before computing anything)."""
 
 from __future__ import annotations
 
-from moegen.verify.reference_fields import (
+from moegen.verify.reference.fields import (
     ACTIVATIONS,
     DROP_POLICIES,
     GATED_ACTIVATIONS,

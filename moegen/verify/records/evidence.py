@@ -8,7 +8,7 @@ lowered), each parity figure under the twin's tolerance (`within_tolerance`, the
 own test), starved experts that received no token, lowered modules holding the kernel's
 calls, compiled programs that are not out of memory and whose arguments hold at least the
 parameters the plan stores on a device. The memory verdict against HBM is the caller's
-(moegen.verify.verdict), as for a fresh verification.
+(moegen.verify.memory.verdict), as for a fresh verification.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What the dense reference computes: its configuration, one field per feature of a spec
-that changes the layer's math (`moegen.verify.reference_fields` is read by the verify stage,
+that changes the layer's math (`moegen.verify.reference.fields` is read by the verify stage,
 which fills it from the plan, and by the reference itself)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Runs inside a fresh Python process with fake CPU devices: import, parity, compile.
 
-Invoked as `python -m moegen.verify.worker JOB.json` by `moegen.verify`, with a
+Invoked as `python -m moegen.verify.worker.child JOB.json` by `moegen.verify`, with a
 `messages.Job`. The parent sets XLA_FLAGS before this process starts, since JAX reads the
 device count once. Each step prints one JSON line on stdout, a `messages.Step`; a failure
 prints a `messages.WorkerFailed` ({"error": ...}) and exits 1.
@@ -23,14 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from moegen.kernels import KernelNotInstalled, kernel
-from moegen.verify.compiled import (
-    CheckFailed,
-    OutOfMemory,
-    compile_program,
-    compiled_counters,
-    target_devices,
-)
-from moegen.verify.evidence import least_kernel_calls
+from moegen.verify.hlo.overlap import hidden_transfers
 from moegen.verify.messages import (
     PROGRAMS,
     CollectiveTotals,
@@ -47,9 +40,16 @@ from moegen.verify.messages import (
     WorkerFailed,
     encode,
 )
-from moegen.verify.overlap import hidden_transfers
-from moegen.verify.parity import AUX_LOSSES, twin_parity
-from moegen.verify.reference import ReferenceConfig
+from moegen.verify.records.evidence import least_kernel_calls
+from moegen.verify.reference.layer import ReferenceConfig
+from moegen.verify.reference.parity import AUX_LOSSES, twin_parity
+from moegen.verify.worker.compiled import (
+    CheckFailed,
+    OutOfMemory,
+    compile_program,
+    compiled_counters,
+    target_devices,
+)
 
 
 def emit(message: Message) -> None:
@@ -179,7 +179,7 @@ def compile_full(
 
 def prepare_cuda(want: CudaTarget) -> None:
     """Load what lowering the kernel for CUDA needs (its package, prepared by its module)."""
-    from moegen.verify import cuda
+    from moegen.verify.worker import cuda
 
     try:
         cuda.prepare_kernel(want.kernel, want.sm)
@@ -197,7 +197,7 @@ def lower_for_cuda(
     with grouped quantize calls, whether XLA's own ragged dot beside it means the kernel was
     bypassed).
     """
-    from moegen.verify import cuda
+    from moegen.verify.worker import cuda
 
     shape = shape_of(module, variant)
     params, x, programs = full_size_programs(module, jax.devices()[: module.NUM_DEVICES], shape)

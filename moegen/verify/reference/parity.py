@@ -20,10 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moegen.verify.compiled import CheckFailed
-from moegen.verify.evidence import within_tolerance
 from moegen.verify.messages import ParityCase
-from moegen.verify.reference import ReferenceConfig, dense_moe
+from moegen.verify.records.evidence import within_tolerance
+from moegen.verify.reference.layer import ReferenceConfig, dense_moe
+from moegen.verify.worker.compiled import CheckFailed
 
 AUX_LOSSES = ("load_balance_loss", "router_z_loss")
 AUX_COUNTS = ("tokens_per_expert", "dropped_per_expert")

@@ -1,5 +1,5 @@
 """The fit stage's reader of the compiler's memory figure (moegen.fit.reads), made by XLA's
-buffer assignment of the full-size programs (moegen.verify.assigned: seconds a program, the
+buffer assignment of the full-size programs (moegen.verify.memory.assigned: seconds a program, the
 compiled peak to 0.003%, kept reads read back).
 
 The fit stage comes before render and verify, so it is handed this reader (by the pipeline,
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from moegen.fit import CompilerReads, ReadError
 from moegen.plan import Plan
-from moegen.verify import assigned, preflight
-from moegen.verify.verdict import VerifyError
+from moegen.verify import preflight
+from moegen.verify.memory import assigned
+from moegen.verify.memory.verdict import VerifyError
 
 
 def assigned_peak_or_read_error(plan: Plan) -> int:

@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from moegen.verify.hlo import HloModuleText, Instruction, is_kernel, parse_hlo, shape_bytes
+from moegen.verify.hlo.parse import HloModuleText, Instruction, is_kernel, parse_hlo, shape_bytes
 
 _CONSTANT = re.compile(r"constant\((-?\d+)\)")
 _DIRECTION = re.compile(r"direction=(LT|LE|GT|GE)")

@@ -25,8 +25,8 @@ a fork) can put a file under any key: the key is computed from public inputs. So
 signed (HMAC-SHA256) with this user's key (moegen.provenance: `$MOEGEN_SECRET`, else a file
 in moegen's private state directory, never in the cache), and read like a spec: a regular
 file of ours (no link, FIFO or device), at most MAX_RECORD_BYTES, JSON without NaN or
-Infinity, every step strictly of the form a worker reports (moegen.verify.strict). Then it
-is evidence, not a verdict: verify judges every figure again (moegen.verify.evidence and the
+Infinity, every step strictly of the form a worker reports (moegen.verify.records.strict). Then it
+is evidence, not a verdict: verify judges every figure again (moegen.verify.records.evidence and the
 memory verdict). A record that fails anything is ignored, with one line saying why, and the
 module is verified again: a poisoned cache costs a verification, never a pass.
 """
@@ -51,7 +51,7 @@ from typing import Any
 from moegen import __version__, provenance
 from moegen.kernels import kernel
 from moegen.verify.messages import Job, Step
-from moegen.verify.strict import BadRecord, strict_step
+from moegen.verify.records.strict import BadRecord, strict_step
 
 CACHE_ENV = "MOEGEN_CACHE_DIR"
 RECORD_FORMAT = 2  # 2: signed; read strictly
@@ -208,18 +208,19 @@ def pinned_versions(job: Job) -> dict[str, str | None]:
     return versions
 
 
-# the verifier's sources: verify itself and the kernels' registry, whose entries say what a
-# kernel's lowered program must hold and which package it lowers through
-VERIFIER_FOLDERS = (Path(__file__).parent, Path(__file__).parent.parent / "kernels")
+# the verifier's sources: verify itself (every role's folder) and the kernels' registry, whose
+# entries say what a kernel's lowered program must hold and which package it lowers through
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent
+VERIFIER_FOLDERS = (PACKAGE_ROOT / "verify", PACKAGE_ROOT / "kernels")
 
 
 def verifier_digest() -> str:
-    """SHA-256 of moegen/verify/*.py and moegen/kernels/*.py: a changed verifier must not
-    trust old verdicts."""
+    """SHA-256 of moegen/verify/**/*.py and moegen/kernels/**/*.py: a changed verifier must
+    not trust old verdicts."""
     digest = hashlib.sha256()
     for folder in VERIFIER_FOLDERS:
-        for path in sorted(folder.glob("*.py")):
-            name = f"{folder.name}/{path.name}"
+        for path in sorted(folder.rglob("*.py")):
+            name = path.relative_to(PACKAGE_ROOT).as_posix()
             digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
@@ -290,9 +291,9 @@ def signed_payload(data: Mapping[str, Any]) -> bytes:
 
 
 def load_record(key: str) -> Record | None:
-    """The record for `key`: None when there is none; UntrustedRecord when one is there but
-    is not a file this user's moegen wrote and signed, of this format, step by step as a
-    worker reports them. The figures in it are the caller's to judge (moegen.verify.evidence)."""
+    """The record for `key`: None when there is none; UntrustedRecord when one is there but is not a
+    file this user's moegen wrote and signed, of this format, step by step as a worker reports them.
+    The figures in it are the caller's to judge (moegen.verify.records.evidence)."""
     try:
         directory = open_below_cache(create=False)
     except OSError as err:

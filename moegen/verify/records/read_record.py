@@ -1,7 +1,7 @@
 """XLA's buffer assignment reads kept, so that a second `moegen plan`, `build` or `check` of
 the same layer reads its figures back instead of compiling again (issue 53, item 1).
 
-A read is keyed like a verification record (moegen.verify.record): by a SHA-256 over what
+A read is keyed like a verification record (moegen.verify.records.record): by a SHA-256 over what
 shapes XLA's figure (the module's code less its header and description, the shape variant,
 the TPU slice and device count, XLA_FLAGS and LIBTPU_INIT_ARGS, the jax, jaxlib and libtpu
 versions, moegen's verifier sources). It keeps each program's assigned bytes, or the
@@ -25,7 +25,7 @@ from typing import Any
 
 from moegen import provenance
 from moegen.verify.messages import PROGRAMS
-from moegen.verify.record import (
+from moegen.verify.records.record import (
     WORKER_ENV,
     cache_root,
     installed_version,

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from moegen.verify.hlo import HloModuleText, Instruction, is_kernel, parse_hlo, shape_bytes
+from moegen.verify.hlo.parse import HloModuleText, Instruction, is_kernel, parse_hlo, shape_bytes
 
 COLLECTIVE_KINDS = (
     "all-gather",

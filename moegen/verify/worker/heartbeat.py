@@ -3,11 +3,11 @@
 A full-size compile of forward+backward can take minutes and a twin parity run several, with
 nothing printed between two steps; the heartbeat says which step is running and for how
 long, with the seconds the same step took in a recorded verification of this module when
-moegen holds one (moegen.verify.record). The command line turns it on only when stderr is a
+moegen holds one (moegen.verify.records.record). The command line turns it on only when stderr is a
 terminal (`enabled`); off, nothing here runs, so output to a pipe or a file is unchanged.
 
 The worker reports each step when it ends, so the step running is the one after the last
-reported, in the order moegen.verify.evidence reads from the job (a record is judged by it).
+reported, in the order moegen.verify.records.evidence reads from the job (a record is judged by it).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from moegen import provenance
-from moegen.verify import record
-from moegen.verify.evidence import expected_steps
 from moegen.verify.messages import Job
+from moegen.verify.records import record
+from moegen.verify.records.evidence import expected_steps
 
 Sink = Callable[[str], None]
 DEFAULT_INTERVAL_S = 20.0

@@ -13,9 +13,9 @@ from typing import Any
 
 import jax
 
-from moegen.verify.compiler_errors import OutOfMemory, out_of_memory
-from moegen.verify.counters import compiled_counters
-from moegen.verify.loops import kernel_tile_bytes
+from moegen.verify.hlo.counters import compiled_counters
+from moegen.verify.hlo.loops import kernel_tile_bytes
+from moegen.verify.memory.compiler_errors import OutOfMemory, out_of_memory
 from moegen.verify.messages import TpuTarget
 
 __all__ = [

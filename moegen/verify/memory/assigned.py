@@ -33,12 +33,12 @@ from moegen.load import LoadedSpec
 from moegen.plan import Plan, make_plan
 from moegen.render import render
 from moegen.variants import unchecked
-from moegen.verify.compiler_errors import crash_words, out_of_memory
+from moegen.verify.memory.compiler_errors import crash_words, out_of_memory
+from moegen.verify.memory.verdict import VerifyError
 from moegen.verify.messages import PROGRAMS
-from moegen.verify.pool import worker_env
-from moegen.verify.read_record import keep, read_key, recall
-from moegen.verify.verdict import VerifyError
+from moegen.verify.records.read_record import keep, read_key, recall
 from moegen.verify.verification import scratch_directory, tpu_target
+from moegen.verify.worker.pool import worker_env
 
 # the jitted function's name in each program, which names XLA's module and its dump files
 MODULE_NAMES = {"forward": "jit_moe_layer", "forward+backward": "jit_loss"}
@@ -48,7 +48,7 @@ DONE = "after_optimizations_after_buffer_assignment.txt"
 POLL_S = 0.05
 WORKER_MAIN = (
     "from moegen.interrupts import guard_worker; guard_worker(); import runpy; "
-    "runpy.run_module('moegen.verify.assigned_worker', run_name='__main__', alter_sys=True)"
+    "runpy.run_module('moegen.verify.memory.assigned_worker', run_name='__main__', alter_sys=True)"
 )
 _ALLOCATION = re.compile(r"^allocation \d+: size (\d+),(.*)$", re.M)
 _PARAMETER = re.compile(r"\bparameter \d+")
@@ -62,7 +62,7 @@ class AssignedMemory:
     output: int
     temp: int
     seconds: float
-    kept: bool = False  # read back from an earlier read (moegen.verify.read_record)
+    kept: bool = False  # read back from an earlier read (moegen.verify.records.read_record)
 
     @property
     def peak(self) -> int:
@@ -127,7 +127,7 @@ def _read(source: str, shape: _Shape, timeout_s: float) -> dict[str, AssignedMem
 
 
 def _figures(figure: AssignedMemory) -> dict[str, float]:
-    """A read's figures as kept (moegen.verify.read_record): all but whether it was kept."""
+    """A read's figures as kept (moegen.verify.records.read_record): all but whether it was kept."""
     return {name: value for name, value in asdict(figure).items() if name != "kept"}
 
 
