@@ -182,7 +182,7 @@ def run_parity(report: Report, work: Path, manifest: dict) -> tuple[bool, Module
     report.line(f"== twin parity on {platform} (module vs dense reference; relative errors) ==")
     try:
         sys.path.insert(0, str(work))  # the package moegen_reference (gpu_check_prepare)
-        ref = importlib.import_module("moegen_reference.reference")
+        ref = importlib.import_module("moegen_reference.layer")
     except Exception as err:
         report.error("importing the reference", err)
         return False, None

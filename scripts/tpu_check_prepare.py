@@ -55,7 +55,7 @@ SIMPLE_DEFAULTS: dict[str, Any] = {
     "up_offset": 0.0, "gate_clamp_after": False, "gate_softcap": None, "up_softcap": None,
     "shared_glu": None, "identity_experts": 0, "zero_experts": 0, "weighed_shared_experts": 0,
 }  # fmt: skip
-REFERENCE_FILES = ("reference", "reference_checks", "reference_fields", "reference_routing")
+REFERENCE_FILES = ("layer", "checks", "fields", "routing")  # of moegen/verify/reference/
 REFERENCE_CONFIGS = """
 import json, sys
 from pathlib import Path
@@ -327,10 +327,12 @@ def copy_reference(work: Path) -> None:
     """moegen's dense reference as a package of its own (imports made relative)."""
     package = work / "moegen_reference"
     package.mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").write_text('"""Copied from moegen/verify."""\n', encoding="utf-8")
+    (package / "__init__.py").write_text(
+        '"""Copied from moegen/verify/reference."""\n', encoding="utf-8"
+    )
     for name in REFERENCE_FILES:
-        text = (ROOT / "moegen" / "verify" / f"{name}.py").read_text(encoding="utf-8")
-        text = text.replace("from moegen.verify.", "from .")
+        text = (ROOT / "moegen" / "verify" / "reference" / f"{name}.py").read_text(encoding="utf-8")
+        text = text.replace("from moegen.verify.reference.", "from .")
         (package / f"{name}.py").write_text(text, encoding="utf-8")
 
 

@@ -220,7 +220,7 @@ def reference_fn(entry: dict[str, Any], work: Path, shape: tuple[int, ...]) -> A
         return lambda p, x: peers.reference(p, x.reshape(-1, shape[-1]), cfg).reshape(shape)
     if str(work) not in sys.path:
         sys.path.insert(0, str(work))
-    ref = importlib.import_module("moegen_reference.reference")
+    ref = importlib.import_module("moegen_reference.layer")
     s = entry["shapes"]
     chunk = s["tokens"] if cfg.get("capacity") is not None else s["seq_len"]
     while chunk > 256 and chunk * s["experts"] * s["ffn"] > 2**27:
