@@ -36,7 +36,7 @@ if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 GPU_LIBRARIES = {
     "te": ("MOEGEN_REQUIRE_TE", "make te"),
     "tokamax": ("MOEGEN_REQUIRE_TOKAMAX", "make gpu-kernels"),
-}
+}  # tests/test_te_lowering.py holds these to the registry's kernels that lower through one
 
 
 def require_gpu_library(name: str) -> None:

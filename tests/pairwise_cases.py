@@ -14,10 +14,13 @@ from typing import Any
 
 from spec_builder import spec_yaml
 
+from moegen.kernels import KERNEL_NAMES
+from moegen.strategies import STRATEGIES
+
 # option -> its values, in a fixed order (the covering set depends on it)
 FACTORS: dict[str, list[Any]] = {
-    "kernel": ["xla", "pallas", "te", "tokamax"],
-    "strategy": ["replicated", "ragged_all_to_all", "ring_of_experts"],
+    "kernel": list(KERNEL_NAMES),  # the registries' order: a new one joins the matrix
+    "strategy": list(STRATEGIES),
     "ffn_chunks": [1, 2],
     "ffn": ["gated", "plain"],
     "bias": [False, True],

@@ -18,7 +18,9 @@ from typing import Any
 from hypothesis import strategies as st
 
 from moegen.hardware import CATALOGUE
+from moegen.kernels import KERNELS
 from moegen.sizes import divisors
+from moegen.strategies import STRATEGIES as STRATEGY_REGISTRY
 
 HARDWARE = list(CATALOGUE)
 # (experts, embed, ffn, top_k) of published MoE layers
@@ -36,7 +38,7 @@ REAL_LAYERS = {
 TINY_EMBED = [128, 64, 256, 32, 8, 16, 384, 512, 96]
 TINY_FFN = [128, 64, 256, 512, 16, 24, 96, 384, 768]
 TINY_EXPERTS = [8, 4, 2, 1, 16, 3, 6, 32, 64]
-STRATEGIES = ["replicated", "ragged_all_to_all", "ring_of_experts"]
+STRATEGIES = list(STRATEGY_REGISTRY)
 DESCRIPTIONS = ["", "A layer.", 'Quotes " and # hash', "Überschrift: naïve façade", "x" * 200]
 
 
@@ -47,6 +49,11 @@ def topologies(hardware: str, small: bool) -> list[str]:
     return [t for t in chip.topologies if chip.devices(t) <= 16] or list(chip.topologies[:1])
 
 
+def _kernels_on(chip: Any) -> list[str]:
+    """The kernels the registry says run on `chip` (its platform and, on a GPU, its SM)."""
+    return [name for name, kernel in KERNELS.items() if kernel.runs_on(chip.platform, chip.sm)]
+
+
 @st.composite
 def targets(draw: st.DrawFn, hardware: list[str] = HARDWARE, small: bool = False) -> dict:
     """hardware, topology, slices, kernel, quantization; and `devices`, the mesh size."""
@@ -55,7 +62,7 @@ def targets(draw: st.DrawFn, hardware: list[str] = HARDWARE, small: bool = False
     out: dict[str, Any] = {"hardware": name}
     if chip.platform == "cpu":
         out["devices"] = draw(st.sampled_from([4, 1, 2, 8, 3, 6, 16, 32]))
-        kernels = ["xla"]
+        kernels = _kernels_on(chip)
     else:
         topology = draw(st.sampled_from(topologies(name, small or draw(st.booleans()))))
         out["topology"] = int(topology) if topology.isdigit() else topology
@@ -65,7 +72,7 @@ def targets(draw: st.DrawFn, hardware: list[str] = HARDWARE, small: bool = False
             if slices > 1 or draw(st.booleans()):
                 out["slices"] = slices
         out["devices"] = chip.devices(topology) * slices
-        kernels = ["pallas", "xla"] if chip.platform == "tpu" else ["te", "xla"]
+        kernels = _kernels_on(chip)
     out["kernel"] = draw(st.sampled_from(kernels))
     if out["kernel"] == "te":
         out["quantization"] = draw(st.sampled_from(["none", "fp8", "mxfp8"]))

@@ -16,7 +16,7 @@ import itertools
 
 import pytest
 from golden_runner import RENDER, expected_file
-from pairwise_cases import CASES, FACTORS, pairs, refused
+from pairwise_cases import CASES, FACTORS, SHORT, TARGETS, pairs, refused
 
 
 def test_every_pair_of_options_is_covered() -> None:
@@ -34,3 +34,10 @@ def test_a_case_is_refused_exactly_when_the_rules_refuse_it(name: str) -> None:
     diagnostics where pairwise_cases.refused says so, a module everywhere else."""
     golden = expected_file(RENDER.case(name))
     assert golden.suffix == (".expected" if refused(CASES[name]) else ".py"), golden
+
+
+def test_every_registered_kernel_and_strategy_has_its_target_and_short_name() -> None:
+    """The matrix's kernels and strategies are the registries' (FACTORS reads them): a new one
+    needs a target it runs on and a short case name here, or this fails."""
+    assert set(TARGETS) == set(FACTORS["kernel"])
+    assert set(SHORT) == set(FACTORS["strategy"])

@@ -172,6 +172,17 @@ def test_te_tests_skip_without_te_or_fail_when_ci_requires_it(monkeypatch):
         require_gpu_library("te")
 
 
+def test_every_kernel_that_lowers_through_a_gpu_library_is_one_the_tests_know() -> None:
+    """conftest's GPU libraries are the registry's kernels with a CUDA lowering (a new one
+    needs its CI variable and its install there)."""
+    from conftest import GPU_LIBRARIES
+
+    from moegen.kernels import KERNELS
+
+    lowered = {name for name, kernel in KERNELS.items() if kernel.cuda_lowering is not None}
+    assert set(GPU_LIBRARIES) == lowered
+
+
 def test_make_test_te_runs_every_test_that_needs_a_gpu_library():
     """make test skips them (no TE yet); make test-te runs only its files' marked tests."""
     makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
