@@ -150,8 +150,8 @@ def _keys_by_plan(reads: Path, answers: dict[str, str]) -> dict[str, str]:
     os.environ["MOEGEN_CACHE_DIR"] = str(reads.resolve())
     plan_of = _plan_of_sources()  # before bench is imported: its modules import render by name
     import bench.ledger_population as lp
-    import moegen.verify.assigned as xla
 
+    xla = _xla_reads()
     own_key, read_key, keys = lp.module_key, xla.read_key, {}
 
     def key_of(source: str) -> str:
@@ -167,6 +167,17 @@ def _keys_by_plan(reads: Path, answers: dict[str, str]) -> dict[str, str]:
     xla.read_key = read_key_by_plan
     _run_readers(key_of)
     return keys
+
+
+def _xla_reads() -> Any:
+    """moegen's module of XLA's buffer-assignment reads, in either tree: it moved to
+    moegen.verify.memory when the verifier was split by role."""
+    try:
+        return importlib.import_module("moegen.verify.memory.assigned")
+    except ModuleNotFoundError as err:
+        if err.name not in ("moegen.verify.memory", "moegen.verify.memory.assigned"):
+            raise
+        return importlib.import_module("moegen.verify.assigned")
 
 
 def _plan_of_sources() -> dict[str, str]:
