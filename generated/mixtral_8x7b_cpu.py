@@ -104,10 +104,17 @@ def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
     """The 8-device mesh this layer is specialised for."""
     devices = list(jax.devices() if devices is None else devices)
     if len(devices) != NUM_DEVICES:
-        raise ValueError(
+        needs = (
             f"this layer needs exactly {NUM_DEVICES} devices for mesh "
-            f"{dict(zip(MESH_AXES, MESH_SHAPE, strict=True))}, got {len(devices)}; "
-            f"pass devices=jax.devices()[:{NUM_DEVICES}] to use a subset"
+            f"{dict(zip(MESH_AXES, MESH_SHAPE, strict=True))}, got {len(devices)}"
+        )
+        if len(devices) > NUM_DEVICES:
+            raise ValueError(f"{needs}; pass devices=jax.devices()[:{NUM_DEVICES}] to use a subset")
+        # Too few: no subset helps; the devices must exist before jax starts its backend.
+        raise ValueError(
+            f"{needs}: on a CPU host, make {NUM_DEVICES} fake devices with "
+            f'jax.config.update("jax_num_cpu_devices", {NUM_DEVICES}) before jax first runs; '
+            f"on accelerators, run on a slice of {NUM_DEVICES} devices"
         )
     return jax.make_mesh(MESH_SHAPE, MESH_AXES, devices=devices)
 

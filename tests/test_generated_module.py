@@ -5,7 +5,9 @@ Runs in a child process because the device count of JAX is fixed at its first im
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -60,7 +62,8 @@ SCRIPT = textwrap.dedent(
     replicated = jax.device_put(x, NamedSharding(mesh, P()))
     if moe.INPUT_SPEC != P():
         expect("x is laid out as", lambda: moe.moe_layer(params, replicated))
-    expect("exactly", lambda: moe.make_mesh(jax.devices()[: moe.NUM_DEVICES - 1]))
+    expect("jax_num_cpu_devices", lambda: moe.make_mesh(jax.devices()[: moe.NUM_DEVICES - 1]))
+    expect("to use a subset", lambda: moe.make_mesh(jax.devices()[:1] * (moe.NUM_DEVICES + 1)))
     if moe.NUM_DEVICES > 1:
         other = jax.make_mesh((moe.NUM_DEVICES,), ("other",), devices=jax.devices()[: moe.NUM_DEVICES])
         expect("does not hold this layer", lambda: moe.moe_layer(params, x, mesh=other))
@@ -89,3 +92,31 @@ def test_generated_module_trains_and_rejects_bad_calls(name: str, tmp_path: Path
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all ok" in result.stdout
+
+
+@pytest.mark.parametrize("name", SMALL_MODULES)
+def test_make_mesh_advises_by_how_many_devices_are_missing_or_extra(name: str) -> None:
+    """Too few devices: how to make them (a subset cannot help); too many: take a subset. The
+    count alone decides, before any device is touched, so one CPU device stands in for any."""
+    import jax
+
+    spec = importlib.util.spec_from_file_location(
+        f"layer_{name}", REPO / "generated" / f"{name}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    moe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(moe)
+    n, one = moe.NUM_DEVICES, jax.devices()[:1]
+    mesh = str(dict(zip(moe.MESH_AXES, moe.MESH_SHAPE, strict=True)))
+    needs = f"this layer needs exactly {n} devices for mesh {mesh}, got"
+    if n > 1:
+        with pytest.raises(ValueError) as fewer:
+            moe.make_mesh(one)
+        assert str(fewer.value) == (
+            f"{needs} 1: on a CPU host, make {n} fake devices with "
+            f'jax.config.update("jax_num_cpu_devices", {n}) before jax first runs; '
+            f"on accelerators, run on a slice of {n} devices"
+        )
+    with pytest.raises(ValueError, match=re.escape(f"{needs} {n + 1}; ")) as more:
+        moe.make_mesh(one * (n + 1))
+    assert str(more.value).endswith(f"pass devices=jax.devices()[:{n}] to use a subset")
