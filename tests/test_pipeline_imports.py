@@ -28,6 +28,7 @@ and may import nothing of moegen outside itself; moegen.hf (top) reads it throug
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,7 @@ def _known(name: str) -> str | None:
     return name or None
 
 
+@functools.cache
 def _face_names(package: str) -> frozenset[str]:
     """The names a package's face binds by importing them (what `from package import x`
     gets, where x is also the name of one of its modules)."""

@@ -142,3 +142,13 @@ def yaml_value(value: Any) -> str:
     if value is None:
         return "null"
     return str(value)
+
+
+def trade_words(plan: Plan) -> str:
+    """A plan's memory trade in words: "2 FFN slices x 1 token chunk"."""
+    slices = _count(plan.ffn.chunks, "FFN slice")
+    return f"{slices} x {_count(plan.experts.token_chunks, 'token chunk')}"
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"

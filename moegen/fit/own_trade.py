@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from moegen.diagnostics import SpecError
 from moegen.fit.by_assignment import MEMORY_FIELDS, NOT_READ, choose_by_assignment
-from moegen.fit.candidates import Candidate, candidate_of, candidates, yaml_value
+from moegen.fit.candidates import Candidate, candidate_of, candidates, trade_words, yaml_value
 from moegen.fit.reads import READ_BY, CompilerReads, ReadError
 from moegen.hardware import hardware
 from moegen.load import FieldPath, LoadedSpec
@@ -133,13 +133,8 @@ def _chosen_words(winner: Candidate, ledger: Plan) -> str:
     return (
         f"{taken}: {READ_BY} {winner.peak_bytes / 2**30:.2f} GiB per device, of the "
         f"{granted / 2**30:.2f} GiB the compiler grants a program (the plan's ledger would "
-        f"have run {_count(ledger.ffn.chunks, 'FFN slice')} x "
-        f"{_count(ledger.experts.token_chunks, 'token chunk')})"
+        f"have run {trade_words(ledger)})"
     )
-
-
-def _count(n: int, thing: str) -> str:
-    return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
 def own_trades(memory: Memory, plan: Plan) -> list[str]:

@@ -62,12 +62,3 @@ def fits_by_assignment(plan: Plan, peak: int) -> bool:
     """Whether a read peak leaves the compiler's grant of HBM CODE_MARGIN to spare."""
     granted = hardware(plan.hardware).compiler_hbm_bytes_per_device
     return peak <= (1 - CODE_MARGIN) * granted
-
-
-def granted_words(plan: Plan, peak: int) -> str:
-    """A read peak against what the compiler grants a program, in words."""
-    granted = hardware(plan.hardware).compiler_hbm_bytes_per_device
-    return (
-        f"{peak / 2**30:.2f} GiB per device{kept_words(peak)}, of the {granted / 2**30:.2f} GiB "
-        "the compiler grants a program"
-    )

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from moegen.diagnostics import SpecError
 from moegen.fit.by_assignment import FIT_CHECK, NOT_READ, PROVED, choose_by_assignment
-from moegen.fit.candidates import Candidate, candidates, yaml_value
+from moegen.fit.candidates import Candidate, candidates, trade_words, yaml_value
 from moegen.fit.reads import OUT_OF_HBM, READ_BY, CompilerReads
 from moegen.fit.spec_edit import CannotEdit, with_memory_fields
 from moegen.hardware import hardware
@@ -139,16 +139,11 @@ def _taken_words(winner: Candidate, failed: Plan, crashed: bool) -> str:
         else ""
     )
     return (
-        f"the plan's {_count(failed.ffn.chunks, 'FFN slice')} x "
-        f"{_count(failed.experts.token_chunks, 'token chunk')} {fate}; took "
+        f"the plan's {trade_words(failed)} {fate}; took "
         f"{trade_text(winner)}{fit_check}: {READ_BY} {winner.peak_bytes / 2**30:.2f} GiB per "
         f"device, of the {granted / 2**30:.2f} GiB the compiler grants a program; written "
         "into the spec"
     )
-
-
-def _count(n: int, thing: str) -> str:
-    return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
 def _with_words(failure: Exception, words: str) -> Exception:
