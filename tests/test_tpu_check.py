@@ -57,8 +57,9 @@ def _run_phase(work: Path, out: Path, *args: str) -> subprocess.CompletedProcess
 
 
 def test_run_phase_imports_only_jax_numpy_and_stdlib() -> None:
-    allowed = {"jax", "numpy", "tpu_check_peers", "tokamax", "__future__"}
-    for name in ("tpu_check_run.py", "tpu_check_peers.py"):
+    run_phase = ("run", "peers", "programs", "layers", "report")
+    allowed = {"jax", "numpy", "tokamax", "__future__", *(f"tpu_check_{n}" for n in run_phase)}
+    for name in (f"tpu_check_{n}.py" for n in run_phase):
         tree = ast.parse((SCRIPTS / name).read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
