@@ -26,9 +26,10 @@ case "$mode" in
     ;;
   run)
     export PYTHONUNBUFFERED=1
-    # Hard stop under 9 minutes; the script itself skips what is left past --budget-s (460 s).
+    # Hard stop under 9 minutes ($TPU_CHECK_STOP_S moves it); the script itself skips what is
+    # left past --budget-s (460 s), which must stay under it.
     stop=()
-    command -v timeout >/dev/null 2>&1 && stop=(timeout -k 10 520)
+    command -v timeout >/dev/null 2>&1 && stop=(timeout -k 10 "${TPU_CHECK_STOP_S:-520}")
     exec "${stop[@]}" "${PYTHON:-python3}" scripts/tpu_check_run.py "$@"
     ;;
   *)

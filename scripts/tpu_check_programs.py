@@ -4,9 +4,11 @@ On the TPU machine a program compiles in 15-30 s, one at a time, and the check o
 spent most of its 520 s budget compiling (five of fifteen modules timed). The compiles are
 independent of one another and of the chip, so `Programs` compiles them all ahead, eight at a
 time in threads, from abstract arguments (shapes, dtypes, shardings), in the order the run will
-time them; the run takes each as it comes to it, usually compiled by then
+time them, then times them with nothing compiling (`wait`)
 (bench/tpu_explore/ab.py: a layer's programs in 40-53 s on eight threads, ~6 min one at a
-time). Imports only jax and the standard library (no moegen on the TPU machine).
+time). With JAX's persistent cache (JAX_COMPILATION_CACHE_DIR), `--compile-only` fills it in one
+call of the device tool and the next call times every program.
+Imports only jax and the standard library (no moegen on the TPU machine).
 """
 
 from __future__ import annotations
@@ -73,6 +75,14 @@ class Programs:
         if future is None:
             return _compile(fn, abstract(args))
         return future.result()
+
+    def wait(self, seconds: float) -> int:
+        """Waits (at most `seconds`) for every compile submitted; how many are still running.
+        Timing waits for them all: a program compiling on the host beside a timed one slowed
+        it up to 3x on the chip (loading an executable onto the chip holds up the programs
+        running there), so the check compiles first and times with nothing compiling."""
+        done = concurrent.futures.wait(list(self._futures.values()), timeout=max(0.0, seconds))
+        return len(done.not_done)
 
     def close(self) -> None:
         """Drops what was never taken (a run stopped by its budget) without waiting for it."""

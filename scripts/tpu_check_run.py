@@ -249,7 +249,9 @@ def selected(manifest: dict[str, Any], only: list[str] | None) -> list[dict[str,
     return picked or [e for e in manifest["modules"] if any(p in e["name"] for p in only)]
 
 
-def run(work: Path, budget_s: float, only: list[str] | None = None) -> int:
+def run(
+    work: Path, budget_s: float, only: list[str] | None = None, compile_only: bool = False
+) -> int:
     """Every module of the manifest (or those `only` names), peers once a distinct shape; 0
     when all ran and passed."""
     deadline = time.time() + budget_s
@@ -267,7 +269,13 @@ def run(work: Path, budget_s: float, only: list[str] | None = None) -> int:
     try:
         loaded = {k: v for k, v in layers.items() if isinstance(v, Layer)}
         submit_ahead(programs, entries, loaded, not env["tokamax"].startswith("tokamax not"))
-        report.line(f"  {programs.submitted} programs compiling ahead in threads")
+        start = time.perf_counter()
+        left = programs.wait(deadline - time.time())
+        seconds = time.perf_counter() - start
+        report.line(f"  {programs.submitted - left} of {programs.submitted} programs compiled in "
+                    f"{seconds:.0f} s (threads); timed with none compiling")  # fmt: skip
+        if compile_only:
+            return 0 if not left else 1
         peer_rows: dict[str, dict] = {}  # {shape: {peer: row}}
         for entry in entries:
             row = run_entry(report, programs, entry, layers, deadline, peer_rows)
@@ -321,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeats", type=int, default=TIMING["repeats"], help="timed calls (median)"
     )
+    parser.add_argument(
+        "--compile-only", action="store_true", help="compile every program (into JAX's cache)"
+    )
     parser.add_argument("--only", nargs="*", help="module names (exact, in this order) or parts")
     parser.add_argument("--work", default=os.environ.get("TPU_CHECK_WORK") or ROOT / ".tpu_check")
     args = parser.parse_args(argv)
@@ -329,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (work / "manifest.json").exists():
         print(f"no {work}/manifest.json: run `scripts/tpu_check.sh prepare` first", file=sys.stderr)
         return 2
-    return run(work, args.budget_s, args.only)
+    return run(work, args.budget_s, args.only, args.compile_only)
 
 
 if __name__ == "__main__":
