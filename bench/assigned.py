@@ -4,15 +4,15 @@ finished compile, on the generated populations: the same figure, in how many sec
     python -m bench.assigned --population 60 --seed S [--specs NAME ...] [--record]
 
 For every population spec whose compiled figures are recorded (bench.ledger --population:
-bench/ledger_population.json, under the key of the module the plan renders now), the
+bench/stores/ledger_population.json, under the key of the module the plan renders now), the
 assigned peak of each program (forward, forward+backward) is read and set beside the
 recorded compiled peak; a program the compiler found out of HBM should be refused the same
 way. Printed per spec: the assigned peaks, their difference from the compiled ones, and the
 seconds both took (the two programs' workers run side by side; the recorded compile ran
 them one after the other, code generation included); then the distribution. With
-`--record`, each spec's assigned figures are kept in bench/assigned_population.json (keyed
-as the compiled records are), which `python -m bench.ledger --population` reads to print
-the assigned figure's distribution beside the ledger's.
+`--record`, each spec's assigned figures are kept in bench/stores/assigned_population.json
+(keyed as the compiled records are), which `python -m bench.ledger --population` reads to
+print the assigned figure's distribution beside the ledger's.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.ledger_population import STORE, Errors, _load, _save, module_key, plan_of
+from bench.ledger_population import STORE, STORES, Errors, _load, _save, module_key, plan_of
 from bench.population import population
 from moegen.render import render
 from moegen.verify import VerifyError
@@ -31,7 +31,7 @@ from moegen.verify.memory.assigned import assigned_memory
 
 GiB = 2**30
 PROGRAMS = {"forward": "forward", "forward+backward": "train"}
-ASSIGNED_STORE = Path(__file__).resolve().parent / "assigned_population.json"
+ASSIGNED_STORE = STORES / "assigned_population.json"
 
 
 def compare(name: str, text: str, store: Path = STORE) -> dict | None:

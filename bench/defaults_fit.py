@@ -12,8 +12,8 @@ judged against HBM. The default is the trade XLA's buffer assignment chooses
 (moegen.fit.own_trade: the plan ranks the trades, XLA's read decides their fit, seconds each),
 compiled as the spec with that trade written; the ledger's own choice, which the build
 took before, is listed beside it. The figures go to the same
-store as the ledger's population (bench/ledger_population.json, keyed by the module's hash
-and the pinned versions), so a rerun compiles only what changed.
+store as the ledger's population (bench/stores/ledger_population.json, keyed by the module's
+hash and the pinned versions), so a rerun compiles only what changed.
 
 Printed, one row per spec: the batch, the whole layer's planned peak, the ledger's choice
 and its planned peak, the build's choice and XLA's figure of it, the compiled peak and the

@@ -9,8 +9,8 @@ that would be within 10%: for each named population spec (bench.population), the
 compiled (twins off, forward and forward+backward, moegen's own verifier) with a quarter and
 a half of its sequence length (each a multiple of the sequence shards and of the token chunks),
 and the line through the two peaks is read at the full sequence length. The full-size figure is
-the one recorded in bench/ledger_population.json. Compiles are recorded in the same store, so
-a rerun compiles nothing it has.
+the one recorded in bench/stores/ledger_population.json. Compiles are recorded in the same
+store, so a rerun compiles nothing it has.
 
 It is a measurement, not a model moegen uses: a small compile takes as long as a full one
 (compile time follows the program's structure, not its sizes), so the figure would come from

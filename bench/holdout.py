@@ -1,7 +1,7 @@
 """A fresh hold-out, read by XLA's buffer assignment: the ledger and the plan's own trades on
 population seeds nobody has compiled or looked at (issue 27, items 2 and 3).
 
-    python -m bench.holdout --population 60 --seed 2 [--store bench/holdout_assigned.json]
+    python -m bench.holdout --population 60 --seed 2 [--store bench/stores/holdout_assigned.json]
                             [--take-fitting-trade]
 
 Seeds 0 and 1 of bench.population have been compiled in full, and looked at while the ledger
@@ -39,7 +39,7 @@ from typing import Any
 
 from bench.assigned import _records
 from bench.defaults_fit import too_big
-from bench.ledger_population import _save, distribution_line, module_key, plan_of
+from bench.ledger_population import STORES, _save, distribution_line, module_key, plan_of
 from bench.population import population
 from moegen.diagnostics import SpecError
 from moegen.fit import (
@@ -59,7 +59,7 @@ from moegen.variants import unchecked
 from moegen.verify import VerifyError
 from moegen.verify.memory.assigned import WHOLE, assigned_memory
 
-STORE = Path(__file__).resolve().parent / "holdout_assigned.json"
+STORE = STORES / "holdout_assigned.json"
 FITTED_SEEDS = (0, 1)  # compiled and looked at while the ledger's rules were written
 READ_TIMEOUT_S = 900
 GiB = 2**30

@@ -1,6 +1,6 @@
 """The plan's memory ledger against the compiler's peak, for every committed TPU example.
 
-    python -m bench.ledger [--specs NAME ...] [--write bench/ledger_compiled.json]
+    python -m bench.ledger [--specs NAME ...] [--write bench/stores/ledger_compiled.json]
                            [--dump DIR]
     python -m bench.ledger --population N --seed S   (bench.ledger_population)
 
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.ledger_population import module_key
+from bench.ledger_population import STORES, module_key
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
 from moegen.render import render
@@ -36,7 +36,7 @@ from moegen.verify.messages import Compiled
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SPEC_DIR = REPO_ROOT / "specs"
-DEFAULT_JSON = REPO_ROOT / "bench" / "ledger_compiled.json"
+DEFAULT_JSON = STORES / "ledger_compiled.json"
 PROGRAMS = {"forward": "compile forward", "train": "compile forward+backward"}
 GiB = 2**30
 
@@ -156,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--store",
         type=Path,
-        help="with --population: the figures' JSON file (default bench/ledger_population.json;"
-        " another lets two seeds compile side by side, merged after with --merge)",
+        help="with --population: the figures' JSON file (default"
+        " bench/stores/ledger_population.json; another lets two seeds compile side by side,"
+        " merged after with --merge)",
     )
     parser.add_argument(
         "--merge",

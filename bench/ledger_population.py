@@ -1,6 +1,6 @@
 """The plan's memory ledger on a generated population (bench.population), not the examples.
 
-    python -m bench.ledger --population N --seed S [--store bench/ledger_population.json]
+    python -m bench.ledger --population N --seed S [--store bench/stores/ledger_population.json]
     python -m bench.ledger --population N --seed S --merge A.json B.json   # fold in, then run
 
 Two seeds compile side by side (one a core) into stores of their own (`--store`), folded
@@ -39,7 +39,10 @@ from moegen.validate import validate
 from moegen.verify import VerifyError, verify
 from moegen.verify.messages import Compiled, CompilerOutOfMemory, Step
 
-STORE = Path(__file__).resolve().parent / "ledger_population.json"
+# The recorded figures live apart from the code that records them (issue 53): every bench
+# module names its store through this one folder.
+STORES = Path(__file__).resolve().parent / "stores"
+STORE = STORES / "ledger_population.json"
 PROGRAMS = {"forward": "compile forward", "train": "compile forward+backward"}
 GiB = 2**30
 HOLD_OUT_SEEDS = (1,)

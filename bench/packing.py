@@ -3,7 +3,7 @@ places every temporary in, against the most bytes of them ever live at once.
 
     python -m bench.packing --seed S --specs NAME [...] [--record F.json] [--keep DIR]
     python -m bench.packing --seed S --dumps DIR [...]      # dumps already written, one a spec
-    python -m bench.packing --summary bench/packing_sample.json   # recorded: nothing compiled
+    python -m bench.packing --summary bench/stores/packing_sample.json   # nothing compiled
 
 The memory ledger (moegen/plan/memory.py) names the buffers live at a program's peak and
 multiplies them by one packing fraction (TRAIN_PACKING, FORWARD_PACKING). This measures what
@@ -21,8 +21,8 @@ ledger's error; then, per program kind, the packing's spread and how many progra
 that knew the live peak exactly would have within 10% with the best single packing fraction.
 A record names the module it was compiled from: `--summary` re-plans each spec, judges the
 ledger as it plans now and leaves out a record whose module has changed.
-bench/packing_sample.json holds the first 30 specs of seeds 0 and 1 that compile (an
-unbiased sample), bench/packing_chosen.json seed 0 specs chosen for their misses.
+bench/stores/packing_sample.json holds the first 30 specs of seeds 0 and 1 that compile (an
+unbiased sample), bench/stores/packing_chosen.json seed 0 specs chosen for their misses.
 """
 
 from __future__ import annotations

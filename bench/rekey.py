@@ -1,8 +1,8 @@
 """Re-key the bench's stores when a module's key changes (a one-off tool, two uses).
 
-The stores (ledger_population.json, holdout_assigned.json, assigned_population.json,
-ledger_compiled.json, packing_*.json) keep each compiled or assigned figure under a module
-key: the SHA-256 of the module's code less its header and docstring
+The stores in bench/stores/ (ledger_population.json, holdout_assigned.json,
+assigned_population.json, ledger_compiled.json, packing_*.json) keep each compiled or
+assigned figure under a module key: the SHA-256 of the module's code less its header and docstring
 (bench.ledger_population.program_text) and the pinned versions. Each use writes pairs (old
 key, new key) for every module the bench's readers ask for, which `apply` maps in the stores:
 
@@ -18,7 +18,7 @@ key, new key) for every module the bench's readers ask for, which `apply` maps i
     python -m bench.rekey plan-pairs plans.json pairs.json READS
 
     # then, in the new tree: the stores' keys (and packing rows' module fields) mapped
-    python -m bench.rekey apply pairs.json bench/ledger_population.json ...
+    python -m bench.rekey apply pairs.json bench/stores/ledger_population.json ...
 
 A plan is named by the SHA-256 of its fields (Plan.to_dict as JSON): the same in both trees
 while the change is the templates' alone. READS is a folder for XLA's buffer-assignment reads

@@ -1,9 +1,9 @@
 """XLA's buffer assignment read before code generation (moegen.verify.memory.assigned, `moegen plan
 --assigned`): the compiled peak, without the compile's minutes.
 
-bench/ledger_compiled.json records each TPU example's finished compile (memory_analysis), and
-tests/test_ledger.py holds those records to the module each example renders now; the
-assigned figures must be the same bytes."""
+bench/stores/ledger_compiled.json records each TPU example's finished compile
+(memory_analysis), and tests/test_ledger.py holds those records to the module each example
+renders now; the assigned figures must be the same bytes."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.ledger import DEFAULT_JSON
 from moegen.cli_plan import assigned_text
 from moegen.pipeline import load_valid
 from moegen.plan import make_plan
@@ -26,7 +27,7 @@ from moegen.verify.memory.assigned import (
     whole_layer_verdict,
 )
 
-RECORDS = Path(__file__).resolve().parent.parent / "bench" / "ledger_compiled.json"
+RECORDS = DEFAULT_JSON
 # XLA's text for a program's buffers: entry parameters, a parameter the output aliases, the
 # output tuple's index table and an output, scoped scratch (another colour) and the block
 ASSIGNMENT = """\

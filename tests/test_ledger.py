@@ -1,8 +1,9 @@
 """The plan's memory ledger against the compiler, for every committed TPU example.
 
-bench/ledger_compiled.json holds each example's compiled forward and forward+backward peaks
-(memory_analysis on compile-only TPU devices: `python -m bench.ledger --write
-bench/ledger_compiled.json`); the plan must be within LEDGER_TOLERANCE of them, both ways.
+bench/stores/ledger_compiled.json holds each example's compiled forward and forward+backward
+peaks (memory_analysis on compile-only TPU devices: `python -m bench.ledger --write
+bench/stores/ledger_compiled.json`); the plan must be within LEDGER_TOLERANCE of them, both
+ways.
 The figures are only as good as the versions they were compiled with: the file names them,
 and a pin bump fails here until the examples are measured again.
 """
@@ -98,5 +99,5 @@ def test_the_committed_figures_are_of_the_module_the_spec_renders_now(name: str)
     five examples measured again at 640e1d3 gave the recorded peaks to the byte."""
     assert COMPILED["specs"][name]["module"] == rendered_key(name), (
         f"{name}'s module changed since its figures were compiled: measure it again with "
-        f"python -m bench.ledger --specs {name} --write bench/ledger_compiled.json"
+        f"python -m bench.ledger --specs {name} --write bench/stores/ledger_compiled.json"
     )

@@ -3,7 +3,7 @@
 strategies, the five mesh axes, both kernels and every trade (whole, FFN slices, token
 chunks, both).
 
-bench/ledger_population.json holds each spec's compiled peaks under the SHA-256 of the
+bench/stores/ledger_population.json holds each spec's compiled peaks under the SHA-256 of the
 module it compiled and the versions that shaped the compile (`python -m bench.ledger
 --population 60 --seed 0`). A record is only evidence for that module: when the plan renders
 a spec differently, or a pin moves, its record is stale and this test fails until the spec is
@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from bench.extrapolate import shrunk
-from bench.ledger_population import STORE, merge_stores, module_key, plan_of, planned
+from bench.ledger_population import STORE, STORES, merge_stores, module_key, plan_of, planned
 from bench.population import population
 
 LEDGER_TOLERANCE = 0.10  # |planned - compiled| / compiled
@@ -65,7 +65,7 @@ NOT_YET_WITHIN = {
 }
 SPECS = dict(population(60, 0))
 STORED = json.loads(STORE.read_text(encoding="utf-8"))["modules"]
-HOLDOUT_STORE = STORE.parent / "holdout_assigned.json"
+HOLDOUT_STORE = STORES / "holdout_assigned.json"
 
 
 def _record(name: str) -> tuple[dict[str, int], dict]:
