@@ -2,7 +2,7 @@
 
 Writes small spec YAMLs, renders their 1-device modules with `moegen build --no-verify` into
 .gpu_check/ (git-ignored), copies the dense reference there (the package moegen_reference, as
-tpu_check_prepare.copy_reference writes it) and writes the manifest that the
+tpu_check_extras.copy_reference writes it) and writes the manifest that the
 run phase (gpu_check_parity, gpu_check_timing) reads on the GPU machine. moegen runs in a
 child process: this module imports nothing of it, so the run phase may import its names.
 
@@ -226,9 +226,9 @@ def prepare(args: argparse.Namespace) -> int:
         return 1
     # the reference imports its sibling modules: the whole set, as tpu_check copies it
     sys.path.insert(0, str(ROOT / "scripts"))
-    from tpu_check_prepare import copy_reference
+    from tpu_check_extras import copy_reference
 
-    copy_reference(work)
+    copy_reference(ROOT, work)
     (work / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     size = sum(p.stat().st_size for p in work.rglob("*") if p.is_file())
     print(

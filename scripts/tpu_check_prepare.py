@@ -30,6 +30,9 @@ from typing import Any
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tpu_check_extras import copy_reference, kernel_modules  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 HBM_BYTES = int(15.7 * 2**30)  # one TPU v5e chip, as JAX sees it
@@ -55,7 +58,6 @@ SIMPLE_DEFAULTS: dict[str, Any] = {
     "up_offset": 0.0, "gate_clamp_after": False, "gate_softcap": None, "up_softcap": None,
     "shared_glu": None, "identity_experts": 0, "zero_experts": 0, "weighed_shared_experts": 0,
 }  # fmt: skip
-REFERENCE_FILES = ("layer", "checks", "fields", "routing")  # of moegen/verify/reference/
 REFERENCE_CONFIGS = """
 import json, sys
 from pathlib import Path
@@ -323,19 +325,6 @@ def entry(
     }  # fmt: skip
 
 
-def copy_reference(work: Path) -> None:
-    """moegen's dense reference as a package of its own (imports made relative)."""
-    package = work / "moegen_reference"
-    package.mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").write_text(
-        '"""Copied from moegen/verify/reference."""\n', encoding="utf-8"
-    )
-    for name in REFERENCE_FILES:
-        text = (ROOT / "moegen" / "verify" / "reference" / f"{name}.py").read_text(encoding="utf-8")
-        text = text.replace("from moegen.verify.reference.", "from .")
-        (package / f"{name}.py").write_text(text, encoding="utf-8")
-
-
 def prepare(args: argparse.Namespace) -> int:
     work = work_dir()
     if work.exists():
@@ -366,11 +355,12 @@ def prepare(args: argparse.Namespace) -> int:
             continue
         plan = layer["plan"] if trade is None and kernel == "pallas" else plan_of(path)[0]
         entries.append(entry(layer, name, kernel, trade, plan or layer["plan"], configs[str(path)]))
-    copy_reference(work)
+    copy_reference(ROOT, work)
+    kernels = kernel_modules(ROOT, work, args.tiny, moegen_python())
     manifest = {
         "prepared_at": time.strftime("%Y-%m-%d %H:%M:%S %z"), "tiny": args.tiny,
         "commit": _git("rev-parse", "HEAD"), "hbm_bytes_limit": HBM_BYTES,
-        "modules": entries, "skipped": skipped,
+        "modules": entries, "kernels": kernels, "skipped": skipped,
     }  # fmt: skip
     (work / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     size = sum(p.stat().st_size for p in work.rglob("*") if p.is_file())
@@ -378,7 +368,8 @@ def prepare(args: argparse.Namespace) -> int:
         print(f"built   {e['name']:<44} from {', '.join(e['source_specs'])}")
     for s in skipped:
         print(f"skipped {', '.join(s['sources'])}: {s['reason'].splitlines()[0][:200]}")
-    print(f"prepared {len(entries)} modules, {len(skipped)} skipped, in {work} ({size >> 10} KiB)")
+    print(f"prepared {len(entries)} modules and {len(kernels)} kernel checks, {len(skipped)} "
+          f"skipped, in {work} ({size >> 10} KiB)")  # fmt: skip
     return 0 if entries else 1
 
 

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tpu_check_peers as peers  # noqa: E402
+from tpu_check_kernels import kernel_line, run_kernels  # noqa: E402
 from tpu_check_layers import (  # noqa: E402
     Layer,
     layer_inputs,
@@ -284,12 +285,16 @@ def run(
             gc.collect()
     finally:
         programs.close()
-    for line in table(report.data["modules"]):
+    kernels = [
+        k for k in manifest.get("kernels", []) if not only or any(p in k["name"] for p in only)
+    ]
+    report.line("-- the project's own Pallas kernel" if kernels else "")
+    report.data["kernels"] = run_kernels(kernels, work, deadline)
+    for line in [*map(kernel_line, report.data["kernels"]), *table(report.data["modules"])]:
         report.line(line)
     report.save()
-    bad = [
-        r for r in report.data["modules"] if "error" in r or not r.get("parity", {}).get("ok", True)
-    ]
+    rows = [*report.data["modules"], *report.data["kernels"]]
+    bad = [r for r in rows if "error" in r or not r.get("parity", {}).get("ok", True)]
     return 1 if bad else 0
 
 

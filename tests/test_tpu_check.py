@@ -57,7 +57,7 @@ def _run_phase(work: Path, out: Path, *args: str) -> subprocess.CompletedProcess
 
 
 def test_run_phase_imports_only_jax_numpy_and_stdlib() -> None:
-    run_phase = ("run", "peers", "programs", "layers", "report")
+    run_phase = ("run", "peers", "programs", "layers", "report", "kernels")
     allowed = {"jax", "numpy", "tokamax", "__future__", *(f"tpu_check_{n}" for n in run_phase)}
     for name in (f"tpu_check_{n}.py" for n in run_phase):
         tree = ast.parse((SCRIPTS / name).read_text(encoding="utf-8"))
@@ -128,6 +128,13 @@ def _check_report(report: dict[str, Any], manifest: dict[str, Any]) -> None:
         by_peer.setdefault(row["peer"], []).append(row)
     for peer in ("ceiling", "maxtext", "ragged_dot"):
         assert by_peer[peer] and all(_finite(r.get("fwdbwd_ms")) for r in by_peer[peer]), peer
+    # the project's own Pallas kernel (the overlapped ring's _gmm_add), interpreted here
+    assert [k["name"] for k in report["kernels"]] == [k["name"] for k in manifest["kernels"]]
+    assert manifest["kernels"], "no committed module defines _gmm_add any more"
+    for row in report["kernels"]:
+        assert row["parity"]["ok"], row
+        assert {"sum", "grad_lhs", "grad_rhs", "grad_total"} == set(row["parity"]["errors"])
+        assert all(_finite(row[f"{k}_ms"]) for k in ("fused_fwd", "fused_fwdbwd", "unfused_fwd"))
     tokamax = by_peer["tokamax"]
     assert all(
         r.get("skipped") == "tokamax not installed" or _finite(r.get("fwd_ms")) for r in tokamax
@@ -160,4 +167,7 @@ def test_tiny_harness_runs_on_cpu(tmp_path: Path) -> None:
     late_report = json.loads((tmp_path / "late" / "tpu_check.json").read_text(encoding="utf-8"))
     assert [r.get("skipped") for r in late_report["modules"]] == ["budget"] * len(
         manifest["modules"]
+    )
+    assert [r.get("skipped") for r in late_report["kernels"]] == ["budget"] * len(
+        manifest["kernels"]
     )
