@@ -230,7 +230,7 @@ def submit_ahead(
             programs.ahead((name, "fwdbwd"), fwd_bwd(layer.ref), *ref_args)
 
 
-def load_layers(report: Report, entries: list[dict[str, Any]], work: Path) -> dict[str, Any]:
+def load_layers(entries: list[dict[str, Any]], work: Path) -> dict[str, Any]:
     """{name: Layer, or the error that kept it from loading}."""
     layers: dict[str, Any] = {}
     for entry in entries:
@@ -265,7 +265,7 @@ def run(
     report.line(f"== tpu_check on {env['device_kind']} ({env['platform']}) jax {env['jax']} "
                 f"jaxlib {env['jaxlib']} libtpu {env['libtpu']} {env['date']} ==")  # fmt: skip
     report.line(f"  {env['tokamax']}")
-    layers = load_layers(report, entries, work)
+    layers = load_layers(entries, work)
     programs = Programs()
     try:
         loaded = {k: v for k, v in layers.items() if isinstance(v, Layer)}
