@@ -28,6 +28,25 @@ BF16_TOLERANCE = 1e-1
 F32_TOLERANCE = 1e-4  # f32 compute off TPU, against the f32 reference at "highest"
 
 
+@jax.jit
+def relative_error(got: jax.Array, want: jax.Array) -> jax.Array:
+    got, want = got.astype(jnp.float32), want.astype(jnp.float32)
+    return jnp.linalg.norm(got - want) / jnp.maximum(jnp.linalg.norm(want), 1e-30)
+
+
+def verdict(errors: dict[str, float], tolerance: float) -> dict[str, Any]:
+    """A parity row: every relative error, the worst, and whether all are within tolerance."""
+    worst = max(errors, key=errors.get)
+    ok = all(v <= tolerance for v in errors.values())  # a NaN fails
+    return {
+        "ok": ok,
+        "tolerance": tolerance,
+        "max": errors[worst],
+        "worst": worst,
+        "errors": errors,
+    }
+
+
 def load_module(path: Path, name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader

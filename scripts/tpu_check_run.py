@@ -34,7 +34,9 @@ from tpu_check_layers import (  # noqa: E402
     layer_inputs,
     load_layer,
     reference_inputs,
+    relative_error,
     tolerance,
+    verdict,
 )
 from tpu_check_programs import TIMING, Programs, fwd_bwd, median_ms  # noqa: E402
 from tpu_check_report import PEAK_NOTE, Report, environment, table, times_text  # noqa: E402
@@ -46,12 +48,6 @@ def peak_bytes() -> int | None:
     """The chip's peak_bytes_in_use (None where the backend keeps no memory stats: CPU)."""
     stats = jax.devices()[0].memory_stats()
     return None if not stats else stats.get("peak_bytes_in_use")
-
-
-@jax.jit
-def relative_error(got: jax.Array, want: jax.Array) -> jax.Array:
-    got, want = got.astype(jnp.float32), want.astype(jnp.float32)
-    return jnp.linalg.norm(got - want) / jnp.maximum(jnp.linalg.norm(want), 1e-30)
 
 
 def timed_row(
@@ -152,9 +148,7 @@ def parity(
     errors["grad_x"] = float(relative_error(grad_x, ref_grad_x))
     for grad in sorted(grads):
         errors[f"grad_{grad}"] = float(relative_error(grads[grad], ref_grads[grad]))
-    worst = max(errors, key=errors.get)
-    ok = all(v <= tol for v in errors.values())  # a NaN fails
-    return {"ok": ok, "tolerance": tol, "max": errors[worst], "worst": worst, "errors": errors}
+    return verdict(errors, tol)
 
 
 def check_module(
