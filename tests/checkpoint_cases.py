@@ -102,9 +102,11 @@ def randomize_block(block: Any, torch: Any, generator: Any) -> None:
                 tensor.copy_(torch.randn(tensor.shape, generator=generator) * scale)
 
 
-# moegen.checkpoints names both DeepSeek-V2 layouts "deepseek_v2": the greedy V2-Lite is the
-# family's case, V2 proper (group-limited greedy, groups ranked by their best expert) a second
-CHECKPOINT_FAMILY = {"deepseek_v2_lite": "deepseek_v2"}
+# the loader's family of a case named otherwise: both DeepSeek-V2 layouts are "deepseek_v2" (the
+# greedy V2-Lite is the family's case, V2 proper, group-limited greedy with groups ranked by
+# their best expert, a second); Llama 4's is its text model's model_type (the multimodal
+# "llama4" loads as it)
+CHECKPOINT_FAMILY = {"deepseek_v2_lite": "deepseek_v2", "llama4": "llama4_text"}
 CASES: dict[str, Case] = {
     CHECKPOINT_FAMILY.get(entry.name, entry.name): _case(
         entry, CHECKPOINT_FAMILY.get(entry.name, entry.name)

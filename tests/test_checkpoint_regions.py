@@ -29,7 +29,7 @@ from checkpoint_helpers import (
 from spec_builder import spec_yaml
 from tpu_cases import fake_cpu_env
 
-from moegen.checkpoints.sources import PARAM_AXES, Source, Split
+from moegen.families import PARAM_AXES, Source, Split
 
 # the `checkpoints` extra; every test here writes or reads safetensors files
 pytest.importorskip("safetensors", reason="moegen.checkpoints needs moegen[checkpoints]")
@@ -343,7 +343,7 @@ def test_per_expert_region_reads_its_experts_only() -> None:
 
 def test_a_key_can_climb_from_the_block_to_its_layer() -> None:
     """A.X-K1's checkpoints keep the block's output norm in the decoder layer, beside it."""
-    from moegen.checkpoints.sources import full_key
+    from moegen.families import full_key
 
     block = "model.language_model.layers.3.mlp."
     assert full_key(block, "experts.0.up_proj.weight") == block + "experts.0.up_proj.weight"

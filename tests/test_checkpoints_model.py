@@ -42,8 +42,13 @@ from checkpoint_helpers import (
 )
 from spec_builder import spec_yaml
 
-from moegen.checkpoints import CheckpointError, StackedParams, find_moe_layers, load_model_params
-from moegen.checkpoints.layouts import FAMILIES
+from moegen.checkpoints import (
+    FAMILIES,
+    CheckpointError,
+    StackedParams,
+    find_moe_layers,
+    load_model_params,
+)
 from moegen.checkpoints.reader import Checkpoint
 from moegen.checkpoints.schedule import schedule_of
 
@@ -108,9 +113,9 @@ RULE_CASES: dict[str, tuple[str, dict[str, Any], list[int]]] = {
     "no_experts": ("qwen2_moe", {"num_hidden_layers": 2, "num_experts": 0}, []),
     "jamba": ("jamba", {"num_hidden_layers": 6, "expert_layer_period": 3,
                         "expert_layer_offset": 2}, [2, 5]),
-    "llama4_list": ("llama4", {"text_config": {"num_hidden_layers": 4, "moe_layers": [1, 3]}},
+    "llama4_list": ("llama4_text", {"text_config": {"num_hidden_layers": 4, "moe_layers": [1, 3]}},
                     [1, 3]),
-    "llama4_step": ("llama4", {"num_hidden_layers": 4, "interleave_moe_layer_step": 2}, [1, 3]),
+    "llama4_step": ("llama4_text", {"num_hidden_layers": 4, "interleave_moe_layer_step": 2}, [1, 3]),
     "ernie": ("ernie4_5_moe", {"num_hidden_layers": 8, "moe_layer_start_index": 2,
                                "moe_layer_end_index": 6, "moe_layer_interval": 2}, [3, 5]),
     "ernie_default": ("ernie4_5_moe", {"num_hidden_layers": 3}, [1, 2]),

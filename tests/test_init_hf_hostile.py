@@ -22,8 +22,7 @@ from conftest import assert_no_traceback
 from init_hf_cases import LAYER_LISTS
 from init_hf_configs import DEEPSEEK, ERNIE, GEMMA4_26B, LLAMA4_TEXT, MIXTRAL, QWEN2, STEP3P7
 
-from moegen.checkpoints import LayerSet, describe
-from moegen.hf.config_file import MAX_LAYERS, ConfigView, read_json
+from moegen.families import MAX_LAYERS, ConfigView, LayerSet, describe, read_json
 from moegen.hf.layer_kinds import MAX_KINDS
 from moegen.hf.layers import layers_of
 from moegen.hf.mapping import _family, choices_of, model_of
@@ -371,7 +370,7 @@ def _layer_by_layer(path: Path) -> Any:
     did before it grouped them), or the refusal."""
     try:
         model_type, family, view = _family(path, read_json(path))
-        layers = layers_of(model_type, view).moe
+        layers = layers_of(family, view).moe
         choose = choices_of(family)
         kinds: dict[str, tuple[Any, list[int]]] = {}
         for layer in layers:

@@ -7,11 +7,11 @@
 `module` is an imported generated module: its PARAM_SHAPES, PARAM_SPECS, PARAM_DTYPE, sizes and
 make_mesh() say what to build (generated modules import nothing of moegen; this package reads
 their constants). The checkpoint is a safetensors one, single-file or sharded, in either of the
-family's layouts (`layouts.py`). Each parameter is a global jax.Array sharded by PARAM_SPECS
-over the mesh and built with jax.make_array_from_callback: each device's callback reads only
-its own region of the checkpoint tensors (transposed, or split out of a fused gate/up tensor,
-from the matching region of the source), cast to PARAM_DTYPE. In a multi-process run each
-process reads only the shards of its own devices.
+family's layouts (moegen.families.layouts). Each parameter is a global jax.Array sharded by
+PARAM_SPECS over the mesh and built with jax.make_array_from_callback: each device's callback
+reads only its own region of the checkpoint tensors (transposed, or split out of a fused gate/up
+tensor, from the matching region of the source), cast to PARAM_DTYPE. In a multi-process run
+each process reads only the shards of its own devices.
 
 A checkpoint that does not fit the module is refused before anything is read, with a
 CheckpointError naming the key, the file and the fix (`match.py`). This package imports
@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from moegen.checkpoints.match import Match, Target, check_config, family_named, match_layer
 from moegen.checkpoints.reader import Checkpoint, CheckpointError
-from moegen.checkpoints.sources import AXIS_NAMES, PARAM_AXES, Source, full_key
+from moegen.families import AXIS_NAMES, PARAM_AXES, Source, full_key
 
 MAX_LAYER = 1 << 20
 

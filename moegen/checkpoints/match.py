@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from moegen.checkpoints.layouts import FAMILIES, QUANTIZED_SUFFIXES, SPEC_FIELD, Family, Layout
+from moegen.checkpoints.families import FAMILIES, Loadable
+from moegen.checkpoints.names import QUANTIZED_SUFFIXES, SPEC_FIELD
 from moegen.checkpoints.reader import FLOAT_DTYPES, Checkpoint, CheckpointError
-from moegen.checkpoints.sources import Source, full_key
+from moegen.families import Layout, Source, full_key
 
 MAX_LISTED = 8  # keys listed in a message before "..."
 REQUIRED = ("router", "w_gate", "w_up", "w_down")  # every family's checkpoint has these
@@ -38,7 +39,7 @@ class Target:
 class Match:
     """The layout found for one layer and the full key prefix of its MoE block."""
 
-    family: Family
+    family: Loadable
     layout: Layout
     block: str  # e.g. "model.layers.3.block_sparse_moe."
     sources: Mapping[str, Source]  # each module parameter's source
@@ -48,7 +49,7 @@ def covered() -> str:
     return ", ".join(f"{f.name} ({f.title})" for f in FAMILIES.values())
 
 
-def family_named(name: Any, config: Mapping[str, Any] | None, config_path: Any) -> Family:
+def family_named(name: Any, config: Mapping[str, Any] | None, config_path: Any) -> Loadable:
     """The family `name` says, or (None) the one config.json's model_type says."""
     if name is None:
         model_type = config.get("model_type") if config is not None else None
@@ -72,7 +73,7 @@ def family_named(name: Any, config: Mapping[str, Any] | None, config_path: Any) 
     return found
 
 
-def _by_model_type(model_type: str) -> Family | None:
+def _by_model_type(model_type: str) -> Loadable | None:
     for family in FAMILIES.values():
         if model_type in family.model_types:
             return family
@@ -89,14 +90,14 @@ _SIZES = (
 )
 
 
-def check_config(family: Family, ckpt: Checkpoint, target: Target, layer: int) -> None:
+def check_config(family: Loadable, ckpt: Checkpoint, target: Target, layer: int) -> None:
     """config.json (when there is one) agrees with the module's sizes and top-k."""
     config, path = ckpt.config, ckpt.config_path
     if config is None:
         return
     check_model_type(family, config, path)
     for field, constant, spec_key in _SIZES:
-        found = _config_value(config, getattr(family, field), layer, path)
+        found = _config_value(config, family.size_keys(field), layer, path)
         if found is None:
             continue
         key, value = found
@@ -108,7 +109,7 @@ def check_config(family: Family, ckpt: Checkpoint, target: Target, layer: int) -
             )
 
 
-def check_model_type(family: Family, config: Mapping[str, Any], path: Any) -> None:
+def check_model_type(family: Loadable, config: Mapping[str, Any], path: Any) -> None:
     """config.json's model_type, when it has one, is one of `family`'s."""
     model_type = config.get("model_type")
     if isinstance(model_type, str) and model_type not in family.model_types:
@@ -157,7 +158,7 @@ def _listed(keys: Sequence[str]) -> str:
     return shown + (f", ... ({len(keys)} in all)" if len(keys) > MAX_LISTED else "")
 
 
-def find_block(family: Family, ckpt: Checkpoint, layer: int) -> tuple[Layout, str]:
+def find_block(family: Loadable, ckpt: Checkpoint, layer: int) -> tuple[Layout, str]:
     """The layout and full block prefix of `layer`'s MoE weights."""
     found = []
     for layer_prefix in family.layers:
@@ -201,7 +202,7 @@ def find_block(family: Family, ckpt: Checkpoint, layer: int) -> tuple[Layout, st
     )
 
 
-def moe_layers_in(family: Family, ckpt: Checkpoint) -> list[int]:
+def moe_layers_in(family: Loadable, ckpt: Checkpoint) -> list[int]:
     """The layers whose first expert's down projection is in the checkpoint, in any layout
     (the marker find_block looks for), sorted."""
     patterns = [
@@ -230,7 +231,7 @@ def ranges(numbers: Sequence[int]) -> str:
     return ", ".join(runs)
 
 
-def match_layer(family: Family, ckpt: Checkpoint, target: Target, layer: int) -> Match:
+def match_layer(family: Loadable, ckpt: Checkpoint, target: Target, layer: int) -> Match:
     """Every module parameter's source in layer `layer`, or the first reason to refuse."""
     layout, block = find_block(family, ckpt, layer)
     where = (
@@ -277,7 +278,7 @@ def _fix_for_missing_param(name: str, ckpt: Checkpoint, key: str, source: Source
 
 
 def _refuse_special(
-    family: Family, ckpt: Checkpoint, block: str, under: list[str], where: str
+    family: Loadable, ckpt: Checkpoint, block: str, under: list[str], where: str
 ) -> None:
     for key in under:
         if key in family.refuse:
@@ -303,7 +304,7 @@ def _refuse_quantized(ckpt: Checkpoint, keys: Sequence[str], where: str) -> None
 
 
 def _refuse_unknown(
-    family: Family, layout: Layout, under: list[str], block: str, where: str, target: Target
+    family: Loadable, layout: Layout, under: list[str], block: str, where: str, target: Target
 ) -> None:
     patterns = [(_pattern(source), source) for source in layout.params.values()]
     experts = target.sizes["e"]

@@ -4,15 +4,16 @@
     by_layer = load_model_params(module, "path/to/model", mesh=mesh)  # {3: params, 4: ...}
     layers, stacked = load_model_params(module, "path/to/model", mesh=mesh, stacked=True)
 
-`layers=None` loads every MoE layer of the model. Which layers those are comes from
-config.json (`schedule.py`, running the family's rule in `schedules.py`, the one table that
-`moegen init --from-hf` reads too: first_k_dense_replace, decoder_sparse_step, mlp_only_layers,
-moe_layers, mlp_layer_types, ... as the family's transformers decoder layer reads them), and is
-cross-checked against the checkpoint's tensors: a layer config.json makes an MoE layer without
-expert tensors, or expert tensors in a layer it makes dense or beyond its layer count, is a
-CheckpointError naming both. Without config.json, the layers holding expert tensors are the
-MoE layers. DeepSeek-V4's hash-routed layers are MoE layers moegen cannot run: `layers=None`
-leaves them out (the keys say which layers came back) and asking for one is refused.
+`layers=None` loads every MoE layer of the model. Which layers those are comes from config.json
+(`schedule.py`, running the `layers` rule of the family's entry in the family table,
+moegen.families, which `moegen init --from-hf` reads too: first_k_dense_replace,
+decoder_sparse_step, mlp_only_layers, moe_layers, mlp_layer_types, ... as the family's
+transformers decoder layer reads them), and is cross-checked against the checkpoint's tensors: a
+layer config.json makes an MoE layer without expert tensors, or expert tensors in a layer it
+makes dense or beyond its layer count, is a CheckpointError naming both. Without config.json,
+the layers holding expert tensors are the MoE layers. DeepSeek-V4's hash-routed layers are MoE
+layers moegen cannot run: `layers=None` leaves them out (the keys say which layers came back)
+and asking for one is refused.
 
 Every layer is matched (`match.py`) before anything is read, so a load either returns every
 layer asked for or reads nothing. Each parameter is built as load_layer_params builds it: each
@@ -34,7 +35,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from moegen.checkpoints import loading
-from moegen.checkpoints.layouts import Family
+from moegen.checkpoints.families import Loadable
 from moegen.checkpoints.loading import (
     MAX_LAYER,
     array_from_regions,
@@ -114,7 +115,7 @@ def find_moe_layers(path: str | os.PathLike[str], *, family: str | None = None) 
         return _model_moe_layers(family_named(family, ckpt.config, ckpt.config_path), ckpt).loadable
 
 
-def _match(family: Family, ckpt: Checkpoint, target: Target, layer: int) -> Match:
+def _match(family: Loadable, ckpt: Checkpoint, target: Target, layer: int) -> Match:
     check_config(family, ckpt, target, layer)
     return match_layer(family, ckpt, target, layer)
 
@@ -190,7 +191,7 @@ class _ModelLayers(NamedTuple):
         return asked
 
 
-def _model_moe_layers(family: Family, ckpt: Checkpoint) -> _ModelLayers:
+def _model_moe_layers(family: Loadable, ckpt: Checkpoint) -> _ModelLayers:
     """The model's MoE layers by config.json, refused where the tensors disagree."""
     if ckpt.config is not None:  # a wrong family would misread config.json's layer keys
         check_model_type(family, ckpt.config, ckpt.config_path)
@@ -227,7 +228,7 @@ def _model_moe_layers(family: Family, ckpt: Checkpoint) -> _ModelLayers:
     return _ModelLayers(schedule, tuple(listed), where)
 
 
-def _marker(family: Family, layer: int) -> str:
+def _marker(family: Loadable, layer: int) -> str:
     """The key whose presence makes `layer` an MoE layer (as moe_layers_in looks for it)."""
     prefix = family.layers[0].format(L=layer)
     return " or ".join(

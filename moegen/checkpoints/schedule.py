@@ -1,5 +1,5 @@
-"""Which decoder layers of a checkpoint's model are MoE layers, as config.json says: the rule
-of the family's model_type in moegen.checkpoints.schedules (the one table, which `moegen init
+"""Which decoder layers of a checkpoint's model are MoE layers, as config.json says: the
+`layers` rule of the family's entry in the family table (moegen.families, which `moegen init
 --from-hf` reads too), run on config.json as this loader reads it.
 
 config.json is untrusted: a value of the wrong type or out of range is a CheckpointError
@@ -18,12 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moegen.checkpoints.layer_rules import ABSENT
-from moegen.checkpoints.layer_types import HASH_MOE, LayerRule, count_key
-from moegen.checkpoints.layouts import Family
+from moegen.checkpoints.families import Loadable
 from moegen.checkpoints.loading import MAX_LAYER
 from moegen.checkpoints.reader import CheckpointError
-from moegen.checkpoints.schedules import SCHEDULES
+from moegen.families import ABSENT, HASH_MOE, count_key
 
 MOE, DENSE, HASH = "moe", "dense", HASH_MOE  # what a layer's MLP is
 
@@ -36,11 +34,6 @@ class Schedule:
     kind: Callable[[int], str]  # layer -> MOE, DENSE or HASH
     rule: str  # what config.json says, for messages ("first_k_dense_replace = 1")
     extra: int = 0  # multi-token-prediction layers saved after the decoder layers
-
-
-def rule_of(family: Family) -> LayerRule:
-    """The family's rule: the one table's entry for its model_type."""
-    return SCHEDULES[family.name]
 
 
 class _Config:
@@ -126,11 +119,11 @@ class _Config:
         return value
 
 
-def schedule_of(family: Family, config: Mapping[str, Any] | None, path: Path | None) -> Schedule:
+def schedule_of(family: Loadable, config: Mapping[str, Any] | None, path: Path | None) -> Schedule:
     """The MoE layers `config` (config.json, or None without one) gives a `family` model."""
     if config is None:  # nothing says which layers are MoE: the expert tensors will
         return Schedule(None, lambda layer: MOE, "no config.json")
-    rule = rule_of(family)
+    rule = family.moe_layers
     values = _Config(config, path, count_key(rule))
     found = rule.moe_layers(values)
     extra = values.integer("num_nextn_predict_layers", 0)

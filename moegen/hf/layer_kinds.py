@@ -10,7 +10,7 @@ grouping is redone whenever a run reads a key it did not know, until nothing new
 
 Layers past the longest per-layer list and without a per_layer_config entry read the same
 values, one group whatever its size (a run of a LayerSet); the others are single layers,
-as many as the file spells out, and refused past MAX_LAYERS (moegen.hf.config_file).
+as many as the file spells out, and refused past MAX_LAYERS (moegen.families.config_file).
 
 The rules run in ascending order of first layer, as they did one layer at a time, so the
 first refusal and each kind's comments (its first layer's) are the same as then.
@@ -23,10 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from moegen.checkpoints import LayerSet
-from moegen.hf.config_file import MISSING, ConfigView, HfConfigError
+from moegen.families import MISSING, Choice, ConfigView, HfConfigError, LayerSet
 from moegen.hf.layers import per_layer_bound
-from moegen.hf.rules import Choice
 
 # Specs one config.json may make (one a kind): real models have one to three (Hunyuan's
 # per-layer top-k, Step 3.7's clamped layers); a file that makes more writes a folder of

@@ -1,6 +1,6 @@
-"""Which decoder layers of a model are MoE layers, for `moegen init --from-hf`: the rule of the
-model_type in moegen.checkpoints' one table (SCHEDULES, which the checkpoint loader reads too),
-run on the config.json this command reads.
+"""Which decoder layers of a model are MoE layers, for `moegen init --from-hf`: the `layers`
+rule of the model_type's entry in the family table (moegen.families, which the checkpoint
+loader reads too), run on the config.json this command reads.
 
 `HfReads` is how the rules read it here: as a ConfigView does (a per_layer_config entry for
 layer 0 and a per-layer list's first element stand for the layer count's and the rules'
@@ -14,24 +14,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from moegen.checkpoints import ABSENT, SCHEDULES, LayerRule, Layers
-from moegen.hf.config_file import MAX_LAYERS, MAX_SIZE, MISSING, ConfigView, HfConfigError, short
-from moegen.hf.rules import lookup
+from moegen.families import (
+    ABSENT,
+    MAX_LAYERS,
+    MAX_SIZE,
+    MISSING,
+    ConfigView,
+    Family,
+    HfConfigError,
+    Layers,
+    lookup,
+    short,
+)
 
 
-def layer_rule(model_type: str) -> LayerRule:
-    """The model_type's rule: its entry in the one table."""
-    return SCHEDULES[model_type]
-
-
-def layers_of(model_type: str, view: ConfigView) -> Layers:
-    """The MoE layers the config (`view`: the text model's keys) gives a `model_type` model."""
-    return layer_rule(model_type).moe_layers(HfReads(view))
+def layers_of(family: Family, view: ConfigView) -> Layers:
+    """The MoE layers the config (`view`: the text model's keys) gives a model of `family`."""
+    return family.layers.moe_layers(HfReads(view))
 
 
 @dataclass(frozen=True)
 class HfReads:
-    """The config's values as the rules read them (a moegen.checkpoints ConfigReader)."""
+    """The config's values as the rules read them (a moegen.families ConfigReader)."""
 
     view: ConfigView
 

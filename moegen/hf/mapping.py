@@ -1,7 +1,7 @@
 """The specs of a transformers model's MoE layers, from its
 config.json.
 
-The family table (moegen/hf/families.py) maps each supported model_type's keys to spec
+The family table (moegen.families) maps each supported model_type's keys to spec
 fields; every MoE decoder layer gets its choices, and layers with the same choices share one
 spec (a model whose MoE layers differ, in top-k or width, gets one spec per kind; the layers
 are grouped without running the rules once a layer: moegen.hf.layer_kinds). Nothing is
@@ -18,17 +18,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moegen.checkpoints import FAMILIES as LAYOUTS  # the size keys, known there
-from moegen.checkpoints import LayerSet, describe
-from moegen.hf.config_file import ConfigView, HfConfigError, config_file, read_json, short
-from moegen.hf.families import FAMILIES, REFUSED
-from moegen.hf.family_base import HfFamily
+from moegen.families import (
+    FAMILIES,
+    Choice,
+    ConfigView,
+    Family,
+    HfConfigError,
+    LayerSet,
+    Size,
+    config_file,
+    describe,
+    read_json,
+    short,
+)
 from moegen.hf.layer_kinds import layer_kinds
 from moegen.hf.layers import layers_of
-from moegen.hf.rules import Choice, Size
+from moegen.hf.refused import REFUSED
 from moegen.hf.spec_text import Draft, Placement, spec_text
 
-# layouts' size names -> the spec fields they give
+# the entries' size names -> the spec fields they give
 SIZE_FIELDS = {
     "experts": "layer.num_experts",
     "embed": "layer.embed_dim",
@@ -56,14 +64,14 @@ class LayerKind:
 class Model:
     file: Path
     model_type: str
-    family: HfFamily
+    family: Family
     view: ConfigView
-    layers_how: str  # how the MoE layers were found (moegen.checkpoints.schedules' rule)
+    layers_how: str  # how the MoE layers were found (the entry's `layers` rule)
     decoder_layers: int  # the count the rule went by
     kinds: tuple[LayerKind, ...]
 
 
-def _family(file: Path, data: dict[str, Any]) -> tuple[str, HfFamily, ConfigView]:
+def _family(file: Path, data: dict[str, Any]) -> tuple[str, Family, ConfigView]:
     model_type = data.get("model_type")
     if type(model_type) is not str:
         raise HfConfigError(f"{file}: model_type: missing or not a string ({short(model_type)})")
@@ -111,18 +119,11 @@ def _names_experts(data: dict[str, Any]) -> bool:
     return False
 
 
-def _size_rules(family: HfFamily) -> list[Size]:
-    layout = LAYOUTS[family.sizes]
-
-    def keys(name: str) -> tuple[str, ...]:
-        if name in family.size_keys:
-            return family.size_keys[name]
-        return (*getattr(layout, name), *family.size_aliases.get(name, ()))
-
-    return [Size(spec_field, keys(name)) for name, spec_field in SIZE_FIELDS.items()]
+def _size_rules(family: Family) -> list[Size]:
+    return [Size(field, family.sizes.keys(name)) for name, field in SIZE_FIELDS.items()]
 
 
-def choices_of(family: HfFamily) -> Callable[[ConfigView, int], tuple[Choice, ...]]:
+def choices_of(family: Family) -> Callable[[ConfigView, int], tuple[Choice, ...]]:
     """A layer's spec choices under the family's rules (its size rules found once)."""
     rules = [*_size_rules(family), *family.rules]
 
@@ -151,7 +152,7 @@ def model_of(source: Path) -> Model:
     """config.json (or a folder holding it) read, its family found, its MoE layers mapped."""
     file = config_file(source)
     model_type, family, view = _family(file, read_json(file))
-    found = layers_of(model_type, view)
+    found = layers_of(FAMILIES[model_type], view)
     if not found.moe:
         raise HfConfigError(f"{file}: no MoE layer: {found.how} selects none")
     kinds = tuple(LayerKind(c, k) for c, k in layer_kinds(view, found.moe, choices_of(family)))

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from moegen.families import Choice
 from moegen.hardware import CATALOGUE
-from moegen.hf.rules import Choice
 
 COMMENT_COLUMN = 30
 MAX_DESCRIPTION = 500  # the schema's limit

@@ -8,7 +8,7 @@ as for 2**31; only the explicit lists a file spells out (mlp_only_layers, moe_la
 runs one index at a time, and those are as long as the file that holds them.
 
 It lives in moegen.checkpoints because the rules that find a model's MoE layers do
-(moegen.checkpoints.layer_rules), which the checkpoint loader and `moegen init --from-hf` both
+(moegen.families.layer_rules), which the checkpoint loader and `moegen init --from-hf` both
 run; the loader may import nothing of moegen outside its own package.
 """
 

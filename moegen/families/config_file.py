@@ -24,7 +24,7 @@ MAX_SIZE = 2**31 - 1  # a spec's sizes are int32 (moegen.spec_placement.INT32_MA
 # layer types): real models have under 200 (DeepSeek-V3 61, Llama 3.1 405B 126), so 10,000 is
 # 50 times the deepest while each layer's rules (about 40 us) stay under half a second in all.
 # A rule over a layer count (first k dense, every n-th) has no bound but MAX_SIZE: it is
-# arithmetic (moegen.checkpoints.layer_set).
+# arithmetic (moegen.families.layer_set).
 MAX_LAYERS = 10_000
 # Digits of a JSON integer: 2**64 has 20, so no count, width or token id needs 100; a longer
 # one is refused before int() spends quadratic time on it, or raises past Python's own limit.

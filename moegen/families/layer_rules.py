@@ -1,6 +1,6 @@
 """Which decoder layers of a model are MoE layers, as the family's transformers decoder layer
 (or its config class, deriving a per-layer list) decides it from config.json: the kinds of
-rule. moegen.checkpoints.schedules names one rule per model_type, and both the checkpoint
+rule. moegen.families.schedules names one rule per model_type, and both the checkpoint
 loader (moegen.checkpoints.schedule) and `moegen init --from-hf` (moegen.hf.layers) run it.
 
 A rule decides what config.json's values mean (which keys, the config class's defaults,
@@ -11,7 +11,7 @@ bounds (the loader's MAX_LAYER, init's int32 sizes and its bound on per-layer wo
 
 A rule answers with `Layers`: a LayerSet (runs, never one entry a layer: the layer count may
 be 2**31 - 1) and a sentence saying how they were found, in the reader's names of the keys.
-The kinds whose layers come from a per-layer list are in moegen.checkpoints.layer_types.
+The kinds whose layers come from a per-layer list are in moegen.families.layer_types.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from moegen.checkpoints.layer_set import LayerSet
+from moegen.families.layer_set import LayerSet
 
 ABSENT: Any = object()  # what ConfigReader.raw gives for a key config.json does not have
 LAYERS = "num_hidden_layers"  # the layer count's key, where the family does not name another

@@ -1,4 +1,4 @@
-"""The kinds of rule (moegen.checkpoints.layer_rules) whose MoE layers come from a list of one
+"""The kinds of rule (moegen.families.layer_rules) whose MoE layers come from a list of one
 type a decoder layer: mlp_layer_types, which many config classes derive when config.json does
 not give it, each in its own way (`fallback`), Step 3.7's legacy index list, Nemotron-H's
 block types, and Gemma 4's switch for every layer.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from moegen.checkpoints.layer_rules import (
+from moegen.families.layer_rules import (
     ABSENT,
     LAYERS,
     AllBut,
@@ -22,7 +22,7 @@ from moegen.checkpoints.layer_rules import (
     Window,
     given,
 )
-from moegen.checkpoints.layer_set import LayerSet
+from moegen.families.layer_set import LayerSet
 
 HASH_MOE = "hash_moe"  # DeepSeek-V4's hash-routed layers: experts, but no router moegen has
 

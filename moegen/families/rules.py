@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moegen.hf.config_file import MISSING, ConfigView, short
+from moegen.families.config_file import MISSING, ConfigView, short
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def _read(view: ConfigView, key: str, value: Any, kind: str) -> Any:
 
 @dataclass(frozen=True)
 class Size:
-    """A size whose config keys moegen.checkpoints.layouts knows (list values per layer)."""
+    """A size whose config keys moegen.families.layouts knows (list values per layer)."""
 
     field: str
     keys: tuple[str, ...]

@@ -6,20 +6,42 @@ of moe_intermediate_size each. The defaults are each config class's.
 
 Most choose their MoE layers by `mlp_layer_types` ("sparse"; "dense" layers run an MLP),
 which the config class derives when a config.json does not give it, each in its own way
-(moegen.checkpoints.schedules says how, for each model_type).
+(moegen.families.schedules says how, for each model_type).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from moegen.hf.family_base import (
+from moegen.families.entry import (
+    DEEPSEEK_SIZES,
+    MIXTRAL_SIZES,
+    QWEN_SIZES,
+    CheckpointKeys,
+    Family,
+    Rule,
+)
+from moegen.families.layer_rules import (
+    AllLayers,
+    FirstDense,
+)
+from moegen.families.layouts import (
+    AXK1_LAYOUTS,
+    DEEPSEEK_V3_LAYOUTS,
+)
+from moegen.families.rules import Clamp, Copy, Expect, GptOssGlu, Groups, SharedWidth, step_clamps
+from moegen.families.schedules import (
+    BY_FREQ,
+    FIRST_K,
+    mlp_types,
+    sparse_after,
+    sparse_after_first_k,
+)
+from moegen.families.shared_rules import (
     ACTIVATION,
     DEEPSEEK_V2,
     NO_JITTER,
     SELECTION_BIAS,
-    HfFamily,
-    Rule,
     balance,
     deepseek_v3_style,
     norm_topk,
@@ -30,7 +52,6 @@ from moegen.hf.family_base import (
     softmax,
     v3_router,
 )
-from moegen.hf.rules import Clamp, Copy, Expect, GptOssGlu, Groups, SharedWidth, step_clamps
 
 
 def _shared(count: str, default: int | None, width: str = "moe_intermediate_size") -> SharedWidth:
@@ -90,135 +111,138 @@ _MISTRAL4 = (
 _QWEN_SIZES = {"experts": ("num_experts", "num_local_experts")}
 _LOCAL_EXPERTS = {"experts": ("num_local_experts", "num_experts")}
 
-DEEPSEEK_FAMILIES: Mapping[str, HfFamily] = {
-    "deepseek_v32": HfFamily(
+DEEPSEEK_FAMILIES: Mapping[str, Family] = {
+    "deepseek_v32": Family(
         "DeepSeek-V3.2",
-        "deepseek_v3",
+        DEEPSEEK_SIZES,
         deepseek_v3_style("DeepseekV32MoE", True, 2.5, (8, 4), 1),
+        layers=sparse_after_first_k(3),
     ),
-    "glm_moe_dsa": HfFamily(
+    "glm_moe_dsa": Family(
         "GLM-5",
-        "deepseek_v3",
+        DEEPSEEK_SIZES,
         deepseek_v3_style("GlmMoeDsaMoE", True, 2.5, (1, 1), 1),
+        layers=sparse_after_first_k(3),
     ),
-    "glm4_moe_lite": HfFamily(
+    "glm4_moe_lite": Family(
         "GLM-4.7-Flash",
-        "deepseek_v3",
+        DEEPSEEK_SIZES,
         deepseek_v3_style("Glm4MoeLiteMoE", True, 1.8, (1, 1), 1),
+        layers=sparse_after(1),
     ),
-    "glm4v_moe_text": HfFamily(
+    "glm4v_moe_text": Family(
         "GLM-4.5V text",
-        "deepseek_v3",
+        DEEPSEEK_SIZES,
         (*deepseek_v3_style("Glm4vMoeTextMoE", True, 1.0, (1, 1), 1), balance(0.0001)),
+        layers=FirstDense(FIRST_K, 1),
     ),
-    "glm5_next_text": HfFamily(
+    "glm5_next_text": Family(
         "GLM-5-Next text",
-        "deepseek_v3",
+        DEEPSEEK_SIZES,
         (
             *silu_experts("Glm5NextTextExperts"),
             *deepseek_v3_style("Glm5NextTextMoE", True, 2.5, (1, 1), 1)[1:],
             Clamp("swiglu_limit", 10.0),  # routed and shared experts alike
             balance(0.001),
         ),
+        layers=sparse_after(3),
     ),
-    "bailing_hybrid": HfFamily(
+    "bailing_hybrid": Family(
         "Ling/Ring hybrid",
-        "deepseek_v3",
+        DEEPSEEK_SIZES.but(top_k=("num_experts_per_token", "num_experts_per_tok"), **_QWEN_SIZES),
         (*_linear_attention_v3(True, 2.5, (8, 4)), *_BAILING_CLAMPS),
-        size_keys={**_QWEN_SIZES, "top_k": ("num_experts_per_token", "num_experts_per_tok")},
+        layers=sparse_after_first_k(2),
     ),
     # MiniCPM5-MoE: V3's router and shared experts; its config class reads
     # first_k_dense_replace (default 1) only to derive mlp_layer_types
-    "minicpm5_moe": HfFamily(
+    "minicpm5_moe": Family(
         "MiniCPM5-MoE",
-        "deepseek_v3",
+        DEEPSEEK_SIZES.but(experts=("n_routed_experts", "num_local_experts")),
         (*v3_router("MiniCPM5MoeTopkRouter", True, 3.66, (1, 1)), _shared("n_shared_experts", 1)),
-        size_keys={"experts": ("n_routed_experts", "num_local_experts")},
+        layers=sparse_after_first_k(1),
+        checkpoint=CheckpointKeys(DEEPSEEK_V3_LAYOUTS),
     ),
-    "kimi_linear": HfFamily(
+    "kimi_linear": Family(
         "Kimi Linear",
-        "deepseek_v3",
+        DEEPSEEK_SIZES.but(top_k=("num_experts_per_token", "num_experts_per_tok"), **_QWEN_SIZES),
         _linear_attention_v3(True, 2.446, (1, 1)),
-        size_keys={**_QWEN_SIZES, "top_k": ("num_experts_per_token", "num_experts_per_tok")},
+        layers=sparse_after_first_k(1),
     ),
-    "axk2": HfFamily(
-        "A.X K2",
-        "deepseek_v3",
-        _AXK2,
+    "axk2": Family("A.X K2", DEEPSEEK_SIZES, _AXK2, layers=BY_FREQ),
+    "axk1": Family(
+        "A.X K1", DEEPSEEK_SIZES, _AXK1, layers=BY_FREQ, checkpoint=CheckpointKeys(AXK1_LAYOUTS)
     ),
-    "axk1": HfFamily(
-        "A.X K1",
-        "deepseek_v3",
-        _AXK1,
-    ),
-    "solar_open": HfFamily(
+    "solar_open": Family(
         "Solar Open",
-        "deepseek_v3",
+        DEEPSEEK_SIZES,
         deepseek_v3_style("SolarOpenMoE", True, 1.0, (1, 1), 1),
+        layers=AllLayers(),
     ),
-    "dots3_note_text": HfFamily(
+    "dots3_note_text": Family(
         "dots3 note text",
-        "deepseek_v3",
+        DEEPSEEK_SIZES,
         (
             *v3_router("Dots3NoteTextTopkRouter", True, 1.0, (1, 1)),
             _shared("n_shared_experts", 1, "shared_experts_intermediate_size"),
         ),
+        layers=BY_FREQ,
     ),
-    "exaone_moe": HfFamily(
+    "exaone_moe": Family(
         "EXAONE MoE",
-        "qwen3_moe",
+        QWEN_SIZES,
         (*v3_router("ExaoneMoeTopkRouter", True, 2.5, (1, 1)), _shared("num_shared_experts", 1)),
+        layers=sparse_after_first_k(1),
     ),
-    "mimo_v2_flash": HfFamily(
+    "mimo_v2_flash": Family(
         "MiMo-V2-Flash",
-        "deepseek_v3",
-        v3_router("MiMoV2FlashTopkRouter", True, 1.0, (1, 1)),  # no shared expert
+        DEEPSEEK_SIZES,
+        v3_router("MiMoV2FlashTopkRouter", True, 1.0, (1, 1)),
+        layers=sparse_after(1),
     ),
-    "beam": HfFamily(
-        "Beam",
-        "qwen3_moe",
-        # BeamMoE scales the experts' sum, not each weight: the same product
-        v3_router("BeamTopKRouter", True, 2.5, (8, 4)),
+    "beam": Family(
+        "Beam", QWEN_SIZES, v3_router("BeamTopKRouter", True, 2.5, (8, 4)), layers=sparse_after(3)
     ),
-    "hy_v3": HfFamily(
+    "hy_v3": Family(
         "HY3",
-        "qwen3_moe",
+        QWEN_SIZES,
         (
             ACTIVATION,
             *_biased_sigmoid("HYV3TopKRouter"),
             scaling(2.826, "router_scaling_factor"),
             _shared("num_shared_experts", 1),
         ),
+        layers=sparse_after(1),
     ),
-    "afmoe": HfFamily(
+    "afmoe": Family(
         "AFMoE (Trinity)",
-        "qwen3_moe",
+        QWEN_SIZES,
         (
             ACTIVATION,
             *_biased_sigmoid("AfmoeTokenChoiceRouter"),
             scaling(1.0, "route_scale"),
             _shared("num_shared_experts", 2),
         ),
+        layers=FirstDense("num_dense_layers", 1),
     ),
-    "dots3_note_vision_encoder": HfFamily(
+    "dots3_note_vision_encoder": Family(
         "dots3 note vision",
-        "qwen3_moe",
-        # absent, the class derives it from pyramid_num_routed, which config.json does not keep
+        QWEN_SIZES.but(**_LOCAL_EXPERTS),
         (
             ACTIVATION,
             *_biased_sigmoid("Dots3NoteVisionTopKRouter"),
             scaling(1.0, "router_scaling_factor"),
         ),
-        size_keys=_LOCAL_EXPERTS,
+        layers=mlp_types(None),
     ),
-    "minimax_m2": HfFamily(
+    "minimax_m2": Family(
         "MiniMax-M2",
-        "mixtral",
+        MIXTRAL_SIZES,
         (ACTIVATION, *_biased_sigmoid("MiniMaxM2TopKRouter"), NO_JITTER, balance(0.001)),
+        layers=AllLayers(),
     ),
-    "minimax_m3_vl_text": HfFamily(
+    "minimax_m3_vl_text": Family(
         "MiniMax-M3-VL text",
-        "mixtral",
+        MIXTRAL_SIZES,
         (
             # gpt-oss's clamped SwiGLU on routed and shared experts, whatever hidden_act says
             *silu_experts("MiniMaxM3VLExperts")[:1],
@@ -228,23 +252,26 @@ DEEPSEEK_FAMILIES: Mapping[str, HfFamily] = {
             SharedWidth((), ("shared_intermediate_size",)),
             balance(0.001),
         ),
+        layers=mlp_types(FirstDense(None, 0, "moe_layer_freq", freq_list=True)),
     ),
-    "mistral4": HfFamily(
+    "mistral4": Family(
         "Mistral Small 4",
-        "deepseek_v3",
+        DEEPSEEK_SIZES,
         (*_MISTRAL4, norm_topk(True)),
+        layers=FirstDense(FIRST_K, 0),
     ),
-    "mistral_large4_text": HfFamily(
+    "mistral_large4_text": Family(
         "Mistral Large 3 text",
-        "deepseek_v3",
+        DEEPSEEK_SIZES,
         (*_MISTRAL4, renormalized("MistralLarge4TextTopkRouter")),
+        layers=sparse_after_first_k(1),
     ),
     # DeepSeek-V2's block; their config classes derive no list for a null mlp_layer_types
     # but Unlimited-OCR's, and the decoder layers index it
-    "deepseek_ocr2_text": HfFamily("DeepSeek-OCR 2 text", "deepseek_v3", DEEPSEEK_V2),
-    "unlimited_ocr_text": HfFamily(
-        "Unlimited-OCR text",
-        "deepseek_v3",
-        DEEPSEEK_V2,
+    "deepseek_ocr2_text": Family(
+        "DeepSeek-OCR 2 text", DEEPSEEK_SIZES, DEEPSEEK_V2, layers=mlp_types(None)
+    ),
+    "unlimited_ocr_text": Family(
+        "Unlimited-OCR text", DEEPSEEK_SIZES, DEEPSEEK_V2, layers=sparse_after_first_k(1)
     ),
 }

@@ -1,57 +1,19 @@
-"""What an entry of the family table (moegen/hf/families.py and its continuations,
-moegen/hf/families_*.py) is, and the rules many entries share: a block that several model
-families run keeps one rule list here, which each of them names."""
+"""The rules many entries of the family table (moegen/families/table*.py) share: a block that
+several model families run keeps one rule list here, which each of them names."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-
-from moegen.hf.rules import (
+from moegen.families.entry import Rule
+from moegen.families.rules import (
     Choose,
-    Clamp,
     Copy,
     Expect,
     Fixed,
     GptOssGlu,
     Groups,
-    Latent,
     LoadBalance,
-    Positive,
     SharedWidth,
-    Switch,
 )
-
-Rule = (
-    Choose
-    | Clamp
-    | Copy
-    | Expect
-    | Fixed
-    | GptOssGlu
-    | Groups
-    | Latent
-    | LoadBalance
-    | Positive
-    | SharedWidth
-    | Switch
-)
-
-
-@dataclass(frozen=True)
-class HfFamily:
-    title: str
-    sizes: str  # the moegen.checkpoints.layouts family whose size keys this one reads
-    rules: tuple[Rule, ...]
-    size_aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    text_config: bool = False  # multimodal: the text model's keys are under text_config
-    # size name -> the only keys read for it, where the layout's keys mean something else
-    # here (ERNIE-4.5-VL's moe_intermediate_size is [text, vision], not per layer)
-    size_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    # what the spec alone does not say about where the layer sits (Gemma 4's MoE block runs
-    # beside a dense MLP): the written spec's description and header carry it
-    note: str = ""
-
 
 # The experts' act_fn(gate) * up: silu is SwiGLU, exact gelu GeGLU. gelu_pytorch_tanh and the
 # others have no moegen activation.

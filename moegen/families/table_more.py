@@ -8,14 +8,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from moegen.hf.family_base import (
+from moegen.families.entry import (
+    ERNIE_SIZES,
+    GPT_OSS_SIZES,
+    MIXTRAL_SIZES,
+    OLMOE_SIZES,
+    QWEN_SIZES,
+    Family,
+    Rule,
+)
+from moegen.families.layer_rules import (
+    AllLayers,
+    SparseStep,
+)
+from moegen.families.rules import Choose, Copy, Expect, Fixed, SharedWidth, Switch
+from moegen.families.schedules import (
+    mlp_types,
+    sparse_after,
+    sparse_after_first_k,
+)
+from moegen.families.shared_rules import (
     ACTIVATION,
     GATED,
     GPT_OSS_EXPERTS,
     GRANITE_SHARED,
     SHARED_BIAS,
-    HfFamily,
-    Rule,
     after_top_k,
     balance,
     norm_topk,
@@ -24,7 +41,6 @@ from moegen.hf.family_base import (
     silu_experts,
     softmax,
 )
-from moegen.hf.rules import Choose, Copy, Expect, Fixed, SharedWidth, Switch
 
 _SHARED = SharedWidth((), ("shared_expert_intermediate_size",))
 
@@ -77,21 +93,22 @@ _ERNIE_VL: tuple[Rule, ...] = (
 )
 _LOCAL = {"experts": ("num_local_experts",)}  # what these configs save for num_experts
 
-MORE_FAMILIES: Mapping[str, HfFamily] = {
-    "mellum": HfFamily(
+MORE_FAMILIES: Mapping[str, Family] = {
+    "mellum": Family(
         "Mellum",
-        "qwen3_moe",
+        QWEN_SIZES.also(**_LOCAL),
         (ACTIVATION, softmax("MellumTopKRouter"), norm_topk(True), balance(0.001)),
-        _LOCAL,
+        layers=mlp_types(AllLayers()),
     ),
-    "qwen3_omni_moe_text": HfFamily(
+    "qwen3_omni_moe_text": Family(
         "Qwen3-Omni thinker",
-        "qwen3_moe",
+        QWEN_SIZES,
         (ACTIVATION, softmax("Qwen3OmniMoeThinkerTextTopKRouter"), norm_topk(True), balance(0.001)),
+        layers=SparseStep(),
     ),
-    "qwen3_omni_moe_talker_text": HfFamily(
+    "qwen3_omni_moe_talker_text": Family(
         "Qwen3-Omni talker",
-        "qwen3_moe",
+        QWEN_SIZES.also(**_LOCAL),
         (
             ACTIVATION,
             softmax("Qwen3OmniMoeTalkerTextTopKRouter"),
@@ -99,11 +116,11 @@ MORE_FAMILIES: Mapping[str, HfFamily] = {
             *_gated_shared("Qwen3OmniMoeTalkerTextSparseMoeBlock"),
             balance(0.001),
         ),
-        _LOCAL,
+        layers=AllLayers(),
     ),
-    "qwen3_5_moe_text": HfFamily(
+    "qwen3_5_moe_text": Family(
         "Qwen3.5-MoE",
-        "qwen3_moe",
+        QWEN_SIZES,
         (
             ACTIVATION,
             softmax("Qwen3_5MoeTopKRouter"),
@@ -111,46 +128,53 @@ MORE_FAMILIES: Mapping[str, HfFamily] = {
             *_gated_shared("Qwen3_5MoeSparseMoeBlock"),
             balance(0.001),
         ),
+        layers=AllLayers(),
     ),
-    "qwen3_next": HfFamily("Qwen3-Next", "qwen3_moe", _QWEN3_NEXT),
+    "qwen3_next": Family("Qwen3-Next", QWEN_SIZES, _QWEN3_NEXT, layers=SparseStep()),
     # Qwen3-Next's block in every decoder layer
-    "qwen4_exp_text": HfFamily("Qwen4-Exp text", "qwen3_moe", _QWEN3_NEXT),
-    "lara_mini": HfFamily(
+    "qwen4_exp_text": Family("Qwen4-Exp text", QWEN_SIZES, _QWEN3_NEXT, layers=AllLayers()),
+    "lara_mini": Family(
         "Lara-Mini",
-        "qwen3_moe",
+        QWEN_SIZES,
         (ACTIVATION, softmax("LaraMiniTopKRouter"), norm_topk(True), _SHARED, balance(0.001)),
+        layers=AllLayers(),
     ),
-    "flint": HfFamily(
+    "flint": Family(
         "Flint",
-        "qwen3_moe",
-        # sigmoid scores without a selection bias; the shared expert added in full
+        QWEN_SIZES,
         (ACTIVATION, sigmoid("FlintTopKRouter"), norm_topk(True), _SHARED, balance(0.0005)),
+        layers=SparseStep(),
     ),
-    "granitemoe_swa": HfFamily("Granite-MoE SWA", "granitemoe", GRANITE_SHARED),
+    "granitemoe_swa": Family("Granite-MoE SWA", MIXTRAL_SIZES, GRANITE_SHARED, layers=AllLayers()),
     # its decoder layer always adds its shared MLP (shared_intermediate_size) to the block's
-    "granitemoehybrid": HfFamily("Granite-MoE hybrid", "granitemoe", GRANITE_SHARED),
-    "cohere2_moe": HfFamily(
-        "Cohere2-MoE",
-        "olmoe",
-        (ACTIVATION, _COHERE2_SCORE, _COHERE2_SHARED),
+    "granitemoehybrid": Family(
+        "Granite-MoE hybrid", MIXTRAL_SIZES, GRANITE_SHARED, layers=AllLayers()
     ),
-    "aria_text": HfFamily(
+    "cohere2_moe": Family(
+        "Cohere2-MoE",
+        OLMOE_SIZES,
+        (ACTIVATION, _COHERE2_SCORE, _COHERE2_SHARED),
+        layers=sparse_after_first_k(0),
+    ),
+    "aria_text": Family(
         "Aria text",
-        "ernie4_5_moe",
+        ERNIE_SIZES.but(ffn=("intermediate_size",), top_k=("moe_topk",)),
         (
             *silu_experts("AriaExperts"),
             *after_top_k("AriaTextTopKRouter"),
             SharedWidth(("moe_num_shared_experts",), ("intermediate_size",), 2),
             Copy("layer.shared_ffn_bias", ("mlp_bias",), False, "flag"),
         ),
-        size_keys={"ffn": ("intermediate_size",), "top_k": ("moe_topk",)},
+        layers=AllLayers(),
     ),
     # gpt-oss's experts with gate and up concatenated; its router's division by top_k is
     # undone by the block's product with it. A token classifier: no balancing loss
-    "openai_privacy_filter": HfFamily("OpenAI privacy filter", "gpt_oss", GPT_OSS_EXPERTS),
-    "jetmoe": HfFamily(
+    "openai_privacy_filter": Family(
+        "OpenAI privacy filter", GPT_OSS_SIZES, GPT_OSS_EXPERTS, layers=AllLayers()
+    ),
+    "jetmoe": Family(
         "JetMoE",
-        "mixtral",
+        MIXTRAL_SIZES,
         (
             Choose("layer.activation", ("activation_function",), GATED, "silu"),
             *after_top_k("JetMoeTopKGating"),
@@ -159,13 +183,14 @@ MORE_FAMILIES: Mapping[str, HfFamily] = {
             Fixed("layer.ffn_bias", True, "JetMoeMoE.bias, added once after the combine"),
             balance(0.01, "aux_loss_coef"),
         ),
+        layers=AllLayers(),
     ),
     # the MoE layer on text tokens: the text experts (moe_intermediate_size[0] wide) and
     # the shared experts; image and video tokens go to the vision experts instead
-    "ernie4_5_vl_moe_text": HfFamily(
+    "ernie4_5_vl_moe_text": Family(
         "ERNIE-4.5-VL text tokens",
-        "ernie4_5_moe",
+        ERNIE_SIZES.but(ffn=("moe_intermediate_size[0]",)),
         _ERNIE_VL,
-        size_keys={"ffn": ("moe_intermediate_size[0]",)},
+        layers=sparse_after(1),
     ),
 }

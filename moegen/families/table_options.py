@@ -10,21 +10,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from moegen.hf.family_base import (
-    ACTIVATION,
-    SELECTION_BIAS,
-    HfFamily,
+from moegen.families.entry import (
+    DEEPSEEK_SIZES,
+    QWEN_SIZES,
+    CheckpointKeys,
+    Family,
     Rule,
-    balance,
-    norm_topk,
-    renormalized,
-    scaling,
-    sigmoid,
-    silu_experts,
-    softmax,
-    v3_router,
 )
-from moegen.hf.rules import (
+from moegen.families.layer_rules import (
+    AllBut,
+    AllLayers,
+    FirstDense,
+)
+from moegen.families.layer_types import IndexList, LayerRule, Switched
+from moegen.families.layouts import (
+    KOLIBRI_LAYOUTS,
+)
+from moegen.families.rules import (
     Choose,
     Clamp,
     Copy,
@@ -37,13 +39,30 @@ from moegen.hf.rules import (
     Switch,
     step_clamps,
 )
+from moegen.families.schedules import (
+    NEMOTRON_LAYERS,
+    mlp_types,
+    sparse_after,
+)
+from moegen.families.shared_rules import (
+    ACTIVATION,
+    SELECTION_BIAS,
+    balance,
+    norm_topk,
+    renormalized,
+    scaling,
+    sigmoid,
+    silu_experts,
+    softmax,
+    v3_router,
+)
 
 # Step 3.7: min(silu(gate), L) and up in [-L, L], the routed experts at swiglu_limits[i], the
 # shared expert at swiglu_limits_shared[i]; 0 or null: no clamp. Layers whose limits differ
 # are different kinds, a spec each. The config class forces hidden_act to silu.
-_STEP3P7 = HfFamily(
+_STEP3P7 = Family(
     "Step 3.5/3.7",
-    "deepseek_v3",
+    DEEPSEEK_SIZES.also(experts=("num_local_experts", "moe_num_experts"), top_k=("moe_top_k",)),
     (
         Fixed("layer.activation", "swiglu", "Step3p7Experts: silu (the config forces hidden_act)"),
         sigmoid("Step3p7TopKRouter"),
@@ -54,8 +73,7 @@ _STEP3P7 = HfFamily(
         Copy("layer.shared_ffn_bias", ("mlp_bias",), False, "flag"),  # Step3p7MLP's biases
         *step_clamps("swiglu_limits", "swiglu_limits_shared"),
     ),
-    # the names its attribute_map reads them by (the published config.json's)
-    {"experts": ("num_local_experts", "moe_num_experts"), "top_k": ("moe_top_k",)},
+    layers=mlp_types(IndexList()),
 )
 
 
@@ -77,7 +95,7 @@ def _hy_v4(block: str) -> tuple[Rule, ...]:
     )
 
 
-_HY_V4_VL = HfFamily("HY-V4-VL text", "deepseek_v3", _hy_v4("HYV4VL"))
+_HY_V4_VL = Family("HY-V4-VL text", DEEPSEEK_SIZES, _hy_v4("HYV4VL"), layers=sparse_after(1))
 
 # NemotronHExperts and the shared NemotronHMLP run act(x @ up) without a gate
 _UNGATED = {"relu2": "relu2", "relu": "relu", "gelu": "gelu"}
@@ -103,13 +121,13 @@ _GEMMA_NOTE = (
 )
 
 
-def _gemma(title: str, block: str) -> HfFamily:
+def _gemma(title: str, block: str, layers: LayerRule) -> Family:
     """Gemma 4's MoE block (DiffusionGemma's is the same): the router sees
     rms_norm(x) * scale / sqrt(D), softmax top-k renormalised, then times a per-expert
     scale; the experts run on their own RMS-normalised input (pre_feedforward_layernorm_2)."""
-    return HfFamily(
+    return Family(
         title,
-        "qwen3_moe",
+        QWEN_SIZES.but(top_k=("top_k_experts",)),
         (
             _GEMMA_ACTIVATION,
             softmax(f"{block}Router"),
@@ -118,18 +136,18 @@ def _gemma(title: str, block: str) -> HfFamily:
             Fixed("router.per_expert_scale", True, f"{block}Router.per_expert_scale"),
             Copy("layer.expert_input_norm_eps", ("rms_norm_eps",), 1e-6, "number"),
         ),
-        size_keys={"top_k": ("top_k_experts",)},
+        layers=layers,
         note=_GEMMA_NOTE,
     )
 
 
-_GEMMA4 = _gemma("Gemma 4", "Gemma4Text")
+_GEMMA4 = _gemma("Gemma 4", "Gemma4Text", Switched("enable_moe_block"))
 # Inkling2: every decoder layer an MoE block; sigmoid scores (scoring_func) with a selection
 # bias, renormalised (+1e-20, below float32's resolution), times route_scale; soft-capped
 # SwiGLU experts, no shared expert
-_INKLING2 = HfFamily(
+_INKLING2 = Family(
     "Inkling2",
-    "deepseek_v3",
+    DEEPSEEK_SIZES,
     (
         Fixed("layer.activation", "swiglu", "Inkling2SoftcappedSwiGLU: silu's sigmoid"),
         sigmoid("Inkling2TopKRouter"),
@@ -139,15 +157,17 @@ _INKLING2 = HfFamily(
         scaling(1.0, "route_scale"),
         Softcaps("mlp_gate_softcap", "mlp_up_softcap", (4.0, 25.0)),
     ),
+    layers=AllLayers(),
 )
-_DIFFUSION_GEMMA = _gemma("DiffusionGemma", "DiffusionGemmaText")
+# both its encoder and decoder layers build the block (enable_moe_block is not read)
+_DIFFUSION_GEMMA = _gemma("DiffusionGemma", "DiffusionGemmaText", AllLayers())
 # Inkling: the router's weight has n_shared_experts more rows, which score the shared experts;
 # their sigmoid scores and the chosen experts' are normalised together, times route_scale and
 # a learned global_scale, and each shared expert's hidden units are scaled by its weight.
 # The first dense_mlp_idx layers are dense where mlp_layer_types is not given.
-_INKLING = HfFamily(
+_INKLING = Family(
     "Inkling",
-    "deepseek_v3",
+    DEEPSEEK_SIZES,
     (
         ACTIVATION,
         sigmoid("InklingTopkRouter"),
@@ -165,15 +185,16 @@ _INKLING = HfFamily(
             "which moegen does not map: write layer.ffn_dim by hand",
         ),
     ),
+    layers=mlp_types(FirstDense("dense_mlp_idx", 0)),
 )
 # LongCat-Flash: each of num_layers decoder layers (two attention and two dense MLP sublayers
 # each; num_hidden_layers counts the attention ones) has one MoE; softmax over the experts and
 # zero_expert_num identity experts, chosen by score + e_score_correction_bias, not
 # renormalised, times routed_scaling_factor. Its classifier's bias (router_bias) is created
 # but never applied by LongcatFlashTopkRouter.forward.
-_LONGCAT_FLASH = HfFamily(
+_LONGCAT_FLASH = Family(
     "LongCat-Flash",
-    "deepseek_v3",
+    DEEPSEEK_SIZES.but(top_k=("moe_topk",), ffn=("expert_ffn_hidden_size",)),
     (
         ACTIVATION,
         softmax("LongcatFlashTopkRouter"),
@@ -182,14 +203,14 @@ _LONGCAT_FLASH = HfFamily(
         scaling(6.0),
         Copy("router.identity_experts", ("zero_expert_num",), 256, "count"),
     ),
-    size_keys={"top_k": ("moe_topk",), "ffn": ("expert_ffn_hidden_size",)},
+    layers=AllLayers("num_layers"),
     note="Each decoder layer also runs two dense MLPs (ffn_hidden_size wide) beside its "
     "attention sublayers; they are not part of this spec",
 )
 
-_KOLIBRI1 = HfFamily(
+_KOLIBRI1 = Family(
     "Kolibri1",
-    "qwen3_moe",
+    QWEN_SIZES.but(experts=("num_local_experts", "num_experts")),
     (
         ACTIVATION,
         sigmoid("Kolibri1TopKRouter"),
@@ -199,21 +220,26 @@ _KOLIBRI1 = HfFamily(
         norm_topk(False),
         SharedWidth((), ("shared_expert_intermediate_size",)),
     ),
-    size_keys={"experts": ("num_local_experts", "num_experts")},
+    layers=AllLayers(),
+    checkpoint=CheckpointKeys(KOLIBRI_LAYOUTS),
 )
 
-OPTION_FAMILIES: Mapping[str, HfFamily] = {
+OPTION_FAMILIES: Mapping[str, Family] = {
     "step3p5": _STEP3P7,  # Step3p7TextConfig's model_type
     "step3p7": replace(_STEP3P7, text_config=True),
-    "hy_v4": HfFamily("HY-V4", "deepseek_v3", _hy_v4("HYV4")),
+    "hy_v4": Family("HY-V4", DEEPSEEK_SIZES, _hy_v4("HYV4"), layers=sparse_after(1)),
     "hy_v4_vl_text": _HY_V4_VL,
     "hy_v4_vl": replace(_HY_V4_VL, text_config=True),
     "kolibri1": _KOLIBRI1,
     # Kolibri 1.1's MoE block is Kolibri1's; the layers in mlp_only_layers run a dense MLP
-    "kolibri1_1": replace(_KOLIBRI1, title="Kolibri 1.1"),
-    "lfm2_moe": HfFamily(
+    "kolibri1_1": replace(
+        _KOLIBRI1,
+        title="Kolibri 1.1",
+        layers=AllBut("mlp_only_layers", 2),  # the first two dense, absent the list
+    ),
+    "lfm2_moe": Family(
         "LFM2-MoE",
-        "qwen3_moe",
+        QWEN_SIZES,
         (
             Fixed("layer.activation", "swiglu", "Lfm2MoeExperts: always silu(gate) * up"),
             sigmoid("Lfm2MoeTopKRouter"),
@@ -231,10 +257,11 @@ OPTION_FAMILIES: Mapping[str, HfFamily] = {
             ),
             scaling(1.0),
         ),
+        layers=FirstDense("num_dense_layers", 2),
     ),
-    "laguna": HfFamily(
+    "laguna": Family(
         "Laguna",
-        "qwen3_moe",
+        QWEN_SIZES,
         (
             ACTIVATION,
             sigmoid("LagunaTopKRouter"),
@@ -250,10 +277,11 @@ OPTION_FAMILIES: Mapping[str, HfFamily] = {
             ),
             balance(0.001),
         ),
+        layers=sparse_after(1),
     ),
-    "nemotron_h": HfFamily(
+    "nemotron_h": Family(
         "Nemotron-H",
-        "deepseek_v3",
+        DEEPSEEK_SIZES,
         (
             Choose("layer.activation", ("mlp_hidden_act",), _UNGATED, "relu2", "; ungated"),
             *v3_router("NemotronHTopkRouter", True, 1.0, (1, 1))[1:],
@@ -261,6 +289,7 @@ OPTION_FAMILIES: Mapping[str, HfFamily] = {
             Copy("layer.shared_ffn_bias", ("mlp_bias",), False, "flag"),  # NemotronHMLP's
             Latent(("moe_latent_size",), ("mlp_bias",)),  # fc1/fc2_latent_proj
         ),
+        layers=NEMOTRON_LAYERS,
     ),
     "inkling2_text": _INKLING2,
     "inkling2": replace(_INKLING2, text_config=True),

@@ -1,10 +1,11 @@
-"""Which decoder layers of a model are MoE layers is one table (issue 53): a rule per
-model_type in moegen.checkpoints.schedules, read by the checkpoint loader and by `moegen init
---from-hf` alike.
+"""Everything moegen knows of a model family is one entry in one table (issue 53):
+moegen.families' FAMILIES, one entry per config.json model_type, read by the checkpoint loader
+and by `moegen init --from-hf` alike.
 
-- The table names every family either path knows, and neither family table (the loader's
-  layouts, init's HfFamily entries) carries a rule of its own.
-- Both paths run the table's entry: put another rule in the table and both answer with it.
+- Every entry says its sizes' keys, its rules, which decoder layers are MoE layers, and (for
+  the families moegen loads) where its checkpoints keep the weights; the loader's families are
+  exactly the entries that say the last, and neither path keeps a table of its own.
+- Both paths run the entry's rule: change the entry and both answer with it.
 - For every family both know, a config.json's MoE layers come out the same through both,
   its schedule keys set to values other than the config class's defaults.
 - Each path still refuses a bad value in its own terms, naming the file and the key.
@@ -18,47 +19,47 @@ from typing import Any, get_args
 
 import pytest
 
-from moegen.checkpoints import FAMILIES as LAYOUTS
-from moegen.checkpoints import SCHEDULES, CheckpointError, ConfigReader, LayerRule, Layers, LayerSet
-from moegen.checkpoints.schedule import HASH, MOE, rule_of, schedule_of
-from moegen.hf import FAMILIES as HF_FAMILIES
+from moegen.checkpoints import FAMILIES as LOADABLE
+from moegen.checkpoints import CheckpointError
+from moegen.checkpoints.schedule import HASH, MOE, schedule_of
+from moegen.families import FAMILIES, ConfigReader, Family, LayerRule, Layers, LayerSet, Sizes
 from moegen.hf import HfConfigError
-from moegen.hf.layers import layer_rule, layers_of
+from moegen.hf.layers import layers_of
 from moegen.hf.mapping import _family
 
 FILE = Path("config.json")
 
 
-def test_the_table_names_every_family_either_path_knows() -> None:
-    assert set(SCHEDULES) == set(HF_FAMILIES) | set(LAYOUTS)
-    for model_type, rule in SCHEDULES.items():
-        assert isinstance(rule, get_args(LayerRule)), (model_type, rule)
+def test_every_entry_says_all_a_family_is() -> None:
+    for model_type, entry in FAMILIES.items():
+        assert isinstance(entry, Family), model_type
+        assert isinstance(entry.sizes, Sizes), model_type
+        assert all(entry.sizes.keys(name) for name in ("experts", "embed", "ffn", "top_k"))
+        assert isinstance(entry.layers, get_args(LayerRule)), (model_type, entry.layers)
 
 
-def test_each_path_looks_its_rule_up_in_the_table() -> None:
-    for model_type in HF_FAMILIES:
-        assert layer_rule(model_type) is SCHEDULES[model_type], model_type
-    for family in LAYOUTS.values():
-        assert rule_of(family) is SCHEDULES[family.name], family.name
-
-
-def test_neither_family_table_carries_a_rule() -> None:
-    for entry in [*HF_FAMILIES.values(), *LAYOUTS.values()]:
-        held = {f.name: getattr(entry, f.name) for f in dataclasses.fields(entry)}
-        rules = [name for name, value in held.items() if isinstance(value, get_args(LayerRule))]
-        assert not rules, f"{entry.title} holds a schedule rule in {rules}"
+def test_the_loader_covers_the_entries_with_checkpoint_keys() -> None:
+    """One loader family per text model's entry; a multimodal twin (text_config) adds its
+    model_type to it."""
+    with_keys = {t for t, entry in FAMILIES.items() if entry.checkpoint is not None}
+    named = {t for family in LOADABLE.values() for t in family.model_types}
+    assert named == with_keys
+    for name, family in LOADABLE.items():
+        assert family.entry is FAMILIES[name] and not family.entry.text_config
+        for twin in family.model_types[1:]:
+            assert FAMILIES[twin] == dataclasses.replace(family.entry, text_config=True)
 
 
 def _hf(config: dict[str, Any]) -> Layers:
     """The MoE layers init --from-hf finds (its family look-up, then its reading of the rule)."""
     model_type, _, view = _family(FILE, config)
-    return layers_of(model_type, view)
+    return layers_of(FAMILIES[model_type], view)
 
 
 def _checkpoint(config: dict[str, Any]) -> tuple[list[int], list[int]]:
     """(MoE layers, hash-routed layers) the checkpoint loader finds in [0, count)."""
     model_type = config["model_type"]
-    family = next(f for f in LAYOUTS.values() if model_type in f.model_types)
+    family = next(f for f in LOADABLE.values() if model_type in f.model_types)
     schedule = schedule_of(family, config, FILE)
     assert schedule.count is not None
     kinds = [schedule.kind(i) for i in range(schedule.count)]
@@ -77,17 +78,22 @@ class Marked:
         return self.answer
 
 
-def _plain_config(family: str) -> dict[str, Any]:
-    if family == "llama4":  # its model_type's init entry reads the text_config
-        return {"model_type": "llama4", "text_config": {"num_hidden_layers": 6}}
-    return {"model_type": family, "num_hidden_layers": 6}
+def _plain_config(model_type: str) -> dict[str, Any]:
+    if FAMILIES[model_type].text_config:  # a multimodal config: the text model's keys inside
+        return {"model_type": model_type, "text_config": {"num_hidden_layers": 6}}
+    return {"model_type": model_type, "num_hidden_layers": 6}
 
 
-@pytest.mark.parametrize("family", sorted(LAYOUTS))
-def test_both_paths_answer_with_the_tables_entry(family: str, monkeypatch) -> None:
+@pytest.mark.parametrize("model_type", sorted(t for f in LOADABLE.values() for t in f.model_types))
+def test_both_paths_answer_with_the_tables_entry(model_type: str, monkeypatch) -> None:
     answer = Layers(LayerSet.of([1, 4]), "marked", 6, LayerSet.of([2]))
-    monkeypatch.setitem(SCHEDULES, family, Marked(answer))  # type: ignore[index]
-    config = _plain_config(family)
+    family = next(f for f in LOADABLE.values() if model_type in f.model_types)
+    marked = dataclasses.replace(FAMILIES[family.name], layers=Marked(answer))  # type: ignore[arg-type]
+    monkeypatch.setitem(FAMILIES, family.name, marked)  # type: ignore[index]
+    if model_type != family.name:  # the multimodal twin's own entry, for init
+        twin = dataclasses.replace(marked, text_config=True)
+        monkeypatch.setitem(FAMILIES, model_type, twin)  # type: ignore[index]
+    config = _plain_config(model_type)
     found = _hf(config)
     assert (list(found.moe), list(found.hashed)) == ([1, 4], [2])
     assert _checkpoint(config) == ([1, 4], [2])
@@ -150,7 +156,7 @@ SAME: dict[str, tuple[dict[str, Any], list[int], list[int]]] = {
 
 def test_the_cases_cover_every_family_the_loader_knows() -> None:
     types = {config["model_type"] for config, _, _ in SAME.values()}
-    assert {f.name for f in LAYOUTS.values() if types & set(f.model_types)} == set(LAYOUTS)
+    assert {f.name for f in LOADABLE.values() if types & set(f.model_types)} == set(LOADABLE)
 
 
 @pytest.mark.parametrize("name", sorted(SAME))
