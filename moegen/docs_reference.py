@@ -3,7 +3,8 @@
 - docs/reference/spec.md: every spec field from the JSON Schema of the spec's pydantic models
   (the schema `moegen schema` writes, in declaration order), and the cross-field rules of
   `moegen.validate.RULES`, each by its name and docstring;
-- docs/reference/cli.md: every `moegen` command from its click definition in moegen/cli.py.
+- docs/reference/cli.md: every `moegen` command from its click definition in moegen/cli.py;
+- docs/reference/families.md: every model family of the family table (moegen.docs_families).
 
     python -m moegen.docs_reference --write   # regenerate the pages (from the repository root)
     python -m moegen.docs_reference --check   # exit 1 when a committed page is stale
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import click
+
+from moegen.docs_families import FAMILIES_PAGE, families_page
 
 SPEC_PAGE = Path("docs/reference/spec.md")
 CLI_PAGE = Path("docs/reference/cli.md")
@@ -247,7 +250,8 @@ def cli_page() -> str:
 
 def pages() -> dict[Path, str]:
     """Each reference page's path (from the repository root) and its text."""
-    return {SPEC_PAGE: spec_page(), CLI_PAGE: cli_page()}
+    families = families_page(GENERATED_NOTE.format(source="the family table, moegen/families/"))
+    return {SPEC_PAGE: spec_page(), CLI_PAGE: cli_page(), FAMILIES_PAGE: families}
 
 
 def stale_pages(root: Path) -> list[Path]:

@@ -1,14 +1,17 @@
-"""The model families the tests hold moegen against transformers with: one entry each, for both
-harnesses that do it.
+"""The cases the tests hold moegen's model families against transformers with: at least one
+for each family of moegen's family table (moegen.families; tests/test_family_table.py holds
+that), for both harnesses that do it.
 
 - The oracle (tests/oracle/families.py, tests/test_transformers_oracle.py) builds transformers'
   own MoE block from the entry's `oracle` sizes and compares it with a moegen layer;
 - the checkpoint tests (tests/checkpoint_cases.py, tests/test_checkpoints.py) build a 2-layer
   model from its `checkpoint` sizes (layer 1 an MoE layer), save it and load layer 1 into moegen.
 
-An entry names the transformers model folder, its config, MoE block and causal-LM classes, the
-names its config gives the sizes (`keys`), the spec choices (tests/spec_builder keys) that make
-moegen route as the model does at any size (`routing`), and each harness's tiny sizes: the
+A case is of one entry of the family table (`model_type`, else its name), which says the
+transformers classes (config, MoE block, causal LM) and the names its config gives the sizes;
+the case says the spec choices (tests/spec_builder keys) that make moegen route as the model
+does at any size (`routing`, which tests/test_init_hf.py holds equal to what the entry's rules
+map the case's config to), and each harness's tiny sizes: the
 expert count, top-k, routed scaling and groups are written once and go to both the config and
 the spec. The harnesses keep different sizes: the oracle keeps each model's real top-k, groups
 and scaling on up to 32 experts; a checkpoint case is a whole small model, top-2 of 8 mostly.
@@ -23,19 +26,15 @@ from families_keys import (  # EMBED and the FFN widths: the harnesses read them
     CF,
     CHECKPOINT_FFN,  # noqa: F401
     EMBED,  # noqa: F401
-    LOCAL,
-    NUM,
-    NUM_MOE,
     ORACLE_FFN,  # noqa: F401
     RENORMALIZED,
-    ROUTED,
     SIGMOID_BIAS,
     SOFTMAX,
     F,
 )
 from families_more import MORE_FAMILIES
 from families_options import OPTION_FAMILIES, with_latent, with_shared_biases
-from family_model import Keys, ModelFamily, Tiny
+from family_model import ModelFamily, Tiny
 
 # DeepSeek's multi-head latent attention, as small as the checkpoint models go
 MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
@@ -44,48 +43,22 @@ DENSE_FIRST = dict(intermediate_size=64, first_k_dense_replace=1)
 DEEPSEEK_V2_CHECKPOINT = DENSE_FIRST | dict(n_shared_experts=2, q_lora_rank=None, **MLA)
 
 FAMILIES: list[ModelFamily] = [
-    ModelFamily(
-        "mixtral",
-        "mixtral",
-        "MixtralConfig",
-        "MixtralSparseMoeBlock",
-        "MixtralForCausalLM",
-        LOCAL,
-        RENORMALIZED,
-        oracle=Tiny(8, 2),
-        checkpoint=Tiny(8, 2),
-    ),
+    ModelFamily("mixtral", RENORMALIZED, oracle=Tiny(8, 2), checkpoint=Tiny(8, 2)),
     ModelFamily(
         "qwen3_moe",
-        "qwen3_moe",
-        "Qwen3MoeConfig",
-        "Qwen3MoeSparseMoeBlock",
-        "Qwen3MoeForCausalLM",
-        NUM_MOE,
         RENORMALIZED,
         oracle=Tiny(16, 8, config=dict(norm_topk_prob=True)),
         checkpoint=Tiny(8, 2, config=dict(intermediate_size=64, norm_topk_prob=True)),
     ),
     ModelFamily(
         "olmoe",
-        "olmoe",
-        "OlmoeConfig",
-        "OlmoeSparseMoeBlock",
-        "OlmoeForCausalLM",
-        NUM,
-        SOFTMAX,  # not renormalised
+        SOFTMAX,
         oracle=Tiny(16, 8, config=dict(norm_topk_prob=False)),
         checkpoint=Tiny(8, 2),
     ),
     ModelFamily(
         "deepseek_v3",
-        "deepseek_v3",
-        "DeepseekV3Config",
-        "DeepseekV3MoE",
-        "DeepseekV3ForCausalLM",
-        ROUTED,
         SIGMOID_BIAS,
-        # groups are ranked by the sum of their top 2 (top_k / keep = 8 / 4 here)
         oracle=Tiny(
             32,
             8,
@@ -105,11 +78,6 @@ FAMILIES: list[ModelFamily] = [
     ),
     ModelFamily(
         "glm4_moe",
-        "glm4_moe",
-        "Glm4MoeConfig",
-        "Glm4MoeMoE",
-        "Glm4MoeForCausalLM",
-        ROUTED,
         SIGMOID_BIAS,
         oracle=Tiny(
             16,
@@ -124,11 +92,6 @@ FAMILIES: list[ModelFamily] = [
     ),
     ModelFamily(
         "dots1",
-        "dots1",
-        "Dots1Config",
-        "Dots1MoE",
-        "Dots1ForCausalLM",
-        ROUTED,
         SIGMOID_BIAS,
         oracle=Tiny(
             16,
@@ -148,12 +111,7 @@ FAMILIES: list[ModelFamily] = [
     # DeepSeek-V2-Lite: topk_method "greedy", no groups (moegen.checkpoints: "deepseek_v2")
     ModelFamily(
         "deepseek_v2_lite",
-        "deepseek_v2",
-        "DeepseekV2Config",
-        "DeepseekV2Moe",
-        "DeepseekV2ForCausalLM",
-        ROUTED,
-        SOFTMAX,  # not renormalised
+        SOFTMAX,
         oracle=Tiny(
             16,
             6,
@@ -162,20 +120,11 @@ FAMILIES: list[ModelFamily] = [
             config=dict(topk_method="greedy", norm_topk_prob=False, n_shared_experts=2),
         ),
         checkpoint=Tiny(8, 2, shared=2 * CF, scaling=2.0, config=DEEPSEEK_V2_CHECKPOINT),
+        model_type="deepseek_v2",
     ),
     ModelFamily(
         "dbrx",
-        "dbrx",
-        "DbrxConfig",
-        "DbrxFFN",
-        "DbrxForCausalLM",
-        Keys(
-            "ffn_config.moe_num_experts",
-            "ffn_config.moe_top_k",
-            "ffn_config.ffn_hidden_size",
-            hidden="d_model",
-        ),
-        RENORMALIZED,  # L1-normalised: the weights sum to 1
+        RENORMALIZED,
         oracle=Tiny(
             16,
             4,
@@ -183,7 +132,6 @@ FAMILIES: list[ModelFamily] = [
                 "ffn_config": {"moe_normalize_expert_weights": 1.0, "ffn_act_fn": {"name": "silu"}}
             },
         ),
-        # DbrxConfig names its layers and heads its own way: no common arguments added
         checkpoint=Tiny(
             8,
             2,
@@ -200,12 +148,7 @@ FAMILIES: list[ModelFamily] = [
     ),
     ModelFamily(
         "jamba",
-        "jamba",
-        "JambaConfig",
-        "JambaSparseMoeBlock",
-        "JambaForCausalLM",
-        NUM,
-        SOFTMAX,  # not renormalised
+        SOFTMAX,
         oracle=Tiny(16, 2),
         checkpoint=Tiny(
             8,
@@ -223,11 +166,6 @@ FAMILIES: list[ModelFamily] = [
     ),
     ModelFamily(
         "granitemoe",
-        "granitemoe",
-        "GraniteMoeConfig",
-        "GraniteMoeMoE",
-        "GraniteMoeForCausalLM",
-        LOCAL,
         SOFTMAX | {"score_after_top_k": True},
         oracle=Tiny(32, 8),
         checkpoint=Tiny(8, 2),
@@ -236,22 +174,12 @@ FAMILIES: list[ModelFamily] = [
     # the shared MLP and every expert are intermediate_size wide
     ModelFamily(
         "hunyuan_v1_moe",
-        "hunyuan_v1_moe",
-        "HunYuanMoEV1Config",
-        "HunYuanMoEV1Moe",
-        "HunYuanMoEV1ForCausalLM",
-        Keys("num_experts", "moe_topk", "intermediate_size"),
         RENORMALIZED,
         oracle=Tiny(16, 8, shared=F),
         checkpoint=Tiny(8, 2, shared=CF),
     ),
     ModelFamily(
         "minimax",
-        "minimax",
-        "MiniMaxConfig",
-        "MiniMaxSparseMoeBlock",
-        "MiniMaxForCausalLM",
-        LOCAL,
         RENORMALIZED,
         oracle=Tiny(32, 2),
         checkpoint=Tiny(8, 2, config=dict(layer_types=["full_attention", "full_attention"])),
@@ -260,11 +188,6 @@ FAMILIES: list[ModelFamily] = [
     # id, not a spec option
     ModelFamily(
         "deepseek_v4",
-        "deepseek_v4",
-        "DeepseekV4Config",
-        "DeepseekV4SparseMoeBlock",
-        "DeepseekV4ForCausalLM",
-        ROUTED,
         {"score": "sqrtsoftplus", "renormalize": True, "routing_bias": True},
         oracle=Tiny(
             16,
@@ -287,11 +210,6 @@ FAMILIES: list[ModelFamily] = [
     # ---- the families below need the spec features of issue 18 ----
     ModelFamily(
         "gpt_oss",
-        "gpt_oss",
-        "GptOssConfig",
-        "GptOssMLP",
-        "GptOssForCausalLM",
-        LOCAL,
         {"glu": "gpt_oss", "ffn_bias": True, "score_after_top_k": True, "linear_bias": True}
         | SOFTMAX,
         oracle=Tiny(  # swiglu_limit: the published config's, = the gpt_oss preset
@@ -303,25 +221,16 @@ FAMILIES: list[ModelFamily] = [
     # the shared expert is intermediate_size wide, like each routed one
     ModelFamily(
         "llama4",
-        "llama4",
-        "Llama4TextConfig",
-        "Llama4TextMoe",
-        "Llama4ForCausalLM",
-        LOCAL,
         {"score": "sigmoid", "weighting": "input"},
         oracle=Tiny(16, 1, shared=F),
         checkpoint=Tiny(8, 1, shared=CF, config=dict(intermediate_size_mlp=64)),
         checkpoint_block="model.layers.1.feed_forward",
         fused_differs=False,
+        model_type="llama4_text",
     ),
     # Qwen1.5-MoE-A2.7B: 60 experts, top-4, not renormalised, shared expert 4 x 1408 wide
     ModelFamily(
         "qwen2_moe",
-        "qwen2_moe",
-        "Qwen2MoeConfig",
-        "Qwen2MoeSparseMoeBlock",
-        "Qwen2MoeForCausalLM",
-        NUM_MOE,
         {"shared_expert_gate": True} | SOFTMAX,
         oracle=Tiny(
             16,
@@ -339,11 +248,6 @@ FAMILIES: list[ModelFamily] = [
     # ERNIE-4.5-21B-A3B: 64 experts, top-6, moe_statics bias on the softmax, 2 shared
     ModelFamily(
         "ernie4_5_moe",
-        "ernie4_5_moe",
-        "Ernie4_5_MoeConfig",
-        "Ernie4_5_MoeSparseMoeBlock",
-        "Ernie4_5_MoeForCausalLM",
-        Keys("moe_num_experts", "moe_k", "moe_intermediate_size"),
         RENORMALIZED | {"routing_bias": True},
         oracle=Tiny(16, 6, shared=2 * F, config=dict(moe_num_shared_experts=2, use_bias=False)),
         checkpoint=Tiny(
@@ -354,12 +258,7 @@ FAMILIES: list[ModelFamily] = [
     # published: 160 experts in 8 groups, keep 3, top-6, scaling 16, 2 shared
     ModelFamily(
         "deepseek_v2",
-        "deepseek_v2",
-        "DeepseekV2Config",
-        "DeepseekV2Moe",
-        "DeepseekV2ForCausalLM",
-        ROUTED,
-        SOFTMAX | {"group_limit": {"top_per_group": 1}},  # not renormalised
+        SOFTMAX | {"group_limit": {"top_per_group": 1}},
         oracle=Tiny(
             32,
             6,
@@ -386,7 +285,11 @@ FAMILIES: list[ModelFamily] = [
 _V3 = next(family for family in FAMILIES if family.name == "deepseek_v3")
 FAMILIES.append(
     replace(
-        _V3, name="deepseek_v3_top6_keep4", oracle=replace(_V3.oracle, top_k=6), checkpoint=None
+        _V3,
+        name="deepseek_v3_top6_keep4",
+        model_type="deepseek_v3",
+        oracle=replace(_V3.oracle, top_k=6),
+        checkpoint=None,
     )
 )
 # the families the oracle alone checks, in tests/families_*.py to keep each file short

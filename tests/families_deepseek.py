@@ -11,53 +11,35 @@ scaled, plus shared experts of moe_intermediate_size each. The others differ as 
 from __future__ import annotations
 
 import families_keys
-from families_keys import LOCAL, LOCAL_MOE, NUM_MOE, RENORMALIZED, ROUTED, SIGMOID_BIAS, SOFTMAX, F
+from families_keys import LOCAL_MOE, RENORMALIZED, SIGMOID_BIAS, SOFTMAX, F
 from family_model import ModelFamily, Tiny
 
 ONE_SHARED = dict(n_shared_experts=1, norm_topk_prob=True)
 ONE_GROUP = dict(n_group=1, topk_group=1)  # the published configs': no group limit
 
 
-def _v3_like(
-    name: str, folder: str, config: str, block: str, model: str, oracle: Tiny
-) -> ModelFamily:
+def _v3_like(name: str, oracle: Tiny, model_type: str | None = None) -> ModelFamily:
     """A family whose block is DeepSeek-V3's (n_routed_experts, moe_intermediate_size)."""
-    return ModelFamily(name, folder, config, block, model, ROUTED, SIGMOID_BIAS, oracle=oracle)
+    return ModelFamily(name, SIGMOID_BIAS, oracle=oracle, model_type=model_type)
 
 
 DEEPSEEK_FAMILIES: list[ModelFamily] = [
     # DeepSeek-V3.2: V3's MoE (256 experts, 8 groups keep 4, top-8, scaling 2.5, 1 shared)
-    _v3_like(
-        "deepseek_v32",
-        "deepseek_v32",
-        "DeepseekV32Config",
-        "DeepseekV32MoE",
-        "DeepseekV32ForCausalLM",
-        Tiny(32, 8, shared=F, scaling=2.5, groups=(8, 4), config=ONE_SHARED),
-    ),
+    _v3_like("deepseek_v32", Tiny(32, 8, shared=F, scaling=2.5, groups=(8, 4), config=ONE_SHARED)),
     # Ling/Ring hybrid: 512 experts, 8 groups keep 4, top-8, scaling 2.5, 1 shared; the
     # block takes its layer index (transformers 5.25), which picks the layer's SwiGLU limits
     ModelFamily(
         "bailing_hybrid",
-        "bailing_hybrid",
-        "BailingHybridConfig",
-        "BailingHybridMoE",
-        "BailingHybridForCausalLM",
-        LOCAL_MOE,
         SIGMOID_BIAS,
         oracle=Tiny(
             32, 8, shared=F, scaling=2.5, groups=(8, 4), config=ONE_SHARED, block_args=(0,)
         ),
+        config_keys=LOCAL_MOE,
     ),
     # Ling/Ring with the per-layer SwiGLU limits of transformers 5.25 (Step 3.7's clamp:
     # min(silu(gate), L), up in [-L, L]), the shared experts at their own limit
     ModelFamily(
         "bailing_hybrid_clamped",
-        "bailing_hybrid",
-        "BailingHybridConfig",
-        "BailingHybridMoE",
-        "",
-        LOCAL_MOE,
         SIGMOID_BIAS,
         oracle=Tiny(
             32,
@@ -82,16 +64,11 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
             },
             block_args=(0,),
         ),
+        model_type="bailing_hybrid",
+        config_keys=LOCAL_MOE,
     ),
     # A.X-K2-Light routes without groups (n_group None): 128 experts, top-8, scaling 2.5
-    _v3_like(
-        "axk2",
-        "axk2",
-        "AXK2Config",
-        "AXK2MoE",
-        "AXK2ForCausalLM",
-        Tiny(16, 8, shared=F, scaling=2.5, config=ONE_SHARED),
-    ),
+    _v3_like("axk2", Tiny(16, 8, shared=F, scaling=2.5, config=ONE_SHARED)),
     # A.X-K1: V3's MoE (192 experts, 8 groups keep 4, top-8, scaling 2.5, 1 shared), then an
     # RMSNorm of the block's output (post_mlp_layernorm, eps rms_norm_eps): spec
     # layer.output_norm_eps. The oracle's epsilon is large enough to matter at these sizes.
@@ -99,11 +76,6 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
     # post_mlp_layernorm.weight), transformers' state_dict inside it (mlp.post_mlp_layernorm).
     ModelFamily(
         "axk1",
-        "axk1",
-        "AXK1Config",
-        "AXK1MoE",
-        "AXK1ForCausalLM",
-        ROUTED,
         SIGMOID_BIAS,
         oracle=Tiny(
             32,
@@ -124,40 +96,19 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
         ),
     ),
     # GLM-4.7-Flash: 64 experts, top-4, scaling 1.8
-    _v3_like(
-        "glm4_moe_lite",
-        "glm4_moe_lite",
-        "Glm4MoeLiteConfig",
-        "Glm4MoeLiteMoE",
-        "Glm4MoeLiteForCausalLM",
-        Tiny(16, 4, shared=F, scaling=1.8, config=ONE_GROUP | ONE_SHARED),
-    ),
+    _v3_like("glm4_moe_lite", Tiny(16, 4, shared=F, scaling=1.8, config=ONE_GROUP | ONE_SHARED)),
     # GLM-4.5V's text model: 128 experts, top-8, scaling 1
     _v3_like(
         "glm4v_moe",
-        "glm4v_moe",
-        "Glm4vMoeTextConfig",
-        "Glm4vMoeTextMoE",
-        "Glm4vMoeForConditionalGeneration",
         Tiny(16, 8, shared=F, scaling=1.0, config=ONE_GROUP | ONE_SHARED),
+        model_type="glm4v_moe_text",
     ),
     # GLM-5 (DSA attention): 256 experts, top-8, scaling 2.5
-    _v3_like(
-        "glm_moe_dsa",
-        "glm_moe_dsa",
-        "GlmMoeDsaConfig",
-        "GlmMoeDsaMoE",
-        "GlmMoeDsaForCausalLM",
-        Tiny(16, 8, shared=F, scaling=2.5, config=ONE_GROUP | ONE_SHARED),
-    ),
+    _v3_like("glm_moe_dsa", Tiny(16, 8, shared=F, scaling=2.5, config=ONE_GROUP | ONE_SHARED)),
     # GLM-5-Next's text model: 288 experts, top-8, scaling 2.5, and its SwiGLU clamped at
     # swiglu_limit 10 (gate at most 10, up within +-10), routed and shared experts alike
     _v3_like(
         "glm5_next",
-        "glm5_next",
-        "Glm5NextTextConfig",
-        "Glm5NextTextMoE",
-        "Glm5NextForConditionalGeneration",
         Tiny(
             16,
             8,
@@ -166,15 +117,11 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
             config=ONE_GROUP | ONE_SHARED | dict(swiglu_limit=10.0),
             spec={"glu": {"gate_limit": 10.0, "up_limit": 10.0}},
         ),
+        model_type="glm5_next_text",
     ),
     # MiniCPM5-MoE (transformers 5.25): V3's block, 160 experts, top-16, scaling 3.66, 1 shared
     ModelFamily(
         "minicpm5_moe",
-        "minicpm5_moe",
-        "MiniCPM5MoeConfig",
-        "MiniCPM5MoeMoE",
-        "MiniCPM5MoeForCausalLM",
-        ROUTED,
         SIGMOID_BIAS,
         oracle=Tiny(32, 16, shared=F, scaling=3.66, config=ONE_GROUP | ONE_SHARED),
         checkpoint=Tiny(8, 2, shared=families_keys.CF, scaling=3.66, config=ONE_GROUP | ONE_SHARED),
@@ -182,31 +129,16 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
     # Kimi Linear: 256 experts, top-8, scaling 2.446
     ModelFamily(
         "kimi_linear",
-        "kimi_linear",
-        "KimiLinearConfig",
-        "KimiLinearMoE",
-        "KimiLinearForCausalLM",
-        LOCAL_MOE,
         SIGMOID_BIAS,
         oracle=Tiny(16, 8, shared=F, scaling=2.446, config=ONE_GROUP | ONE_SHARED),
+        config_keys=LOCAL_MOE,
     ),
     # Solar Open: 128 experts, top-8, scaling 1
-    _v3_like(
-        "solar_open",
-        "solar_open",
-        "SolarOpenConfig",
-        "SolarOpenMoE",
-        "SolarOpenForCausalLM",
-        Tiny(16, 8, shared=F, scaling=1.0, config=ONE_GROUP | ONE_SHARED),
-    ),
+    _v3_like("solar_open", Tiny(16, 8, shared=F, scaling=1.0, config=ONE_GROUP | ONE_SHARED)),
     # dots3 note's text model: its shared experts are shared_experts_intermediate_size wide
     # each; 256 experts, top-8, scaling 1
     _v3_like(
         "dots3_note",
-        "dots3_note",
-        "Dots3NoteTextConfig",
-        "Dots3NoteTextMoE",
-        "Dots3NoteForCausalLM",
         Tiny(
             16,
             8,
@@ -214,15 +146,11 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
             scaling=1.0,
             config=ONE_GROUP | ONE_SHARED | dict(shared_experts_intermediate_size=F),
         ),
+        model_type="dots3_note_text",
     ),
     # EXAONE MoE: 64 experts, top-8, scaling 2.5, 1 shared (num_shared_experts)
     ModelFamily(
         "exaone_moe",
-        "exaone_moe",
-        "ExaoneMoeConfig",
-        "ExaoneMoeSparseMoEBlock",
-        "ExaoneMoeForCausalLM",
-        NUM_MOE,
         SIGMOID_BIAS,
         oracle=Tiny(
             16,
@@ -234,22 +162,12 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
     ),
     # MiMo-V2-Flash: no shared expert; 256 experts, top-8, scaling 1
     _v3_like(
-        "mimo_v2_flash",
-        "mimo_v2_flash",
-        "MiMoV2FlashConfig",
-        "MiMoV2FlashMoE",
-        "MiMoV2FlashForCausalLM",
-        Tiny(16, 8, scaling=1.0, config=ONE_GROUP | dict(norm_topk_prob=True)),
+        "mimo_v2_flash", Tiny(16, 8, scaling=1.0, config=ONE_GROUP | dict(norm_topk_prob=True))
     ),
     # Beam: no shared expert, the scaling applied to the experts' sum (the same product);
     # 256 experts, 8 groups keep 4, top-8, scaling 2.5
     ModelFamily(
         "beam",
-        "beam",
-        "BeamConfig",
-        "BeamMoE",
-        "BeamForCausalLM",
-        NUM_MOE,
         SIGMOID_BIAS,
         oracle=Tiny(32, 8, scaling=2.5, groups=(8, 4), config=dict(norm_topk_prob=True)),
     ),
@@ -257,11 +175,6 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
     # 192 experts, top-8, scaling 2.826, 1 shared
     ModelFamily(
         "hy_v3",
-        "hy_v3",
-        "HYV3Config",
-        "HYV3MoE",
-        "HYV3ForCausalLM",
-        NUM_MOE,
         SIGMOID_BIAS,
         oracle=Tiny(
             16,
@@ -275,11 +188,6 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
     # route_scale; 64 experts, top-6, scale 1, 2 shared
     ModelFamily(
         "afmoe",
-        "afmoe",
-        "AfmoeConfig",
-        "AfmoeSparseMoeBlock",
-        "AfmoeForCausalLM",
-        NUM_MOE,
         SIGMOID_BIAS,
         oracle=Tiny(16, 6, shared=2 * F, config=dict(num_shared_experts=2, route_scale=1.0)),
     ),
@@ -288,11 +196,6 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
     # router_scaling_factor 1
     ModelFamily(
         "dots3_note_vision",
-        "dots3_note",
-        "Dots3NoteVisionConfig",
-        "Dots3NoteVisionMoE",
-        "Dots3NoteForConditionalGeneration",
-        LOCAL_MOE,
         SIGMOID_BIAS,
         oracle=Tiny(
             16,
@@ -305,30 +208,17 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
             ),
             block_args=(0,),
         ),
+        model_type="dots3_note_vision_encoder",
     ),
     # MiniMax-M2: the selection bias is the block's buffer; no scaling, no shared expert;
     # 256 experts, top-8
-    ModelFamily(
-        "minimax_m2",
-        "minimax_m2",
-        "MiniMaxM2Config",
-        "MiniMaxM2SparseMoeBlock",
-        "MiniMaxM2ForCausalLM",
-        LOCAL,
-        SIGMOID_BIAS,
-        oracle=Tiny(16, 8),
-    ),
+    ModelFamily("minimax_m2", SIGMOID_BIAS, oracle=Tiny(16, 8)),
     # MiniMax-M3-VL's text model: 128 experts, top-4, scaling 2.0 on the experts' sum, one
     # shared expert (shared_intermediate_size) whose gate and up are one Linear, and
     # gpt-oss's SwiGLU (limit 7, alpha 1.702, up + 1) on a concatenated gate_up, routed
     # and shared alike
     ModelFamily(
         "minimax_m3_vl",
-        "minimax_m3_vl",
-        "MiniMaxM3VLTextConfig",
-        "MiniMaxM3VLSparseMoeBlock",
-        "MiniMaxM3VLForCausalLM",
-        LOCAL,
         SIGMOID_BIAS | {"glu": "gpt_oss"},
         oracle=Tiny(
             16,
@@ -337,39 +227,26 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
             scaling=2.0,
             config=dict(shared_intermediate_size=F, swiglu_limit=7.0, swiglu_alpha=1.702),
         ),
+        model_type="minimax_m3_vl_text",
     ),
     # Mistral Small 4: softmax, no bias, the group limit of 1 group (all kept),
     # renormalised; 128 experts, top-4, scaling 1, 1 shared
     ModelFamily(
         "mistral4",
-        "mistral4",
-        "Mistral4Config",
-        "Mistral4MoE",
-        "Mistral4ForCausalLM",
-        ROUTED,
         RENORMALIZED,
         oracle=Tiny(16, 4, shared=F, scaling=1.0, config=ONE_GROUP | ONE_SHARED),
     ),
     # Mistral Large 3's text model: Mistral 4's router, always renormalised
     ModelFamily(
         "mistral_large4",
-        "mistral_large4",
-        "MistralLarge4TextConfig",
-        "MistralLarge4TextMoE",
-        "MistralLarge4ForConditionalGeneration",
-        ROUTED,
         RENORMALIZED,
         oracle=Tiny(16, 4, shared=F, scaling=1.0, config=ONE_GROUP | dict(n_shared_experts=1)),
+        model_type="mistral_large4_text",
     ),
     # DeepSeek-OCR 2's and Unlimited-OCR's text models: DeepSeek-V2-Lite's MoE (softmax,
     # greedy top-6 of 64, not renormalised, scaling 1, 2 shared)
     ModelFamily(
         "deepseek_ocr2",
-        "deepseek_ocr2",
-        "DeepseekOcr2TextConfig",
-        "DeepseekOcr2TextMoe",
-        "DeepseekOcr2ForConditionalGeneration",
-        ROUTED,
         SOFTMAX,
         oracle=Tiny(  # layer 0 an MoE layer ("sparse"), as its config needs the list
             16,
@@ -383,14 +260,10 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
                 mlp_layer_types=["sparse", "sparse"],
             ),
         ),
+        model_type="deepseek_ocr2_text",
     ),
     ModelFamily(
         "unlimited_ocr",
-        "unlimited_ocr",
-        "UnlimitedOcrTextConfig",
-        "UnlimitedOcrTextMoe",
-        "UnlimitedOcrForConditionalGeneration",
-        ROUTED,
         SOFTMAX,
         oracle=Tiny(  # its config checks that D splits over the (10) attention heads
             16,
@@ -399,5 +272,6 @@ DEEPSEEK_FAMILIES: list[ModelFamily] = [
             scaling=1.0,
             config=dict(topk_method="greedy", n_shared_experts=2, num_attention_heads=4),
         ),
+        model_type="unlimited_ocr_text",
     ),
 ]

@@ -1,5 +1,5 @@
 """The sizes and names the model-family table (tests/families.py and its continuations,
-tests/families_*.py) shares: the harnesses' widths, the config key sets most families use, and
+tests/families_*.py) shares: the harnesses' widths, the config key sets a few cases set, and
 the routing choices many repeat. Kept apart so that every part of the table can import them
 without importing the table itself."""
 
@@ -12,10 +12,8 @@ ORACLE_FFN = 48  # F of each routed expert in the oracle's blocks
 CHECKPOINT_FFN = 16  # F in the checkpoint tests' models
 F, CF = ORACLE_FFN, CHECKPOINT_FFN
 
-LOCAL = Keys("num_local_experts", "num_experts_per_tok", "intermediate_size")
-NUM = Keys("num_experts", "num_experts_per_tok", "intermediate_size")
+# where a case's config sets other size keys than its family table entry's first ones
 NUM_MOE = Keys("num_experts", "num_experts_per_tok", "moe_intermediate_size")
-ROUTED = Keys("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
 LOCAL_MOE = Keys("num_local_experts", "num_experts_per_tok", "moe_intermediate_size")
 
 SOFTMAX = {"score": "softmax"}

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from families_keys import CF, LOCAL_MOE, NUM_MOE, RENORMALIZED, ROUTED, SIGMOID_BIAS, F
+from families_keys import CF, LOCAL_MOE, NUM_MOE, RENORMALIZED, SIGMOID_BIAS, F
 from family_model import Keys, ModelFamily, Tiny
+
+from moegen.families import Transformers
 
 # Step 3.7 clamps the activated gate (min(silu(g), L)), the shared expert at its own limit
 _STEP3P7_GLU = {
@@ -25,7 +27,6 @@ _HY_V4_CONFIG = dict(
 )
 # Gemma 4 (and DiffusionGemma): the router's input RMS-normalised, per-expert scales, the
 # experts on their own normalised input, tanh GELU
-_GEMMA4_KEYS = Keys("num_experts", "top_k_experts", "moe_intermediate_size")
 _GEMMA4 = RENORMALIZED | {
     "activation": "geglu",
     "gelu_approximation": "tanh",
@@ -54,16 +55,13 @@ _GEMMA4_CONFIG = dict(
 )
 
 
-def _gemma(name: str, folder: str, config: str, layer: str, composed: str) -> ModelFamily:
+def _gemma(name: str, model_type: str, layer: str, composed: str) -> ModelFamily:
     return ModelFamily(
         name,
-        folder,
-        config,
-        layer,
-        "",
-        _GEMMA4_KEYS,
         _GEMMA4,
         oracle=Tiny(16, 4, config=_GEMMA4_CONFIG, block_args=(0,)),
+        model_type=model_type,
+        other_block=layer,
         oracle_block=f"oracle.composed.{composed}",
     )
 
@@ -71,11 +69,6 @@ def _gemma(name: str, folder: str, config: str, layer: str, composed: str) -> Mo
 OPTION_FAMILIES: list[ModelFamily] = [
     ModelFamily(
         "step3p7",
-        "step3p7",
-        "Step3p7TextConfig",
-        "Step3p7SparseMoeBlock",
-        "",
-        LOCAL_MOE,
         SIGMOID_BIAS,
         oracle=Tiny(
             16,
@@ -93,75 +86,49 @@ OPTION_FAMILIES: list[ModelFamily] = [
             spec=_STEP3P7_GLU,
             block_args=(0,),
         ),
+        model_type="step3p5",
+        config_keys=LOCAL_MOE,
     ),
     ModelFamily(
         "hy_v4",
-        "hy_v4",
-        "HYV4Config",
-        "HYV4MoE",
-        "",
-        ROUTED,
         SIGMOID_BIAS,
         oracle=Tiny(16, 4, shared=F, scaling=2.827, config=_HY_V4_CONFIG, spec=_HY_V4_GLU),
     ),
     ModelFamily(
         "hy_v4_vl",
-        "hy_v4_vl",
-        "HYV4VLTextConfig",
-        "HYV4VLMoE",
-        "",
-        ROUTED,
         SIGMOID_BIAS,
         oracle=Tiny(16, 4, shared=F, scaling=2.827, config=_HY_V4_CONFIG, spec=_HY_V4_GLU),
+        model_type="hy_v4_vl_text",
     ),
     # Kolibri1: the selection bias on the logits, the weights the sigmoid of the chosen ones
     ModelFamily(
         "kolibri1",
-        "kolibri1",
-        "Kolibri1Config",
-        "Kolibri1SparseMoeBlock",
-        "Kolibri1ForCausalLM",
-        NUM_MOE,
         SIGMOID_BIAS | {"routing_bias_on": "logits"},
         oracle=KOLIBRI_ORACLE,
         checkpoint=KOLIBRI_CHECKPOINT,
+        config_keys=NUM_MOE,
     ),
     # Kolibri 1.1 (transformers 5.25): Kolibri1's block (384 experts, top-6, not renormalised),
     # dense MLPs in the mlp_only_layers; the oracle renormalises, as Kolibri1's does
     ModelFamily(
         "kolibri1_1",
-        "kolibri1_1",
-        "Kolibri1_1Config",
-        "Kolibri1_1SparseMoeBlock",
-        "Kolibri1_1ForCausalLM",
-        NUM_MOE,
         SIGMOID_BIAS | {"routing_bias_on": "logits"},
         oracle=KOLIBRI_ORACLE,
-        # layer 1 an MoE layer (the config's default keeps the first two dense)
         checkpoint=replace(
             KOLIBRI_CHECKPOINT,
             config=KOLIBRI_CHECKPOINT.config | dict(mlp_only_layers=[0], index_num_heads=1),
         ),
+        config_keys=NUM_MOE,
     ),
     # LFM2-MoE: renormalised by the sum plus 1e-6
     ModelFamily(
         "lfm2_moe",
-        "lfm2_moe",
-        "Lfm2MoeConfig",
-        "Lfm2MoeSparseMoeBlock",
-        "",
-        NUM_MOE,
         SIGMOID_BIAS | {"renormalize_epsilon": 1e-06},
         oracle=Tiny(16, 4, scaling=1.5, config=dict(use_expert_bias=True, norm_topk_prob=True)),
     ),
     # Laguna: soft-capped router logits; the routed scaling multiplies the experts' sum
     ModelFamily(
         "laguna",
-        "laguna",
-        "LagunaConfig",
-        "LagunaSparseMoeBlock",
-        "",
-        NUM_MOE,
         SIGMOID_BIAS,
         oracle=Tiny(
             16,
@@ -179,11 +146,6 @@ OPTION_FAMILIES: list[ModelFamily] = [
     # with_latent below adds them
     ModelFamily(
         "nemotron_h",
-        "nemotron_h",
-        "NemotronHConfig",
-        "NemotronHMoE",
-        "",
-        ROUTED,
         SIGMOID_BIAS | {"activation": "relu2"},
         oracle=Tiny(
             16,
@@ -198,35 +160,29 @@ OPTION_FAMILIES: list[ModelFamily] = [
             ),
         ),
     ),
-    _gemma("gemma4", "gemma4", "Gemma4TextConfig", "Gemma4TextDecoderLayer", "Gemma4Moe"),
+    _gemma("gemma4", "gemma4_text", "Gemma4TextDecoderLayer", "Gemma4Moe"),
     _gemma(
         "diffusion_gemma_encoder",
-        "diffusion_gemma",
-        "DiffusionGemmaTextConfig",
+        "diffusion_gemma_text",
         "DiffusionGemmaEncoderTextLayer",
         "DiffusionGemmaEncoderMoe",
     ),
     _gemma(
         "diffusion_gemma_decoder",
-        "diffusion_gemma",
-        "DiffusionGemmaTextConfig",
+        "diffusion_gemma_text",
         "DiffusionGemmaDecoderTextLayer",
         "DiffusionGemmaDecoderMoe",
     ),
 ]
 
 
-def _inkling2(name: str, config: str, block: str) -> ModelFamily:
+def _inkling2(name: str) -> ModelFamily:
     """Inkling2 (and its looped variant): soft-capped SwiGLU experts (the linear gate factor
     and up), sigmoid + selection bias, renormalised (+1e-20: below float32's resolution)."""
     return ModelFamily(
         name,
-        name,
-        config,
-        block,
-        "",
-        ROUTED,
         SIGMOID_BIAS,
+        model_type=f"{name}_text",
         oracle=Tiny(
             16,
             4,
@@ -242,11 +198,6 @@ OPTION_FAMILIES += [
     # global_scale; each shared expert's hidden units times its weight
     ModelFamily(
         "inkling",
-        "inkling",
-        "InklingTextConfig",
-        "InklingMoE",
-        "",
-        ROUTED,
         SIGMOID_BIAS | {"weighs_shared_experts": True, "learned_scale": True},
         oracle=Tiny(
             16,
@@ -255,18 +206,14 @@ OPTION_FAMILIES += [
             config=dict(route_scale=3.0, n_shared_experts=2),
             spec={"shared_experts": 2, "routed_scaling": 3.0},
         ),
+        model_type="inkling_text",
     ),
-    _inkling2("inkling2", "Inkling2TextConfig", "Inkling2SparseMoeBlock"),
-    _inkling2("inkling2_loop", "Inkling2LoopTextConfig", "Inkling2LoopSparseMoeBlock"),
+    _inkling2("inkling2"),
+    _inkling2("inkling2_loop"),
     # LongCat-Flash: softmax over the experts and the identity (zero-computation) experts,
     # chosen by score + a selection bias, not renormalised, times routed_scaling_factor
     ModelFamily(
         "longcat_flash",
-        "longcat_flash",
-        "LongcatFlashConfig",
-        "LongcatFlashMoE",
-        "",
-        Keys("n_routed_experts", "moe_topk", "expert_ffn_hidden_size"),
         {"score": "softmax", "routing_bias": True},
         oracle=Tiny(
             16, 6, scaling=6.0, config=dict(zero_expert_num=8), spec={"identity_experts": 8}
@@ -277,11 +224,6 @@ OPTION_FAMILIES += [
     # config has no top-k key (the router is top-1); the harness's key is an unused attribute.
     ModelFamily(
         "switch_transformers",
-        "switch_transformers",
-        "SwitchTransformersConfig",
-        "SwitchTransformersSparseMLP",
-        "",
-        Keys("num_experts", "num_selected_experts", "d_ff", "d_model"),
         {"score": "softmax", "activation": "relu", "linear_bias": True},
         oracle=Tiny(
             8,
@@ -295,6 +237,10 @@ OPTION_FAMILIES += [
                 "z_loss": 0.001,
             },
         ),
+        classes=Transformers(
+            "switch_transformers", "SwitchTransformersConfig", "SwitchTransformersSparseMLP", ""
+        ),
+        config_keys=Keys("num_experts", "num_selected_experts", "d_ff", "d_model"),
     ),
 ]
 
@@ -307,7 +253,9 @@ def with_latent(nemotron: ModelFamily) -> ModelFamily:
         config=nemotron.oracle.config | {"moe_latent_size": 16, "mlp_bias": True},
         spec=nemotron.oracle.spec | {"latent": 16, "latent_bias": True, "shared_ffn_bias": True},
     )
-    return replace(nemotron, name="nemotron_h_latent", oracle=oracle, checkpoint=None)
+    return replace(
+        nemotron, name="nemotron_h_latent", model_type="nemotron_h", oracle=oracle, checkpoint=None
+    )
 
 
 def with_shared_biases(ernie: ModelFamily) -> ModelFamily:
@@ -317,4 +265,10 @@ def with_shared_biases(ernie: ModelFamily) -> ModelFamily:
         config=ernie.oracle.config | {"use_bias": True},
         spec=ernie.oracle.spec | {"shared_ffn_bias": True},
     )
-    return replace(ernie, name="ernie4_5_moe_use_bias", oracle=oracle, checkpoint=None)
+    return replace(
+        ernie,
+        name="ernie4_5_moe_use_bias",
+        model_type="ernie4_5_moe",
+        oracle=oracle,
+        checkpoint=None,
+    )

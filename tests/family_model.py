@@ -1,12 +1,15 @@
-"""What an entry of the model-family table (tests/families.py) is: a transformers model family,
-the names its config gives the sizes, its routing as spec choices, and each test harness's tiny
-sizes of it, which make both the config's arguments and the spec's choices (so a size is
-written once for both)."""
+"""What an entry of the tests' family cases (tests/families.py) is: one case of a model family
+of moegen's family table (moegen.families, which says its transformers classes and the config
+keys of its sizes), its routing as spec choices, and each test harness's tiny sizes of it,
+which make both the config's arguments and the spec's choices (so a size is written once for
+both)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from moegen.families import FAMILIES, Family, Transformers
 
 
 class Keys(NamedTuple):
@@ -73,11 +76,6 @@ def _merged(kwargs: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class ModelFamily:
     name: str
-    folder: str  # transformers/models/<folder>/ (modeling_<folder>.py, configuration_...)
-    config: str  # the config class
-    block: str  # the MoE block class (the oracle runs it)
-    model: str  # the causal LM class (the checkpoint tests save one)
-    keys: Keys
     routing: dict[str, Any]  # spec choices of the family's routing and FFN
     oracle: Tiny
     checkpoint: Tiny | None = None  # None: the oracle alone checks this family
@@ -89,3 +87,48 @@ class ModelFamily:
     # --from-hf: this block's config.json is the same file as that family's (one config, two
     # blocks: a modality's sparse block inside a model's), whose spec it must give
     config_of: str | None = None
+    # the family table's entry this case is of (its config class's model_type); None: `name`
+    model_type: str | None = None
+    # a case of another MoE block than the entry's (a modality's, an encoder's)
+    other_block: str | None = None
+    # the config's names of the sizes where the case sets others than the entry's first keys
+    config_keys: Keys | None = None
+    # the classes of a family the table does not hold (one `moegen init --from-hf` refuses)
+    classes: Transformers | None = None
+
+    @property
+    def family(self) -> Family:
+        """The family table's entry."""
+        return FAMILIES[self.model_type or self.name]
+
+    @property
+    def transformers(self) -> Transformers:
+        return self.classes or self.family.transformers
+
+    @property
+    def folder(self) -> str:
+        """transformers/models/<folder>/ (modeling_<folder>.py, configuration_...)."""
+        return self.transformers.folder
+
+    @property
+    def config(self) -> str:
+        """The config class."""
+        return self.transformers.config
+
+    @property
+    def block(self) -> str:
+        """The MoE block class (the oracle runs it)."""
+        return self.other_block or self.transformers.block
+
+    @property
+    def model(self) -> str | None:
+        """The causal LM class (the checkpoint tests save one)."""
+        return self.transformers.model
+
+    @property
+    def keys(self) -> Keys:
+        """The config's names of the sizes: the entry's first key of each."""
+        if self.config_keys is not None:
+            return self.config_keys
+        sizes = self.family.sizes
+        return Keys(sizes.experts[0], sizes.top_k[0], sizes.ffn[0], sizes.embed[0])

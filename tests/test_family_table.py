@@ -191,3 +191,18 @@ def test_each_path_refuses_a_bad_value_in_its_own_terms(
         _checkpoint(config)
     for error in (hf, loader):
         assert str(error.value).startswith(f"{FILE}: ") and key in str(error.value), error.value
+
+
+def test_every_family_has_a_transformers_case() -> None:
+    """A family is one entry of the table plus its test cases (tests/families.py), which read
+    the entry's classes and size keys: every case is of an entry (or of a family init refuses),
+    and every entry but a multimodal twin has a case, which the oracle, init and (with
+    checkpoint keys) the loader tests then run."""
+    from families import FAMILIES as CASES
+
+    from moegen.hf import REFUSED
+
+    of = {case.model_type or case.name for case in CASES}
+    assert of - set(FAMILIES) <= set(REFUSED), of - set(FAMILIES)
+    untested = {t for t, entry in FAMILIES.items() if not entry.text_config} - of
+    assert not untested, f"families with no case in tests/families*.py: {sorted(untested)}"

@@ -71,6 +71,7 @@ STAGE_OF = {
     "moegen.hf": "top",  # init --from-hf: specs from a transformers config.json
     "moegen.install_te": "top",  # runs the shipped TE installer
     "moegen.docs_reference": "top",  # docs/reference/ written from the spec and the CLI
+    "moegen.docs_families": "top",  # docs/reference/families.md written from the family table
 }
 BASE = {
     "moegen",

@@ -14,7 +14,7 @@ from moegen.families.config_file import (
     read_json,
     short,
 )
-from moegen.families.entry import CheckpointKeys, Family, Sizes
+from moegen.families.entry import CheckpointKeys, Family, Sizes, Transformers
 from moegen.families.layer_rules import ABSENT, ConfigReader, Layers
 from moegen.families.layer_set import LayerSet, describe
 from moegen.families.layer_types import HASH_MOE, LayerRule, count_key
@@ -44,6 +44,7 @@ __all__ = [
     "Layout",
     "Size",
     "Sizes",
+    "Transformers",
     "Source",
     "Split",
     "config_file",

@@ -8,6 +8,7 @@ one config.json model_type, declared once.
 - `layers`: which decoder layers are MoE layers (moegen.families.layer_rules and layer_types);
 - `checkpoint`: where its checkpoints keep one layer's MoE weights, for the families whose
   checkpoints moegen loads (moegen.families.layouts);
+- `transformers`: the family's transformers classes (config, MoE block, causal LM);
 - `text_config`: a multimodal config, whose text model's keys sit under text_config.
 
 `moegen init --from-hf` reads the sizes, rules and layers; the checkpoint loader
@@ -114,11 +115,24 @@ class CheckpointKeys:
 
 
 @dataclass(frozen=True)
+class Transformers:
+    """The family's classes in transformers (transformers/models/<folder>/): the config of its
+    text model, the MoE block whose behaviour the entry's rules reproduce, and the causal LM
+    that holds it (the test oracle builds each; moegen imports none of them)."""
+
+    folder: str
+    config: str
+    block: str
+    model: str | None  # None: no causal LM holds the block alone
+
+
+@dataclass(frozen=True)
 class Family:
     title: str
     sizes: Sizes
     rules: tuple[Rule, ...]
     layers: LayerRule  # which decoder layers build the MoE block
+    transformers: Transformers
     checkpoint: CheckpointKeys | None = None  # None: moegen does not load its checkpoints
     text_config: bool = False  # multimodal: the text model's keys are under text_config
     # what the spec alone does not say about where the layer sits (Gemma 4's MoE block runs

@@ -1,6 +1,6 @@
 """Which decoder layers of a model are MoE layers, as the family's transformers decoder layer
 (or its config class, deriving a per-layer list) decides it from config.json: the kinds of
-rule. moegen.families.schedules names one rule per model_type, and both the checkpoint
+rule. Each entry of the family table names one as its `layers`, and both the checkpoint
 loader (moegen.checkpoints.schedule) and `moegen init --from-hf` (moegen.hf.layers) run it.
 
 A rule decides what config.json's values mean (which keys, the config class's defaults,

@@ -7,9 +7,8 @@ materialising 2**31 indices takes gigabytes and minutes. `LayerSet` keeps each r
 as for 2**31; only the explicit lists a file spells out (mlp_only_layers, moe_layers) become
 runs one index at a time, and those are as long as the file that holds them.
 
-It lives in moegen.checkpoints because the rules that find a model's MoE layers do
-(moegen.families.layer_rules), which the checkpoint loader and `moegen init --from-hf` both
-run; the loader may import nothing of moegen outside its own package.
+It lives beside the rules that find a model's MoE layers (moegen.families.layer_rules), which
+the checkpoint loader and `moegen init --from-hf` both run.
 """
 
 from __future__ import annotations

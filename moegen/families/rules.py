@@ -1,4 +1,4 @@
-"""The kinds of entry in the family table (moegen/hf/families.py): each reads some config.json
+"""The kinds of entry in the family table (moegen/families/table.py): each reads some config.json
 keys of one decoder layer and gives spec choices, each with the key it came from.
 
 A value may be a per-layer list (Hunyuan's moe_topk): `at_layer` takes the layer's element.

@@ -30,6 +30,7 @@ from moegen.families.entry import (
     QWEN_SIZES,
     CheckpointKeys,
     Family,
+    Transformers,
 )
 from moegen.families.layer_rules import (
     AllLayers,
@@ -101,6 +102,7 @@ _LLAMA4 = Family(
     ),
     layers=Listed(),
     checkpoint=CheckpointKeys(LLAMA4_LAYOUTS),
+    transformers=Transformers("llama4", "Llama4TextConfig", "Llama4TextMoe", "Llama4ForCausalLM"),
 )
 
 _QWEN3_VL = Family(
@@ -113,6 +115,12 @@ _QWEN3_VL = Family(
         balance(0.001),
     ),
     layers=SparseStep(),
+    transformers=Transformers(
+        "qwen3_vl_moe",
+        "Qwen3VLMoeTextConfig",
+        "Qwen3VLMoeTextSparseMoeBlock",
+        "Qwen3VLMoeForConditionalGeneration",
+    ),
 )
 
 _BASE: Mapping[str, Family] = {
@@ -128,6 +136,9 @@ _BASE: Mapping[str, Family] = {
         ),
         layers=AllLayers(),
         checkpoint=CheckpointKeys(MIXTRAL_LAYOUTS),
+        transformers=Transformers(
+            "mixtral", "MixtralConfig", "MixtralSparseMoeBlock", "MixtralForCausalLM"
+        ),
     ),
     "qwen3_moe": Family(
         "Qwen3-MoE",
@@ -135,6 +146,9 @@ _BASE: Mapping[str, Family] = {
         qwen("Qwen3MoeSparseMoeBlock", 0.001),
         layers=SparseStep(experts="num_experts"),
         checkpoint=CheckpointKeys(QWEN_LAYOUTS),
+        transformers=Transformers(
+            "qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeSparseMoeBlock", "Qwen3MoeForCausalLM"
+        ),
     ),
     "olmoe": Family(
         "OLMoE",
@@ -142,6 +156,9 @@ _BASE: Mapping[str, Family] = {
         qwen("OlmoeSparseMoeBlock", 0.01),
         layers=AllLayers(),
         checkpoint=CheckpointKeys(QWEN_LAYOUTS),
+        transformers=Transformers(
+            "olmoe", "OlmoeConfig", "OlmoeSparseMoeBlock", "OlmoeForCausalLM"
+        ),
     ),
     "deepseek_v3": Family(
         "DeepSeek-V3",
@@ -149,6 +166,9 @@ _BASE: Mapping[str, Family] = {
         deepseek_v3_style("DeepseekV3MoE", True, 2.5, (8, 4), 1),
         layers=FirstDense(FIRST_K, 3, "moe_layer_freq"),
         checkpoint=CheckpointKeys(DEEPSEEK_V3_LAYOUTS),
+        transformers=Transformers(
+            "deepseek_v3", "DeepseekV3Config", "DeepseekV3MoE", "DeepseekV3ForCausalLM"
+        ),
     ),
     "glm4_moe": Family(
         "GLM-4.5",
@@ -156,6 +176,7 @@ _BASE: Mapping[str, Family] = {
         deepseek_v3_style("Glm4MoeMoE", True, 1.0, (1, 1), 1),
         layers=FirstDense(FIRST_K, 1, "moe_layer_freq"),
         checkpoint=CheckpointKeys(DEEPSEEK_V3_LAYOUTS),
+        transformers=Transformers("glm4_moe", "Glm4MoeConfig", "Glm4MoeMoE", "Glm4MoeForCausalLM"),
     ),
     "dots1": Family(
         "dots.llm1",
@@ -163,6 +184,7 @@ _BASE: Mapping[str, Family] = {
         deepseek_v3_style("Dots1MoE", False, 1.0, (1, 1), None),
         layers=FirstDense(FIRST_K, 0, "moe_layer_freq"),
         checkpoint=CheckpointKeys(DEEPSEEK_V3_LAYOUTS),
+        transformers=Transformers("dots1", "Dots1Config", "Dots1MoE", "Dots1ForCausalLM"),
     ),
     "deepseek_v2": Family(
         "DeepSeek-V2",
@@ -170,6 +192,9 @@ _BASE: Mapping[str, Family] = {
         DEEPSEEK_V2,
         layers=FirstDense(FIRST_K, 0, "moe_layer_freq"),
         checkpoint=CheckpointKeys(DEEPSEEK_V2_LAYOUTS),
+        transformers=Transformers(
+            "deepseek_v2", "DeepseekV2Config", "DeepseekV2Moe", "DeepseekV2ForCausalLM"
+        ),
     ),
     "dbrx": Family(
         "DBRX",
@@ -194,6 +219,7 @@ _BASE: Mapping[str, Family] = {
         ),
         layers=AllLayers("n_layers"),
         checkpoint=CheckpointKeys(DBRX_LAYOUTS, ("transformer.blocks.{L}.",)),
+        transformers=Transformers("dbrx", "DbrxConfig", "DbrxFFN", "DbrxForCausalLM"),
     ),
     "jamba": Family(
         "Jamba",
@@ -206,6 +232,9 @@ _BASE: Mapping[str, Family] = {
         ),
         layers=Period(),
         checkpoint=CheckpointKeys(JAMBA_LAYOUTS),
+        transformers=Transformers(
+            "jamba", "JambaConfig", "JambaSparseMoeBlock", "JambaForCausalLM"
+        ),
     ),
     "granitemoe": Family(
         "Granite-MoE",
@@ -213,12 +242,30 @@ _BASE: Mapping[str, Family] = {
         GRANITE,
         layers=AllLayers(),
         checkpoint=CheckpointKeys(GRANITE_LAYOUTS),
+        transformers=Transformers(
+            "granitemoe", "GraniteMoeConfig", "GraniteMoeMoE", "GraniteMoeForCausalLM"
+        ),
     ),
     "granitemoeshared": Family(
-        "Granite-MoE-Shared", MIXTRAL_SIZES, GRANITE_SHARED, layers=AllLayers()
+        "Granite-MoE-Shared",
+        MIXTRAL_SIZES,
+        GRANITE_SHARED,
+        layers=AllLayers(),
+        transformers=Transformers(
+            "granitemoeshared",
+            "GraniteMoeSharedConfig",
+            "GraniteMoeSharedMoE",
+            "GraniteMoeSharedForCausalLM",
+        ),
     ),
     "flex_olmo": Family(
-        "FlexOlmo", OLMOE_SIZES, qwen("FlexOlmoSparseMoeBlock", 0.01), layers=AllLayers()
+        "FlexOlmo",
+        OLMOE_SIZES,
+        qwen("FlexOlmoSparseMoeBlock", 0.01),
+        layers=AllLayers(),
+        transformers=Transformers(
+            "flex_olmo", "FlexOlmoConfig", "FlexOlmoSparseMoeBlock", "FlexOlmoForCausalLM"
+        ),
     ),
     "qwen3_vl_moe_text": _QWEN3_VL,
     "qwen3_vl_moe": replace(_QWEN3_VL, text_config=True),
@@ -234,6 +281,9 @@ _BASE: Mapping[str, Family] = {
         ),
         layers=AllLayers(),
         checkpoint=CheckpointKeys(HUNYUAN_LAYOUTS),
+        transformers=Transformers(
+            "hunyuan_v1_moe", "HunYuanMoEV1Config", "HunYuanMoEV1Moe", "HunYuanMoEV1ForCausalLM"
+        ),
     ),
     "minimax": Family(
         "MiniMax-Text-01",
@@ -247,6 +297,9 @@ _BASE: Mapping[str, Family] = {
         ),
         layers=AllLayers(),
         checkpoint=CheckpointKeys(MIXTRAL_LAYOUTS),
+        transformers=Transformers(
+            "minimax", "MiniMaxConfig", "MiniMaxSparseMoeBlock", "MiniMaxForCausalLM"
+        ),
     ),
     "deepseek_v4": Family(
         "DeepSeek-V4",
@@ -269,6 +322,9 @@ _BASE: Mapping[str, Family] = {
         ),
         layers=DEEPSEEK_V4_LAYERS,
         checkpoint=CheckpointKeys(DEEPSEEK_V4_LAYOUTS, refuse={"gate.tid2eid": HASH_ROUTED}),
+        transformers=Transformers(
+            "deepseek_v4", "DeepseekV4Config", "DeepseekV4SparseMoeBlock", "DeepseekV4ForCausalLM"
+        ),
     ),
     "gpt_oss": Family(
         "gpt-oss",
@@ -276,6 +332,7 @@ _BASE: Mapping[str, Family] = {
         (*GPT_OSS_EXPERTS, balance(0.001)),
         layers=AllLayers(),
         checkpoint=CheckpointKeys(GPT_OSS_LAYOUTS),
+        transformers=Transformers("gpt_oss", "GptOssConfig", "GptOssMLP", "GptOssForCausalLM"),
     ),
     "llama4_text": _LLAMA4,
     "llama4": replace(_LLAMA4, text_config=True),
@@ -289,6 +346,9 @@ _BASE: Mapping[str, Family] = {
         ),
         layers=SparseStep(experts="num_experts"),
         checkpoint=CheckpointKeys(QWEN2_LAYOUTS),
+        transformers=Transformers(
+            "qwen2_moe", "Qwen2MoeConfig", "Qwen2MoeSparseMoeBlock", "Qwen2MoeForCausalLM"
+        ),
     ),
     "ernie4_5_moe": Family(
         "ERNIE 4.5",
@@ -304,6 +364,12 @@ _BASE: Mapping[str, Family] = {
         ),
         layers=Window(),
         checkpoint=CheckpointKeys(ERNIE_LAYOUTS),
+        transformers=Transformers(
+            "ernie4_5_moe",
+            "Ernie4_5_MoeConfig",
+            "Ernie4_5_MoeSparseMoeBlock",
+            "Ernie4_5_MoeForCausalLM",
+        ),
     ),
 }
 

@@ -1,4 +1,4 @@
-"""The family table, continued (moegen/hf/families.py merges it): the families whose MoE block
+"""The family table, continued (moegen/families/table.py merges it): the families whose MoE block
 is DeepSeek's or a close relative of it (transformers 5.25's modeling_<family>.py), most of
 them DeepSeek-V3's block under another name: a sigmoid router with a selection-only bias,
 optional groups ranked by the sum of their best two, renormalised, scaled, and shared experts
@@ -6,7 +6,7 @@ of moe_intermediate_size each. The defaults are each config class's.
 
 Most choose their MoE layers by `mlp_layer_types` ("sparse"; "dense" layers run an MLP),
 which the config class derives when a config.json does not give it, each in its own way
-(moegen.families.schedules says how, for each model_type).
+(each entry's `layers` says how).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from moegen.families.entry import (
     CheckpointKeys,
     Family,
     Rule,
+    Transformers,
 )
 from moegen.families.layer_rules import (
     AllLayers,
@@ -117,24 +118,36 @@ DEEPSEEK_FAMILIES: Mapping[str, Family] = {
         DEEPSEEK_SIZES,
         deepseek_v3_style("DeepseekV32MoE", True, 2.5, (8, 4), 1),
         layers=sparse_after_first_k(3),
+        transformers=Transformers(
+            "deepseek_v32", "DeepseekV32Config", "DeepseekV32MoE", "DeepseekV32ForCausalLM"
+        ),
     ),
     "glm_moe_dsa": Family(
         "GLM-5",
         DEEPSEEK_SIZES,
         deepseek_v3_style("GlmMoeDsaMoE", True, 2.5, (1, 1), 1),
         layers=sparse_after_first_k(3),
+        transformers=Transformers(
+            "glm_moe_dsa", "GlmMoeDsaConfig", "GlmMoeDsaMoE", "GlmMoeDsaForCausalLM"
+        ),
     ),
     "glm4_moe_lite": Family(
         "GLM-4.7-Flash",
         DEEPSEEK_SIZES,
         deepseek_v3_style("Glm4MoeLiteMoE", True, 1.8, (1, 1), 1),
         layers=sparse_after(1),
+        transformers=Transformers(
+            "glm4_moe_lite", "Glm4MoeLiteConfig", "Glm4MoeLiteMoE", "Glm4MoeLiteForCausalLM"
+        ),
     ),
     "glm4v_moe_text": Family(
         "GLM-4.5V text",
         DEEPSEEK_SIZES,
         (*deepseek_v3_style("Glm4vMoeTextMoE", True, 1.0, (1, 1), 1), balance(0.0001)),
         layers=FirstDense(FIRST_K, 1),
+        transformers=Transformers(
+            "glm4v_moe", "Glm4vMoeTextConfig", "Glm4vMoeTextMoE", "Glm4vMoeForConditionalGeneration"
+        ),
     ),
     "glm5_next_text": Family(
         "GLM-5-Next text",
@@ -146,12 +159,18 @@ DEEPSEEK_FAMILIES: Mapping[str, Family] = {
             balance(0.001),
         ),
         layers=sparse_after(3),
+        transformers=Transformers(
+            "glm5_next", "Glm5NextTextConfig", "Glm5NextTextMoE", "Glm5NextForConditionalGeneration"
+        ),
     ),
     "bailing_hybrid": Family(
         "Ling/Ring hybrid",
         DEEPSEEK_SIZES.but(top_k=("num_experts_per_token", "num_experts_per_tok"), **_QWEN_SIZES),
         (*_linear_attention_v3(True, 2.5, (8, 4)), *_BAILING_CLAMPS),
         layers=sparse_after_first_k(2),
+        transformers=Transformers(
+            "bailing_hybrid", "BailingHybridConfig", "BailingHybridMoE", "BailingHybridForCausalLM"
+        ),
     ),
     # MiniCPM5-MoE: V3's router and shared experts; its config class reads
     # first_k_dense_replace (default 1) only to derive mlp_layer_types
@@ -161,22 +180,42 @@ DEEPSEEK_FAMILIES: Mapping[str, Family] = {
         (*v3_router("MiniCPM5MoeTopkRouter", True, 3.66, (1, 1)), _shared("n_shared_experts", 1)),
         layers=sparse_after_first_k(1),
         checkpoint=CheckpointKeys(DEEPSEEK_V3_LAYOUTS),
+        transformers=Transformers(
+            "minicpm5_moe", "MiniCPM5MoeConfig", "MiniCPM5MoeMoE", "MiniCPM5MoeForCausalLM"
+        ),
     ),
     "kimi_linear": Family(
         "Kimi Linear",
         DEEPSEEK_SIZES.but(top_k=("num_experts_per_token", "num_experts_per_tok"), **_QWEN_SIZES),
         _linear_attention_v3(True, 2.446, (1, 1)),
         layers=sparse_after_first_k(1),
+        transformers=Transformers(
+            "kimi_linear", "KimiLinearConfig", "KimiLinearMoE", "KimiLinearForCausalLM"
+        ),
     ),
-    "axk2": Family("A.X K2", DEEPSEEK_SIZES, _AXK2, layers=BY_FREQ),
+    "axk2": Family(
+        "A.X K2",
+        DEEPSEEK_SIZES,
+        _AXK2,
+        layers=BY_FREQ,
+        transformers=Transformers("axk2", "AXK2Config", "AXK2MoE", "AXK2ForCausalLM"),
+    ),
     "axk1": Family(
-        "A.X K1", DEEPSEEK_SIZES, _AXK1, layers=BY_FREQ, checkpoint=CheckpointKeys(AXK1_LAYOUTS)
+        "A.X K1",
+        DEEPSEEK_SIZES,
+        _AXK1,
+        layers=BY_FREQ,
+        checkpoint=CheckpointKeys(AXK1_LAYOUTS),
+        transformers=Transformers("axk1", "AXK1Config", "AXK1MoE", "AXK1ForCausalLM"),
     ),
     "solar_open": Family(
         "Solar Open",
         DEEPSEEK_SIZES,
         deepseek_v3_style("SolarOpenMoE", True, 1.0, (1, 1), 1),
         layers=AllLayers(),
+        transformers=Transformers(
+            "solar_open", "SolarOpenConfig", "SolarOpenMoE", "SolarOpenForCausalLM"
+        ),
     ),
     "dots3_note_text": Family(
         "dots3 note text",
@@ -186,21 +225,34 @@ DEEPSEEK_FAMILIES: Mapping[str, Family] = {
             _shared("n_shared_experts", 1, "shared_experts_intermediate_size"),
         ),
         layers=BY_FREQ,
+        transformers=Transformers(
+            "dots3_note", "Dots3NoteTextConfig", "Dots3NoteTextMoE", "Dots3NoteForCausalLM"
+        ),
     ),
     "exaone_moe": Family(
         "EXAONE MoE",
         QWEN_SIZES,
         (*v3_router("ExaoneMoeTopkRouter", True, 2.5, (1, 1)), _shared("num_shared_experts", 1)),
         layers=sparse_after_first_k(1),
+        transformers=Transformers(
+            "exaone_moe", "ExaoneMoeConfig", "ExaoneMoeSparseMoEBlock", "ExaoneMoeForCausalLM"
+        ),
     ),
     "mimo_v2_flash": Family(
         "MiMo-V2-Flash",
         DEEPSEEK_SIZES,
         v3_router("MiMoV2FlashTopkRouter", True, 1.0, (1, 1)),
         layers=sparse_after(1),
+        transformers=Transformers(
+            "mimo_v2_flash", "MiMoV2FlashConfig", "MiMoV2FlashMoE", "MiMoV2FlashForCausalLM"
+        ),
     ),
     "beam": Family(
-        "Beam", QWEN_SIZES, v3_router("BeamTopKRouter", True, 2.5, (8, 4)), layers=sparse_after(3)
+        "Beam",
+        QWEN_SIZES,
+        v3_router("BeamTopKRouter", True, 2.5, (8, 4)),
+        layers=sparse_after(3),
+        transformers=Transformers("beam", "BeamConfig", "BeamMoE", "BeamForCausalLM"),
     ),
     "hy_v3": Family(
         "HY3",
@@ -212,6 +264,7 @@ DEEPSEEK_FAMILIES: Mapping[str, Family] = {
             _shared("num_shared_experts", 1),
         ),
         layers=sparse_after(1),
+        transformers=Transformers("hy_v3", "HYV3Config", "HYV3MoE", "HYV3ForCausalLM"),
     ),
     "afmoe": Family(
         "AFMoE (Trinity)",
@@ -223,6 +276,9 @@ DEEPSEEK_FAMILIES: Mapping[str, Family] = {
             _shared("num_shared_experts", 2),
         ),
         layers=FirstDense("num_dense_layers", 1),
+        transformers=Transformers(
+            "afmoe", "AfmoeConfig", "AfmoeSparseMoeBlock", "AfmoeForCausalLM"
+        ),
     ),
     "dots3_note_vision_encoder": Family(
         "dots3 note vision",
@@ -233,12 +289,21 @@ DEEPSEEK_FAMILIES: Mapping[str, Family] = {
             scaling(1.0, "router_scaling_factor"),
         ),
         layers=mlp_types(None),
+        transformers=Transformers(
+            "dots3_note",
+            "Dots3NoteVisionConfig",
+            "Dots3NoteVisionMoE",
+            "Dots3NoteForConditionalGeneration",
+        ),
     ),
     "minimax_m2": Family(
         "MiniMax-M2",
         MIXTRAL_SIZES,
         (ACTIVATION, *_biased_sigmoid("MiniMaxM2TopKRouter"), NO_JITTER, balance(0.001)),
         layers=AllLayers(),
+        transformers=Transformers(
+            "minimax_m2", "MiniMaxM2Config", "MiniMaxM2SparseMoeBlock", "MiniMaxM2ForCausalLM"
+        ),
     ),
     "minimax_m3_vl_text": Family(
         "MiniMax-M3-VL text",
@@ -253,25 +318,58 @@ DEEPSEEK_FAMILIES: Mapping[str, Family] = {
             balance(0.001),
         ),
         layers=mlp_types(FirstDense(None, 0, "moe_layer_freq", freq_list=True)),
+        transformers=Transformers(
+            "minimax_m3_vl",
+            "MiniMaxM3VLTextConfig",
+            "MiniMaxM3VLSparseMoeBlock",
+            "MiniMaxM3VLForCausalLM",
+        ),
     ),
     "mistral4": Family(
         "Mistral Small 4",
         DEEPSEEK_SIZES,
         (*_MISTRAL4, norm_topk(True)),
         layers=FirstDense(FIRST_K, 0),
+        transformers=Transformers(
+            "mistral4", "Mistral4Config", "Mistral4MoE", "Mistral4ForCausalLM"
+        ),
     ),
     "mistral_large4_text": Family(
         "Mistral Large 3 text",
         DEEPSEEK_SIZES,
         (*_MISTRAL4, renormalized("MistralLarge4TextTopkRouter")),
         layers=sparse_after_first_k(1),
+        transformers=Transformers(
+            "mistral_large4",
+            "MistralLarge4TextConfig",
+            "MistralLarge4TextMoE",
+            "MistralLarge4ForConditionalGeneration",
+        ),
     ),
     # DeepSeek-V2's block; their config classes derive no list for a null mlp_layer_types
     # but Unlimited-OCR's, and the decoder layers index it
     "deepseek_ocr2_text": Family(
-        "DeepSeek-OCR 2 text", DEEPSEEK_SIZES, DEEPSEEK_V2, layers=mlp_types(None)
+        "DeepSeek-OCR 2 text",
+        DEEPSEEK_SIZES,
+        DEEPSEEK_V2,
+        layers=mlp_types(None),
+        transformers=Transformers(
+            "deepseek_ocr2",
+            "DeepseekOcr2TextConfig",
+            "DeepseekOcr2TextMoe",
+            "DeepseekOcr2ForConditionalGeneration",
+        ),
     ),
     "unlimited_ocr_text": Family(
-        "Unlimited-OCR text", DEEPSEEK_SIZES, DEEPSEEK_V2, layers=sparse_after_first_k(1)
+        "Unlimited-OCR text",
+        DEEPSEEK_SIZES,
+        DEEPSEEK_V2,
+        layers=sparse_after_first_k(1),
+        transformers=Transformers(
+            "unlimited_ocr",
+            "UnlimitedOcrTextConfig",
+            "UnlimitedOcrTextMoe",
+            "UnlimitedOcrForConditionalGeneration",
+        ),
     ),
 }

@@ -1,4 +1,4 @@
-"""The family table, continued (moegen/hf/families.py merges it): the Qwen-, Granite-, gpt-oss-
+"""The family table, continued (moegen/families/table.py merges it): the Qwen-, Granite-, gpt-oss-
 and ERNIE-like families of transformers 5.25 (modeling_<family>.py), and the multimodal
 models' text models (a top-level config maps its text_config's model_type). The defaults are
 each config class's.
@@ -16,6 +16,7 @@ from moegen.families.entry import (
     QWEN_SIZES,
     Family,
     Rule,
+    Transformers,
 )
 from moegen.families.layer_rules import (
     AllLayers,
@@ -99,12 +100,21 @@ MORE_FAMILIES: Mapping[str, Family] = {
         QWEN_SIZES.also(**_LOCAL),
         (ACTIVATION, softmax("MellumTopKRouter"), norm_topk(True), balance(0.001)),
         layers=mlp_types(AllLayers()),
+        transformers=Transformers(
+            "mellum", "MellumConfig", "MellumSparseMoeBlock", "MellumForCausalLM"
+        ),
     ),
     "qwen3_omni_moe_text": Family(
         "Qwen3-Omni thinker",
         QWEN_SIZES,
         (ACTIVATION, softmax("Qwen3OmniMoeThinkerTextTopKRouter"), norm_topk(True), balance(0.001)),
         layers=SparseStep(),
+        transformers=Transformers(
+            "qwen3_omni_moe",
+            "Qwen3OmniMoeTextConfig",
+            "Qwen3OmniMoeThinkerTextSparseMoeBlock",
+            "Qwen3OmniMoeThinkerForConditionalGeneration",
+        ),
     ),
     "qwen3_omni_moe_talker_text": Family(
         "Qwen3-Omni talker",
@@ -117,6 +127,12 @@ MORE_FAMILIES: Mapping[str, Family] = {
             balance(0.001),
         ),
         layers=AllLayers(),
+        transformers=Transformers(
+            "qwen3_omni_moe",
+            "Qwen3OmniMoeTalkerTextConfig",
+            "Qwen3OmniMoeTalkerTextSparseMoeBlock",
+            "Qwen3OmniMoeTalkerForConditionalGeneration",
+        ),
     ),
     "qwen3_5_moe_text": Family(
         "Qwen3.5-MoE",
@@ -129,32 +145,80 @@ MORE_FAMILIES: Mapping[str, Family] = {
             balance(0.001),
         ),
         layers=AllLayers(),
+        transformers=Transformers(
+            "qwen3_5_moe",
+            "Qwen3_5MoeTextConfig",
+            "Qwen3_5MoeSparseMoeBlock",
+            "Qwen3_5MoeForCausalLM",
+        ),
     ),
-    "qwen3_next": Family("Qwen3-Next", QWEN_SIZES, _QWEN3_NEXT, layers=SparseStep()),
+    "qwen3_next": Family(
+        "Qwen3-Next",
+        QWEN_SIZES,
+        _QWEN3_NEXT,
+        layers=SparseStep(),
+        transformers=Transformers(
+            "qwen3_next", "Qwen3NextConfig", "Qwen3NextSparseMoeBlock", "Qwen3NextForCausalLM"
+        ),
+    ),
     # Qwen3-Next's block in every decoder layer
-    "qwen4_exp_text": Family("Qwen4-Exp text", QWEN_SIZES, _QWEN3_NEXT, layers=AllLayers()),
+    "qwen4_exp_text": Family(
+        "Qwen4-Exp text",
+        QWEN_SIZES,
+        _QWEN3_NEXT,
+        layers=AllLayers(),
+        transformers=Transformers(
+            "qwen4_exp", "Qwen4ExpTextConfig", "Qwen4ExpTextSparseMoeBlock", "Qwen4ExpForCausalLM"
+        ),
+    ),
     "lara_mini": Family(
         "Lara-Mini",
         QWEN_SIZES,
         (ACTIVATION, softmax("LaraMiniTopKRouter"), norm_topk(True), _SHARED, balance(0.001)),
         layers=AllLayers(),
+        transformers=Transformers(
+            "lara_mini", "LaraMiniConfig", "LaraMiniSparseMoeBlock", "LaraMiniForCausalLM"
+        ),
     ),
     "flint": Family(
         "Flint",
         QWEN_SIZES,
         (ACTIVATION, sigmoid("FlintTopKRouter"), norm_topk(True), _SHARED, balance(0.0005)),
         layers=SparseStep(),
+        transformers=Transformers(
+            "flint", "FlintConfig", "FlintSparseMoeBlock", "FlintForCausalLM"
+        ),
     ),
-    "granitemoe_swa": Family("Granite-MoE SWA", MIXTRAL_SIZES, GRANITE_SHARED, layers=AllLayers()),
+    "granitemoe_swa": Family(
+        "Granite-MoE SWA",
+        MIXTRAL_SIZES,
+        GRANITE_SHARED,
+        layers=AllLayers(),
+        transformers=Transformers(
+            "granitemoe_swa", "GraniteMoeSWAConfig", "GraniteMoeSWAMoE", "GraniteMoeSWAForCausalLM"
+        ),
+    ),
     # its decoder layer always adds its shared MLP (shared_intermediate_size) to the block's
     "granitemoehybrid": Family(
-        "Granite-MoE hybrid", MIXTRAL_SIZES, GRANITE_SHARED, layers=AllLayers()
+        "Granite-MoE hybrid",
+        MIXTRAL_SIZES,
+        GRANITE_SHARED,
+        layers=AllLayers(),
+        transformers=Transformers(
+            "granitemoehybrid",
+            "GraniteMoeHybridConfig",
+            "GraniteMoeHybridMoE",
+            "GraniteMoeHybridForCausalLM",
+        ),
     ),
     "cohere2_moe": Family(
         "Cohere2-MoE",
         OLMOE_SIZES,
         (ACTIVATION, _COHERE2_SCORE, _COHERE2_SHARED),
         layers=sparse_after_first_k(0),
+        transformers=Transformers(
+            "cohere2_moe", "Cohere2MoeConfig", "Cohere2MoeSparseMoeBlock", "Cohere2MoeForCausalLM"
+        ),
     ),
     "aria_text": Family(
         "Aria text",
@@ -166,11 +230,23 @@ MORE_FAMILIES: Mapping[str, Family] = {
             Copy("layer.shared_ffn_bias", ("mlp_bias",), False, "flag"),
         ),
         layers=AllLayers(),
+        transformers=Transformers(
+            "aria", "AriaTextConfig", "AriaTextMoELayer", "AriaTextForCausalLM"
+        ),
     ),
     # gpt-oss's experts with gate and up concatenated; its router's division by top_k is
     # undone by the block's product with it. A token classifier: no balancing loss
     "openai_privacy_filter": Family(
-        "OpenAI privacy filter", GPT_OSS_SIZES, GPT_OSS_EXPERTS, layers=AllLayers()
+        "OpenAI privacy filter",
+        GPT_OSS_SIZES,
+        GPT_OSS_EXPERTS,
+        layers=AllLayers(),
+        transformers=Transformers(
+            "openai_privacy_filter",
+            "OpenAIPrivacyFilterConfig",
+            "OpenAIPrivacyFilterMLP",
+            "OpenAIPrivacyFilterForTokenClassification",
+        ),
     ),
     "jetmoe": Family(
         "JetMoE",
@@ -184,6 +260,7 @@ MORE_FAMILIES: Mapping[str, Family] = {
             balance(0.01, "aux_loss_coef"),
         ),
         layers=AllLayers(),
+        transformers=Transformers("jetmoe", "JetMoeConfig", "JetMoeMoE", "JetMoeForCausalLM"),
     ),
     # the MoE layer on text tokens: the text experts (moe_intermediate_size[0] wide) and
     # the shared experts; image and video tokens go to the vision experts instead
@@ -192,5 +269,11 @@ MORE_FAMILIES: Mapping[str, Family] = {
         ERNIE_SIZES.but(ffn=("moe_intermediate_size[0]",)),
         _ERNIE_VL,
         layers=sparse_after(1),
+        transformers=Transformers(
+            "ernie4_5_vl_moe",
+            "Ernie4_5_VLMoeTextConfig",
+            "Ernie4_5_VLMoeMoeBlock",
+            "Ernie4_5_VLMoeForConditionalGeneration",
+        ),
     ),
 }

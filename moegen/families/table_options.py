@@ -1,4 +1,4 @@
-"""The family table, continued (moegen/hf/families.py merges it): the families whose MoE needs
+"""The family table, continued (moegen/families/table.py merges it): the families whose MoE needs
 the spec options of clamps after the activation or on the routed experts alone, a selection
 bias on the logits, a renormalisation epsilon, soft-capped router logits, ungated relu^2
 experts, and Gemma 4's norms and per-expert scales (transformers 5.25's
@@ -16,6 +16,7 @@ from moegen.families.entry import (
     CheckpointKeys,
     Family,
     Rule,
+    Transformers,
 )
 from moegen.families.layer_rules import (
     AllBut,
@@ -74,6 +75,7 @@ _STEP3P7 = Family(
         *step_clamps("swiglu_limits", "swiglu_limits_shared"),
     ),
     layers=mlp_types(IndexList()),
+    transformers=Transformers("step3p7", "Step3p7TextConfig", "Step3p7SparseMoeBlock", None),
 )
 
 
@@ -95,7 +97,13 @@ def _hy_v4(block: str) -> tuple[Rule, ...]:
     )
 
 
-_HY_V4_VL = Family("HY-V4-VL text", DEEPSEEK_SIZES, _hy_v4("HYV4VL"), layers=sparse_after(1))
+_HY_V4_VL = Family(
+    "HY-V4-VL text",
+    DEEPSEEK_SIZES,
+    _hy_v4("HYV4VL"),
+    layers=sparse_after(1),
+    transformers=Transformers("hy_v4_vl", "HYV4VLTextConfig", "HYV4VLMoE", None),
+)
 
 # NemotronHExperts and the shared NemotronHMLP run act(x @ up) without a gate
 _UNGATED = {"relu2": "relu2", "relu": "relu", "gelu": "gelu"}
@@ -121,7 +129,7 @@ _GEMMA_NOTE = (
 )
 
 
-def _gemma(title: str, block: str, layers: LayerRule) -> Family:
+def _gemma(title: str, block: str, layers: LayerRule, transformers: Transformers) -> Family:
     """Gemma 4's MoE block (DiffusionGemma's is the same): the router sees
     rms_norm(x) * scale / sqrt(D), softmax top-k renormalised, then times a per-expert
     scale; the experts run on their own RMS-normalised input (pre_feedforward_layernorm_2)."""
@@ -137,11 +145,17 @@ def _gemma(title: str, block: str, layers: LayerRule) -> Family:
             Copy("layer.expert_input_norm_eps", ("rms_norm_eps",), 1e-6, "number"),
         ),
         layers=layers,
+        transformers=transformers,
         note=_GEMMA_NOTE,
     )
 
 
-_GEMMA4 = _gemma("Gemma 4", "Gemma4Text", Switched("enable_moe_block"))
+_GEMMA4 = _gemma(
+    "Gemma 4",
+    "Gemma4Text",
+    Switched("enable_moe_block"),
+    Transformers("gemma4", "Gemma4TextConfig", "Gemma4TextDecoderLayer", None),
+)
 # Inkling2: every decoder layer an MoE block; sigmoid scores (scoring_func) with a selection
 # bias, renormalised (+1e-20, below float32's resolution), times route_scale; soft-capped
 # SwiGLU experts, no shared expert
@@ -158,9 +172,17 @@ _INKLING2 = Family(
         Softcaps("mlp_gate_softcap", "mlp_up_softcap", (4.0, 25.0)),
     ),
     layers=AllLayers(),
+    transformers=Transformers("inkling2", "Inkling2TextConfig", "Inkling2SparseMoeBlock", None),
 )
 # both its encoder and decoder layers build the block (enable_moe_block is not read)
-_DIFFUSION_GEMMA = _gemma("DiffusionGemma", "DiffusionGemmaText", AllLayers())
+_DIFFUSION_GEMMA = _gemma(
+    "DiffusionGemma",
+    "DiffusionGemmaText",
+    AllLayers(),
+    Transformers(
+        "diffusion_gemma", "DiffusionGemmaTextConfig", "DiffusionGemmaEncoderTextLayer", None
+    ),
+)
 # Inkling: the router's weight has n_shared_experts more rows, which score the shared experts;
 # their sigmoid scores and the chosen experts' are normalised together, times route_scale and
 # a learned global_scale, and each shared expert's hidden units are scaled by its weight.
@@ -186,6 +208,7 @@ _INKLING = Family(
         ),
     ),
     layers=mlp_types(FirstDense("dense_mlp_idx", 0)),
+    transformers=Transformers("inkling", "InklingTextConfig", "InklingMoE", None),
 )
 # LongCat-Flash: each of num_layers decoder layers (two attention and two dense MLP sublayers
 # each; num_hidden_layers counts the attention ones) has one MoE; softmax over the experts and
@@ -206,6 +229,7 @@ _LONGCAT_FLASH = Family(
     layers=AllLayers("num_layers"),
     note="Each decoder layer also runs two dense MLPs (ffn_hidden_size wide) beside its "
     "attention sublayers; they are not part of this spec",
+    transformers=Transformers("longcat_flash", "LongcatFlashConfig", "LongcatFlashMoE", None),
 )
 
 _KOLIBRI1 = Family(
@@ -222,12 +246,21 @@ _KOLIBRI1 = Family(
     ),
     layers=AllLayers(),
     checkpoint=CheckpointKeys(KOLIBRI_LAYOUTS),
+    transformers=Transformers(
+        "kolibri1", "Kolibri1Config", "Kolibri1SparseMoeBlock", "Kolibri1ForCausalLM"
+    ),
 )
 
 OPTION_FAMILIES: Mapping[str, Family] = {
     "step3p5": _STEP3P7,  # Step3p7TextConfig's model_type
     "step3p7": replace(_STEP3P7, text_config=True),
-    "hy_v4": Family("HY-V4", DEEPSEEK_SIZES, _hy_v4("HYV4"), layers=sparse_after(1)),
+    "hy_v4": Family(
+        "HY-V4",
+        DEEPSEEK_SIZES,
+        _hy_v4("HYV4"),
+        layers=sparse_after(1),
+        transformers=Transformers("hy_v4", "HYV4Config", "HYV4MoE", None),
+    ),
     "hy_v4_vl_text": _HY_V4_VL,
     "hy_v4_vl": replace(_HY_V4_VL, text_config=True),
     "kolibri1": _KOLIBRI1,
@@ -236,6 +269,9 @@ OPTION_FAMILIES: Mapping[str, Family] = {
         _KOLIBRI1,
         title="Kolibri 1.1",
         layers=AllBut("mlp_only_layers", 2),  # the first two dense, absent the list
+        transformers=Transformers(
+            "kolibri1_1", "Kolibri1_1Config", "Kolibri1_1SparseMoeBlock", "Kolibri1_1ForCausalLM"
+        ),
     ),
     "lfm2_moe": Family(
         "LFM2-MoE",
@@ -258,6 +294,7 @@ OPTION_FAMILIES: Mapping[str, Family] = {
             scaling(1.0),
         ),
         layers=FirstDense("num_dense_layers", 2),
+        transformers=Transformers("lfm2_moe", "Lfm2MoeConfig", "Lfm2MoeSparseMoeBlock", None),
     ),
     "laguna": Family(
         "Laguna",
@@ -278,6 +315,7 @@ OPTION_FAMILIES: Mapping[str, Family] = {
             balance(0.001),
         ),
         layers=sparse_after(1),
+        transformers=Transformers("laguna", "LagunaConfig", "LagunaSparseMoeBlock", None),
     ),
     "nemotron_h": Family(
         "Nemotron-H",
@@ -290,10 +328,17 @@ OPTION_FAMILIES: Mapping[str, Family] = {
             Latent(("moe_latent_size",), ("mlp_bias",)),  # fc1/fc2_latent_proj
         ),
         layers=NEMOTRON_LAYERS,
+        transformers=Transformers("nemotron_h", "NemotronHConfig", "NemotronHMoE", None),
     ),
     "inkling2_text": _INKLING2,
     "inkling2": replace(_INKLING2, text_config=True),
-    "inkling2_loop_text": replace(_INKLING2, title="Inkling2 (looped)"),
+    "inkling2_loop_text": replace(
+        _INKLING2,
+        title="Inkling2 (looped)",
+        transformers=Transformers(
+            "inkling2_loop", "Inkling2LoopTextConfig", "Inkling2LoopSparseMoeBlock", None
+        ),
+    ),
     "inkling2_loop": replace(_INKLING2, title="Inkling2 (looped)", text_config=True),
     "gemma4_text": _GEMMA4,
     "gemma4": replace(_GEMMA4, text_config=True),

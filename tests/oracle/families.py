@@ -1,8 +1,8 @@
 """The model families checked against transformers, as the oracle runs them.
 
-The families, their config and block classes, their routing and the oracle's tiny sizes are
-the entries of the one table of model families, tests/families.py (the checkpoint tests use
-it too): each keeps the model's real routing settings (top-k, normalisation, scoring function,
+The families' config and block classes are their entries' in moegen's family table
+(moegen.families); their routing and the oracle's tiny sizes are the cases of
+tests/families.py (the checkpoint tests use them too): each keeps the model's real routing settings (top-k, normalisation, scoring function,
 groups, scaling, shared experts, biases) at small widths. Here each gains what needs torch:
 how the block's weights map to moegen's parameters (hf_blocks), the initialisation where the
 default would not test the routing, and the clamps of the SwiGLU. Sizes are small so that
