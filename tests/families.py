@@ -25,7 +25,9 @@ from families_deepseek import DEEPSEEK_FAMILIES
 from families_keys import (  # EMBED and the FFN widths: the harnesses read them from here
     CF,
     CHECKPOINT_FFN,  # noqa: F401
+    DENSE_FIRST,
     EMBED,  # noqa: F401
+    MLA,
     ORACLE_FFN,  # noqa: F401
     RENORMALIZED,
     SIGMOID_BIAS,
@@ -36,10 +38,6 @@ from families_more import MORE_FAMILIES
 from families_options import OPTION_FAMILIES, with_latent, with_shared_biases
 from family_model import ModelFamily, Tiny
 
-# DeepSeek's multi-head latent attention, as small as the checkpoint models go
-MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
-# the dense layer 0 of the DeepSeek-style checkpoint models
-DENSE_FIRST = dict(intermediate_size=64, first_k_dense_replace=1)
 DEEPSEEK_V2_CHECKPOINT = DENSE_FIRST | dict(n_shared_experts=2, q_lora_rank=None, **MLA)
 
 FAMILIES: list[ModelFamily] = [

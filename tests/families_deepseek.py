@@ -11,7 +11,7 @@ scaled, plus shared experts of moe_intermediate_size each. The others differ as 
 from __future__ import annotations
 
 import families_keys
-from families_keys import LOCAL_MOE, RENORMALIZED, SIGMOID_BIAS, SOFTMAX, F
+from families_keys import CF, DENSE_FIRST, LOCAL_MOE, MLA, RENORMALIZED, SIGMOID_BIAS, SOFTMAX, F
 from family_model import ModelFamily, Tiny
 
 ONE_SHARED = dict(n_shared_experts=1, norm_topk_prob=True)
@@ -25,7 +25,20 @@ def _v3_like(name: str, oracle: Tiny, model_type: str | None = None) -> ModelFam
 
 DEEPSEEK_FAMILIES: list[ModelFamily] = [
     # DeepSeek-V3.2: V3's MoE (256 experts, 8 groups keep 4, top-8, scaling 2.5, 1 shared)
-    _v3_like("deepseek_v32", Tiny(32, 8, shared=F, scaling=2.5, groups=(8, 4), config=ONE_SHARED)),
+    ModelFamily(
+        "deepseek_v32",
+        SIGMOID_BIAS,
+        oracle=Tiny(32, 8, shared=F, scaling=2.5, groups=(8, 4), config=ONE_SHARED),
+        # its checkpoints keep V3's names (a dense layer 0, then MoE layers)
+        checkpoint=Tiny(
+            16,
+            4,
+            shared=CF,
+            scaling=2.5,
+            groups=(4, 2),
+            config=DENSE_FIRST | dict(n_shared_experts=1, q_lora_rank=16, **MLA),
+        ),
+    ),
     # Ling/Ring hybrid: 512 experts, 8 groups keep 4, top-8, scaling 2.5, 1 shared; the
     # block takes its layer index (transformers 5.25), which picks the layer's SwiGLU limits
     ModelFamily(

@@ -21,3 +21,7 @@ RENORMALIZED = SOFTMAX | {"renormalize": True}
 SIGMOID_BIAS = {"score": "sigmoid", "renormalize": True, "routing_bias": True}
 # softmax over the top-k logits alone (Mixtral's form, Granite's, gpt-oss's)
 AFTER_TOP_K = SOFTMAX | {"score_after_top_k": True}
+# DeepSeek's multi-head latent attention, as small as the checkpoint models go
+MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+# the dense layer 0 of the DeepSeek-style checkpoint models
+DENSE_FIRST = dict(intermediate_size=64, first_k_dense_replace=1)

@@ -118,6 +118,7 @@ DEEPSEEK_FAMILIES: Mapping[str, Family] = {
         DEEPSEEK_SIZES,
         deepseek_v3_style("DeepseekV32MoE", True, 2.5, (8, 4), 1),
         layers=sparse_after_first_k(3),
+        checkpoint=CheckpointKeys(DEEPSEEK_V3_LAYOUTS),
         transformers=Transformers(
             "deepseek_v32", "DeepseekV32Config", "DeepseekV32MoE", "DeepseekV32ForCausalLM"
         ),
