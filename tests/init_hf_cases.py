@@ -254,6 +254,16 @@ REFUSALS = [
         ("'ergo' is not supported", "ErgoExpertNorm", "layer.output_norm_eps"),
     ),
     Refused(
+        "muse_spark per-expert output norms",
+        {"model_type": "muse_spark"},
+        ("'muse_spark' is not supported", "post_expert_norm", "moe_hidden_size"),
+    ),
+    Refused(
+        "zaya router MLP",
+        {"model_type": "zaya"},
+        ("'zaya' is not supported", "MLP", "previous decoder layer"),
+    ),
+    Refused(
         "a dense model",
         {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336},
         ("'llama' has no MoE layers", "Mixture-of-Experts layers only"),

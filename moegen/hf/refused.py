@@ -18,6 +18,14 @@ REFUSED: Mapping[str, str] = {
     "weight (ErgoExpertNorm) before weighting it, and its shared expert's output with another: "
     "moegen has no per-expert output norm (layer.output_norm_eps normalises the layer's output, "
     "routed and shared summed).",
+    "muse_spark": "Muse Spark's MoE block projects each token down to moe_hidden_size and "
+    "centre-RMS-normalises it before the experts, RMS-normalises each expert's output with a "
+    "learned weight (post_expert_norm) before weighting it, and projects the sum back up: "
+    "moegen has no per-expert output norm and no centred input norm (layer.latent_dim "
+    "projects without a norm).",
+    "zaya": "ZAYA routes with an MLP (down_proj, two GELU layers, out_proj) whose hidden state "
+    "carries over from the previous decoder layer's router, and a learned 'skip' expert: "
+    "moegen's routers score with one linear layer on the layer's own input.",
     "phimoe": "Phi-3.5-MoE routes with sparsemixer (router_jitter_noise as its epsilon). "
     + UNSUPPORTED_CHOICES[(("router", "score"), "sparsemixer")],
 }
