@@ -16,6 +16,7 @@ change that makes one worse fails, one that brings it within 10% must move it to
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -23,9 +24,11 @@ import re
 import pytest
 import yaml
 
+import bench.ledger_population
 from bench.extrapolate import shrunk
 from bench.ledger_population import STORE, STORES, merge_stores, module_key, plan_of, planned
 from bench.population import population
+from moegen.plan import Plan
 
 LEDGER_TOLERANCE = 0.10  # |planned - compiled| / compiled
 PROGRAMS = ("forward", "train")
@@ -68,6 +71,12 @@ STORED = json.loads(STORE.read_text(encoding="utf-8"))["modules"]
 HOLDOUT_STORE = STORES / "holdout_assigned.json"
 
 
+# Planning both 60-spec populations takes ~12 s a pass and four tests read them: each spec is
+# planned once a test process (plans are immutable values of their spec's text).
+_plan_once = functools.cache(plan_of)
+
+
+@functools.cache
 def _record(name: str) -> tuple[dict[str, int], dict]:
     """The plan's peaks of `name` and the compiled record of the module it renders today."""
     peaks, source = planned(name, SPECS[name])
@@ -140,12 +149,13 @@ def test_a_spec_shrinks_to_a_shorter_sequence_only_where_it_splits_evenly() -> N
     assert shrunk(text, 64) is None  # 16 tokens over 2 sequence shards in 8 chunks: refused
 
 
-def test_the_share_moegen_plan_states_is_the_recorded_populations():
+def test_the_share_moegen_plan_states_is_the_recorded_populations(monkeypatch):
     """`moegen plan` tells the user how often its estimate is over 10% off: that figure is the
     records' of both 60-spec populations (planned now, against the recorded compiles)."""
     from bench.ledger_population import ledger_errors
     from moegen.plan.report import LEDGER_MISSES_PERCENT
 
+    monkeypatch.setattr(bench.ledger_population, "plan_of", _plan_once)  # the same plans
     programs = outside = 0
     for seed in (0, 1):
         errors, _ = ledger_errors(60, seed)
@@ -156,14 +166,17 @@ def test_the_share_moegen_plan_states_is_the_recorded_populations():
     assert abs(100 * outside / programs - LEDGER_MISSES_PERCENT) <= 5, (outside, programs)
 
 
-def _population_plans():
+@functools.cache
+def _population_plans() -> tuple[tuple[str, Plan, dict | None], ...]:
     """(name, plan, record or None) of both 60-spec populations, planned now."""
     from moegen.render import render
 
+    rows = []
     for seed in (0, 1):
         for name, text in population(60, seed):
-            plan = plan_of(name, text)
-            yield name, plan, STORED.get(module_key(render(plan)))
+            plan = _plan_once(name, text)
+            rows.append((name, plan, STORED.get(module_key(render(plan)))))
+    return tuple(rows)
 
 
 def _compiled(record: dict, program: str) -> int | None:
