@@ -20,7 +20,7 @@ STAMP := $(VENV)/.moegen-installed
 EXAMPLE ?= specs/mixtral_small_cpu.yaml
 
 TE_STAMP := $(VENV)/.moegen-te-installed
-TE_TESTS := tests/test_te_lowering.py tests/test_gpu_targets.py tests/test_te_slices.py tests/test_te_features.py tests/test_tokamax.py
+TE_TESTS := tests/kernels/test_te_lowering.py tests/kernels/test_gpu_targets.py tests/kernels/test_te_slices.py tests/kernels/test_te_features.py tests/kernels/test_tokamax.py
 GPU_KERNELS_STAMP := $(VENV)/.moegen-gpu-kernels-installed
 
 .PHONY: setup example test test-fast check te test-te gpu-kernels

@@ -10,7 +10,7 @@ which compiles the forward and the forward+backward program); the compiled peaks
 (memory_analysis: arguments + outputs + temporaries - aliased) are printed beside the plan's
 `forward_peak` and `train_peak`, with the error. `--write` merges the compiled figures into
 the JSON file (one entry per spec, and the versions: jax, libtpu, moegen commit), so that
-specs can be measured one at a time; tests/test_ledger.py checks the plan against it.
+specs can be measured one at a time; tests/fit/test_ledger.py checks the plan against it.
 `--dump DIR` also has XLA dump each spec's compiled programs (buffer assignment and memory
 usage report) into DIR/NAME.
 """

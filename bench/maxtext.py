@@ -54,7 +54,7 @@ CASTS_BAR = 0.4
 # issue 27's bar, on each row's best trade; FLOPs to the two places it gives them (a trade
 # that recomputes gate and up costs 1.2219x: 2 of 9 matmul passes more, as MaxText counts)
 ISSUE_27_BAR = {"train_peak": CASTS_BAR, "flops": 1.22, "forward_peak": 0.5}
-# How far below the compiled peak the ledger may be (tests/test_ledger.py: 10% both ways).
+# How far below the compiled peak the ledger may be (tests/fit/test_ledger.py: 10% both ways).
 LEDGER_LOW = 0.10
 
 

@@ -389,7 +389,7 @@ def _fsync(path: str | Path) -> None:
 
 
 def _trace(step: str) -> None:
-    """Test hook (tests/test_signals.py): MOEGEN_EMIT_TRACE="W,R", two inherited pipe fds.
+    """Test hook (tests/emit/test_signals.py): MOEGEN_EMIT_TRACE="W,R", two inherited pipe fds.
     Name the step just done on W, wait for a byte or end of file on R: a test can signal
     this process between any two system calls of the write."""
     fds = os.environ.get("MOEGEN_EMIT_TRACE")

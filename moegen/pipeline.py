@@ -1,7 +1,7 @@
 """The pipeline wired together: load -> validate -> plan -> fit -> render -> verify -> emit.
 
 The CLI calls these; each stage lives in its own module and imports only the stages before
-it (tests/test_pipeline_imports.py): what a stage needs from an earlier one it is handed
+it (tests/cli/test_pipeline_imports.py): what a stage needs from an earlier one it is handed
 (verify gets the plan the source was rendered from), never recomputed. The fit stage reads
 the compiler's memory figure through the reader verify supplies (moegen.verify.XLA_READS),
 handed to it here.

@@ -30,7 +30,7 @@ LINT_IGNORE = "E501"
 
 # The macro contracts of the interchangeable templates: every kernel (templates/kernels/) and
 # every expert strategy (templates/strategies/) provides exactly these, and the other
-# templates call nothing else of them (tests/test_template_contracts.py). A template may keep
+# templates call nothing else of them (tests/render/test_template_contracts.py). A template may keep
 # further macros as private helpers that only it calls.
 KERNEL_MACROS = {
     "imports": "the kernel's import lines",

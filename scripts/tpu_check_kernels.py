@@ -5,7 +5,8 @@ total + lhs @ rhs[g] on each group's rows, written into total's buffer) as a gen
 defines it, at that module's own shapes: against a float32 `ragged_dot` reference at
 "highest" precision, forward and its three gradients, and timed beside the unfused sum it
 replaces (megablox's gmm, then an add), forward and forward+backward. The CPU tests run the
-same kernel interpreted (tests/test_gmm_accumulate.py); only the chip compiles it with Mosaic.
+same kernel interpreted (tests/kernels/test_gmm_accumulate.py); only the chip compiles it with
+Mosaic.
 Imports only jax, numpy and the standard library (no moegen on the TPU machine).
 """
 

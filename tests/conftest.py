@@ -23,7 +23,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The tests' CPU programs are small and each compiled once or twice: LLVM's optimisations cost
 # more than they save (a fifth of a twin-parity test's time). Results do not change: XLA's CPU
 # code has no fast math either way, and libtpu's compiles (byte-exact memory figures,
-# tests/test_ledger.py) ignore the flag.
+# tests/fit/test_ledger.py) ignore the flag.
 if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
@@ -36,7 +36,7 @@ if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 GPU_LIBRARIES = {
     "te": ("MOEGEN_REQUIRE_TE", "make te"),
     "tokamax": ("MOEGEN_REQUIRE_TOKAMAX", "make gpu-kernels"),
-}  # tests/test_te_lowering.py holds these to the registry's kernels that lower through one
+}  # tests/kernels/test_te_lowering.py holds these to the registry's kernels that lower through one
 
 
 def require_gpu_library(name: str) -> None:
@@ -59,6 +59,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# what libtpu prints on a CPU machine where the CLI keeps it quiet (tests check it does)
+LIBTPU_NOISE = ("E0000", "TPU_WORKER_HOSTNAMES", "Logging before InitGoogle", "host bounds")
 SPEC_DIR = REPO_ROOT / "specs"
 GENERATED_DIR = REPO_ROOT / "generated"
 EXAMPLE_SPECS = sorted(SPEC_DIR.glob("*.yaml"))
@@ -194,7 +196,7 @@ def assert_twin_parity(report: Any) -> list[dict]:
 
 
 def generated_from(choices: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The spec `choices` describe (tests/spec_builder.py), written as tmp_path/layer.yaml and
+    """The spec `choices` describe (tests/support/spec_builder.py), written as tmp_path/layer.yaml and
     generated there (loaded, validated, planned, rendered): a `moegen.pipeline.Generated`."""
     from spec_builder import spec_yaml
 

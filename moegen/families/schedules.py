@@ -1,7 +1,7 @@
 """The shorthands of the family table's `layers` rules (which decoder layers of a model are
 MoE layers), and what the rules of the families say. The checkpoint loader
 (moegen.checkpoints.schedule) and `moegen init --from-hf` (moegen.hf.layers) both run an
-entry's rule (tests/test_one_schedule.py).
+entry's rule (tests/model_families/test_family_table.py).
 
 Each rule is what the family's transformers decoder layer builds (transformers 5.25,
 models/<family>/modeling_<family>.py), or how its config class derives mlp_layer_types where

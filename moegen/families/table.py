@@ -8,8 +8,9 @@ that need the spec's rarer options).
 Each rule is what the family's transformers MoE block does (transformers 5.25,
 models/<family>/modeling_<family>.py), with the default of its config class where a key is
 absent, so that the spec `moegen init --from-hf` writes routes as the model does;
-tests/test_init_hf.py holds every entry against the oracle's families, and
-tests/test_checkpoints.py every entry with a checkpoint against a saved transformers model.
+tests/model_families/test_init_hf.py holds every entry against the oracle's families, and
+tests/model_families/test_checkpoints.py every entry with a checkpoint against a saved
+transformers model.
 A multimodal config's entry (`text_config`) is its text model's, made with
 dataclasses.replace: the same family, not a second declaration.
 """

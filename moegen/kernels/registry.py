@@ -5,7 +5,7 @@ The stages ask it what a kernel needs instead of comparing names: validation ask
 `kernel(name).config`, verification reads a kernel's twin substitute, preflight and CUDA
 lowering, and `moegen schema` writes the names into the JSON schema. A kernel is added by one
 module beside these, one line below, its template (templates/kernels/<name>.jinja) and its
-test subclass (tests/test_kernels.py).
+test subclass (tests/kernels/test_kernels.py).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def round_up(value: int, multiple: int) -> int:
 GRID_STEP_SECONDS = 0.35e-6
 # The compiler's own scratch in a megablox kernel, beside its blocks and accumulator, as
 # measured (libtpu 0.0.51, 1,250 kernels on v5e, v5p, v6e and tpu7x: the scoped VMEM each
-# compiled kernel reports, tests/test_tiling_libtpu.py) and bounded from above here: 4 bytes
+# compiled kernel reports, tests/kernels/test_tiling_libtpu.py) and bounded from above here: 4 bytes
 # per element of the [rows, contraction] block (a float32 copy of it), 6 past 512 rows or 1024
 # contraction lanes (v6e's weight gradient at 1024 rows, tpu7x's at 2048 lanes), 1.5 bytes per
 # (row tile)^2 (the weight gradient's transposes and masks grow with it), and 128 KiB.

@@ -6,7 +6,7 @@ parses far faster and hands the same events to the same Python composer. Where i
 text, the Python loader reads it again and reports its own error, so no message changes.
 Where it accepts, it must read what PyYAML reads; it does, except where libyaml is laxer or
 places a mark otherwise, and `reads_as_pyyaml` finds those places (each one found by
-comparing the two over generated texts, see tests/test_load_fast_equivalence.py) so that
+comparing the two over generated texts, see tests/load/test_load_fast_equivalence.py) so that
 the caller can leave them to PyYAML too. Mark indices count characters for both (not UTF-8
 bytes: non-ASCII and astral text, CRLF line ends agree), but for a byte-order mark.
 """

@@ -158,7 +158,7 @@ def _compiled_by_libtpu(loaded: LoadedSpec) -> bool:
     the chunks') and then crash generating its code (a failed check, SIGABRT). Found by
     compiling drawn layers: DeepSeek-V3 in 2 and 4 token chunks on tpu7x, OLMoE's ring of
     experts in 4; the same layers at smaller batches compile. A barrier on the reshapes' flat
-    side keeps them out of such fusions (tests/test_tpu_chunk_fence.py)."""
+    side keeps them out of such fusions (tests/verify/test_tpu_chunk_fence.py)."""
     return hardware(loaded.spec.target.hardware).platform == "tpu"
 
 

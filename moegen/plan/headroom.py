@@ -16,7 +16,7 @@ from moegen.plan.model import Plan
 # How far above HBM the plan may put a layer before it trades memory of its own
 # (moegen.plan.token_chunks) and, with `memory.fit_check: plan` (the default), before it
 # refuses the spec. The committed examples' worst over-estimate (+8.7%, deepseek_v3_v5p;
-# tests/test_ledger.py). It is not a bound beyond them: on the generated populations no
+# tests/fit/test_ledger.py). It is not a bound beyond them: on the generated populations no
 # refusal was wrong (every spec refused is out of HBM in the compiler), but the plan has been
 # measured up to REFUSAL_OVERESTIMATE above the compiled peak, so the message says so and
 # names `memory.fit_check: compile`.
@@ -30,7 +30,7 @@ LEDGER_OVERESTIMATE = 0.10
 # when the build chooses their trade: +123.5% (s2_023, olmoe at batch 224, 7 [rows, D]
 # buffers counted at the row gradient where XLA holds far fewer), +111.5% (s1_046), +100.9%
 # (s3_003), +94.0% (s1_020). Three times HBM leaves a third above the worst. An empirical
-# bound, not a proof, and said so; tests/test_ledger_population.py holds it above every
+# bound, not a proof, and said so; tests/fit/test_ledger_population.py holds it above every
 # recorded over-estimate, compiled (seeds 0, 1) and assigned (seeds 2-4, too-big layers).
 REFUSAL_OVERESTIMATE = 2.00
 MEASURED_OVERESTIMATE = 1.24  # the worst of them, rounded up

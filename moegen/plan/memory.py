@@ -46,7 +46,7 @@ TRADE_HEADROOM = 0.30
 # 4.11 GiB of temporaries; at tpu7x's peak all three weights' all-reduced float32 gradients
 # are live at once, two of them relaid out beside them. The share is fitted on seed 0's 15
 # tpu7x programs alone (the fewest outside 10%, then the least median error) and judged on
-# the hold-out's 14 (bench/LEDGER.md, tests/test_ledger_population.py).
+# the hold-out's 14 (bench/LEDGER.md, tests/fit/test_ledger_population.py).
 HELD_WEIGHT_GRADIENTS = {"tpu7x": 0.47}
 
 

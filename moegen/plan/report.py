@@ -8,7 +8,7 @@ from moegen.plan.params import PartitionSpec
 from moegen.strategies import strategy
 
 # Of the programs of `python -m bench.ledger --population 60 --seed 0` and `--seed 1`, the share
-# whose planned peak is over 10% off the compiled one (tests/test_ledger_population.py holds it
+# whose planned peak is over 10% off the compiled one (tests/fit/test_ledger_population.py holds it
 # to the records).
 LEDGER_MISSES_PERCENT = 31
 
