@@ -34,7 +34,7 @@ def _row(model_type: str, family: Family) -> str:
     where = "text_config" if family.text_config else ""
     rule = type(family.layers).__name__
     return (
-        f"| `{model_type}` | {family.title} | `{classes.block}` ({classes.folder}) | "
+        f"| `{model_type}` | {family.title} | `{classes.block}` ({classes.block_folder}) | "
         f"{rule}: {_layer_keys(family.layers)} | {where} | {loads} |"
     )
 

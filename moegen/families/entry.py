@@ -124,6 +124,14 @@ class Transformers:
     config: str
     block: str
     model: str | None  # None: no causal LM holds the block alone
+    # where the block and the causal LM are defined, when the family runs another family's
+    # modeling code (Sarvam's models run GLM-4.5's); None: `folder`
+    modeling: str | None = None
+
+    @property
+    def block_folder(self) -> str:
+        """transformers/models/<block_folder>/modeling_<block_folder>.py defines the block."""
+        return self.modeling or self.folder
 
 
 @dataclass(frozen=True)

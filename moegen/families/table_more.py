@@ -1,7 +1,8 @@
 """The family table, continued (moegen/families/table.py merges it): the Qwen-, Granite-, gpt-oss-
-and ERNIE-like families of transformers 5.25 (modeling_<family>.py), and the multimodal
-models' text models (a top-level config maps its text_config's model_type). The defaults are
-each config class's.
+and ERNIE-like families of transformers 5.25 (modeling_<family>.py), the multimodal models'
+text models (a top-level config maps its text_config's model_type), and the families whose
+config class transformers runs with another family's modeling code (Sarvam and Param2: GLM-4.5's
+or DeepSeek-V3's). The defaults are each config class's.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from moegen.families.entry import (
+    DEEPSEEK_SIZES,
     ERNIE_SIZES,
     GPT_OSS_SIZES,
     MIXTRAL_SIZES,
@@ -20,10 +22,12 @@ from moegen.families.entry import (
 )
 from moegen.families.layer_rules import (
     AllLayers,
+    FirstDense,
     SparseStep,
 )
 from moegen.families.rules import Choose, Copy, Expect, Fixed, SharedWidth, Switch
 from moegen.families.schedules import (
+    FIRST_K,
     mlp_types,
     sparse_after,
     sparse_after_first_k,
@@ -41,6 +45,7 @@ from moegen.families.shared_rules import (
     sigmoid,
     silu_experts,
     softmax,
+    v3_router,
 )
 
 _SHARED = SharedWidth((), ("shared_expert_intermediate_size",))
@@ -93,6 +98,21 @@ _ERNIE_VL: tuple[Rule, ...] = (
     balance(0.001),
 )
 _LOCAL = {"experts": ("num_local_experts",)}  # what these configs save for num_experts
+# the names the original Sarvam and Param2 configs use (their config classes' attribute_map)
+_ORIGINAL_SIZES = DEEPSEEK_SIZES.also(experts=("num_experts", "num_local_experts"))
+
+
+def _renamed_v3(block: str, scale: float, shared: int) -> tuple[Rule, ...]:
+    """DeepSeek-V3's router and shared experts under a config class with its own defaults and
+    the original configs' names (num_shared_experts for n_shared_experts); one group."""
+    return (
+        *v3_router(block, True, scale, (1, 1)),
+        Expect(
+            "moe_layer_freq", (None, 1), "transformers makes every layer after the dense ones MoE"
+        ),
+        SharedWidth(("n_shared_experts", "num_shared_experts"), ("moe_intermediate_size",), shared),
+    )
+
 
 MORE_FAMILIES: Mapping[str, Family] = {
     "mellum": Family(
@@ -274,6 +294,36 @@ MORE_FAMILIES: Mapping[str, Family] = {
             "Ernie4_5_VLMoeTextConfig",
             "Ernie4_5_VLMoeMoeBlock",
             "Ernie4_5_VLMoeForConditionalGeneration",
+        ),
+    ),
+    # Sarvam-30B and Param2: transformers runs them as GLM-4.5 (Glm4MoeForCausalLM), their
+    # config classes changing the defaults (routed scaling 2.5; Param2's 2 shared experts)
+    "sarvam_moe": Family(
+        "Sarvam-MoE",
+        _ORIGINAL_SIZES,
+        _renamed_v3("Glm4MoeMoE", 2.5, 1),
+        layers=FirstDense(FIRST_K, 1, "moe_layer_freq"),
+        transformers=Transformers(
+            "sarvam_moe", "SarvamMoEConfig", "Glm4MoeMoE", "Glm4MoeForCausalLM", "glm4_moe"
+        ),
+    ),
+    "param2moe": Family(
+        "Param2-MoE",
+        _ORIGINAL_SIZES,
+        _renamed_v3("Glm4MoeMoE", 2.5, 2),
+        layers=FirstDense(FIRST_K, 1, "moe_layer_freq"),
+        transformers=Transformers(
+            "param2moe", "Param2MoeConfig", "Glm4MoeMoE", "Glm4MoeForCausalLM", "glm4_moe"
+        ),
+    ),
+    # Sarvam-105B: run as DeepSeek-V3 (DeepseekV3ForCausalLM), one group, 1 dense layer first
+    "sarvam_mla": Family(
+        "Sarvam-MLA",
+        _ORIGINAL_SIZES,
+        _renamed_v3("DeepseekV3MoE", 2.5, 1),
+        layers=FirstDense(FIRST_K, 1, "moe_layer_freq"),
+        transformers=Transformers(
+            "sarvam_mla", "SarvamMLAConfig", "DeepseekV3MoE", "DeepseekV3ForCausalLM", "deepseek_v3"
         ),
     ),
 }

@@ -184,7 +184,7 @@ def found_blocks() -> Found:
 
 def checked() -> set[str]:
     """The blocks a family of the table names (the oracle runs each)."""
-    return {f"{family.folder}.{family.block}" for family in families.FAMILIES}
+    return {f"{family.transformers.block_folder}.{family.block}" for family in families.FAMILIES}
 
 
 def test_every_moe_block_is_checked_refused_or_pending() -> None:

@@ -6,7 +6,7 @@ experts), on up to 32 experts; multimodal models contribute their text model's b
 
 from __future__ import annotations
 
-from families_keys import AFTER_TOP_K, RENORMALIZED, SOFTMAX, F
+from families_keys import AFTER_TOP_K, RENORMALIZED, SIGMOID_BIAS, SOFTMAX, F
 from family_model import Keys, ModelFamily, Tiny
 
 SIGMOID_RENORMALIZED = {"score": "sigmoid", "renormalize": True}
@@ -132,5 +132,23 @@ MORE_FAMILIES: list[ModelFamily] = [
         model_type="ernie4_5_vl_moe_text",
         other_block="Ernie4_5_VLMoeSparseMoeBlock",
         config_keys=Keys("moe_num_experts", "moe_k", "moe_intermediate_size"),
+    ),
+    # Sarvam-30B (128 experts, top-6, scaling 2.5, 1 shared) and Param2 (64 experts, top-6,
+    # scaling 2.5, 2 shared): GLM-4.5's block under their own config classes
+    ModelFamily(
+        "sarvam_moe",
+        SIGMOID_BIAS,
+        oracle=Tiny(16, 6, shared=F, scaling=2.5, config=dict(n_shared_experts=1)),
+    ),
+    ModelFamily(
+        "param2moe",
+        SIGMOID_BIAS,
+        oracle=Tiny(16, 6, shared=2 * F, scaling=2.5, config=dict(n_shared_experts=2)),
+    ),
+    # Sarvam-105B (128 experts, top-8, scaling 2.5, 1 shared): DeepSeek-V3's block, one group
+    ModelFamily(
+        "sarvam_mla",
+        SIGMOID_BIAS,
+        oracle=Tiny(16, 8, shared=F, scaling=2.5, config=dict(n_shared_experts=1)),
     ),
 ]

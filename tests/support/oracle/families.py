@@ -205,6 +205,7 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     "olmoe": _fused,
     "deepseek_v3": _biased_shared,
     "glm4_moe": _biased_shared,
+    **dict.fromkeys(("sarvam_moe", "param2moe", "sarvam_mla"), _biased_shared),
     "dots1": _biased_shared,
     "deepseek_v2_lite": _shared,
     "dbrx": lambda b: {"router": linear_t(b.router.layer.weight), **dbrx_experts(b.experts)},
@@ -345,10 +346,10 @@ CLAMPS = {
 
 def _oracle_family(entry: families.ModelFamily) -> Family:
     tiny = entry.oracle
-    folder = M + entry.folder
+    folder, modeling = M + entry.folder, entry.transformers.block_folder
     return Family(
         name=entry.name,
-        block=entry.oracle_block or f"{folder}.modeling_{entry.folder}.{entry.block}",
+        block=entry.oracle_block or f"{M}{modeling}.modeling_{modeling}.{entry.block}",
         config=f"{folder}.configuration_{entry.folder}.{entry.config}",
         config_kwargs=tiny.config_kwargs(entry.keys, EMBED, FFN),
         spec=tiny.spec_choices(entry.routing, EMBED, FFN),
