@@ -28,4 +28,12 @@ REFUSED: Mapping[str, str] = {
     "moegen's routers score with one linear layer on the layer's own input.",
     "phimoe": "Phi-3.5-MoE routes with sparsemixer (router_jitter_noise as its epsilon). "
     + UNSUPPORTED_CHOICES[(("router", "score"), "sparsemixer")],
+    "doge": "Doge's experts are product-key retrieval: two top-k's over sqrt(E) keys, summed "
+    "pairwise, choose the experts, each one embedding row in and one out beside a dense gated "
+    "MLP; moegen's experts are FFNs chosen by one router.",
+    "nllb-moe": "NLLB-MoE is an encoder-decoder model, and --from-hf maps the MoE layers of "
+    "decoder-only models (transformers' NllbMoeSparseMLP also runs expert_0 and expert_1 "
+    "whichever experts its router chose).",
 }
+# a text model's config names its own model_type; it is refused for the same reason
+REFUSED = {**REFUSED, "muse_spark_text": REFUSED["muse_spark"]}

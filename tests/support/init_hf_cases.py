@@ -259,6 +259,21 @@ REFUSALS = [
         ("'muse_spark' is not supported", "post_expert_norm", "moe_hidden_size"),
     ),
     Refused(
+        "muse_spark_text per-expert output norms",
+        {"model_type": "muse_spark_text"},
+        ("'muse_spark_text' is not supported", "post_expert_norm"),
+    ),
+    Refused(
+        "doge product-key experts",
+        {"model_type": "doge"},
+        ("'doge' is not supported", "product-key"),
+    ),
+    Refused(
+        "nllb-moe encoder-decoder",
+        {"model_type": "nllb-moe"},
+        ("'nllb-moe' is not supported", "encoder-decoder"),
+    ),
+    Refused(
         "zaya router MLP",
         {"model_type": "zaya"},
         ("'zaya' is not supported", "MLP", "previous decoder layer"),
