@@ -43,14 +43,12 @@ from checkpoint_helpers import (
 from spec_builder import spec_yaml
 
 from moegen.checkpoints import (
-    FAMILIES,
     CheckpointError,
     StackedParams,
     find_moe_layers,
     load_model_params,
 )
 from moegen.checkpoints.reader import Checkpoint
-from moegen.checkpoints.schedule import schedule_of
 
 nnx = pytest.importorskip("flax.nnx")
 from moegen.nnx import MoELayer  # noqa: E402
@@ -96,46 +94,6 @@ def test_every_moe_layer_matches_transformers(family: str, tmp_path: Path) -> No
 
 
 # -- which layers are MoE: config.json, as transformers reads it ---------------------------------
-
-# name -> (family, config.json, the MoE layers schedule_of finds in [0, count))
-# fmt: off
-RULE_CASES: dict[str, tuple[str, dict[str, Any], list[int]]] = {
-    "all_moe": ("mixtral", {"num_hidden_layers": 3}, [0, 1, 2]),
-    "dbrx_n_layers": ("dbrx", {"n_layers": 2}, [0, 1]),
-    "first_k_dense": ("deepseek_v3", {"num_hidden_layers": 5, "first_k_dense_replace": 2},
-                      [2, 3, 4]),
-    "first_k_default": ("deepseek_v3", {"num_hidden_layers": 5}, [3, 4]),
-    "moe_layer_freq": ("deepseek_v2", {"num_hidden_layers": 6, "first_k_dense_replace": 1,
-                                       "moe_layer_freq": 2}, [2, 4]),
-    "glm_default": ("glm4_moe", {"num_hidden_layers": 3}, [1, 2]),
-    "sparse_step": ("qwen3_moe", {"num_hidden_layers": 6, "decoder_sparse_step": 3}, [2, 5]),
-    "mlp_only": ("qwen2_moe", {"num_hidden_layers": 4, "mlp_only_layers": [1, 2]}, [0, 3]),
-    "no_experts": ("qwen2_moe", {"num_hidden_layers": 2, "num_experts": 0}, []),
-    "jamba": ("jamba", {"num_hidden_layers": 6, "expert_layer_period": 3,
-                        "expert_layer_offset": 2}, [2, 5]),
-    "llama4_list": ("llama4_text", {"text_config": {"num_hidden_layers": 4, "moe_layers": [1, 3]}},
-                    [1, 3]),
-    "llama4_step": ("llama4_text", {"num_hidden_layers": 4, "interleave_moe_layer_step": 2}, [1, 3]),
-    "ernie": ("ernie4_5_moe", {"num_hidden_layers": 8, "moe_layer_start_index": 2,
-                               "moe_layer_end_index": 6, "moe_layer_interval": 2}, [3, 5]),
-    "ernie_default": ("ernie4_5_moe", {"num_hidden_layers": 3}, [1, 2]),
-    "axk1_types": ("axk1", {"num_hidden_layers": 3, "mlp_layer_types": ["dense", "sparse", "dense"]}, [1]),
-    "axk1_freq": ("axk1", {"num_hidden_layers": 5, "first_k_dense_replace": 1, "moe_layer_freq": 2}, [2, 4]),
-    "kolibri1_1_default": ("kolibri1_1", {"num_hidden_layers": 4}, [2, 3]),
-    "kolibri1_1_listed": ("kolibri1_1", {"num_hidden_layers": 3, "mlp_only_layers": [1]}, [0, 2]),
-    "v4_types": ("deepseek_v4", {"num_hidden_layers": 3,
-                                 "mlp_layer_types": ["hash_moe", "moe", "moe"]}, [0, 1, 2]),
-}
-# fmt: on
-
-
-@pytest.mark.parametrize("name", sorted(RULE_CASES))
-def test_moe_layers_from_config(name: str) -> None:
-    family, config, expected = RULE_CASES[name]
-    schedule = schedule_of(FAMILIES[family], config, Path("config.json"))
-    assert schedule.count is not None
-    assert [i for i in range(schedule.count) if schedule.kind(i) != "dense"] == expected
-
 
 DEEPSEEK_CONFIG = {
     "model_type": "deepseek_v3",

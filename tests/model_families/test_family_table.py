@@ -118,6 +118,12 @@ SAME: dict[str, tuple[dict[str, Any], list[int], list[int]]] = {
                             "mlp_layer_types": ["dense", "sparse", "sparse"]}, [1, 2], []),
     "deepseek_v32 derived": ({"model_type": "deepseek_v32", "num_hidden_layers": 5,
                               "first_k_dense_replace": 2}, [2, 3, 4], []),
+    # the config classes' defaults, no schedule key given
+    "deepseek_v3 default": ({"model_type": "deepseek_v3", "num_hidden_layers": 5}, [3, 4], []),
+    "glm4_moe default": ({"model_type": "glm4_moe", "num_hidden_layers": 3}, [1, 2], []),
+    "ernie4_5_moe default": ({"model_type": "ernie4_5_moe", "num_hidden_layers": 3}, [1, 2], []),
+    "kolibri1_1 default": ({"model_type": "kolibri1_1", "num_hidden_layers": 4}, [2, 3], []),
+    "deepseek_v4 default": ({"model_type": "deepseek_v4", "num_hidden_layers": 4}, [3], [0, 1, 2]),
     "minicpm5_moe types": ({"model_type": "minicpm5_moe", "num_hidden_layers": 4,
                             "mlp_layer_types": ["sparse", "dense", "sparse", "sparse"]}, [0, 2, 3], []),
     "minicpm5_moe derived": ({"model_type": "minicpm5_moe", "num_hidden_layers": 4,

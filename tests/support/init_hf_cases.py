@@ -246,39 +246,6 @@ REFUSALS = [
         ("zero_expert_num", "must be an integer from 0"),
     ),
     Refused(
-        "phimoe sparsemixer", {"model_type": "phimoe"}, ("'phimoe' is not supported", "sparsemixer")
-    ),
-    Refused(
-        "ergo per-expert output norms",
-        {"model_type": "ergo"},
-        ("'ergo' is not supported", "ErgoExpertNorm", "layer.output_norm_eps"),
-    ),
-    Refused(
-        "muse_spark per-expert output norms",
-        {"model_type": "muse_spark"},
-        ("'muse_spark' is not supported", "post_expert_norm", "moe_hidden_size"),
-    ),
-    Refused(
-        "muse_spark_text per-expert output norms",
-        {"model_type": "muse_spark_text"},
-        ("'muse_spark_text' is not supported", "post_expert_norm"),
-    ),
-    Refused(
-        "doge product-key experts",
-        {"model_type": "doge"},
-        ("'doge' is not supported", "product-key"),
-    ),
-    Refused(
-        "nllb-moe encoder-decoder",
-        {"model_type": "nllb-moe"},
-        ("'nllb-moe' is not supported", "encoder-decoder"),
-    ),
-    Refused(
-        "zaya router MLP",
-        {"model_type": "zaya"},
-        ("'zaya' is not supported", "MLP", "previous decoder layer"),
-    ),
-    Refused(
         "a dense model",
         {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336},
         ("'llama' has no MoE layers", "Mixture-of-Experts layers only"),
@@ -385,6 +352,20 @@ REFUSALS = [
         ("num_local_experts", "missing"),
     ),
     Refused("llama4 without text_config", {"model_type": "llama4"}, ("text_config",)),
+]
+# model_types init refuses whatever the config says: (model_type, case, words of the reason)
+REFUSED_TYPES = [
+    ("phimoe", "phimoe sparsemixer", ("sparsemixer",)),
+    ("ergo", "ergo per-expert output norms", ("ErgoExpertNorm", "layer.output_norm_eps")),
+    ("muse_spark", "muse_spark per-expert output norms", ("post_expert_norm", "moe_hidden_size")),
+    ("muse_spark_text", "muse_spark_text per-expert output norms", ("post_expert_norm",)),
+    ("doge", "doge product-key experts", ("product-key",)),
+    ("nllb-moe", "nllb-moe encoder-decoder", ("encoder-decoder",)),
+    ("zaya", "zaya router MLP", ("MLP", "previous decoder layer")),
+]
+REFUSALS += [
+    Refused(name, {"model_type": model_type}, (f"'{model_type}' is not supported", *words))
+    for model_type, name, words in REFUSED_TYPES
 ]
 
 HOSTILE = [
