@@ -65,7 +65,10 @@ class Sizes:
 
     def keys(self, name: str) -> tuple[str, ...]:
         """The keys of one size, by SIZE_NAMES' name."""
-        return {"experts": self.experts, "embed": self.embed, "ffn": self.ffn}.get(name, self.top_k)
+        if name not in SIZE_NAMES:
+            raise KeyError(f"{name!r} is not a size ({', '.join(SIZE_NAMES)})")
+        keys: tuple[str, ...] = getattr(self, name)
+        return keys
 
     def but(self, **keys: tuple[str, ...]) -> Sizes:
         """These sizes with some sizes' keys replaced."""

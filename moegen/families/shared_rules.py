@@ -93,13 +93,19 @@ def v3_router(block: str, norm: bool, scale: float, groups: tuple[int, int]) -> 
 
 
 def deepseek_v3_style(
-    block: str, norm: bool, scale: float, groups: tuple[int, int], shared: int | None
+    block: str,
+    norm: bool,
+    scale: float,
+    groups: tuple[int, int],
+    shared: int | None,
+    shared_counts: tuple[str, ...] = ("n_shared_experts",),
 ) -> tuple[Rule, ...]:
-    """DeepSeek-V3's block: its router, the shared experts beside."""
+    """DeepSeek-V3's block: its router, the shared experts beside (their count the first of
+    `shared_counts` present)."""
     return (
         *v3_router(block, norm, scale, groups),
         Expect("moe_layer_freq", (1,), "transformers makes every layer after the dense ones MoE"),
-        SharedWidth(("n_shared_experts",), ("moe_intermediate_size",), shared),
+        SharedWidth(shared_counts, ("moe_intermediate_size",), shared),
     )
 
 

@@ -40,12 +40,12 @@ from moegen.families.shared_rules import (
     SHARED_BIAS,
     after_top_k,
     balance,
+    deepseek_v3_style,
     norm_topk,
     renormalized,
     sigmoid,
     silu_experts,
     softmax,
-    v3_router,
 )
 
 _SHARED = SharedWidth((), ("shared_expert_intermediate_size",))
@@ -98,19 +98,21 @@ _ERNIE_VL: tuple[Rule, ...] = (
     balance(0.001),
 )
 _LOCAL = {"experts": ("num_local_experts",)}  # what these configs save for num_experts
-# the names the original Sarvam and Param2 configs use (their config classes' attribute_map)
-_ORIGINAL_SIZES = DEEPSEEK_SIZES.also(experts=("num_experts", "num_local_experts"))
+# GLM-4.5's block, its causal LM and where transformers defines them
+_GLM4_MOE = ("Glm4MoeMoE", "Glm4MoeForCausalLM", "glm4_moe")
+_ORIGINAL_SHARED = ("n_shared_experts", "num_shared_experts")  # as the original configs write
 
 
-def _renamed_v3(block: str, scale: float, shared: int) -> tuple[Rule, ...]:
-    """DeepSeek-V3's router and shared experts under a config class with its own defaults and
-    the original configs' names (num_shared_experts for n_shared_experts); one group."""
-    return (
-        *v3_router(block, True, scale, (1, 1)),
-        Expect(
-            "moe_layer_freq", (None, 1), "transformers makes every layer after the dense ones MoE"
-        ),
-        SharedWidth(("n_shared_experts", "num_shared_experts"), ("moe_intermediate_size",), shared),
+def _run_as(title: str, shared: int, transformers: Transformers) -> Family:
+    """A family transformers runs with GLM-4.5's or DeepSeek-V3's modeling code (its block,
+    one group, routed scaling 2.5, the first layer dense) under a config class of its own,
+    which also reads the original configs' names (num_experts, num_shared_experts)."""
+    return Family(
+        title,
+        DEEPSEEK_SIZES.also(experts=("num_experts", "num_local_experts")),
+        deepseek_v3_style(transformers.block, True, 2.5, (1, 1), shared, _ORIGINAL_SHARED),
+        layers=FirstDense(FIRST_K, 1, "moe_layer_freq"),
+        transformers=transformers,
     )
 
 
@@ -297,32 +299,16 @@ MORE_FAMILIES: Mapping[str, Family] = {
         ),
     ),
     # Sarvam-30B and Param2: transformers runs them as GLM-4.5 (Glm4MoeForCausalLM), their
-    # config classes changing the defaults (routed scaling 2.5; Param2's 2 shared experts)
-    "sarvam_moe": Family(
-        "Sarvam-MoE",
-        _ORIGINAL_SIZES,
-        _renamed_v3("Glm4MoeMoE", 2.5, 1),
-        layers=FirstDense(FIRST_K, 1, "moe_layer_freq"),
-        transformers=Transformers(
-            "sarvam_moe", "SarvamMoEConfig", "Glm4MoeMoE", "Glm4MoeForCausalLM", "glm4_moe"
-        ),
+    # config classes changing its defaults (routed scaling 2.5; Param2's 2 shared experts)
+    "sarvam_moe": _run_as(
+        "Sarvam-MoE", 1, Transformers("sarvam_moe", "SarvamMoEConfig", *_GLM4_MOE)
     ),
-    "param2moe": Family(
-        "Param2-MoE",
-        _ORIGINAL_SIZES,
-        _renamed_v3("Glm4MoeMoE", 2.5, 2),
-        layers=FirstDense(FIRST_K, 1, "moe_layer_freq"),
-        transformers=Transformers(
-            "param2moe", "Param2MoeConfig", "Glm4MoeMoE", "Glm4MoeForCausalLM", "glm4_moe"
-        ),
-    ),
+    "param2moe": _run_as("Param2-MoE", 2, Transformers("param2moe", "Param2MoeConfig", *_GLM4_MOE)),
     # Sarvam-105B: run as DeepSeek-V3 (DeepseekV3ForCausalLM), one group, 1 dense layer first
-    "sarvam_mla": Family(
+    "sarvam_mla": _run_as(
         "Sarvam-MLA",
-        _ORIGINAL_SIZES,
-        _renamed_v3("DeepseekV3MoE", 2.5, 1),
-        layers=FirstDense(FIRST_K, 1, "moe_layer_freq"),
-        transformers=Transformers(
+        1,
+        Transformers(
             "sarvam_mla", "SarvamMLAConfig", "DeepseekV3MoE", "DeepseekV3ForCausalLM", "deepseek_v3"
         ),
     ),

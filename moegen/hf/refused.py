@@ -7,6 +7,13 @@ from collections.abc import Mapping
 
 from moegen.spec import UNSUPPORTED_CHOICES
 
+_MUSE_SPARK = (
+    "Muse Spark's MoE block projects each token down to moe_hidden_size and "
+    "centre-RMS-normalises it before the experts, RMS-normalises each expert's output with a "
+    "learned weight (post_expert_norm) before weighting it, and projects the sum back up: "
+    "moegen has no per-expert output norm and no centred input norm (layer.latent_dim "
+    "projects without a norm)."
+)
 # model_type -> why moegen refuses it (checked before the table; the reason names the difference)
 REFUSED: Mapping[str, str] = {
     "switch_transformers": "Switch Transformers is an encoder-decoder model, and --from-hf maps "
@@ -18,11 +25,8 @@ REFUSED: Mapping[str, str] = {
     "weight (ErgoExpertNorm) before weighting it, and its shared expert's output with another: "
     "moegen has no per-expert output norm (layer.output_norm_eps normalises the layer's output, "
     "routed and shared summed).",
-    "muse_spark": "Muse Spark's MoE block projects each token down to moe_hidden_size and "
-    "centre-RMS-normalises it before the experts, RMS-normalises each expert's output with a "
-    "learned weight (post_expert_norm) before weighting it, and projects the sum back up: "
-    "moegen has no per-expert output norm and no centred input norm (layer.latent_dim "
-    "projects without a norm).",
+    "muse_spark": _MUSE_SPARK,
+    "muse_spark_text": _MUSE_SPARK,  # its text model's config
     "zaya": "ZAYA routes with an MLP (down_proj, two GELU layers, out_proj) whose hidden state "
     "carries over from the previous decoder layer's router, and a learned 'skip' expert: "
     "moegen's routers score with one linear layer on the layer's own input.",
@@ -35,5 +39,3 @@ REFUSED: Mapping[str, str] = {
     "decoder-only models (transformers' NllbMoeSparseMLP also runs expert_0 and expert_1 "
     "whichever experts its router chose).",
 }
-# a text model's config names its own model_type; it is refused for the same reason
-REFUSED = {**REFUSED, "muse_spark_text": REFUSED["muse_spark"]}
