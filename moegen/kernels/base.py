@@ -35,6 +35,9 @@ class MatmulQuantities:
     chunk_width: int  # embedding columns of one overlap chunk
     accumulated_width: int  # gate/up output columns summed in place over the chunks
     interpret: bool  # kernels interpreted on CPU (the shrunken twin only)
+    # the routed weights' dtype as the kernel reads them: the compute dtype, or float32 where
+    # the kernel reads them as stored and casts each block (moegen.plan.weight_reads)
+    weight_dtype: str
 
 
 TileShape = tuple[int, int, int]  # (rows, contraction, output)
@@ -81,6 +84,8 @@ class TileRequest:
     gate_up_width: int  # its output columns (gate and up side by side: twice one)
     down_contraction: int  # FFN columns one down call contracts (an FFN slice)
     ffn_chunks: int  # FFN slices (their down projections write float32, to be summed)
+    # the weights' dtype as the kernels read them (float32: as stored, cast block by block)
+    weight_dtype: str
 
 
 @dataclass(frozen=True)
@@ -169,6 +174,10 @@ class Kernel:
     # no whole copy of them is made; XLA lays out ragged_dot's weights anew, a copy of every
     # one (the memory ledger, bench/LEDGER.md)
     reads_weights_in_place: bool = False
+    # its forward and input-gradient calls can read float32 weights as stored and cast each
+    # block to the compute dtype in VMEM (no compute-dtype copy of the weights is written);
+    # its weight gradient then comes out in float32 (moegen.plan.weight_reads decides)
+    casts_weight_blocks: bool = False
     preflight: Preflight | None = None  # what verification needs installed (None: nothing)
     # verified by lowering for CUDA without a GPU (None: compiled, or run, instead)
     cuda_lowering: CudaLowering | None = None

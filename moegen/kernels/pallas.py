@@ -8,6 +8,7 @@ and the row padding they force; its CPU twin runs megablox interpreted with smal
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -27,18 +28,42 @@ from moegen.kernels.base import (
 from moegen.kernels.tiling import (
     LANES,
     Tile,
-    accumulate_tile,
+    VmemBudget,
     choose_tile,
     projection_out_dtypes,
+    shrink_to_fit,
     tile_problems,
 )
-from moegen.kernels.tiling_kernels import kernel_tiles
+from moegen.kernels.tiling_kernels import accumulate_tile, kernel_tiles
 from moegen.load import LoadedSpec
 from moegen.spec import Tiles
 
 # The twin runs megablox interpreted with small tiles: rows padded past a ragged last tile,
 # contraction and output dimensions smaller than one tile (both masked by the kernel).
 TWIN_TILE = [32, 128, 128]
+
+# The module's own gmm, reading float32 weights as stored, sets its scoped VMEM limit to this
+# many times the compiler's default: at the default its contraction tile is cut and every
+# row tile reads the float32 weights again (measured on one v5e chip, Qwen3-30B-A3B shapes:
+# 14.80 / 43.75 ms forward / forward+backward within the default, 13.01 / 40.58 at twice it;
+# bench/TPU_CHECK.md, run 4). Every TPU generation's VMEM holds twice the default limit.
+CAST_VMEM_FACTOR = 2
+
+
+def cast_vmem_limit(default_limit: int) -> int:
+    """The scoped VMEM limit of the gmm that casts float32 weight blocks in VMEM."""
+    return CAST_VMEM_FACTOR * default_limit
+
+
+def kernel_budgets(default_limit: int, weight_dtype: str, compute_dtype: str) -> VmemBudget:
+    """Each kernel's scoped VMEM limit (forward gmm, input-gradient gmm, weight-gradient
+    tgmm): the compiler's default for all three, except where the weights are read as stored
+    in another dtype than the compute one: the module's own gmm (forward and input gradient)
+    then runs at its own limit, megablox's tgmm at the default."""
+    if weight_dtype == compute_dtype:
+        return default_limit
+    cast = cast_vmem_limit(default_limit)
+    return (cast, cast, default_limit)
 
 
 @dataclass(frozen=True)
@@ -60,6 +85,19 @@ class PallasConfig(KernelConfig):
     # the overlapped ring's kernel that adds a chunk's gate/up product into the float32 sum in
     # place (input_output_aliases); None where nothing is summed over chunks
     accumulate_tile: tuple[int, int, int] | None = None
+    # the float32 weights read as stored by the module's own gmm (_gmm_cast), which casts each
+    # block in VMEM under this scoped VMEM limit, in bytes; None: megablox's gmm reads weights
+    # in the compute dtype
+    cast_vmem_limit: int | None = None
+
+    @property
+    def casts_weights(self) -> bool:
+        return self.cast_vmem_limit is not None
+
+    @property
+    def cast_vmem_limit_mib(self) -> int:
+        """The cast gmm's scoped VMEM limit in MiB (0 where there is none)."""
+        return (self.cast_vmem_limit or 0) // 2**20
 
     @property
     def kernel_tiles(self) -> dict[str, tuple[TileShape, TileShape, TileShape]]:
@@ -108,7 +146,16 @@ def pallas_config(loaded: LoadedSpec, quantities: MatmulQuantities) -> PallasCon
         padded_rows=quantities.rows,
         pads_rows=quantities.rows > quantities.ffn_rows,
         accumulate_tile=_accumulate_tile(loaded, quantities, gate_up),
+        cast_vmem_limit=_cast_vmem_limit(loaded, quantities),
     )
+
+
+def _cast_vmem_limit(loaded: LoadedSpec, quantities: MatmulQuantities) -> int | None:
+    """The cast gmm's scoped VMEM limit, where the kernels read the weights as stored."""
+    spec = loaded.spec
+    if quantities.weight_dtype == spec.dtypes.compute:
+        return None
+    return cast_vmem_limit(hardware(spec.target.hardware).vmem_bytes_for_tiles)
 
 
 def _backward(tile: Tile) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -167,27 +214,33 @@ def pallas_tiles(loaded: LoadedSpec, request: TileRequest) -> tuple[Tile, Tile]:
     """
     spec = loaded.spec
     chip = hardware(spec.target.hardware)
+    compute = spec.dtypes.compute
     gate_up_out, down_out = projection_out_dtypes(
-        spec.dtypes.compute, spec.parallelism.overlap_chunks, request.ffn_chunks
+        compute, spec.parallelism.overlap_chunks, request.ffn_chunks
     )
+    budgets = kernel_budgets(chip.vmem_bytes_for_tiles, request.weight_dtype, compute)
     choose = functools.partial(
         _choose_kernel_tiles,
         request.rows,
-        dtype=spec.dtypes.compute,
-        vmem_budget=chip.vmem_bytes_for_tiles,
+        dtype=compute,
+        vmem_budget=budgets,
+        weight_dtype=request.weight_dtype,
         groups=request.groups,
         peak_flops=chip.peak_bf16_flops_per_chip,
         hbm_bytes_per_s=chip.hbm_bytes_per_s_per_chip,
     )
-    pinned = spec.target.tiles
+    pinned = functools.partial(
+        _pinned, dtype=compute, vmem_budget=budgets, weight_dtype=request.weight_dtype
+    )
+    tiles = spec.target.tiles
     gate_up = (
-        Tile(*pinned.gate_up)
-        if pinned and pinned.gate_up
+        pinned(tiles.gate_up, gate_up_out)
+        if tiles and tiles.gate_up
         else choose(request.gate_up_contraction, request.gate_up_width, out_dtype=gate_up_out)
     )
     down = (
-        Tile(*pinned.down)
-        if pinned and pinned.down
+        pinned(tiles.down, down_out)
+        if tiles and tiles.down
         else choose(request.down_contraction, spec.layer.routed_dim, out_dtype=down_out)
     )
     return gate_up, down
@@ -199,6 +252,20 @@ def _choose_kernel_tiles(
     """The plan's row tile (choose_tile), then each kernel's own lane tiles at it."""
     tile = choose_tile(rows, contraction, output, out_dtype=out_dtype, **chip)
     return kernel_tiles(tile, rows, contraction, output, out_dtype=out_dtype, **chip)
+
+
+def _pinned(
+    tile: list[int], out_dtype: str, *, dtype: str, vmem_budget: VmemBudget, weight_dtype: str
+) -> Tile:
+    """A pinned tile, for all three kernels. Where the weights are read as stored in float32,
+    the gmm calls run it at their own (doubled) limit, where it fits whenever it fits the
+    default in the compute dtype; the weight gradient, written in float32, is narrowed until
+    it fits the default limit (`shrink_to_fit`)."""
+    pinned = Tile(*tile)
+    if weight_dtype == dtype:
+        return pinned
+    weight_gradient = shrink_to_fit(pinned, dtype, vmem_budget, out_dtype, weight_dtype)
+    return dataclasses.replace(pinned, backward=(pinned, weight_gradient))
 
 
 def pinned_tile_problems(loaded: LoadedSpec, ffn_chunks: int) -> list[tuple[str, str]]:
@@ -272,6 +339,7 @@ PALLAS = Kernel(
         {("target", "tiles"): Tiles(gate_up=TWIN_TILE, down=TWIN_TILE)}
     ),
     interpreted_on_cpu=True,
+    casts_weight_blocks=True,
     vma_unchecked_reason="Pallas kernels carry no varying-axes types",
     # megablox leaves the rows past its groups unwritten, in the input gradient too (stale
     # memory on a TPU, NaN interpreted)

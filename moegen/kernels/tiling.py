@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from moegen.kernels.tiling_cost import kernel_cost, round_up, tile_count
 
 LANES = 128  # contraction and output tiles are whole vector lanes
 ROW_MULTIPLE = {"float32": 8, "bfloat16": 16}  # sublanes of one vreg per dtype
@@ -35,13 +38,6 @@ class Tile:
         return (self.rows, self.contraction, self.output)
 
 
-def round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-# A Pallas TPU grid step costs about 0.35 us beside its work (the Pallas TPU matmul guide,
-# "Performance of pipelined kernels"): many narrow tiles are slower than fewer wide ones.
-GRID_STEP_SECONDS = 0.35e-6
 # The compiler's own scratch in a megablox kernel, beside its blocks and accumulator, as
 # measured (libtpu 0.0.51, 1,250 kernels on v5e, v5p, v6e and tpu7x: the scoped VMEM each
 # compiled kernel reports, tests/kernels/test_tiling_libtpu.py) and bounded from above here: 4 bytes
@@ -69,31 +65,64 @@ def projection_out_dtypes(compute: str, overlap_chunks: int, ffn_chunks: int) ->
     return gate_up, down
 
 
-def kernel_vmem(tile: Tile, dtype: str, out_dtype: str | None = None) -> tuple[int, int, int]:
+VmemBudget = int | tuple[int, int, int]  # one scoped VMEM limit, or each kernel's (KERNELS)
+
+
+def kernel_limits(vmem_budget: VmemBudget) -> tuple[int, int, int]:
+    """Each kernel's scoped VMEM limit (KERNELS order): one budget for all three, or each its
+    own (a grouped matmul that sets its own limit, moegen.kernels.pallas.kernel_budgets)."""
+    if isinstance(vmem_budget, int):
+        return (vmem_budget,) * len(KERNELS)
+    return vmem_budget
+
+
+def kernel_vmem(
+    tile: Tile, dtype: str, out_dtype: str | None = None, weight_dtype: str | None = None
+) -> tuple[int, int, int]:
     """Scoped VMEM of one grid step of each kernel the custom VJP runs with these tiles
-    (KERNELS order), for rows and weights in `dtype` and a result in `out_dtype`.
+    (KERNELS order), for rows in `dtype`, weights in `weight_dtype` (default `dtype`) and a
+    result in `out_dtype`.
 
     Each holds its input and output blocks double-buffered, in their own dtypes, a float32
     accumulator of its output block, and the compiler's scratch. The forward gmm reads [m, k]
     rows and [k, n] weights and writes [m, n]. The input gradient is gmm again with k and n
     swapped: it reads [m, k] blocks of the result's gradient (`out_dtype`) and [n, k] weights
     and writes [m, n] row gradients. The weight gradient (tgmm) reads [m, k] rows and [m, n]
-    blocks of the result's gradient and writes [k, n] weight gradients.
+    blocks of the result's gradient and writes [k, n] weight gradients in the weights' dtype.
+    Weights read as stored (float32) and cast block by block hold their cast copy in the
+    compiler's scratch: the compiled kernel used 15.96 MiB where this counts 17.8 (v5e,
+    (256, 2048, 768), float32 weights), so it stays an upper bound without a term of its own.
     """
     c = DTYPE_BYTES[dtype]
     o = DTYPE_BYTES[out_dtype or dtype]
+    w = DTYPE_BYTES[weight_dtype or dtype]
     m, k, n = tile.as_tuple()
     scratch = scratch_bytes(tile)
     return (
-        2 * (m * k * c + k * n * c + m * n * o) + m * n * 4 + scratch,
-        2 * (m * k * o + n * k * c + m * n * c) + m * n * 4 + scratch,
-        2 * (m * k * c + m * n * o + k * n * c) + k * n * 4 + scratch,
+        2 * (m * k * c + k * n * w + m * n * o) + m * n * 4 + scratch,
+        2 * (m * k * o + n * k * w + m * n * c) + m * n * 4 + scratch,
+        2 * (m * k * c + m * n * o + k * n * w) + k * n * 4 + scratch,
     )
 
 
-def vmem_bytes(tile: Tile, dtype: str, out_dtype: str | None = None) -> int:
+def vmem_bytes(
+    tile: Tile, dtype: str, out_dtype: str | None = None, weight_dtype: str | None = None
+) -> int:
     """Scoped VMEM of the largest grid step of the three kernels (kernel_vmem)."""
-    return max(kernel_vmem(tile, dtype, out_dtype))
+    return max(kernel_vmem(tile, dtype, out_dtype, weight_dtype))
+
+
+def fits_vmem(
+    tile: Tile,
+    dtype: str,
+    vmem_budget: VmemBudget,
+    out_dtype: str | None = None,
+    weight_dtype: str | None = None,
+) -> bool:
+    """Every kernel's grid step within its own scoped VMEM limit."""
+    steps = kernel_vmem(tile, dtype, out_dtype, weight_dtype)
+    limits = kernel_limits(vmem_budget)
+    return all(need <= usable_vmem(limit) for need, limit in zip(steps, limits, strict=True))
 
 
 def usable_vmem(vmem_budget: int) -> int:
@@ -103,7 +132,11 @@ def usable_vmem(vmem_budget: int) -> int:
 
 
 def tile_problems(
-    tile: Tile, dtype: str, vmem_budget: int, out_dtype: str | None = None
+    tile: Tile,
+    dtype: str,
+    vmem_budget: VmemBudget,
+    out_dtype: str | None = None,
+    weight_dtype: str | None = None,
 ) -> list[str]:
     """Why `tile` cannot run (empty when it can), for a result in `out_dtype`."""
     problems = []
@@ -119,15 +152,16 @@ def tile_problems(
                 f"{name} tile {value} must be a multiple of {LANES} lanes; "
                 f"nearest valid: {_nearest(value, LANES)}"
             )
-    steps = kernel_vmem(tile, dtype, out_dtype)
-    need = max(steps)
-    if need > usable_vmem(vmem_budget):
-        kernel = KERNELS[steps.index(need)]
+    steps = kernel_vmem(tile, dtype, out_dtype, weight_dtype)
+    limits = [usable_vmem(limit) for limit in kernel_limits(vmem_budget)]
+    over = [i for i, (need, limit) in enumerate(zip(steps, limits, strict=True)) if need > limit]
+    if over:
+        kernel = max(over, key=lambda i: steps[i] - limits[i])
         written = f" of a call writing {out_dtype}" if out_dtype and out_dtype != dtype else ""
-        fitting = shrink_to_fit(tile, dtype, vmem_budget, out_dtype)
+        fitting = shrink_to_fit(tile, dtype, vmem_budget, out_dtype, weight_dtype)
         problems.append(
-            f"tiles {list(tile.as_tuple())} need {need / 2**20:.1f} MiB of VMEM in the "
-            f"{kernel}{written}, more than the {usable_vmem(vmem_budget) / 2**20:.0f} MiB "
+            f"tiles {list(tile.as_tuple())} need {steps[kernel] / 2**20:.1f} MiB of VMEM in the "
+            f"{KERNELS[kernel]}{written}, more than the {limits[kernel] / 2**20:.0f} MiB "
             f"scoped VMEM; for example {list(fitting.as_tuple())} fits"
         )
     return problems
@@ -145,14 +179,16 @@ def choose_tile(
     contraction: int,
     output: int,
     dtype: str,
-    vmem_budget: int,
+    vmem_budget: VmemBudget,
     out_dtype: str | None = None,
+    weight_dtype: str | None = None,
     *,
     groups: int,
     peak_flops: float,
     hbm_bytes_per_s: float,
 ) -> Tile:
-    """The tiles whose kernels take the least time (`kernel_cost`) among those that fit VMEM.
+    """The tiles whose kernels take the least time (`kernel_cost`) among those that fit VMEM
+    (every kernel within its own limit, `kernel_limits`).
 
     The row tile is searched too, from megablox's 512 (fewer rows when the call has fewer) down
     to MIN_ROW_TILE: a row tile shared by two expert groups runs once for each, so where groups
@@ -165,19 +201,26 @@ def choose_tile(
     faster (SHORTER_ROW_TILE_GAIN).
     """
     row_multiple = ROW_MULTIPLE[dtype]
-    usable = usable_vmem(vmem_budget)
+    fit = functools.partial(
+        fits_vmem,
+        dtype=dtype,
+        vmem_budget=vmem_budget,
+        out_dtype=out_dtype,
+        weight_dtype=weight_dtype,
+    )
     # Only widths that fit VMEM in some tile are tried: a few dozen whatever the layer's widths
     # (a width of 2**31 has 2**24 lane tiles, which the search would otherwise walk).
-    widest = widest_lane_tile(dtype, usable, out_dtype)
+    widest = widest_lane_tile(dtype, vmem_budget, out_dtype, weight_dtype)
     widths = sorted(set(lane_tiles(contraction, widest)) | set(lane_tiles(output, widest)))
+    sizes = (DTYPE_BYTES[dtype], DTYPE_BYTES[weight_dtype or dtype])
     row_tile = max(row_multiple, min(DEFAULT_TILE[0], round_up(rows, row_multiple)))
 
     def rank(tile: Tile) -> tuple[float, int, int]:
-        cost = kernel_cost(tile, rows, contraction, output, groups, DTYPE_BYTES[dtype])
+        cost = kernel_cost(tile, rows, contraction, output, groups, *sizes)
         return (cost.seconds(peak_flops, hbm_bytes_per_s), cost.grid_steps, cost.accumulations)
 
     def best(row_tile: int) -> Tile | None:
-        fitting = _fitting_tiles(row_tile, widths, dtype, usable, out_dtype)
+        fitting = _fitting_tiles(row_tile, widths, fit)
         return min(fitting, key=rank) if fitting else None
 
     searched = _row_tiles(row_tile, row_multiple)
@@ -212,14 +255,12 @@ def _row_tiles(top: int, row_multiple: int) -> list[int]:
     return tiles
 
 
-def _fitting_tiles(
-    row_tile: int, widths: list[int], dtype: str, usable: int, out_dtype: str | None
-) -> list[Tile]:
+def _fitting_tiles(row_tile: int, widths: list[int], fit: Callable[[Tile], bool]) -> list[Tile]:
     fitting = []
     for k in widths:
         for n in widths:
             tile = Tile(row_tile, k, n)
-            if vmem_bytes(tile, dtype, out_dtype) > usable:
+            if not fit(tile):
                 break  # VMEM grows with the output tile: the wider ones do not fit either
             fitting.append(tile)
     return fitting
@@ -235,20 +276,24 @@ def lane_tiles(width: int, widest: int | None = None) -> list[int]:
     candidates = range(LANES, top + 1, LANES)
     if width % LANES == 0:
         return [t for t in candidates if width % t == 0]
-    return sorted({round_up(_tiles(width, _tiles(width, t)), LANES) for t in candidates})
+    return sorted({round_up(tile_count(width, tile_count(width, t)), LANES) for t in candidates})
 
 
-def widest_lane_tile(dtype: str, usable: int, out_dtype: str | None = None) -> int:
-    """The widest lane tile (contraction or output) that fits `usable` VMEM bytes in any tile:
+def widest_lane_tile(
+    dtype: str,
+    vmem_budget: VmemBudget,
+    out_dtype: str | None = None,
+    weight_dtype: str | None = None,
+) -> int:
+    """The widest lane tile (contraction or output) that fits the VMEM budget in any tile:
     beside one lane tile the other way and the fewest rows (VMEM grows with every side)."""
     rows = ROW_MULTIPLE[dtype]
 
     def fits(width: int) -> bool:
-        least = min(
-            vmem_bytes(Tile(rows, width, LANES), dtype, out_dtype),
-            vmem_bytes(Tile(rows, LANES, width), dtype, out_dtype),
+        return any(
+            fits_vmem(tile, dtype, vmem_budget, out_dtype, weight_dtype)
+            for tile in (Tile(rows, width, LANES), Tile(rows, LANES, width))
         )
-        return least <= usable
 
     low, high = LANES, 2 * LANES  # low fits (or nothing does), high does not: bisect between
     while fits(high):
@@ -259,64 +304,13 @@ def widest_lane_tile(dtype: str, usable: int, out_dtype: str | None = None) -> i
     return low
 
 
-@dataclass(frozen=True)
-class KernelCost:
-    """One projection's three kernels (gmm forward, gmm input gradient, tgmm weight gradient)
-    over a worst-case call, each as (FLOPs the MXU runs, HBM bytes moved)."""
-
-    calls: tuple[tuple[int, int], ...]
-    grid_steps: int
-    # float32 elements added into the gmm accumulators: each contraction step adds a [rows,
-    # output] block. Vector work beside the MXU's, which the time above leaves out: it only
-    # breaks ties (a compute-bound call whose lane tiles trade contraction for output width).
-    accumulations: int = 0
-
-    def seconds(self, peak_flops: float, hbm_bytes_per_s: float) -> float:
-        """Each kernel bound by its compute or its traffic, whichever is longer, plus the fixed
-        cost of every grid step."""
-        bound = sum(max(f / peak_flops, b / hbm_bytes_per_s) for f, b in self.calls)
-        return bound + self.grid_steps * GRID_STEP_SECONDS
-
-
-def kernel_cost(
-    tile: Tile, rows: int, contraction: int, output: int, groups: int, size: int
-) -> KernelCost:
-    """megablox's traffic model with the work of its padded tiles: a kernel visits
-    rows/tm + groups - 1 row tiles (a tile shared by two groups runs for each), reads one
-    expert's weights per row tile, and re-reads its row input once per output tile.
-
-    The input gradient is gmm with the roles of K and N swapped (same tile tuple); the weight
-    gradient (tgmm) reads the input once per output tile and the output gradient once per
-    contraction tile.
-    """
-    m, k, n, g = rows, contraction, output, groups
-    tm, tk, tn = tile.as_tuple()
-    # lanes computed over a width: whole tiles (round_up), the last one masked
-    visits = _tiles(m, tm) + g - 1
-    computed_rows = visits * tm
-    forward = (
-        2 * computed_rows * round_up(k, tk) * round_up(n, tn),
-        (m * k * _tiles(n, tn) + k * n * visits + m * n) * size,
-    )
-    input_gradient = (
-        2 * computed_rows * round_up(n, tk) * round_up(k, tn),
-        (m * n * _tiles(k, tn) + k * n * visits + m * k) * size,
-    )
-    weight_gradient = (
-        2 * computed_rows * round_up(k, tk) * round_up(n, tn),
-        (m * k * _tiles(n, tn) + m * n * _tiles(k, tk) + g * k * n) * size,
-    )
-    steps = 2 * _tiles(k, tk) * _tiles(n, tn) + _tiles(n, tk) * _tiles(k, tn)
-    # the weight gradient's [k, n] accumulator takes one block per row tile whatever the tiles
-    added = computed_rows * (round_up(n, tn) * _tiles(k, tk) + round_up(k, tn) * _tiles(n, tk))
-    return KernelCost((forward, input_gradient, weight_gradient), steps * visits, added)
-
-
-def _tiles(width: int, tile: int) -> int:
-    return -(-width // tile)
-
-
-def shrink_to_fit(tile: Tile, dtype: str, vmem_budget: int, out_dtype: str | None = None) -> Tile:
+def shrink_to_fit(
+    tile: Tile,
+    dtype: str,
+    vmem_budget: VmemBudget,
+    out_dtype: str | None = None,
+    weight_dtype: str | None = None,
+) -> Tile:
     """Halve the largest lane tile (then the row tile) until the tiles fit VMEM, aligned."""
     rows_multiple = ROW_MULTIPLE[dtype]
     tile = Tile(
@@ -324,7 +318,7 @@ def shrink_to_fit(tile: Tile, dtype: str, vmem_budget: int, out_dtype: str | Non
         max(LANES, tile.contraction // LANES * LANES),
         max(LANES, tile.output // LANES * LANES),
     )
-    while vmem_bytes(tile, dtype, out_dtype) > usable_vmem(vmem_budget):
+    while not fits_vmem(tile, dtype, vmem_budget, out_dtype, weight_dtype):
         if max(tile.contraction, tile.output) > LANES:
             if tile.contraction >= tile.output:
                 tile = Tile(tile.rows, _half(tile.contraction, LANES), tile.output)
@@ -345,34 +339,3 @@ def _half(value: int, multiple: int) -> int:
 def padded_rows(rows: int, tiles: list[Tile]) -> int:
     """Rows rounded up so that every row tile used, forward and backward, divides them."""
     return round_up(rows, math.lcm(*(t.rows for t in tiles)))
-
-
-def accumulate_tile(
-    gate_up: Tile, contraction: int, output: int, dtype: str, vmem_budget: int
-) -> Tile:
-    """Tiles of the kernel that adds a chunk's gate/up product into the running float32 sum
-    (the overlapped ring): the gate/up call's, with lane tiles that divide the chunk's widths
-    exactly (that kernel masks no ragged last tile; a width under one lane tile is one whole
-    block), narrowed while its blocks do not fit VMEM. It holds the sum twice (read and
-    written, both float32 and double-buffered) beside the rows, the weights and its
-    accumulator."""
-
-    def divisors(width: int, widest: int) -> list[int]:
-        return lane_tiles(width, widest) if width % LANES == 0 else [width]
-
-    def need(m: int, k: int, n: int) -> int:
-        c = DTYPE_BYTES[dtype]
-        return (
-            2 * (m * k * c + k * n * c + 2 * m * n * 4) + m * n * 4 + scratch_bytes(Tile(m, k, n))
-        )
-
-    ks = divisors(contraction, gate_up.contraction)
-    ns = divisors(output, gate_up.output)
-    m, k, n = gate_up.rows, ks[-1], ns[-1]
-    while need(m, k, n) > usable_vmem(vmem_budget) and (len(ks) > 1 or len(ns) > 1):
-        if len(ns) > 1 and (n >= k or len(ks) == 1):
-            ns.pop()
-        else:
-            ks.pop()
-        k, n = ks[-1], ns[-1]
-    return Tile(m, k, n)

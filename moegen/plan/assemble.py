@@ -22,7 +22,7 @@ from moegen.plan.ffn import ffn_plan
 from moegen.plan.kernel import kernel_plan
 from moegen.plan.mesh import mesh_plan
 from moegen.plan.model import ChunkCandidates, InitPlan, Plan, Trade
-from moegen.plan.params import ROUTER_DTYPE, side_by_side
+from moegen.plan.params import ROUTER_DTYPE, ParamPlan, side_by_side
 from moegen.plan.prose import summary
 from moegen.plan.replicas import replica_plan
 from moegen.plan.router import router_plan
@@ -34,6 +34,7 @@ from moegen.plan.token_chunks import (
 )
 from moegen.plan.trades import ShapeBasis, Traded, shape_basis, trader
 from moegen.plan.variants import variant_plans
+from moegen.plan.weight_reads import read_in_kernel
 
 MAIN_SHAPE = ""  # make_plan's key of the spec's own shape, beside its variants' names
 
@@ -146,13 +147,19 @@ def _plan(basis: ShapeBasis, traded: Traded) -> Plan:
         ffn=ffn,
         mesh=mesh_plan(loaded, experts.axis, traded.network),
         kernel=kernel_plan(loaded, chosen, experts, interpret=basis.interpret),
-        params=(params := side_by_side(basis.params, ffn.fuses_gate_up)),
+        params=(params := _params_as_used(basis, chosen.weight_dtype, ffn.fuses_gate_up)),
         experts=replace(experts, replicas=replica_plan(loaded, params)),
         cost=chosen.cost,
         network=traded.network,
         roofline=traded.roofline,
         memory=chosen.memory,
     )
+
+
+def _params_as_used(basis: ShapeBasis, weight_dtype: str, fused: bool) -> tuple[ParamPlan, ...]:
+    """The parameters as the layer uses them: the routed weights in the dtype the kernels read
+    them in, gate and up side by side where fused."""
+    return side_by_side(read_in_kernel(basis.params, weight_dtype), fused)
 
 
 def _sequence_axis(axes: Mapping[str, int]) -> str | None:

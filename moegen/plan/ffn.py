@@ -29,6 +29,7 @@ from moegen.plan.memory import (
 )
 from moegen.plan.params import ParamPlan, side_by_side
 from moegen.plan.slicing import casts_per_slice, regathers_weights, slice_grads_by_hand
+from moegen.plan.weight_reads import kernel_weight_dtype
 from moegen.sizes import ffn_slice_problem
 from moegen.spec import GATED_ACTIVATIONS, Spec
 
@@ -95,6 +96,8 @@ class FfnLayout:
     rows: int  # rows of one grouped-matmul call, padded to whole row tiles
     cost: CostPlan
     memory: MemoryPlan
+    # the routed weights' dtype as the kernels read them (float32: as stored, weight_reads)
+    weight_dtype: str
     # sliced: the whole layout, when the forward pass runs as it does (`layouts`); None: the
     # forward pass runs in slices too
     forward_layout: FfnLayout | None = None
@@ -143,10 +146,14 @@ def layouts(
 
     @functools.cache
     def layout(chunks: int) -> FfnLayout:
-        fused = fuses_gate_up(gated, ffn_dim // chunks, whole_gather and chunks == 1)
+        weight_dtype = kernel_weight_dtype(loaded, experts, chunks)
+        # read as stored, side by side would be a float32 copy of gate and up
+        as_stored = weight_dtype != spec.dtypes.compute
+        gathered = whole_gather and chunks == 1
+        fused = not as_stored and fuses_gate_up(gated, ffn_dim // chunks, gathered)
         outputs = ("gate_up",) if fused else ("gate", "up") if gated else ("up",)
         gate_up_width = ffn_dim // chunks * (2 if fused else 1)
-        tiles = kernel_tiles(loaded, experts, gate_up_width, chunks)
+        tiles = kernel_tiles(loaded, experts, gate_up_width, chunks, weight_dtype)
         # Every row tile the rows may meet, the whole layout's too (a forward pass it may run;
         # both depend on the rows alone and agree, so this changes no padding).
         row_tiles = [*tiles, *(layout(1).tiles if chunks > 1 else ())] if tiles else []
@@ -154,7 +161,9 @@ def layouts(
         kernel_rows = rows * experts.ffn_calls  # of one token chunk (all tokens: one chunk)
         recompute = recompute_flops(spec, experts, kernel_rows, chunks)
         cost = replace(base_cost, recompute_flops=recompute)
-        buffers = ffn_buffers(spec, experts, params, chunks, kernel_rows, len(outputs))
+        buffers = ffn_buffers(
+            spec, experts, params, chunks, kernel_rows, len(outputs), weights_as_stored=as_stored
+        )
         memory = memory_plan(
             cost,
             buffers,
@@ -166,9 +175,9 @@ def layouts(
         )
         whole = layout(1) if chunks > 1 and experts.token_chunks == 1 else None
         if whole is None or not _forward_whole(memory, whole.memory, whole_forward):
-            return FfnLayout(chunks, outputs, tiles, rows, cost, memory)
+            return FfnLayout(chunks, outputs, tiles, rows, cost, memory, weight_dtype)
         memory = replace(memory, forward_peak=whole.memory.forward_peak)
-        return FfnLayout(chunks, outputs, tiles, rows, cost, memory, whole)
+        return FfnLayout(chunks, outputs, tiles, rows, cost, memory, weight_dtype, whole)
 
     return layout
 
@@ -304,7 +313,11 @@ def pinned_tile_problems(loaded: LoadedSpec, ffn_chunks: int) -> list[tuple[str,
 
 
 def kernel_tiles(
-    loaded: LoadedSpec, experts: ExpertPlan, gate_up_width: int, ffn_chunks: int
+    loaded: LoadedSpec,
+    experts: ExpertPlan,
+    gate_up_width: int,
+    ffn_chunks: int,
+    weight_dtype: str,
 ) -> tuple[Tile, Tile] | None:
     """The tiles of the gate/up calls and of down, where the kernel runs in tiles (its module
     takes them pinned or chooses them); None where it takes groups of any size."""
@@ -319,6 +332,7 @@ def kernel_tiles(
         gate_up_width=gate_up_width,
         down_contraction=local_ffn_dim(spec) // ffn_chunks,
         ffn_chunks=ffn_chunks,
+        weight_dtype=weight_dtype,
     )
     return choose(loaded, request)
 

@@ -49,6 +49,9 @@ class FfnBuffers:
     # the mesh shards nothing but the FFN columns (tensor alone): every device routes all
     # the tokens and holds every expert's slice of columns
     tensor_alone: bool = False
+    # the kernels read the stored float32 weights and cast each block in VMEM: no copy of the
+    # weights in the compute dtype is made (moegen.plan.weight_reads)
+    weights_as_stored: bool = False
 
 
 def local_ffn_dim(spec: Spec) -> int:
@@ -73,6 +76,8 @@ def ffn_buffers(
     chunks: int,
     kernel_rows: int,
     gate_up_calls: int,
+    *,
+    weights_as_stored: bool = False,
 ) -> FfnBuffers:
     """The buffers the ledger counts for the FFN run in `chunks` slices."""
     compute_bytes = DTYPE_BYTES[spec.dtypes.compute]
@@ -114,6 +119,7 @@ def ffn_buffers(
         replica_bytes=extra * one_expert,
         slot_weight_bytes=(experts.local_experts + extra) * one_expert if extra else 0,
         tensor_alone={axis for axis, size in axes.items() if size > 1} == {"tensor"},
+        weights_as_stored=weights_as_stored,
     )
 
 

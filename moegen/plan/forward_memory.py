@@ -39,7 +39,10 @@ def _forward_weights(cost: CostPlan, ffn: FfnBuffers) -> int:
     """The expert weights in the compute dtype that the forward's live peak holds: under fsdp
     one gathered weight (XLA gathers each just before its matmul); without it, in a ring, or
     in token chunks (the weights are gathered once, before the scan over the chunks: olmoe
-    over fsdp 8 in 4 chunks held all three), all of them, cast once."""
+    over fsdp 8 in 4 chunks held all three), all of them, cast once. Read as stored by the
+    kernels, none: the stored weights are the parameters the ledger counts already."""
+    if ffn.weights_as_stored:
+        return 0
     if ffn.gathers_whole and not ffn.ring and ffn.token_chunks == 1:
         return cost.gathered_weight_bytes // ffn.matmuls
     return cost.gathered_weight_bytes

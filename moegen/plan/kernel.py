@@ -82,4 +82,5 @@ def _quantities(
         # the gate/up output summed in place: one FFN slice's columns, twice side by side
         accumulated_width=local_ffn_dim(loaded.spec) // layout.chunks * (2 if layout.fused else 1),
         interpret=interpret,
+        weight_dtype=layout.weight_dtype,
     )

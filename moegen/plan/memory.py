@@ -217,8 +217,9 @@ def _row_gradient_blocks(ffn: FfnBuffers) -> int:
 
 def _weights_kept(cost: CostPlan, ffn: FfnBuffers) -> dict[str, int]:
     """The expert weights cast to the compute dtype, kept from the forward pass for the
-    backward's matmuls (fsdp gathers them again instead; a ring's are in its own moment)."""
-    if ffn.gathers_whole or ffn.ring:
+    backward's matmuls (fsdp gathers them again instead; a ring's are in its own moment; read
+    as stored by the kernels, there is no such copy)."""
+    if ffn.gathers_whole or ffn.ring or ffn.weights_as_stored:
         return {}
     return {"expert weights in the compute dtype, kept for the backward pass": (
         cost.gathered_weight_bytes

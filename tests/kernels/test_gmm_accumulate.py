@@ -17,7 +17,8 @@ from expert_parallel_cases import Case
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moegen.kernels.tiling import LANES, Tile, accumulate_tile
+from moegen.kernels.tiling import LANES, Tile
+from moegen.kernels.tiling_kernels import accumulate_tile
 from moegen.plan import make_plan
 from moegen.render import render
 from moegen.verify.twin import twin_of

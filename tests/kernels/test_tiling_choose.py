@@ -9,19 +9,17 @@ from moegen.hardware import CATALOGUE
 from moegen.kernels.tiling import (
     DEFAULT_TILE,
     DTYPE_BYTES,
-    GRID_STEP_SECONDS,
     LANES,
     MIN_ROW_TILE,
     ROW_MULTIPLE,
     SHORTER_ROW_TILE_GAIN,
     Tile,
-    kernel_cost,
     lane_tiles,
-    round_up,
     tile_problems,
     usable_vmem,
     vmem_bytes,
 )
+from moegen.kernels.tiling_cost import GRID_STEP_SECONDS, kernel_cost, round_up
 
 # name -> (embed_dim D, ffn_dim F) of one routed expert
 NAMED_SHAPES = {

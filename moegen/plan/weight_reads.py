@@ -1,0 +1,63 @@
+"""How the grouped matmuls read the routed experts' weights: in the compute dtype, or float32
+as stored, each block cast in VMEM by the kernel.
+
+With float32 parameters and bfloat16 compute, a module casts every expert weight to bfloat16
+before its grouped matmuls: a copy of all of them written each step and read again by every
+kernel. A kernel that casts each weight block in VMEM (`Kernel.casts_weight_blocks`: the
+pallas module's own gmm) reads the stored float32 weights instead; measured on one v5e chip
+(Qwen3-30B-A3B, 8,192 tokens, bench/TPU_CHECK.md): 12.39 / 40.58 ms forward /
+forward+backward against 16.12 / 45.77 with the copy.
+
+Where the same weights are read more than once a step, the copy pays for itself, and the plan
+keeps it: token chunks, ring steps and overlap chunks call each projection once per chunk or
+step (4 token chunks measured 127.7 ms reading float32 against 91.8 with the copy), FFN slices
+and replicas cut or concatenate the weights first, and an fsdp gather moves half the bytes in
+bfloat16. Nothing a twin changes enters the decision, so the twin verifies the same path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from moegen.kernels import kernel
+from moegen.load import LoadedSpec
+from moegen.plan.experts import ExpertPlan
+from moegen.plan.params import ParamPlan
+
+STORED_DTYPE = "float32"  # the only parameter dtype read as stored (bfloat16 needs no cast)
+
+
+def kernel_weight_dtype(loaded: LoadedSpec, experts: ExpertPlan, ffn_chunks: int) -> str:
+    """The dtype the grouped matmuls read the routed weights in: float32 as stored, where the
+    kernel casts blocks itself and each projection is one call over the whole weights; else
+    the compute dtype (the weights cast once before the calls)."""
+    spec = loaded.spec
+    compute = spec.dtypes.compute
+    one_call = (
+        ffn_chunks == 1
+        and experts.token_chunks == 1
+        and experts.ffn_calls == 1
+        and experts.overlap_chunks == 1
+    )
+    reads_stored = (
+        kernel(spec.target.kernel).casts_weight_blocks
+        and spec.dtypes.params == STORED_DTYPE
+        and compute != STORED_DTYPE
+        and one_call
+        and spec.mesh.axes.get("fsdp", 1) == 1
+        and not spec.parallelism.redundant_experts
+    )
+    return STORED_DTYPE if reads_stored else compute
+
+
+def is_routed_weight(param: ParamPlan) -> bool:
+    """A grouped matmul's weights: [experts, in, out] with the routed FFN width on one side
+    (the biases are [experts, width]; the shared expert's weights have no experts axis)."""
+    per_expert = len(param.shape) == 3 and param.shape_names[0] == "NUM_EXPERTS"
+    return per_expert and param.ffn_axis is not None
+
+
+def read_in_kernel(params: tuple[ParamPlan, ...], weight_dtype: str) -> tuple[ParamPlan, ...]:
+    """The parameters as the layer uses them when the kernels read the routed weights in
+    `weight_dtype`: those weights keep it (no cast before the calls), the rest is unchanged."""
+    return tuple(replace(p, use_dtype=weight_dtype) if is_routed_weight(p) else p for p in params)
