@@ -21,9 +21,12 @@ all 4096 tokens of the expert group is all-gathered; each device runs its own ex
 the copies routed to them and the weighted results are reduce-scattered back to the
 tokens' devices. Dropless: a grouped-matmul call has FFN_ROWS = 32768 rows, every copy the
 tokens it sees can send this device.
-Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 2048, 1536] (gate,
-up) and [512, 1024, 2048] (down), as (rows, contraction, output); the gradient kernels
+Expert matmuls use megablox gmm/tgmm (kernel pallas) with tiles [512, 2048, 768] (gate,
+up) and [512, 2048, 2048] (down), as (rows, contraction, output); the gradient kernels
 with their own (GATE_UP_TILING, DOWN_TILING).
+The float32 expert weights are read as stored: _gmm_cast, this module's own gmm, casts
+each block to bfloat16 in VMEM (no bfloat16 copy of them is written), and tgmm writes
+their gradients in float32.
 The 32768 rows of a grouped-matmul call are a whole number of row tiles.
 Routing: softmax scores, the top-8 experts, weighted by their scores, renormalised to sum
 to 1.
@@ -51,7 +54,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas.ops.tpu.megablox.gmm import gmm as megablox_gmm
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas.ops.tpu.megablox.gmm import make_group_metadata
 from jax.experimental.pallas.ops.tpu.megablox.gmm import tgmm as megablox_tgmm
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -90,17 +95,20 @@ class Tiling(NamedTuple):
 
 
 GATE_UP_TILING = Tiling(
-    forward=(512, 2048, 1536),
-    input_gradient=(512, 1536, 2048),
-    weight_gradient=(512, 1024, 1536),
+    forward=(512, 2048, 768),
+    input_gradient=(512, 2048, 2048),
+    weight_gradient=(512, 2048, 768),
 )
 
 DOWN_TILING = Tiling(
-    forward=(512, 1024, 2048),
+    forward=(512, 2048, 2048),
     input_gradient=(512, 2048, 768),
     weight_gradient=(512, 768, 2048),
 )
 
+# _gmm_cast's scoped VMEM: at the compiler's default its contraction tile would be cut and
+# every row tile would read the float32 weights again.
+CAST_VMEM_LIMIT = 64 * 2**20
 PADDED_ROWS = 32768  # FFN_ROWS rounded up to a multiple of every row tile
 
 PARAM_DTYPE = jnp.float32
@@ -243,16 +251,12 @@ def _moe_shard(params: Params, x: jax.Array) -> tuple[jax.Array, Aux]:
 
 
 def _gather_weights(params: Params) -> Params:
-    """Parameters in the dtype they are used in.
-
-    Gate and up side by side ("w_gate_up"): one grouped matmul computes both.
-    """
+    """Parameters in the dtype they are used in."""
     return {
         "router": params["router"].astype(jnp.float32),
-        "w_gate_up": jnp.concatenate([params["w_gate"], params["w_up"]], axis=2).astype(
-            jnp.bfloat16
-        ),
-        "w_down": params["w_down"].astype(jnp.bfloat16),
+        "w_gate": params["w_gate"].astype(jnp.float32),
+        "w_up": params["w_up"].astype(jnp.float32),
+        "w_down": params["w_down"].astype(jnp.float32),
     }
 
 
@@ -267,6 +271,96 @@ def _route(tokens: jax.Array, weights: Params) -> tuple[jax.Array, jax.Array]:
     return combine_weights, expert_ids
 
 
+def _gmm_cast(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    tiles: tuple[int, int, int],
+    out_dtype: jax.typing.DTypeLike,
+    transpose_rhs: bool = False,
+) -> jax.Array:
+    """lhs @ rhs[g] (rhs[g].T with transpose_rhs) on the rows of each group g, as out_dtype.
+
+    The weights are read as stored and each block is cast to lhs's dtype in VMEM: megablox's
+    gmm would multiply in float32, and a cast before it writes a copy of every weight. As in
+    megablox, a row tile shared by two groups is visited once per group while its output
+    block stays in VMEM; the rows past the groups are left unwritten, as megablox leaves them.
+    """
+    rows, depth = lhs.shape
+    width = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    tm, tk, tn = tiles
+    metadata, visits = make_group_metadata(
+        group_sizes=group_sizes,
+        m=rows,
+        tm=tm,
+        start_group=0,
+        num_nonzero_groups=rhs.shape[0],
+        visit_empty_groups=False,
+    )
+    depth_tiles = pl.cdiv(depth, tk)
+    contract = (((1,), (1,)), ((), ())) if transpose_rhs else (((1,), (0,)), ((), ()))
+
+    def kernel(metadata, lhs_block, rhs_block, out_block, product):
+        offsets, group_ids, row_tiles = metadata
+        visit, k = pl.program_id(1), pl.program_id(2)
+
+        @pl.when(k == 0)
+        def _start() -> None:
+            product[...] = jnp.zeros_like(product)
+
+        left, weights = lhs_block[...], rhs_block[...].astype(lhs_block.dtype)
+        if depth % tk:  # the last contraction tile runs past depth: zero both sides there
+            column = k * tk + jax.lax.broadcasted_iota(jnp.int32, left.shape, 1)
+            left = jnp.where(column < depth, left, 0)
+            along = 1 if transpose_rhs else 0
+            inner = k * tk + jax.lax.broadcasted_iota(jnp.int32, weights.shape, along)
+            weights = jnp.where(inner < depth, weights, 0)
+        product[...] += jax.lax.dot_general(
+            left, weights, contract, preferred_element_type=jnp.float32
+        )
+
+        @pl.when(k == depth_tiles - 1)
+        def _store() -> None:
+            group = group_ids[visit]
+            row = row_tiles[visit] * tm + jax.lax.broadcasted_iota(jnp.int32, (tm, tn), 0)
+            in_group = (row >= offsets[group]) & (row < offsets[group + 1])
+            first = (visit == 0) | (row_tiles[visit] != row_tiles[jnp.maximum(visit - 1, 0)])
+            kept = jnp.where(first, jnp.zeros_like(out_block), out_block[...])
+            out_block[...] = jnp.where(in_group, product[...].astype(out_block.dtype), kept)
+
+    def rows_block(n, visit, k, metadata):
+        return metadata[2][visit], k
+
+    def weights_block(n, visit, k, metadata):
+        group = metadata[1][visit]
+        return (group, n, k) if transpose_rhs else (group, k, n)
+
+    def out_block_of(n, visit, k, metadata):
+        return metadata[2][visit], n
+
+    weights_shape = (None, tn, tk) if transpose_rhs else (None, tk, tn)
+    call = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((rows, width), out_dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            in_specs=[
+                pl.BlockSpec((tm, tk), rows_block),
+                pl.BlockSpec(weights_shape, weights_block),
+            ],
+            out_specs=pl.BlockSpec((tm, tn), out_block_of),
+            grid=(pl.cdiv(width, tn), visits, depth_tiles),
+            scratch_shapes=[pltpu.VMEM((tm, tn), jnp.float32)],
+        ),
+        name="gmm_cast",
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
+            vmem_limit_bytes=CAST_VMEM_LIMIT,
+        ),
+    )
+    return call(metadata, lhs, rhs)
+
+
 def _gmm_forward(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -274,8 +368,8 @@ def _gmm_forward(
     tiling: Tiling,
     out_dtype: jax.typing.DTypeLike,
 ) -> jax.Array:
-    """lhs @ rhs[g] on the rows of each group g (megablox gmm), written as out_dtype."""
-    return megablox_gmm(lhs, rhs, group_sizes, out_dtype, tiling.forward)
+    """lhs @ rhs[g] on the rows of each group g (_gmm_cast), written as out_dtype."""
+    return _gmm_cast(lhs, rhs, group_sizes, tiling.forward, out_dtype)
 
 
 def _gmm_fwd(
@@ -294,10 +388,11 @@ def _gmm_bwd(
     residuals: tuple[jax.Array, jax.Array, jax.Array],
     grad: jax.Array,
 ) -> tuple[jax.Array, jax.Array, None]:
-    # megablox's own VJP, each kernel with its own tiles: their widths differ.
+    # megablox's VJP with the weights read as stored, each kernel with its own tiles: the
+    # weight gradient is written in the weights' dtype.
     lhs, rhs, group_sizes = residuals
-    grad_lhs = megablox_gmm(
-        grad, rhs, group_sizes, lhs.dtype, tiling.input_gradient, transpose_rhs=True
+    grad_lhs = _gmm_cast(
+        grad, rhs, group_sizes, tiling.input_gradient, lhs.dtype, transpose_rhs=True
     )
     grad_rhs = megablox_tgmm(
         lhs.swapaxes(0, 1),
@@ -319,8 +414,8 @@ def _expert_ffn(rows: jax.Array, weights: Params, group_sizes: jax.Array) -> jax
 
     down(silu(x @ gate) * (x @ up)).
     """
-    gate_up = _gmm(rows, weights["w_gate_up"], group_sizes, GATE_UP_TILING, COMPUTE_DTYPE)
-    gate, up = jnp.split(gate_up, 2, axis=1)
+    gate = _gmm(rows, weights["w_gate"], group_sizes, GATE_UP_TILING, COMPUTE_DTYPE)
+    up = _gmm(rows, weights["w_up"], group_sizes, GATE_UP_TILING, COMPUTE_DTYPE)
     hidden = jax.nn.silu(gate) * up
     out = _gmm(hidden, weights["w_down"], group_sizes, DOWN_TILING, COMPUTE_DTYPE)
     return out

@@ -6,10 +6,17 @@ import math
 
 import pytest
 from spec_builder import spec_yaml
-from tiling_cases import choose_per_kernel
+from tiling_cases import budgets_of, choose_per_kernel
 
 from moegen.hardware import CATALOGUE
-from moegen.kernels.tiling import DTYPE_BYTES, ROW_MULTIPLE, Tile, kernel_vmem, tile_problems
+from moegen.kernels.tiling import (
+    DTYPE_BYTES,
+    ROW_MULTIPLE,
+    Tile,
+    kernel_limits,
+    kernel_vmem,
+    tile_problems,
+)
 from moegen.load import load_spec_bytes
 from moegen.plan import Plan, make_plan
 from moegen.validate import check_rules
@@ -138,16 +145,26 @@ def test_the_tile_rule(name: str) -> None:
     embed, ffn = kwargs["embed"], kwargs["ffn"]
     rows, groups = plan.experts.ffn_rows, plan.local_experts
     gate_up_width = 2 * ffn if plan.ffn.fuses_gate_up else ffn  # one call computes both
+    # the weights as the kernels read them: float32 as stored where the module casts blocks
+    weights = "float32" if pallas.casts_weights else dtype
+    limits = kernel_limits(budgets_of(hw, dtype, weights))
     chosen = {
-        "gate_up": choose_per_kernel(rows, embed, gate_up_width, dtype, hw, groups),
-        "down": choose_per_kernel(rows, ffn, embed, dtype, hw, groups),
+        "gate_up": choose_per_kernel(rows, embed, gate_up_width, dtype, hw, groups, weights),
+        "down": choose_per_kernel(rows, ffn, embed, dtype, hw, groups, weights),
     }
     for name in ("gate_up", "down"):
         forward = getattr(pallas, f"{name}_tile")
         backward = getattr(pallas, f"{name}_backward")
-        if kwargs.get(name):  # pinned: all three kernels run with it
-            assert forward == kwargs[name] and backward == (forward, forward)
+        if kwargs.get(name):  # pinned: all three kernels run with it (but float32 tgmm)
+            input_gradient, weight_gradient = backward
+            assert forward == kwargs[name] and input_gradient == forward
             assert tile_problems(Tile(*forward), dtype, budget) == []
+            if not pallas.casts_weights:
+                assert weight_gradient == forward
+            assert weight_gradient[0] == forward[0]  # the same rows, narrower lanes at most
+            for kernel, own in enumerate((forward, input_gradient, weight_gradient)):
+                need = kernel_vmem(Tile(*own), dtype, None, weights)[kernel]
+                assert need <= limits[kernel], (name, kernel, own)
             continue
         tile = chosen[name]
         assert tile.backward is not None
@@ -155,7 +172,8 @@ def test_the_tile_rule(name: str) -> None:
         # each kernel keeps the row tile and fits VMEM in its own grid step
         for kernel, own in enumerate((tile, *tile.backward)):
             assert own.rows == tile.rows == forward[0]
-            assert kernel_vmem(own, dtype)[kernel] <= budget, (name, kernel, own)
+            need = kernel_vmem(own, dtype, None, weights)[kernel]
+            assert need <= limits[kernel], (name, kernel, own)
 
 
 @pytest.mark.parametrize(

@@ -83,6 +83,9 @@ def test_kernel_code_calls_only_its_own_private_functions(relative: str) -> None
     """A private function (`_name(`) in the code a kernel emits is one the kernel defines."""
     source = (templates_dir() / relative).read_text(encoding="utf-8")
     called = set(re.findall(r"(?<![\w.])(_\w+)\(", source))
+    # and the kernels of the kernel's own that a template it imports defines
+    for imported in re.findall(r'{%-? import "([\w.]+)" as', source):
+        source += (templates_dir() / imported).read_text(encoding="utf-8")
     # defined: a def at any depth (a kernel's nested Pallas steps) or a module-level
     # assignment (a custom_vjp wrapping a def)
     defined = set(re.findall(r"^\s*def (_\w+)\(", source, flags=re.MULTILINE))
