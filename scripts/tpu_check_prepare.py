@@ -32,10 +32,15 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tpu_check_extras import copy_reference, kernel_modules  # noqa: E402
+from tpu_check_fit import (  # noqa: E402
+    HBM_BYTES,
+    ROOT,
+    fitting_plan,
+    moegen_python,
+    plan_of,
+    write_spec,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
-HBM_BYTES = int(15.7 * 2**30)  # one TPU v5e chip, as JAX sees it
 TOKENS, MAX_SEQ_LEN = 8192, 4096
 TINY_LAYER = {"num_experts": 8, "embed_dim": 256, "ffn_dim": 256}
 TINY_SHAPES = {"batch": 2, "seq_len": 32}
@@ -71,11 +76,6 @@ print(json.dumps({p: reference_config(make_plan(load_valid(Path(p)))) for p in s
 def work_dir() -> Path:
     """$TPU_CHECK_WORK (tests prepare into a temporary folder), else .tpu_check/."""
     return Path(os.environ.get("TPU_CHECK_WORK") or ROOT / ".tpu_check")
-
-
-def moegen_python() -> str:
-    """The venv's interpreter (moegen installed), else this one."""
-    return str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
 
 
 def tpu_specs() -> list[Path]:
@@ -119,48 +119,6 @@ def one_chip(spec: dict[str, Any], tiny: bool) -> tuple[dict[str, Any], list[str
 def layer_key(spec: dict[str, Any]) -> tuple[int, int, int, int]:
     layer = spec["layer"]
     return (layer["num_experts"], layer["embed_dim"], layer["ffn_dim"], spec["router"]["top_k"])
-
-
-def write_spec(path: Path, spec: dict[str, Any]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
-    return path
-
-
-def plan_of(path: Path) -> tuple[dict[str, Any] | None, str]:
-    """`moegen plan --json` of one spec: (the plan, "") or (None, why not)."""
-    command = [moegen_python(), "-m", "moegen", "plan", "--json", str(path)]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    if result.returncode != 0:
-        return None, (result.stderr.strip() or result.stdout.strip())[-600:]
-    return json.loads(result.stdout), ""
-
-
-def planned_peak(plan: dict[str, Any]) -> int:
-    """The plan's forward+backward peak, else parameters x 3 (params, grads, a working copy)."""
-    peak = plan.get("memory", {}).get("train_peak")
-    return int(peak) if peak else 3 * int(plan["cost"]["param_bytes"])
-
-
-def fitting_plan(
-    path: Path, spec: dict[str, Any], notes: list[str], tiny: bool
-) -> tuple[dict[str, Any] | None, str]:
-    """Plan the one-chip spec at `path`; where float32 parameters do not fit one chip (moegen
-    refuses the plan, or its peak is over HBM_BYTES) but bfloat16 ones do, rewrite the spec
-    with bfloat16 parameters. (plan, "") or (None, why not)."""
-    plan, why = plan_of(write_spec(path, spec))
-    if tiny or (plan is not None and planned_peak(plan) <= HBM_BYTES):
-        return plan, why and f"moegen plan failed: {why}"
-    first = why or f"planned peak {planned_peak(plan) / 2**30:.1f} GiB"  # type: ignore[arg-type]
-    if spec["dtypes"]["params"] != "float32":
-        return None, f"does not fit one chip: {first}"
-    spec["dtypes"]["params"] = "bfloat16"
-    plan, why = plan_of(write_spec(path, spec))
-    if plan is not None and planned_peak(plan) <= HBM_BYTES:
-        notes.append(f"params float32 -> bfloat16 (with float32: {first.splitlines()[0][:160]})")
-        return plan, ""
-    second = why or f"planned peak {planned_peak(plan) / 2**30:.1f} GiB"  # type: ignore[arg-type]
-    return None, f"does not fit one chip, with bfloat16 params either: {second}"
 
 
 def plan_figures(plan: dict[str, Any]) -> dict[str, Any]:
@@ -260,7 +218,7 @@ def build(paths: list[Path], out: Path) -> dict[Path, str]:
 
 
 def candidates(
-    sources: list[Path], specs_dir: Path, tiny: bool
+    sources: list[Path], specs_dir: Path, tiny: bool, kernels: list[str]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """One-chip layers (deduplicated: several sources may be the same layer on one chip) with
     their plans, and the skipped ones with their reasons."""
@@ -276,7 +234,9 @@ def candidates(
             continue
         name = source.stem + ("_tiny" if tiny else "_1chip")
         chip["description"] = f"tpu_check: {rel} on one chip" + (" (tiny)" if tiny else "")
-        plan, why = fitting_plan(specs_dir / f"{name}_pallas.yaml", chip, notes, tiny)
+        others = [{"target": {"kernel": kernel}} for kernel in kernels if kernel != "pallas"]
+        others += [{"memory": trade} for trade in TRADES.get(layer_key(spec), {}).values()]
+        plan, why = fitting_plan(specs_dir / f"{name}_pallas.yaml", chip, notes, tiny, others)
         if plan is None:
             skipped.append({"sources": [rel], "reason": why})
             print(f"skip {rel}: {why}", flush=True)
@@ -330,7 +290,7 @@ def prepare(args: argparse.Namespace) -> int:
     if work.exists():
         shutil.rmtree(work)
     specs_dir, modules_dir = work / "specs", work / "modules"
-    layers, skipped = candidates(tpu_specs(), specs_dir, args.tiny)
+    layers, skipped = candidates(tpu_specs(), specs_dir, args.tiny, args.kernels)
     for path in specs_dir.glob("*.yaml"):  # the fit trials: rewritten below as modules
         path.unlink()
     modules, traded, f32_done = [], set(), set()
