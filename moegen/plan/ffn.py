@@ -144,9 +144,13 @@ def layouts(
     whole_gather = "fsdp" in spec.mesh.axes
     ffn_dim = local_ffn_dim(spec)
 
-    @functools.cache
     def layout(chunks: int) -> FfnLayout:
-        weight_dtype = kernel_weight_dtype(loaded, experts, chunks)
+        return layout_reading(chunks, kernel_weight_dtype(loaded, experts, chunks))
+
+    @functools.cache
+    def layout_reading(chunks: int, weight_dtype: str) -> FfnLayout:
+        """The layout of `chunks` slices whose kernels read the routed weights in
+        `weight_dtype`; sliced, its whole forward pass reads them as its slices do."""
         # read as stored, side by side would be a float32 copy of gate and up
         as_stored = weight_dtype != spec.dtypes.compute
         gathered = whole_gather and chunks == 1
@@ -156,7 +160,8 @@ def layouts(
         tiles = kernel_tiles(loaded, experts, gate_up_width, chunks, weight_dtype)
         # Every row tile the rows may meet, the whole layout's too (a forward pass it may run;
         # both depend on the rows alone and agree, so this changes no padding).
-        row_tiles = [*tiles, *(layout(1).tiles if chunks > 1 else ())] if tiles else []
+        whole_tiles = layout_reading(1, weight_dtype).tiles if chunks > 1 else ()
+        row_tiles = [*tiles, *whole_tiles] if tiles else []
         rows = padded_rows(experts.ffn_rows, row_tiles) if tiles else experts.ffn_rows
         kernel_rows = rows * experts.ffn_calls  # of one token chunk (all tokens: one chunk)
         recompute = recompute_flops(spec, experts, kernel_rows, chunks)
@@ -173,7 +178,8 @@ def layouts(
             hbm=hardware(spec.target.hardware).hbm_bytes_per_device,
             held_gradients=HELD_WEIGHT_GRADIENTS.get(spec.target.hardware, 0.0),
         )
-        whole = layout(1) if chunks > 1 and experts.token_chunks == 1 else None
+        sliced_whole = chunks > 1 and experts.token_chunks == 1
+        whole = layout_reading(1, weight_dtype) if sliced_whole else None
         if whole is None or not _forward_whole(memory, whole.memory, whole_forward):
             return FfnLayout(chunks, outputs, tiles, rows, cost, memory, weight_dtype)
         memory = replace(memory, forward_peak=whole.memory.forward_peak)

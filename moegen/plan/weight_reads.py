@@ -12,11 +12,18 @@ Where the same weights are read more than once a step, the copy pays for itself,
 keeps it: token chunks, ring steps and overlap chunks call each projection once per chunk or
 step (4 token chunks measured 127.7 ms reading float32 against 91.8 with the copy), FFN slices
 and replicas cut or concatenate the weights first, and an fsdp gather moves half the bytes in
-bfloat16. Nothing a twin changes enters the decision, so the twin verifies the same path.
+bfloat16. Only the expert axis may shard the mesh: with the FFN width over a tensor axis, or
+the gradients all-reduced over data or sequence replicas, XLA held other amounts than the
+ledger models (the population's s0_021, tensor 8 x sequence 2 on tpu7x: 1.51 GiB forward+
+backward against 1.21 with the cast; s0_039, data 4 x expert 2 x sequence 2 on tpu7x: 17.62
+against 16.09; s0_016, data 2 x sequence 2 on v5p: 28.57 against 35.68), so the plan casts
+there until the ledger is measured for it. Nothing a twin changes enters the
+decision, so the twin verifies the same path.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from moegen.kernels import kernel
@@ -44,10 +51,17 @@ def kernel_weight_dtype(loaded: LoadedSpec, experts: ExpertPlan, ffn_chunks: int
         and spec.dtypes.params == STORED_DTYPE
         and compute != STORED_DTYPE
         and one_call
-        and spec.mesh.axes.get("fsdp", 1) == 1
-        and not spec.parallelism.redundant_experts
+        and spec.parallelism.redundant_experts == 0
+        and _only_experts_sharded(spec.mesh.axes)
     )
     return STORED_DTYPE if reads_stored else compute
+
+
+def _only_experts_sharded(axes: Mapping[str, int]) -> bool:
+    """No axis but the expert axis has more than one device: each device holds its experts'
+    weights whole and alone, and their gradients are complete on it (no fsdp gather, no
+    tensor-sharded width, no all-reduce over data or sequence replicas)."""
+    return all(size == 1 for axis, size in axes.items() if axis != "expert")
 
 
 def is_routed_weight(param: ParamPlan) -> bool:

@@ -48,7 +48,14 @@ def test_the_figures_were_compiled_with_the_pinned_versions() -> None:
 
 # Known misses, each with what the ledger does not model; strict: fixing one fails the test
 # until the entry goes.
-KNOWN_MISSES: dict[tuple[str, str], str] = {}
+KNOWN_MISSES: dict[tuple[str, str], str] = {
+    # The forward pass of a layer whose kernels read float32 weights as stored: the ledger
+    # drops the weights' bfloat16 copy and its packing; XLA's block of temporaries moved by
+    # more (ERNIE: 0.72 GiB, +10.1%) or by less (the ring: 0.09 GiB of 0.16, -13.8%). Two
+    # layers of the path so far: not enough to fit the forward's packing on.
+    ("ernie45_21b_a3b_v5p", "forward"): "float32 weights read as stored: forward packing",
+    ("qwen3_30b_a3b_ring_v6e", "forward"): "float32 weights read as stored: forward packing",
+}
 
 
 def _cases() -> list:

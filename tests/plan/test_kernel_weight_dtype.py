@@ -54,7 +54,7 @@ def test_one_call_per_projection_reads_the_float32_weights_as_stored() -> None:
 
 
 # Each device runs its own experts' weights once, in one call per projection, whatever the
-# strategy: the group's tokens gathered (the ring, no overlap), exchanged, or over tensor.
+# strategy: the group's tokens gathered (the ring, no overlap) or exchanged.
 READ_ONCE = {
     "ring, no overlap": {"axes": {"expert": 4}, "topology": "2x2", "strategy": "ring_of_experts"},
     "ragged all-to-all": {
@@ -62,7 +62,6 @@ READ_ONCE = {
         "topology": "2x2",
         "strategy": "ragged_all_to_all",
     },
-    "tensor": {"axes": {"tensor": 4}, "topology": "2x2"},
 }
 
 
@@ -78,6 +77,13 @@ CAST_ONCE = {
     "float32 compute": {"compute_dtype": "float32"},
     "kernel xla": {"kernel": "xla"},
     "fsdp gathers them": {"axes": {"fsdp": 4}, "topology": "2x2"},
+    "tensor shards the FFN width": {"axes": {"tensor": 4}, "topology": "2x2"},
+    "gradients all-reduced over data": {"axes": {"data": 4}, "topology": "2x2"},
+    "and over sequence": {
+        "axes": {"expert": 2, "sequence": 2},
+        "topology": "2x2",
+        "strategy": "ragged_all_to_all",
+    },
     "token chunks": {"token_chunks": 2},
     "FFN slices": {"ffn_chunks": 2},
     "overlap chunks": {
@@ -96,6 +102,19 @@ def test_weights_read_more_than_once_or_cut_first_are_cast_once(changes) -> None
     compute = plan.compute_dtype
     assert set(_weight_dtypes(plan).values()) == {compute}
     assert "_gmm_cast" not in render(plan)
+
+
+def test_a_sliced_layers_whole_forward_reads_the_weights_as_its_slices_do() -> None:
+    """FFN slices cast the weights; the whole forward pass they may run is planned (memory,
+    tiles) with the same cast, not with the whole layer's float32 reads."""
+    sliced = _plan(ffn_chunks=2, embed=2048, ffn=4096, batch=16)
+    whole = _plan(embed=2048, ffn=4096, batch=16)
+    assert whole.kernel.config.casts_weights and not sliced.kernel.config.casts_weights
+    assert set(_weight_dtypes(sliced).values()) == {"bfloat16"}
+    assert sliced.ffn.whole_forward  # the ledger runs this one's forward pass whole
+    assert {p.use_dtype for p in sliced.ffn.forward_params if p.ffn_axis} == {"bfloat16"}
+    # its tiles: the whole layer's as it would read bfloat16 weights (no float32 blocks)
+    assert sliced.kernel.config.forward_gate_up_tile != whole.kernel.config.gate_up_tile
 
 
 def test_the_ledger_holds_no_compute_dtype_copy_of_the_weights() -> None:
