@@ -5,10 +5,13 @@ plan ranks the tiles that fit VMEM by it (moegen.kernels.tiling, tiling_kernels)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # tiling imports this module
-    from moegen.kernels.tiling import Tile
+
+class Tile(Protocol):
+    """A (rows, contraction, output) tile: moegen.kernels.tiling.Tile."""
+
+    def as_tuple(self) -> tuple[int, int, int]: ...
 
 # A Pallas TPU grid step costs about 0.35 us beside its work (the Pallas TPU matmul guide,
 # "Performance of pipelined kernels"): many narrow tiles are slower than fewer wide ones.
