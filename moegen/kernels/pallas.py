@@ -176,10 +176,16 @@ def pallas_report_lines(config: PallasConfig) -> list[str]:
         f"; gradients: gate/up {_pair(config.gate_up_backward)}, down {_pair(config.down_backward)}"
         " (input gmm, weight tgmm)"
     )
-    return [
+    lines = [
         f"  megablox tiles  gate/up {list(config.gate_up_tile)}, down {list(config.down_tile)} "
         f"(rows, contraction, output){forward}{gradients}"
     ]
+    if config.casts_weights:
+        lines.append(
+            "  weights        float32 read as stored: the module's own gmm casts each block in "
+            f"VMEM ({config.cast_vmem_limit_mib} MiB scoped), tgmm writes float32 gradients"
+        )
+    return lines
 
 
 def _pair(tiles: tuple[tuple[int, int, int], ...]) -> str:

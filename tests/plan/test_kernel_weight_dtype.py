@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from spec_builder import spec_yaml, tiny, validated
 
-from moegen.plan import make_plan
+from moegen.plan import format_plan, make_plan
 from moegen.render import render
 
 # One v5e chip, float32 params and bfloat16 compute, pallas: the weights are read as stored.
@@ -51,6 +51,7 @@ def test_one_call_per_projection_reads_the_float32_weights_as_stored() -> None:
     source = render(plan)
     assert "def _gmm_cast(" in source and "megablox_gmm" not in source
     assert "CAST_VMEM_LIMIT = 32 * 2**20" in source
+    assert "float32 read as stored" in format_plan(plan)  # `moegen plan` says so
 
 
 # Each device runs its own experts' weights once, in one call per projection, whatever the
@@ -102,6 +103,7 @@ def test_weights_read_more_than_once_or_cut_first_are_cast_once(changes) -> None
     compute = plan.compute_dtype
     assert set(_weight_dtypes(plan).values()) == {compute}
     assert "_gmm_cast" not in render(plan)
+    assert "float32 read as stored" not in format_plan(plan)
 
 
 def test_a_sliced_layers_whole_forward_reads_the_weights_as_its_slices_do() -> None:
