@@ -364,12 +364,9 @@ CASES["axk1_output_norm"] = replace(
     _V3, cfg=replace(_V3.cfg, output_norm_eps=0.05), output_norm=True
 )
 # Ergo: Nemotron-H's relu^2 layer, each expert's output and the shared expert's normalised
-_NEMOTRON = CASES["nemotron_h_relu2"]
-CASES["ergo_output_norms"] = replace(
-    _NEMOTRON,
-    cfg=replace(_NEMOTRON.cfg, expert_output_norm_eps=0.05, shared_output_norm_eps=0.05),
-    output_norms=True,
-)
+_RELU2 = CASES["nemotron_h_relu2"]
+_ERGO_CFG = replace(_RELU2.cfg, expert_output_norm_eps=0.05, shared_output_norm_eps=0.05)
+CASES["ergo_output_norms"] = replace(_RELU2, cfg=_ERGO_CFG, output_norms=True)
 GRADIENT_CASES = [
     "deepseek_v3",
     "gpt_oss",
