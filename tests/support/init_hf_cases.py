@@ -356,7 +356,6 @@ REFUSALS = [
 # model_types init refuses whatever the config says: (model_type, case, words of the reason)
 REFUSED_TYPES = [
     ("phimoe", "phimoe sparsemixer", ("sparsemixer",)),
-    ("ergo", "ergo per-expert output norms", ("ErgoExpertNorm", "layer.output_norm_eps")),
     ("muse_spark", "muse_spark per-expert output norms", ("post_expert_norm", "moe_hidden_size")),
     ("muse_spark_text", "muse_spark_text per-expert output norms", ("post_expert_norm",)),
     ("doge", "doge product-key experts", ("product-key",)),
