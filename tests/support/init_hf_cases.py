@@ -9,6 +9,8 @@ from typing import Any
 from init_hf_configs import (
     CLAMP7,
     DEEPSEEK,
+    ERGO_UNSHARED,
+    ERGO_UNSHARED_FIELDS,
     ERNIE,
     GEMMA4_26B,
     INKLING,
@@ -122,6 +124,7 @@ LAYER_LISTS = [
         {"moe.yaml": ("4-5", 4)},
         {"moe.yaml": {"layer.glu": CLAMP7, "layer.shared_glu": "plain"}},
     ),
+    LayerList("ergo unshared", ERGO_UNSHARED, {"moe.yaml": ("1-3", 4)}, ERGO_UNSHARED_FIELDS),
     LayerList(
         "gemma-4-26B-A4B text model",
         GEMMA4_26B,
