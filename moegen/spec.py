@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from moegen.hardware import CATALOGUE
+from moegen.spec_glu import GLU_PRESETS, Glu
 from moegen.spec_parallelism import Parallelism, Replica
 from moegen.spec_placement import (
     INT32_MAX,
@@ -34,47 +35,8 @@ __all__ = [
 
 GATED_ACTIVATIONS = ("swiglu", "geglu")  # a gate projection beside up
 
-Limit = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
-
-
-class Glu(_Section):
-    """The gated activation's parameters: hidden = act(gate) * (up + up_offset)."""
-
-    gate_limit: Limit | None = Field(
-        None, description="Clamp the gate pre-activation to at most this (none: no clamp)."
-    )
-    up_limit: Limit | None = Field(
-        None, description="Clamp the up pre-activation to [-up_limit, up_limit] (none: no clamp)."
-    )
-    sigmoid_scale: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = Field(
-        1.0,
-        description="swiglu only: silu(g) = g * sigmoid(g) becomes g * sigmoid(sigmoid_scale * g) "
-        "(gpt-oss: 1.702).",
-    )
-    up_offset: Annotated[float, Field(ge=-1e6, le=1e6, allow_inf_nan=False)] = Field(
-        0.0, description="Added to the (clamped) up projection before the product (gpt-oss: 1)."
-    )
-    gate_softcap: Limit | None = Field(
-        None,
-        description="swiglu only: soft-cap the linear gate factor, silu(g) = g * sigmoid(g) "
-        "becomes cap * tanh(g / cap) * sigmoid(g) (the sigmoid sees the raw gate; Inkling2's "
-        "mlp_gate_softcap). Omit: none.",
-    )
-    up_softcap: Limit | None = Field(
-        None,
-        description="Soft-cap up: cap * tanh(up / cap), after its clamp and before the "
-        "offset (Inkling2's mlp_up_softcap). Omit: none.",
-    )
-    gate_clamp: Literal["before_activation", "after_activation"] = Field(
-        "before_activation",
-        description="Where gate_limit clamps: the gate pre-activation, act(min(gate, limit)) "
-        "(gpt-oss, DeepSeek-V4, HY-V4), or the activated gate, min(act(gate), limit) "
-        "(Step 3.7).",
-    )
-
-
-# gpt-oss's experts (transformers models/gpt_oss: swiglu_limit 7.0, alpha 1.702, (up + 1)).
-GLU_PRESETS = {"gpt_oss": Glu(gate_limit=7.0, up_limit=7.0, sigmoid_scale=1.702, up_offset=1.0)}
+# An RMSNorm's epsilon: x / sqrt(mean(x^2) + eps)
+NormEpsilon = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 
 
 class Layer(_Section):
@@ -130,7 +92,7 @@ class Layer(_Section):
         "(same activation, no bias; n shared experts of width F are one of width n*F). "
         "Omit for none.",
     )
-    expert_input_norm_eps: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
+    expert_input_norm_eps: NormEpsilon | None = Field(
         None,
         description="The experts (routed and shared) run on rms_norm(x) * "
         "expert_input_norm, a learned [embed_dim] weight (ones at init), with this epsilon, "
@@ -152,11 +114,26 @@ class Layer(_Section):
         "experts of equal width, each weighed by the router on its own (Inkling: "
         "n_shared_experts).",
     )
-    output_norm_eps: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
+    output_norm_eps: NormEpsilon | None = Field(
         None,
         description="The layer's output (routed and shared experts summed) becomes "
         "rms_norm(y) * output_norm, a learned [embed_dim] weight (ones at init), with this "
         "epsilon, computed in float32 (A.X-K1's post_mlp_layernorm). Omit: y.",
+    )
+    expert_output_norm_eps: NormEpsilon | None = Field(
+        None,
+        description="Each routed expert's output (after its down projection and bias) "
+        "becomes rms_norm(out) * expert_output_norm[expert], a learned [num_experts, "
+        "embed_dim] weight (latent_dim wide with a latent width; ones at init), with "
+        "this epsilon, in float32 and then the compute dtype, before its combine weight "
+        "(Ergo's ErgoExpertNorm). Omit: out.",
+    )
+    shared_output_norm_eps: NormEpsilon | None = Field(
+        None,
+        description="shared_ffn_dim only: the shared expert's output (after its down "
+        "projection and bias, before shared_expert_gate's scale) becomes rms_norm(s) * "
+        "shared_output_norm, a learned [embed_dim] weight (ones at init), with this "
+        "epsilon, in float32 (Ergo's shared expert norm). Omit: s.",
     )
 
     @property

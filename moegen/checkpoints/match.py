@@ -9,7 +9,7 @@ it stops with a CheckpointError naming the key, the file and what to change.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,7 +238,7 @@ def match_layer(family: Loadable, ckpt: Checkpoint, target: Target, layer: int) 
         f"{ckpt.description}, layer {layer} ({family.title}, {layout.name} layout under {block})"
     )
     under = sorted(k[len(block) :] for k in ckpt.files if k.startswith(block))
-    _refuse_special(family, ckpt, block, under, where)
+    _refuse_special(family, layout, ckpt, block, under, where)
     _refuse_unknown(family, layout, under, block, where, target)
     ignored: dict[str, list[str]] = {}  # fix -> the keys it is for
     for name, source in layout.params.items():
@@ -278,16 +278,23 @@ def _fix_for_missing_param(name: str, ckpt: Checkpoint, key: str, source: Source
 
 
 def _refuse_special(
-    family: Loadable, ckpt: Checkpoint, block: str, under: list[str], where: str
+    family: Loadable, layout: Layout, ckpt: Checkpoint, block: str, under: list[str], where: str
 ) -> None:
     for key in under:
         if key in family.refuse:
             raise CheckpointError(f"{where}: {block}{key}: {family.refuse[key]}")
-    _refuse_quantized(ckpt, [block + key for key in under], where)
+    # A key the layout reads is a weight whatever its name ends with (Ergo's Hub names its
+    # norm weights `...norm.scale`); its dtype is still checked.
+    weights = {block + source.key for source in layout.params.values()}
+    _refuse_quantized(ckpt, [block + key for key in under], where, weights)
 
 
-def _refuse_quantized(ckpt: Checkpoint, keys: Sequence[str], where: str) -> None:
-    quantized = [key for key in keys if key.endswith(QUANTIZED_SUFFIXES)]
+def _refuse_quantized(
+    ckpt: Checkpoint, keys: Sequence[str], where: str, weights: Collection[str] = ()
+) -> None:
+    """Refuse keys named as quantized weights' parts (other than `weights`, the keys a layout
+    reads) and keys of a dtype moegen does not load."""
+    quantized = [key for key in keys if key.endswith(QUANTIZED_SUFFIXES) and key not in weights]
     low = [key for key in keys if ckpt.dtype(key) not in FLOAT_DTYPES]
     if not (quantized or low):
         return

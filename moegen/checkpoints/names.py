@@ -28,6 +28,8 @@ SPEC_FIELD: Mapping[str, str] = {
     "latent_in_bias": "layer.latent_bias: true",
     "latent_out_bias": "layer.latent_bias: true",
     "output_norm": "layer.output_norm_eps",
+    "expert_output_norm": "layer.expert_output_norm_eps",
+    "shared_output_norm": "layer.shared_output_norm_eps",
 }
 
 # Key endings of quantized weights, which this loader does not dequantize.

@@ -33,6 +33,7 @@ from moegen.families.rules import (
     Latent,
     LoadBalance,
     Positive,
+    SharedCopy,
     SharedWidth,
     Switch,
 )
@@ -48,6 +49,7 @@ Rule = (
     | Latent
     | LoadBalance
     | Positive
+    | SharedCopy
     | SharedWidth
     | Switch
 )

@@ -207,6 +207,41 @@ ERNIE_LAYOUTS = (
         },
     ),
 )
+# Ergo: its router a linear of its own (gate.linear), the experts' up and down applied as x @ W
+# ([E, D, F], [E, F, D]), each expert's output norm a weight row [E, D], the shared expert's
+# output norm inside it; on the Hub (and from save_pretrained) in its training framework's
+# names, the router and the shared expert's projections stored transposed (transformers'
+# conversion_mapping.py, "ergo").
+ERGO_LAYOUTS = (
+    Layout(
+        "fused",
+        "mlp",
+        {
+            "router": Source("gate.linear.weight", ("e", "d")),
+            "routing_bias": Source("gate.e_score_correction_bias", ("e",)),
+            "w_up": Source("experts.up_proj", ("e", "d", "f")),
+            "w_down": Source("experts.down_proj", ("e", "f", "d")),
+            "expert_output_norm": Source("experts.post_expert_norm.weight", ("e", "d")),
+            "shared_up": Source("shared_experts.up_proj.weight", ("s", "d")),
+            "shared_down": Source("shared_experts.down_proj.weight", ("d", "s")),
+            "shared_output_norm": Source("shared_experts.norm.weight", ("d",)),
+        },
+    ),
+    Layout(
+        "published",
+        "feed_forward",
+        {
+            "router": Source("gate_kernel", ("d", "e")),
+            "routing_bias": Source("router_bias", ("e",)),
+            "w_up": Source("up_proj", ("e", "d", "f")),
+            "w_down": Source("down_proj", ("e", "f", "d")),
+            "expert_output_norm": Source("expert_output_norm.scale", ("e", "d")),
+            "shared_up": Source("shared_up_proj", ("d", "s")),
+            "shared_down": Source("shared_down_proj", ("s", "d")),
+            "shared_output_norm": Source("shared_expert_output_norm.scale", ("d",)),
+        },
+    ),
+)
 # DeepSeek-V4's hash layers: a key of their gate no top-k layer has
 HASH_ROUTED = (
     "the layer is hash-routed (a fixed token-to-expert table, tid2eid), which moegen's routers "

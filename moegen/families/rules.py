@@ -89,6 +89,18 @@ class Copy:
 
 
 @dataclass(frozen=True)
+class SharedCopy(Copy):
+    """A Copy of a field of the shared expert alone: none where `width`'s key says the shared
+    expert is 0 wide (there is then no shared expert in the spec to give it to)."""
+
+    width: tuple[str, ...] = ()
+
+    def choices(self, view: ConfigView, layer: int) -> list[Choice]:
+        width, _ = lookup(view, self.width, layer, None)
+        return [] if width == 0 else super().choices(view, layer)
+
+
+@dataclass(frozen=True)
 class Choose:
     """A field whose value the key's value picks from `table`; another value is refused."""
 

@@ -43,6 +43,8 @@ PARAM_AXES: Mapping[str, str] = {
     "shared_b_up": "s",
     "shared_b_down": "d",
     "output_norm": "d",
+    "expert_output_norm": "ed",
+    "shared_output_norm": "d",
 }
 
 AXIS_NAMES = {"e": "NUM_EXPERTS", "d": "EMBED_DIM", "f": "FFN_DIM", "s": "SHARED_FFN_DIM"}

@@ -1,8 +1,8 @@
 """The family table, continued (moegen/families/table.py merges it): the families whose MoE needs
 the spec options of clamps after the activation or on the routed experts alone, a selection
 bias on the logits, a renormalisation epsilon, soft-capped router logits, ungated relu^2
-experts, and Gemma 4's norms and per-expert scales (transformers 5.25's
-modeling_<family>.py). The defaults are each config class's.
+experts, Gemma 4's norms and per-expert scales, and Ergo's norms of each expert's output
+(transformers 5.25's modeling_<family>.py). The defaults are each config class's.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from moegen.families.layer_rules import (
 )
 from moegen.families.layer_types import IndexList, LayerRule, Switched
 from moegen.families.layouts import (
+    ERGO_LAYOUTS,
     KOLIBRI_LAYOUTS,
 )
 from moegen.families.rules import (
@@ -35,6 +36,7 @@ from moegen.families.rules import (
     Fixed,
     Latent,
     Positive,
+    SharedCopy,
     SharedWidth,
     Softcaps,
     Switch,
@@ -251,6 +253,35 @@ _KOLIBRI1 = Family(
     ),
 )
 
+# Ergo: sigmoid scores chosen with e_score_correction_bias, renormalised (+1e-20, below
+# float32's resolution), times moe_routed_scaling_factor; relu^2 experts and shared expert, no
+# gate; each routed expert's output RMS-normalised with its own weight row (ErgoExpertNorm)
+# before its weight, the shared expert's with its own, both at rms_norm_eps. The first
+# num_dense_blocks layers are dense where mlp_layer_types is not given.
+_ERGO = Family(
+    "Ergo",
+    QWEN_SIZES,
+    (
+        Fixed("layer.activation", "relu2", "ErgoExpertProjections: always relu(x @ up)^2"),
+        sigmoid("ErgoTopkRouter"),
+        renormalized("ErgoTopkRouter"),
+        SELECTION_BIAS,
+        scaling(8**0.5, "moe_routed_scaling_factor"),
+        SharedWidth((), ("shared_intermediate_size",)),
+        Copy("layer.expert_output_norm_eps", ("rms_norm_eps",), 1e-12, "number"),
+        SharedCopy(
+            "layer.shared_output_norm_eps",
+            ("rms_norm_eps",),
+            1e-12,
+            "number",
+            width=("shared_intermediate_size",),
+        ),
+    ),
+    layers=mlp_types(FirstDense("num_dense_blocks", 1)),
+    checkpoint=CheckpointKeys(ERGO_LAYOUTS),
+    transformers=Transformers("ergo", "ErgoConfig", "ErgoMoE", "ErgoForCausalLM"),
+)
+
 OPTION_FAMILIES: Mapping[str, Family] = {
     "step3p5": _STEP3P7,  # Step3p7TextConfig's model_type
     "step3p7": replace(_STEP3P7, text_config=True),
@@ -347,4 +378,5 @@ OPTION_FAMILIES: Mapping[str, Family] = {
     "longcat_flash": _LONGCAT_FLASH,
     "inkling_text": _INKLING,
     "inkling_mm_model": replace(_INKLING, text_config=True),
+    "ergo": _ERGO,
 }

@@ -9,10 +9,11 @@ from moegen.spec import UNSUPPORTED_CHOICES
 
 _MUSE_SPARK = (
     "Muse Spark's MoE block projects each token down to moe_hidden_size and "
-    "centre-RMS-normalises it before the experts, RMS-normalises each expert's output with a "
-    "learned weight (post_expert_norm) before weighting it, and projects the sum back up: "
-    "moegen has no per-expert output norm and no centred input norm (layer.latent_dim "
-    "projects without a norm)."
+    "centre-RMS-normalises it before the experts, RMS-normalises each expert's output after "
+    "scaling it by (1 + post_expert_norm), one weight for every expert, before weighting it, "
+    "and projects the sum back up: "
+    "moegen has no centred input norm (layer.latent_dim projects without a norm), and its "
+    "expert output norm (layer.expert_output_norm_eps) scales after normalising."
 )
 # model_type -> why moegen refuses it (checked before the table; the reason names the difference)
 REFUSED: Mapping[str, str] = {
@@ -21,10 +22,6 @@ REFUSED: Mapping[str, str] = {
     "score: softmax, activation: relu, router.linear_bias: <router_bias>, router.capacity: "
     "{copies: <expert_capacity>, per: sequence, drop: position}, router.load_balance_form: "
     "sequence (moegen's router adds no router_jitter_noise).",
-    "ergo": "Ergo RMS-normalises each routed expert's output with that expert's own learned "
-    "weight (ErgoExpertNorm) before weighting it, and its shared expert's output with another: "
-    "moegen has no per-expert output norm (layer.output_norm_eps normalises the layer's output, "
-    "routed and shared summed).",
     "muse_spark": _MUSE_SPARK,
     "muse_spark_text": _MUSE_SPARK,  # its text model's config
     "zaya": "ZAYA routes with an MLP (down_proj, two GELU layers, out_proj) whose hidden state "

@@ -62,6 +62,11 @@ class FfnPlan:
     shared_bias: bool  # a bias after each projection of the shared expert
     input_norm_eps: float | None  # the experts run on rms_norm(x) * expert_input_norm
     output_norm_eps: float | None  # the layer's output is rms_norm(y) * output_norm
+    # each routed expert's output is rms_norm(out) * expert_output_norm[its expert]
+    expert_output_norm_eps: float | None
+    # the shared expert's output is rms_norm(s) * shared_output_norm
+    shared_output_norm_eps: float | None
+    row_experts: bool  # the grouped rows' expert ids are needed (biases, expert output norm)
     gelu_tanh: bool  # gelu / geglu use GELU's tanh approximation
     latent: int  # the routed experts' latent width (0: they run on embed_dim)
     latent_bias: bool  # a bias after each latent projection
@@ -219,6 +224,9 @@ def ffn_plan(
         shared_bias=layer.shared_ffn_bias,
         input_norm_eps=layer.expert_input_norm_eps,
         output_norm_eps=layer.output_norm_eps,
+        expert_output_norm_eps=layer.expert_output_norm_eps,
+        shared_output_norm_eps=layer.shared_output_norm_eps,
+        row_experts=layer.ffn_bias or layer.expert_output_norm_eps is not None,
         gelu_tanh=layer.gelu_approximation == "tanh",
         latent=layer.latent_dim or 0,
         latent_bias=layer.latent_bias,

@@ -58,6 +58,8 @@ class LayerShape:
     per_expert_scale: bool = False  # each chosen weight times its expert's scale [E]
     expert_input_norm: bool = False  # the experts' input RMSNorm weight [D]
     output_norm: bool = False  # the layer's output RMSNorm weight [D]
+    expert_output_norm: bool = False  # each routed expert's output RMSNorm weight [E, D]
+    shared_output_norm: bool = False  # the shared expert's output RMSNorm weight [D]
     zero_computation: int = 0  # router columns past the experts (identity and zero experts)
     weighed_shared: int = 0  # router columns past those, weighing the shared experts
     router_scale: bool = False  # a learned scalar [1] times every combine weight
@@ -100,6 +102,8 @@ def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
     if layer.ffn_bias:
         out += [(f"b_{p}", (e, f), (E, F), None, dt, 0) for p in projections]
         out.append(("b_down", (e, r), (E, R), 1, dt, 0))
+    if layer.expert_output_norm:  # after the down projection, laid out like its bias
+        out.append(("expert_output_norm", (e, r), (E, R), 1, ROUTER_DTYPE, ONES))
     if layer.shared_ffn:
         S = layer.shared_ffn
         out += [(f"shared_{p}", (d, s), (D, S), 0, dt, D) for p in projections]
@@ -111,6 +115,8 @@ def _layouts(layer: LayerShape, compute_dtype: str) -> list[tuple]:
         if layer.shared_expert_gate:
             # Replicated: a [D] vector is not worth an fsdp gather.
             out.append(("shared_expert_gate", (d,), (D,), None, ROUTER_DTYPE, D))
+        if layer.shared_output_norm:
+            out.append(("shared_output_norm", (d,), (D,), None, ROUTER_DTYPE, ONES))
     if layer.output_norm:  # last, as in the layer: it normalises the sum of the above
         out.append(("output_norm", (d,), (D,), None, ROUTER_DTYPE, ONES))
     return out
@@ -153,7 +159,7 @@ def param_plans(
     """
     plans = []
     for name, names, shape, embed_axis, use_dtype, fan_in in _layouts(layer, compute_dtype):
-        sharded_experts = expert_axis is not None and name[:2] in ("w_", "b_")
+        sharded_experts = expert_axis is not None and routed_expert_param(name)
         ways = {
             "embed": (fsdp_axis, fsdp) if fsdp_axis else (None, 1),
             "experts": (expert_axis, expert_shards) if sharded_experts else (None, 1),
@@ -177,6 +183,13 @@ def param_plans(
             )
         )
     return tuple(plans)
+
+
+def routed_expert_param(name: str) -> bool:
+    """Whether a parameter is the routed experts' own, one block per expert: their FFN
+    weights and biases and their output norm's weights (the expert axis shards them,
+    redundant slots copy them), not the router's per-expert vectors."""
+    return name.startswith(("w_", "b_")) or name == "expert_output_norm"
 
 
 def _role(index: int, name: str, embed_axis: int | None) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from moegen.load import LoadedSpec
 from moegen.plan.costs import DTYPE_BYTES
-from moegen.plan.params import ParamPlan
+from moegen.plan.params import ParamPlan, routed_expert_param
 from moegen.spec_parallelism import SHARE_UNITS
 
 Round = tuple[tuple[int, ...], tuple[tuple[int, int], ...]]
@@ -58,12 +58,11 @@ class ReplicaPlan:
 
 
 def expert_weights(params: tuple[ParamPlan, ...]) -> list[ParamPlan]:
-    """The routed experts' FFN weights and biases, one block per expert (not the router's
-    per-expert vectors: the router reads them by expert id before any copy leaves)."""
+    """The routed experts' FFN weights, biases and output norm weights, one block per expert
+    (not the router's per-expert vectors: the router reads them by expert id before any copy
+    leaves)."""
     return [
-        p
-        for p in params
-        if p.name.startswith(("w_", "b_")) and p.shape_names[:1] == ("NUM_EXPERTS",)
+        p for p in params if routed_expert_param(p.name) and p.shape_names[:1] == ("NUM_EXPERTS",)
     ]
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from moegen.load import LoadedSpec
 from moegen.plan.experts import capacity_groups, group_capacity
+from moegen.spec import Spec
 
 # Scores that are an increasing function of each logit alone: their top-k is the logits' top-k,
 # which is exact where the score saturates (a float32 sigmoid is 1.0 past a logit of ~17).
@@ -61,7 +62,7 @@ class RouterPlan:
     logit_softcap: float | None  # logits = cap * tanh(logits / cap); None: as they are
     input_norm_eps: float | None  # the router's input RMS-normalised (Gemma 4); None: x
     input_multiplier: float | None  # 1 / sqrt(EMBED_DIM), after that norm
-    rms_norm: bool  # the router's or the experts' input, or the output, is RMS-normalised:
+    rms_norm: bool  # the router's or the experts' input, or an output, is RMS-normalised:
     # _rms_norm exists
     per_expert_scale: bool  # each chosen weight times its expert's learned scale
     weights_on_input: bool  # combine weights scale each copy's input (Llama 4), not its output
@@ -85,6 +86,20 @@ class RouterPlan:
     group_rows: int | None  # routed rows of one group (a sequence's tokens x top_k); None: dropless
     capacity_rule: str | None  # how capacity was counted, for the module's comment
     drop_policy: str | None  # "probability" | "position" under a capacity
+
+
+def _normalises(spec: Spec) -> bool:
+    """Whether an RMSNorm runs anywhere in the layer: the router's input, the experts' input,
+    an expert's, the shared expert's or the layer's output."""
+    layer = spec.layer
+    epsilons = (
+        spec.router.input_norm_eps,
+        layer.expert_input_norm_eps,
+        layer.output_norm_eps,
+        layer.expert_output_norm_eps,
+        layer.shared_output_norm_eps,
+    )
+    return any(eps is not None for eps in epsilons)
 
 
 def router_plan(loaded: LoadedSpec, local_tokens: int) -> RouterPlan:
@@ -115,14 +130,7 @@ def router_plan(loaded: LoadedSpec, local_tokens: int) -> RouterPlan:
         logit_softcap=router.logit_softcap,
         input_norm_eps=router.input_norm_eps,
         input_multiplier=spec.layer.embed_dim**-0.5 if router.input_norm_eps else None,
-        rms_norm=any(
-            eps is not None
-            for eps in (
-                router.input_norm_eps,
-                spec.layer.expert_input_norm_eps,
-                spec.layer.output_norm_eps,
-            )
-        ),
+        rms_norm=_normalises(spec),
         per_expert_scale=router.per_expert_scale,
         weights_on_input=router.weighting == "input",
         selection_is_score=not (router.score_after_top_k or router.routing_bias or group_limit),

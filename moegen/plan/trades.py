@@ -226,6 +226,8 @@ def _param_plans(loaded: LoadedSpec, experts: ExpertPlan) -> tuple[ParamPlan, ..
             per_expert_scale=spec.router.per_expert_scale,
             expert_input_norm=layer.expert_input_norm_eps is not None,
             output_norm=layer.output_norm_eps is not None,
+            expert_output_norm=layer.expert_output_norm_eps is not None,
+            shared_output_norm=layer.shared_output_norm_eps is not None,
             zero_computation=spec.router.identity_experts + spec.router.zero_experts,
             weighed_shared=layer.shared_experts if spec.router.weighs_shared_experts else 0,
             router_scale=spec.router.learned_scale,

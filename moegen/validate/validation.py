@@ -21,6 +21,7 @@ from moegen.validate.bounds import (
 from moegen.validate.latent import LATENT_RULES
 from moegen.validate.memory import MEMORY_RULES
 from moegen.validate.mesh_roles import MESH_ROLE_RULES
+from moegen.validate.output_norms import OUTPUT_NORM_RULES
 from moegen.validate.replicas import REPLICA_RULES
 from moegen.validate.routing import ROUTING_RULES
 from moegen.validate.rules import (
@@ -64,6 +65,7 @@ SHAPE_RULES: tuple[Rule, ...] = (
     *REPLICA_RULES,
     *ACTIVATION_RULES,
     *LATENT_RULES,
+    *OUTPUT_NORM_RULES,
     *SLICE_RULES,
     *MEMORY_RULES,
     *KERNEL_RULES,  # each kernel's own, from the registry

@@ -254,6 +254,8 @@ def reference_config(plan: Plan) -> dict[str, Any]:
         "router_norm_eps": plan.router.input_norm_eps,
         "expert_norm_eps": plan.ffn.input_norm_eps,
         "output_norm_eps": plan.ffn.output_norm_eps,
+        "expert_output_norm_eps": plan.ffn.expert_output_norm_eps,
+        "shared_output_norm_eps": plan.ffn.shared_output_norm_eps,
         "gelu_tanh": plan.ffn.gelu_tanh,
         "score_after_top_k": plan.router.score_after_top_k,
         "routed_scaling": plan.router.routed_scaling,

@@ -42,6 +42,7 @@ STAGE_OF = {
     "moegen.spec_placement": "load",  # basic types, shapes, dtypes and mesh sections
     "moegen.spec_router": "load",  # the router section
     "moegen.spec_parallelism": "load",  # the parallelism section
+    "moegen.spec_glu": "load",  # the gated activation's parameters
     "moegen.diagnostics": "load",
     "moegen.kernels": "kernels",  # the kernels' registry: rules, configs, twins, preflights
     "moegen.strategies": "kernels",  # the strategies' registry, beside the kernels'

@@ -206,7 +206,8 @@ targte:
         (8, 3, "layer", ("unknown key 'hidden'; expected one of: num_experts, embed_dim, "
          "ffn_dim, activation, gelu_approximation, glu, shared_glu, ffn_bias, latent_dim, "
          "latent_bias, shared_ffn_dim, expert_input_norm_eps, shared_ffn_bias, "
-         "shared_expert_gate, shared_experts, output_norm_eps")),
+         "shared_expert_gate, shared_experts, output_norm_eps, expert_output_norm_eps, "
+         "shared_output_norm_eps")),
         (10, 3, "router", "required key 'top_k' is missing"),
         (10, 16, "router.renormalize", "must be true or false, got 1"),
         (11, 9, "shapes", "must be a mapping, got a list"),

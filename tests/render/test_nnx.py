@@ -52,13 +52,16 @@ BIASED = tiny(
 )
 
 # parameters that start at one (INIT_ONES): Gemma 4's norm weights and scales, a router scale,
-# A.X-K1's output norm weight
+# A.X-K1's output norm weight, Ergo's per-expert and shared expert output norm weights
 SCALED = BIASED | {
     "input_norm_eps": 1e-6,
     "per_expert_scale": True,
     "expert_input_norm_eps": 1e-6,
     "learned_scale": True,
     "output_norm_eps": 1e-6,
+    "expert_output_norm_eps": 1e-6,
+    "shared_ffn": 64,
+    "shared_output_norm_eps": 1e-6,
 }
 
 

@@ -245,6 +245,40 @@ OPTION_FAMILIES += [
 ]
 
 
+# Ergo: DeepSeek-V3's selection without groups, relu^2 experts and shared expert, each routed
+# expert's output RMS-normalised with its own weight row before its weight, the shared expert's
+# with its own. rms_norm_eps is 1e-12 in the config class; 0.01 here so that it counts.
+ERGO_CONFIG = dict(
+    shared_intermediate_size=2 * F,
+    moe_routed_scaling_factor=2.828,
+    rms_norm_eps=0.01,
+)
+ERGO_SPEC = {
+    "shared_ffn": 2 * F,
+    "routed_scaling": 2.828,
+    "expert_output_norm_eps": 0.01,
+    "shared_output_norm_eps": 0.01,
+}
+OPTION_FAMILIES.append(
+    ModelFamily(
+        "ergo",
+        SIGMOID_BIAS | {"activation": "relu2"},
+        oracle=Tiny(16, 4, config=ERGO_CONFIG, spec=ERGO_SPEC),
+        checkpoint=Tiny(
+            8,
+            2,
+            config=dict(
+                shared_intermediate_size=2 * CF,
+                moe_routed_scaling_factor=1.5,
+                rms_norm_eps=0.01,
+                first_dense_intermediate_size=64,
+            ),
+            spec=ERGO_SPEC | {"shared_ffn": 2 * CF, "routed_scaling": 1.5},
+        ),
+    )
+)
+
+
 def with_latent(nemotron: ModelFamily) -> ModelFamily:
     """Nemotron-H with moe_latent_size and mlp_bias: the experts in a latent width between
     fc1_latent_proj and fc2_latent_proj, those and the shared MLP with biases."""

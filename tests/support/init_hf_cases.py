@@ -9,6 +9,8 @@ from typing import Any
 from init_hf_configs import (
     CLAMP7,
     DEEPSEEK,
+    ERGO_UNSHARED,
+    ERGO_UNSHARED_FIELDS,
     ERNIE,
     GEMMA4_26B,
     INKLING,
@@ -122,6 +124,7 @@ LAYER_LISTS = [
         {"moe.yaml": ("4-5", 4)},
         {"moe.yaml": {"layer.glu": CLAMP7, "layer.shared_glu": "plain"}},
     ),
+    LayerList("ergo unshared", ERGO_UNSHARED, {"moe.yaml": ("1-3", 4)}, ERGO_UNSHARED_FIELDS),
     LayerList(
         "gemma-4-26B-A4B text model",
         GEMMA4_26B,
@@ -356,7 +359,6 @@ REFUSALS = [
 # model_types init refuses whatever the config says: (model_type, case, words of the reason)
 REFUSED_TYPES = [
     ("phimoe", "phimoe sparsemixer", ("sparsemixer",)),
-    ("ergo", "ergo per-expert output norms", ("ErgoExpertNorm", "layer.output_norm_eps")),
     ("muse_spark", "muse_spark per-expert output norms", ("post_expert_norm", "moe_hidden_size")),
     ("muse_spark_text", "muse_spark_text per-expert output norms", ("post_expert_norm",)),
     ("doge", "doge product-key experts", ("product-key",)),

@@ -78,6 +78,25 @@ NEMOTRON_H = {
     "moe_shared_expert_intermediate_size": 32,
     "routed_scaling_factor": 2.5,
 }
+# Ergo, its config class's defaults but the sizes (rms_norm_eps 1e-12, 8**0.5 scaling) and a
+# shared expert 0 wide: none in the spec, so no norm of its output either
+ERGO_UNSHARED = {
+    "model_type": "ergo",
+    "num_experts": 16,
+    "num_experts_per_tok": 4,
+    "hidden_size": 32,
+    "moe_intermediate_size": 16,
+    "num_hidden_layers": 4,
+    "shared_intermediate_size": 0,
+}
+ERGO_UNSHARED_FIELDS = {
+    "moe.yaml": {
+        "layer.shared_ffn_dim": None,
+        "layer.shared_output_norm_eps": None,
+        "layer.expert_output_norm_eps": 1e-12,
+        "router.routed_scaling": 8**0.5,
+    }
+}
 ERNIE = {
     "model_type": "ernie4_5_moe",
     "moe_num_experts": 8,

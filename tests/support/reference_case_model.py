@@ -30,6 +30,8 @@ class Case:
     latent: int = 0  # the experts' latent width (Nemotron-H); 0 = they run on embed_dim
     latent_biases: bool = False  # a bias after each latent projection
     output_norm: bool = False  # the output's RMSNorm weight (A.X-K1's post_mlp_layernorm)
+    # Ergo's norms of each expert's output (a weight row per expert) and the shared expert's
+    output_norms: bool = False
 
 
 # Few shapes, so that op-by-op dispatch compiles each operation once for many cases.
@@ -90,6 +92,10 @@ def make_params(case: Case, seed: int) -> tuple[dict[str, np.ndarray], np.ndarra
             params["shared_b_down"] = normal(0.1, (embed,))
     if case.output_norm:  # around one, as a trained norm weight is
         params["output_norm"] = 1.0 + normal(0.3, (embed,))
+    if case.output_norms:  # around one too
+        params["expert_output_norm"] = 1.0 + normal(0.3, (experts, routed))
+        if case.shared:
+            params["shared_output_norm"] = 1.0 + normal(0.3, (embed,))
     x = normal(1.0, (batch, seq, embed))
     if case.repeat_tokens:
         flat = x.reshape(batch * seq, embed)

@@ -363,6 +363,10 @@ _V3 = CASES["deepseek_v3"]
 CASES["axk1_output_norm"] = replace(
     _V3, cfg=replace(_V3.cfg, output_norm_eps=0.05), output_norm=True
 )
+# Ergo: Nemotron-H's relu^2 layer, each expert's output and the shared expert's normalised
+_RELU2 = CASES["nemotron_h_relu2"]
+_ERGO_CFG = replace(_RELU2.cfg, expert_output_norm_eps=0.05, shared_output_norm_eps=0.05)
+CASES["ergo_output_norms"] = replace(_RELU2, cfg=_ERGO_CFG, output_norms=True)
 GRADIENT_CASES = [
     "deepseek_v3",
     "gpt_oss",
@@ -381,6 +385,7 @@ GRADIENT_CASES = [
     "laguna_logit_softcap",
     "gemma4_norms",
     "axk1_output_norm",
+    "ergo_output_norms",
     "deepseek_v3_sequence_balance",
     "inkling2_softcapped_swiglu",
 ]

@@ -137,6 +137,8 @@ def slow_expert(
     out = hidden @ p["w_down"][e]
     if "b_down" in p:
         out = out + p["b_down"][e]
+    if cfg.expert_output_norm_eps is not None:  # this expert's own norm, before its weight
+        out = slow_rms_norm(out, cfg.expert_output_norm_eps) * p["expert_output_norm"][e]
     return out
 
 
@@ -149,6 +151,8 @@ def slow_shared(token: np.ndarray, p: dict[str, np.ndarray], cfg: ReferenceConfi
     else:
         hidden = slow_act(act_name(cfg), up)
     out = hidden @ p["shared_down"] + (p["shared_b_down"] if biases else 0.0)
+    if cfg.shared_output_norm_eps is not None:  # its own norm, before its gate
+        out = slow_rms_norm(out, cfg.shared_output_norm_eps) * p["shared_output_norm"]
     if "shared_expert_gate" in p:
         out = out / (1.0 + math.exp(-float(token @ p["shared_expert_gate"])))
     return out

@@ -55,6 +55,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "per_expert_scale": ("router", "per_expert_scale"),
     "expert_input_norm_eps": ("layer", "expert_input_norm_eps"),
     "output_norm_eps": ("layer", "output_norm_eps"),
+    "expert_output_norm_eps": ("layer", "expert_output_norm_eps"),
+    "shared_output_norm_eps": ("layer", "shared_output_norm_eps"),
     "gelu_approximation": ("layer", "gelu_approximation"),
     "renormalize": ("router", "renormalize"),
     "renormalize_epsilon": ("router", "renormalize_epsilon"),

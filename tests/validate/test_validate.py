@@ -10,6 +10,7 @@ from test_validate_group_limit import CASES as GROUP_LIMIT_CASES
 from test_validate_latent import CASES as LATENT_CASES
 from test_validate_mesh import CASES as MESH_CASES
 from test_validate_mesh_roles import CASES as MESH_ROLE_CASES
+from test_validate_output_norms import CASES as OUTPUT_NORM_CASES
 from test_validate_overlap import CASES as OVERLAP_CASES
 from test_validate_replicas import CASES as REPLICA_CASES
 from test_validate_router import CASES as ROUTER_CASES
@@ -43,6 +44,7 @@ CASES = {
     **SHARED_WEIGHTING_CASES,
     **REPLICA_CASES,
     **LATENT_CASES,
+    **OUTPUT_NORM_CASES,
 }
 
 

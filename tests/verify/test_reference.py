@@ -287,10 +287,27 @@ def test_incomplete_parameter_sets_are_refused():
         dense_moe({k: v for k, v in params.items() if k != "w_gate"}, x, cfg)
 
 
-def test_a_norm_weight_comes_with_its_epsilon():
-    case, params, x = case_data("axk1_output_norm")
-    with pytest.raises(ValueError, match="'output_norm'\\] and its epsilon come together"):
-        dense_moe(params, x, replace(case.cfg, output_norm_eps=None))
-    without = {k: v for k, v in params.items() if k != "output_norm"}
-    with pytest.raises(ValueError, match="'output_norm'\\] and its epsilon come together"):
+@pytest.mark.parametrize(
+    ("name", "weight", "epsilon"),
+    [
+        ("axk1_output_norm", "output_norm", "output_norm_eps"),
+        ("ergo_output_norms", "expert_output_norm", "expert_output_norm_eps"),
+        ("ergo_output_norms", "shared_output_norm", "shared_output_norm_eps"),
+    ],
+)
+def test_a_norm_weight_comes_with_its_epsilon(name, weight, epsilon):
+    case, params, x = case_data(name)
+    message = f"'{weight}'\\] and its epsilon come together"
+    with pytest.raises(ValueError, match=message):
+        dense_moe(params, x, replace(case.cfg, **{epsilon: None}))
+    without = {k: v for k, v in params.items() if k != weight}
+    with pytest.raises(ValueError, match=message):
         dense_moe(without, x, case.cfg)
+
+
+def test_a_shared_output_norm_needs_a_shared_expert():
+    case, params, x = case_data("ergo_output_norms")
+    shared = ("shared_up", "shared_down")
+    alone = {k: v for k, v in params.items() if k not in shared}
+    with pytest.raises(ValueError, match="shared_output_norm needs shared_up"):
+        dense_moe(alone, x, case.cfg)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import assert_twin_parity
+from expert_output_norm_cases import EXPERT_OUTPUT_NORM_CASES
 from identity_expert_cases import IDENTITY_CASES
 from latent_cases import LATENT_CASES
 from output_norm_cases import OUTPUT_NORM_CASES
@@ -34,10 +35,14 @@ FEATURE_CODE = {
     "update_routing_bias": lambda r, layer: r.get("routing_bias", False),
     "_load_balance_loss": lambda r, layer: r.get("load_balance_loss", 0) > 0,
     "_router_z_loss": lambda r, layer: r.get("z_loss", 0) > 0,
-    "_row_experts": lambda r, layer: layer.get("ffn_bias", False),
+    "_row_experts": lambda r, layer: (
+        layer.get("ffn_bias", False) or "expert_output_norm_eps" in layer
+    ),
     '"w_gate"': lambda r, layer: layer.get("activation", "swiglu") in ("swiglu", "geglu"),
     "_latent_in": lambda r, layer: "latent_dim" in layer,
-    "OUTPUT_NORM_EPS": lambda r, layer: "output_norm_eps" in layer,
+    "\nOUTPUT_NORM_EPS": lambda r, layer: "output_norm_eps" in layer,
+    "_expert_output_norm": lambda r, layer: "expert_output_norm_eps" in layer,
+    "SHARED_OUTPUT_NORM_EPS": lambda r, layer: "shared_output_norm_eps" in layer,
 }
 
 
@@ -55,6 +60,7 @@ ALL_CASES = {
     **REPLICA_CASES,
     **LATENT_CASES,
     **OUTPUT_NORM_CASES,
+    **EXPERT_OUTPUT_NORM_CASES,
 }
 
 

@@ -78,6 +78,8 @@ def _check_parameter_set(cfg: ReferenceConfig, params: dict) -> None:
         {"router_scale"},
         {"expert_input_norm"},
         {"output_norm"},
+        {"expert_output_norm"},
+        {"shared_output_norm"},
         {"latent_in", "latent_out"},
         {"latent_in_bias", "latent_out_bias"},
     ]
@@ -91,12 +93,15 @@ def _check_parameter_set(cfg: ReferenceConfig, params: dict) -> None:
         ("router_input_scale", cfg.router_norm_eps),
         ("expert_input_norm", cfg.expert_norm_eps),
         ("output_norm", cfg.output_norm_eps),
+        ("expert_output_norm", cfg.expert_output_norm_eps),
+        ("shared_output_norm", cfg.shared_output_norm_eps),
     ):
         if (name in keys) != (eps is not None):
             raise ValueError(f"params[{name!r}] and its epsilon come together or not at all")
     for extra, needs in (
         ("shared_expert_gate", "shared_up"),
         ("shared_b_up", "shared_up"),
+        ("shared_output_norm", "shared_up"),
         ("latent_in_bias", "latent_in"),
     ):
         if extra in keys and needs not in keys:

@@ -37,6 +37,10 @@ class ReferenceConfig:
     router_norm_eps: float | None = None  # router input: rms_norm * router_input_scale / sqrt(D)
     expert_norm_eps: float | None = None  # expert input: rms_norm * expert_input_norm
     output_norm_eps: float | None = None  # the output: rms_norm(y) * output_norm
+    # each expert's output: rms_norm(out_e) * expert_output_norm[e], before its weight
+    expert_output_norm_eps: float | None = None
+    # the shared expert's output: rms_norm(s) * shared_output_norm, before its gate
+    shared_output_norm_eps: float | None = None
     gelu_tanh: bool = False  # gelu / geglu: GELU's tanh approximation, not erf
     score_after_top_k: bool = False  # softmax only: top-k on raw logits, softmax over the k chosen
     routed_scaling: float = 1.0

@@ -23,6 +23,10 @@ Features follow from `ReferenceConfig` and from which keys `params` holds:
   come with their epsilons in the config);
 - output_norm [D] (optional, with its epsilon in the config): the output, routed and shared
   experts summed, is RMS-normalised and times it (A.X-K1's post_mlp_layernorm);
+- expert_output_norm [E, D] (optional, with its epsilon): each expert's output, before its
+  weight, is RMS-normalised and times that expert's row (Ergo's ErgoExpertNorm);
+  shared_output_norm [D] (optional, with its epsilon): the shared expert's output, before its
+  gate, is RMS-normalised and times it (Ergo's shared expert norm);
 - latent_in [D, L], latent_out [L, D] (optional, together): the routed experts run in width L
   (their weights [E, L, F] and [E, F, L]): each token is projected down before its experts,
   their weighted sum back up; latent_in_bias [L], latent_out_bias [D]: their biases (optional).
@@ -175,6 +179,8 @@ def dense_moe(
     out = highest_einsum("tef,efd->ted", hidden, p["w_down"])
     if biased:
         out = out + p["b_down"][None]
+    if cfg.expert_output_norm_eps is not None:  # each expert's own output, by its own weight
+        out = _rms_norm(out, cfg.expert_output_norm_eps) * p["expert_output_norm"][None]
     combine = jnp.where(kept, 1.0, 0.0) if cfg.weights_on_input else weights
     y = _latent(highest_einsum("txd,tx->td", out, combine), p, "out") + identity
 
@@ -234,6 +240,8 @@ def _shared_expert(
     shared = highest_einsum("ts,sd->td", hidden, p["shared_down"])
     if biased:
         shared = shared + p["shared_b_down"][None]
+    if cfg.shared_output_norm_eps is not None:
+        shared = _rms_norm(shared, cfg.shared_output_norm_eps) * p["shared_output_norm"][None]
     if "shared_expert_gate" in p:
         share = jax.nn.sigmoid(highest_einsum("td,d->t", tokens, p["shared_expert_gate"]))
         shared = shared * share[:, None]

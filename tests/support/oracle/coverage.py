@@ -25,8 +25,9 @@ REFUSED: dict[str, str] = {
     "UNSUPPORTED_CHOICES): the chosen expert's weight is a softmax over the logits within "
     "2 * jitter_eps of the best, trained with Gumbel sampling and a Heun-method gradient",
     "muse_spark.MuseSparkMoE": "experts in a latent width: pre_expert_proj and a centred "
-    "RMSNorm before them, post_expert_proj after, an RMSNorm of each expert's output before "
-    "its weight; router logits times output_multiplier",
+    "RMSNorm before them, post_expert_proj after, each expert's output scaled by one (1 + w) "
+    "for every expert before its RMSNorm (layer.expert_output_norm_eps scales after, by the "
+    "expert's own weight) and its weight; router logits times output_multiplier",
     "doge.DogeCDMoE": "product-key retrieval experts: two top-k's over sqrt(E) keys summed "
     "pairwise choose the experts, each one embedding row in and one out (rank 1, the "
     "activation on a scalar), added to a dense gated MLP",
@@ -37,12 +38,6 @@ REFUSED: dict[str, str] = {
     "projections around attention (map, reduce), not an FFN",
     "vitpose_backbone.VitPoseBackboneMoeMLP": "no router: each sample's expert is its dataset "
     "index, an input; the experts are one part of a split fc2 beside a shared part",
-    "ergo.ErgoMoE": "each routed expert's output RMS-normalised with that expert's own "
-    "learned [D] weight (ErgoExpertNorm, rms_norm_eps) before its routing weight, and the "
-    "shared expert's output RMS-normalised too (its own [D] weight); moegen's "
-    "layer.output_norm_eps normalises the layer's sum, not each expert's output (the rest is "
-    "expressible: relu^2 experts and shared expert, sigmoid + selection bias, renormalised, "
-    "moe_routed_scaling_factor)",
     # tests/model_families/test_transformers_coverage.py::test_nllb_moe_runs_two_experts_whatever_it_routes
     "nllb_moe.NllbMoeSparseMLP": "not a mixture as transformers runs it: NllbMoeExperts "
     "one-hot encodes the router's [tokens, experts] 0/1 mask, so every token's top-1 copy runs "

@@ -198,6 +198,22 @@ def _inkling(block: nn.Module) -> Weights:
     }
 
 
+def _ergo(block: nn.Module) -> Weights:
+    """ErgoMoE: its router a linear of its own (gate.linear), the experts' up_proj [E, D, F] and
+    down_proj [E, F, D] applied as x @ W (no gate), each expert's output norm weight row
+    (experts.post_expert_norm [E, D]), a relu^2 shared MLP with its own output norm."""
+    experts, shared = block.experts, block.shared_experts
+    return {
+        "router": linear_t(block.gate.linear.weight),
+        "routing_bias": block.gate.e_score_correction_bias,
+        "w_up": experts.up_proj,
+        "w_down": experts.down_proj,
+        "expert_output_norm": experts.post_expert_norm.weight,
+        **ungated_mlp(shared),
+        "shared_output_norm": shared.norm.weight,
+    }
+
+
 # family -> the block's tensors as moegen's parameters
 WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     "mixtral": _fused,
@@ -312,6 +328,7 @@ WEIGHTS: dict[str, Callable[[nn.Module], Weights]] = {
     **dict.fromkeys(("gemma4", "diffusion_gemma_encoder", "diffusion_gemma_decoder"), _gemma_layer),
     "ernie4_5_moe_use_bias": lambda b: {**_ernie(b), **shared_mlp(b.shared_experts, biases=True)},
     "longcat_flash": _longcat_flash,
+    "ergo": _ergo,
     "switch_transformers": lambda b: {
         "router": linear_t(b.router.classifier.weight),
         "router_bias": b.router.classifier.bias,

@@ -103,6 +103,22 @@ def run_block(block: nn.Module, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return out.detach().numpy(), inputs.grad.numpy()
 
 
+def weight_gradients(block: nn.Module, weights: Callable[[nn.Module], Weights]) -> Weights:
+    """The gradients run_block left in the block's parameters, as moegen's parameters: each
+    tensor's gradient put in its place and read through the same map as the weights (a buffer,
+    such as a selection bias, has none: zeros)."""
+    tensors = [t for _, t in [*block.named_parameters(), *block.named_buffers()]]
+    kept = [t.detach().clone() for t in tensors]
+    with torch.no_grad():
+        for tensor in tensors:
+            grad = getattr(tensor, "grad", None)
+            tensor.copy_(grad if grad is not None else torch.zeros_like(tensor))
+        grads = {name: t.detach().clone() for name, t in weights(block).items()}
+        for tensor, value in zip(tensors, kept, strict=True):
+            tensor.copy_(value)
+    return grads
+
+
 # ----------------------------------------------------------------------------------------
 # Clamps that bite
 

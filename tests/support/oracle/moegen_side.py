@@ -142,3 +142,18 @@ def loss_runner(module: ModuleType, weights: dict[str, np.ndarray], loss: str) -
         return np.asarray(got), np.asarray(grad)
 
     return run
+
+
+def weight_gradients(
+    module: ModuleType, weights: dict[str, np.ndarray], x: np.ndarray
+) -> dict[str, np.ndarray]:
+    """d sum(y) / d each parameter of the module with these parameters, at x."""
+    mesh, params = placed_params(module, weights)
+
+    def total(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+        y, _aux = module.moe_layer(p, x)
+        return jnp.sum(y)
+
+    placed = jax.device_put(jnp.asarray(x, jnp.float32), module.input_sharding(mesh))
+    grads = jax.jit(jax.grad(total))(params, placed)
+    return {name: np.asarray(value) for name, value in grads.items()}
