@@ -95,6 +95,11 @@ class PallasConfig(KernelConfig):
         return self.cast_vmem_limit is not None
 
     @property
+    def defines_own_kernels(self) -> bool:
+        """The module defines Pallas kernels of its own (_gmm_add, _gmm_cast) beside megablox's."""
+        return self.accumulates_in_kernel or self.casts_weights
+
+    @property
     def cast_vmem_limit_mib(self) -> int:
         """The cast gmm's scoped VMEM limit in MiB (0 where there is none)."""
         return (self.cast_vmem_limit or 0) // 2**20
