@@ -159,7 +159,7 @@ def param_plans(
     """
     plans = []
     for name, names, shape, embed_axis, use_dtype, fan_in in _layouts(layer, compute_dtype):
-        sharded_experts = expert_axis is not None and routed_expert_param(name)
+        sharded_experts = expert_axis is not None and routed_expert_param(names)
         ways = {
             "embed": (fsdp_axis, fsdp) if fsdp_axis else (None, 1),
             "experts": (expert_axis, expert_shards) if sharded_experts else (None, 1),
@@ -185,11 +185,11 @@ def param_plans(
     return tuple(plans)
 
 
-def routed_expert_param(name: str) -> bool:
-    """Whether a parameter is the routed experts' own, one block per expert: their FFN
-    weights and biases and their output norm's weights (the expert axis shards them,
-    redundant slots copy them), not the router's per-expert vectors."""
-    return name.startswith(("w_", "b_")) or name == "expert_output_norm"
+def routed_expert_param(shape_names: tuple[str, ...]) -> bool:
+    """Whether a parameter is the routed experts' own, one block of one or more dimensions
+    per expert: their FFN weights and biases and their output norm's weights (the expert axis
+    shards them, redundant slots copy them), not the router's per-expert vectors ([E])."""
+    return len(shape_names) >= 2 and shape_names[0] == "NUM_EXPERTS"
 
 
 def _role(index: int, name: str, embed_axis: int | None) -> str:

@@ -61,9 +61,7 @@ def expert_weights(params: tuple[ParamPlan, ...]) -> list[ParamPlan]:
     """The routed experts' FFN weights, biases and output norm weights, one block per expert
     (not the router's per-expert vectors: the router reads them by expert id before any copy
     leaves)."""
-    return [
-        p for p in params if routed_expert_param(p.name) and p.shape_names[:1] == ("NUM_EXPERTS",)
-    ]
+    return [p for p in params if routed_expert_param(p.shape_names)]
 
 
 def expert_bytes(params: tuple[ParamPlan, ...], fsdp: int) -> int:

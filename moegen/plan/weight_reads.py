@@ -29,7 +29,7 @@ from dataclasses import replace
 from moegen.kernels import kernel
 from moegen.load import LoadedSpec
 from moegen.plan.experts import ExpertPlan
-from moegen.plan.params import ParamPlan
+from moegen.plan.params import ParamPlan, routed_expert_param
 
 STORED_DTYPE = "float32"  # the only parameter dtype read as stored (bfloat16 needs no cast)
 
@@ -65,10 +65,9 @@ def _only_experts_sharded(axes: Mapping[str, int]) -> bool:
 
 
 def is_routed_weight(param: ParamPlan) -> bool:
-    """A grouped matmul's weights: [experts, in, out] with the routed FFN width on one side
-    (the biases are [experts, width]; the shared expert's weights have no experts axis)."""
-    per_expert = len(param.shape) == 3 and param.shape_names[0] == "NUM_EXPERTS"
-    return per_expert and param.ffn_axis is not None
+    """A grouped matmul's weights: the routed experts' own blocks of two dimensions ([E, in,
+    out]; their biases and output norm weights are [E, width])."""
+    return routed_expert_param(param.shape_names) and len(param.shape_names) == 3
 
 
 def read_in_kernel(params: tuple[ParamPlan, ...], weight_dtype: str) -> tuple[ParamPlan, ...]:
