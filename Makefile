@@ -10,7 +10,7 @@
 #   make check     set up, then check generated/ and the JSON Schema are fresh
 # Each level has its stamp in .venv, so `make example` then `make test` adds to the same .venv.
 # GPU targets (kernel te) are lowered for CUDA with Transformer Engine, which needs a build:
-#   make te        install it into .venv (scripts/install-te; ~11 min once, then cached)
+#   make te        install it into .venv (scripts/install-te; ~10 min once, then cached)
 #   make test-te   install it, then run the tests that lower for CUDA, requiring TE
 # Kernel tokamax (Pallas Mosaic GPU, pure Python) lowers with tokamax alone:
 #   make gpu-kernels  install the gpu-kernels extra (tokamax 0.0.17) with jax held at its pin
