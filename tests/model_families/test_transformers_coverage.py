@@ -32,20 +32,14 @@ import ast
 import functools
 import importlib
 import importlib.util
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+from oracle_gate import require_oracle
 
-if os.environ.get("MOEGEN_REQUIRE_ORACLE"):
-    import torch  # noqa: F401  (CI: a missing oracle is a failure, not a skip)
-    import transformers  # noqa: F401
-else:
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+require_oracle()  # torch and transformers, or this module skipped (CI: failed)
 
 import families  # noqa: E402
 from oracle.coverage import PENDING, REFUSED  # noqa: E402

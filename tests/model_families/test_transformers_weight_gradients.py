@@ -9,17 +9,11 @@ gets none there and exactly zero here.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
+from oracle_gate import require_oracle
 
-if os.environ.get("MOEGEN_REQUIRE_ORACLE"):
-    import torch  # noqa: F401  (CI: a missing oracle is a failure, not a skip)
-    import transformers  # noqa: F401
-else:
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+require_oracle()  # torch and transformers, or this module skipped (CI: failed)
 
 from oracle import moegen_side  # noqa: E402
 from oracle.families import BATCH, BY_NAME, EMBED, SEQ_LEN  # noqa: E402

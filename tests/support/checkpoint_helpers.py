@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from checkpoint_cases import (
     SPEC_BASE,
     Case,
 )
+from oracle_gate import require_oracle
 from spec_builder import spec_yaml, validated
 
 from moegen.checkpoints import CheckpointError, load_layer_params, match_checkpoint
@@ -31,14 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 MODULES: dict[str, Any] = {}
 
 
-def oracle() -> tuple[Any, Any]:
-    """torch and transformers; a skip without them unless MOEGEN_REQUIRE_ORACLE is set."""
-    if os.environ.get("MOEGEN_REQUIRE_ORACLE"):
-        import torch
-        import transformers
-
-        return torch, transformers
-    return pytest.importorskip("torch"), pytest.importorskip("transformers")
+oracle = require_oracle  # the checkpoint tests' name for the one gate
 
 
 def module_for(spec: dict[str, Any] | str, directory: Path) -> Any:
