@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from moegen import __version__
 from moegen.load import LoadedSpec
+from moegen.plan.combine import combine_plan
 from moegen.plan.ffn import ffn_plan
 from moegen.plan.kernel import kernel_plan
 from moegen.plan.mesh import mesh_plan
@@ -45,20 +46,23 @@ def make_plan(
     interpret: bool = False,
     variant_memory: Mapping[str, Mapping[str, int]] | None = None,
     whole_forward: Mapping[str, bool] | None = None,
+    weights_on_hidden: bool | None = None,
     options: bool = True,
 ) -> Plan:
     """Derive the plan of a validated spec (`interpret`: run Pallas kernels on CPU), with
     a plan for each of its shape variants (`variant_memory` pins their FFN slices and token
     chunks, by name; `whole_forward`, by variant name or MAIN_SHAPE, whether a sliced FFN's
-    forward pass runs whole: the twin runs each shape as its full-size plan does) and, with
-    `options`, the token chunk candidates planned."""
+    forward pass runs whole: the twin runs each shape as its full-size plan does;
+    `weights_on_hidden`, where the combine weights apply, CombinePlan) and, with `options`,
+    the token chunk candidates planned."""
     pins = whole_forward or {}
-    main = _shape_plan(loaded, interpret, pins.get(MAIN_SHAPE), options=options)
+    hidden = weights_on_hidden
+    main = _shape_plan(loaded, interpret, pins.get(MAIN_SHAPE), hidden, options=options)
     if not loaded.spec.shapes.variants:
         return replace(main, some_shape_chunks_tokens=main.experts.chunks_tokens)
     variants = variant_plans(
         loaded,
-        lambda variant, name, trade: _shape_plan(variant, interpret, pins.get(name), trade),
+        lambda variant, name, trade: _shape_plan(variant, interpret, pins.get(name), hidden, trade),
         variant_memory,
     )
     # Each shape chooses its own token chunks: the module imports what any of them uses.
@@ -70,6 +74,7 @@ def _shape_plan(
     loaded: LoadedSpec,
     interpret: bool,
     whole_forward: bool | None,
+    weights_on_hidden: bool | None,
     trade: Trade | None = None,
     *,
     options: bool = False,
@@ -90,7 +95,7 @@ def _shape_plan(
     if trade.token_chunks is None:
         chosen = default_token_chunks(trade, basis.local_tokens, overlap, outcome_of)
         trade = replace(trade, token_chunks=chosen)
-    plan = _plan(basis, plan_trade(trade))
+    plan = _plan(basis, plan_trade(trade), weights_on_hidden)
     whole = plan_trade(Trade(1, 1)).step
     plan = replace(plan, roofline=replace(plan.roofline, whole_step=whole))
     if not options:
@@ -107,12 +112,13 @@ def _shape_plan(
     return replace(plan, chunk_candidates=candidates)
 
 
-def _plan(basis: ShapeBasis, traded: Traded) -> Plan:
-    """The whole plan of one shape under one trade."""
+def _plan(basis: ShapeBasis, traded: Traded, weights_on_hidden: bool | None) -> Plan:
+    """The whole plan of one shape under one trade (`weights_on_hidden`: CombinePlan's pin)."""
     loaded, experts, chosen = basis.loaded, traded.experts, traded.chosen
     spec = loaded.spec
     layer = spec.layer
     ffn = ffn_plan(loaded, chosen, traded.layout, experts, basis.params)
+    router = router_plan(loaded, basis.local_tokens)
     return Plan(
         moegen_version=__version__,
         module_name=loaded.source.name,
@@ -143,8 +149,9 @@ def _plan(basis: ShapeBasis, traded: Traded) -> Plan:
             zeros=any(param.init_scale == 0.0 and not param.init_ones for param in basis.params),
             ones=tuple(param.name for param in basis.params if param.init_ones),
         ),
-        router=router_plan(loaded, basis.local_tokens),
+        router=router,
         ffn=ffn,
+        combine=combine_plan(loaded, experts, router, ffn, weights_on_hidden),
         mesh=mesh_plan(loaded, experts.axis, traded.network),
         kernel=kernel_plan(loaded, chosen, experts, interpret=basis.interpret),
         params=(params := _params_as_used(basis, chosen.weight_dtype, ffn.fuses_gate_up)),
