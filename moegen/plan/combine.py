@@ -9,11 +9,13 @@ tokens): with the weights on the hidden rows and gathers for gradients, forward+
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from moegen.load import LoadedSpec
-from moegen.plan.experts import ExpertPlan
-from moegen.plan.ffn import FfnPlan
-from moegen.plan.router import RouterPlan
+
+if TYPE_CHECKING:  # ffn.py imports experts.py, which holds a CombinePlan
+    from moegen.plan.ffn import FfnPlan
+    from moegen.plan.router import RouterPlan
 
 
 @dataclass(frozen=True)
@@ -25,17 +27,18 @@ class CombinePlan:
     # same sum, and the combine is a plain sum of each token's copies. Where FFN <= width,
     # its backward moves fewer bytes (no weighted output gradient written, no output rows
     # read back for the weights' gradient, which comes from the hidden rows instead).
-    weights_on_hidden: bool
+    weights_on_hidden: bool = False
     # The sort's two row permutations (token copies in expert order, outputs back in token
     # order) get gathers by the inverse permutation as gradients: a gather's transpose is a
-    # scatter-add, which XLA runs on TPU far slower (2.2 ms of the layer's 40.5 above).
-    gather_gradients: bool
-    why: str  # the reason weights_on_hidden is off ('' where it is on)
+    # scatter-add, which XLA runs on TPU far slower (2.2 ms of the layer's 40.5 above). Only
+    # with weights_on_hidden (combine_plan says why).
+    gather_gradients: bool = False
+    why: str = "only the replicated strategy's path keeping every copy"  # '' where on
 
 
 def combine_plan(
     loaded: LoadedSpec,
-    experts: ExpertPlan,
+    strategy: str,
     router: RouterPlan,
     ffn: FfnPlan,
     weights_on_hidden: bool | None = None,
@@ -43,14 +46,17 @@ def combine_plan(
     """The combine of a validated spec's chosen path; `weights_on_hidden` pins where the
     weights apply where both places compute the same sum (a twin runs its full-size layer's
     path, whatever its own widths)."""
-    plain = experts.strategy == "replicated" and not router.drops_copies
-    if not plain:
-        return CombinePlan(False, False, "only the replicated strategy's path keeping every copy")
+    if strategy != "replicated" or router.drops_copies:
+        return CombinePlan()
     why = _output_not_linear(router, ffn)
     if not why and weights_on_hidden is not None:
-        return CombinePlan(weights_on_hidden, True, "" if weights_on_hidden else "pinned off")
-    why = why or _hidden_wider(loaded, ffn)
-    return CombinePlan(weights_on_hidden=not why, gather_gradients=True, why=why)
+        why = "" if weights_on_hidden else "pinned off"
+    else:
+        why = why or _hidden_wider(loaded, ffn)
+    # The gathers go with the weights on the hidden rows: alone they paid on Llama 4 Scout's
+    # one-chip layer (99.0 -> 89.6 ms forward+backward) but not on Mixtral's or gpt-oss's, and
+    # cost mixtral_8x7b_v5e's compiled training step 1.1 GB more (6.07 -> 7.18 GB).
+    return CombinePlan(weights_on_hidden=not why, gather_gradients=not why, why=why)
 
 
 def _output_not_linear(router: RouterPlan, ffn: FfnPlan) -> str:

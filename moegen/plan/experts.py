@@ -8,6 +8,7 @@ from fractions import Fraction
 
 from moegen.hardware import hardware
 from moegen.load import LoadedSpec
+from moegen.plan.combine import CombinePlan
 from moegen.plan.costs import DTYPE_BYTES
 from moegen.plan.replicas import ReplicaPlan
 from moegen.strategies import RowRequest, TrafficRequest, sharding_strategies, strategy
@@ -44,6 +45,8 @@ class ExpertPlan:
     width_name: str = "EMBED_DIM"  # the module constant of the width the experts run in
     # parallelism.redundant_experts: the replicas' slots, split and weight rounds (none: empty)
     replicas: ReplicaPlan = ReplicaPlan()
+    # where the combine weights apply, the permutations' gradients (set by the assembly)
+    combine: CombinePlan = CombinePlan()
 
 
 def capacity_groups(loaded: LoadedSpec, local_tokens: int) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from moegen.plan.combine import CombinePlan
 from moegen.plan.costs import CostPlan
 from moegen.plan.experts import ExpertPlan
 from moegen.plan.ffn import FfnPlan
@@ -105,7 +104,6 @@ class Plan:
 
     router: RouterPlan
     ffn: FfnPlan
-    combine: CombinePlan  # where the combine weights apply, the permutations' gradients
     mesh: MeshPlan
     kernel: KernelPlan
     params: tuple[ParamPlan, ...]

@@ -78,14 +78,14 @@ def plan_twin(twin: LoadedSpec, full: Plan) -> Plan:
     if whole:  # only FFN slices choose how their forward pass runs
         pinned["whole_forward"] = whole
     # the combine weights where the full-size layer applies them (the twin's widths differ)
-    pinned["weights_on_hidden"] = full.combine.weights_on_hidden
+    pinned["weights_on_hidden"] = full.experts.combine.weights_on_hidden
     plan = make_plan(twin, interpret=True, **pinned)
     if plan.ffn.fuses_gate_up != full.ffn.fuses_gate_up:
         raise AssertionError("the twin must run gate and up as the full-size layer does")
-    combine = plan.combine
+    combine = plan.experts.combine
     if (combine.weights_on_hidden, combine.gather_gradients) != (
-        full.combine.weights_on_hidden,
-        full.combine.gather_gradients,
+        full.experts.combine.weights_on_hidden,
+        full.experts.combine.gather_gradients,
     ):
         raise AssertionError(
             "the twin must combine the experts' outputs as the full-size layer does"

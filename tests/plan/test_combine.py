@@ -19,7 +19,10 @@ def _plan(**changes):
 
 def test_a_narrow_ffn_weighs_its_hidden_rows_and_sums_the_copies() -> None:
     plan = _plan()
-    assert (plan.combine.weights_on_hidden, plan.combine.gather_gradients) == (True, True)
+    assert (plan.experts.combine.weights_on_hidden, plan.experts.combine.gather_gradients) == (
+        True,
+        True,
+    )
     source = render(plan)
     assert "hidden = _weigh_hidden(" in source
     assert "y = out.sum(axis=1, dtype=jnp.float32)" in source
@@ -39,11 +42,11 @@ def test_a_narrow_ffn_weighs_its_hidden_rows_and_sums_the_copies() -> None:
 )
 def test_the_weights_stay_on_the_outputs_where_moving_them_changes_or_costs(changes, why):
     plan = _plan(**changes)
-    assert not plan.combine.weights_on_hidden
-    assert why in plan.combine.why
-    assert plan.combine.gather_gradients  # the permutations are the same either way
+    assert not plan.experts.combine.weights_on_hidden
+    assert why in plan.experts.combine.why
+    assert not plan.experts.combine.gather_gradients  # they go with the weights
     source = render(plan)
-    assert "_weigh_hidden" not in source
+    assert "_weigh_hidden" not in source and "_permute(" not in source
     assert 'jnp.einsum("tkd,tk->td", out, combine_weights' in source
 
 
@@ -57,14 +60,15 @@ def test_the_weights_stay_on_the_outputs_where_moving_them_changes_or_costs(chan
 )
 def test_other_paths_keep_their_combine(changes) -> None:
     plan = _plan(**changes)
-    assert not plan.combine.weights_on_hidden and not plan.combine.gather_gradients
+    combine = plan.experts.combine
+    assert not combine.weights_on_hidden and not combine.gather_gradients
     assert "_permute(" not in render(plan)
 
 
 def test_a_pin_moves_the_weights_only_where_the_sum_is_the_same() -> None:
     wide = validated(spec_yaml(tiny(**(NARROW | {"ffn": 256}))), "spec.yaml", "spec")
-    assert make_plan(wide, weights_on_hidden=True).combine.weights_on_hidden
+    assert make_plan(wide, weights_on_hidden=True).experts.combine.weights_on_hidden
     narrow = validated(spec_yaml(tiny(**NARROW)), "spec.yaml", "spec")
-    assert not make_plan(narrow, weights_on_hidden=False).combine.weights_on_hidden
+    assert not make_plan(narrow, weights_on_hidden=False).experts.combine.weights_on_hidden
     biased = validated(spec_yaml(tiny(**(NARROW | {"ffn_bias": True}))), "spec.yaml", "spec")
-    assert not make_plan(biased, weights_on_hidden=True).combine.weights_on_hidden
+    assert not make_plan(biased, weights_on_hidden=True).experts.combine.weights_on_hidden

@@ -44,6 +44,6 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_weights_on_the_hidden_rows_match_the_dense_reference(case, tmp_path, monkeypatch):
     generated = generated_from(tiny(**(NARROW | CASES[case])), tmp_path, monkeypatch)
-    assert generated.plan.combine.weights_on_hidden, generated.plan.combine.why
+    assert generated.plan.experts.combine.weights_on_hidden, generated.plan.experts.combine.why
     report = verify(generated.loaded, generated.source, run_compiles=False)
     assert_twin_parity(report)

@@ -332,7 +332,12 @@ def test_verify_checks_the_plan_it_is_given_and_plans_each_twin_once(in_repo, mo
     monkeypatch.setattr(moegen.verify.twin, "make_plan", counting_make_plan)
     monkeypatch.setattr(moegen.verify.verification, "_run_worker", worker)
     verify(generated.loaded, generated.source, plan=generated.plan, run_compiles=False)
-    assert planned == [(planned[0][0], {"interpret": True})] * 2  # the two twins, once each
+    # the two twins, once each, with the full-size layer's combine
+    pinned = {
+        "interpret": True,
+        "weights_on_hidden": generated.plan.experts.combine.weights_on_hidden,
+    }
+    assert planned == [(planned[0][0], pinned)] * 2
     assert planned[0][0] < generated.plan.embed_dim
     [job] = jobs
     assert '"label": "float32"' in job and '"label": "bfloat16 compute, float32 params"' in job

@@ -249,55 +249,14 @@ def _routed_experts(
     flat_ids = expert_ids.reshape(ROUTED_ROWS)
     order = jnp.argsort(flat_ids, stable=True)
     group_sizes = jnp.bincount(flat_ids, length=NUM_EXPERTS).astype(jnp.int32)
-    inverse = jnp.argsort(order)
 
     # 2. Expert FFN on each contiguous group.
-    out = _expert_ffn(_copies_by_expert(tokens, order, inverse), weights, group_sizes)
+    out = _expert_ffn(tokens[order // TOP_K], weights, group_sizes)
 
     # 3. Undo the sort and sum each token's copies, weighted, in float32.
-    out = _permute(out, inverse, order).reshape(LOCAL_TOKENS, TOP_K, EMBED_DIM)
+    out = out[jnp.argsort(order)].reshape(LOCAL_TOKENS, TOP_K, EMBED_DIM)
     y = jnp.einsum("tkd,tk->td", out, combine_weights, preferred_element_type=jnp.float32)
     return y.astype(COMPUTE_DTYPE)
-
-
-# The sort's row movements with gathers for gradients: a gather's transpose is a scatter-add,
-# which XLA runs on TPU far slower than a gather by the inverse permutation.
-@jax.custom_vjp
-def _copies_by_expert(tokens: jax.Array, order: jax.Array, inverse: jax.Array) -> jax.Array:
-    """The token copies in expert order, tokens[order // TOP_K] (inverse: order's inverse)."""
-    return tokens[order // TOP_K]
-
-
-def _copies_by_expert_fwd(
-    tokens: jax.Array, order: jax.Array, inverse: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    return tokens[order // TOP_K], inverse
-
-
-def _copies_by_expert_bwd(inverse: jax.Array, grad: jax.Array) -> tuple[jax.Array, None, None]:
-    # each token's copies back in token order, summed over its TOP_K choices in float32
-    copies = grad[inverse].reshape(-1, TOP_K, grad.shape[1])
-    return copies.sum(axis=1, dtype=jnp.float32).astype(grad.dtype), None, None
-
-
-_copies_by_expert.defvjp(_copies_by_expert_fwd, _copies_by_expert_bwd)
-
-
-@jax.custom_vjp
-def _permute(rows: jax.Array, to: jax.Array, back: jax.Array) -> jax.Array:
-    """rows[to], where back is to's inverse permutation (the gradient: grad[back])."""
-    return rows[to]
-
-
-def _permute_fwd(rows: jax.Array, to: jax.Array, back: jax.Array) -> tuple[jax.Array, jax.Array]:
-    return rows[to], back
-
-
-def _permute_bwd(back: jax.Array, grad: jax.Array) -> tuple[jax.Array, None, None]:
-    return grad[back], None, None
-
-
-_permute.defvjp(_permute_fwd, _permute_bwd)
 
 
 def _check_shapes(params: Params, x: jax.Array) -> None:
