@@ -9,13 +9,24 @@ tokens): with the weights on the hidden rows and gathers for gradients, forward+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from moegen.load import LoadedSpec
 
-if TYPE_CHECKING:  # ffn.py imports experts.py, which holds a CombinePlan
-    from moegen.plan.ffn import FfnPlan
-    from moegen.plan.router import RouterPlan
+
+# What the combine reads of the router's and the FFN's plans (RouterPlan, FfnPlan: their
+# modules import experts.py, which holds a CombinePlan, so they are not imported here).
+class RouterPlan(Protocol):
+    weights_on_input: bool
+    drops_copies: bool
+
+
+class FfnPlan(Protocol):
+    bias: bool
+    expert_output_norm_eps: float | None
+    layout: str
+    chunk_width: int
+    latent: int
 
 
 @dataclass(frozen=True)

@@ -252,7 +252,8 @@ def test_the_build_reads_the_layer_whole_where_the_ledger_traded(tmp_path, monke
     assert len(verdicts) == 1 and verdicts[0].step == "memory: the layer whole"
     verdict = verdicts[0].verdict
     assert verdict.startswith("the plan's ledger chose ")
-    assert "XLA's buffer assignment of the layer whole: 8.64 GiB" in verdict
+    # 8.64 GiB until the combine weights moved to the hidden rows (moegen.plan.combine)
+    assert "XLA's buffer assignment of the layer whole: 7.12 GiB" in verdict
     assert "it fits, and the trade recomputes for nothing" in verdict
 
 
