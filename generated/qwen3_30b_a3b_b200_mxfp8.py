@@ -17,8 +17,6 @@ A model's mesh works too when it holds these axes with these sizes, in any order
 others: the layer runs replicated over the axes it does not use.
 Parameters are sharded over fsdp along embed_dim and all-gathered inside the layer.
 Every device holds all 128 experts and runs them on its own tokens.
-Each token copy's combine weight scales its hidden row before the down projection (which is
-linear: the same sum); the combine adds up each token's copies.
 Expert matmuls use Transformer Engine's grouped GEMM (kernel te, CUDA only) in MXFP8 (1x32
 block scaling, E4M3), forward and backward; each expert's rows are moved into a buffer
 where every group is a multiple of TE_GROUP_ALIGN rows, and back.
@@ -283,24 +281,14 @@ def _te_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -
     return jnp.take(out, slot, axis=0, mode="fill", fill_value=0)
 
 
-def _weigh_hidden(hidden: jax.Array, row_weights: jax.Array) -> jax.Array:
-    """Each hidden row times its copy's combine weight, in float32; rows past the copies
-    (the kernel's padding) weigh 0."""
-    scale = jnp.pad(row_weights, (0, hidden.shape[0] - row_weights.shape[0]))
-    return (hidden.astype(jnp.float32) * scale[:, None]).astype(hidden.dtype)
-
-
-def _expert_ffn(
-    rows: jax.Array, weights: Params, group_sizes: jax.Array, row_weights: jax.Array
-) -> jax.Array:
+def _expert_ffn(rows: jax.Array, weights: Params, group_sizes: jax.Array) -> jax.Array:
     """Each expert's FFN on its contiguous group of rows: [FFN_ROWS, D].
 
-    down(silu(x @ gate) * (x @ up)), its hidden rows (down's input)
-    times row_weights: the down projection is linear, so each output row comes out weighed.
+    down(silu(x @ gate) * (x @ up)).
     """
     gate = _te_grouped_matmul(rows, weights["w_gate"], group_sizes)
     up = _te_grouped_matmul(rows, weights["w_up"], group_sizes)
-    hidden = _weigh_hidden(jax.nn.silu(gate) * up, row_weights)
+    hidden = jax.nn.silu(gate) * up
     out = _te_grouped_matmul(hidden, weights["w_down"], group_sizes)
     return out
 
@@ -313,56 +301,14 @@ def _routed_experts(
     flat_ids = expert_ids.reshape(ROUTED_ROWS)
     order = jnp.argsort(flat_ids, stable=True)
     group_sizes = jnp.bincount(flat_ids, length=NUM_EXPERTS).astype(jnp.int32)
-    inverse = jnp.argsort(order)
 
-    # 2. Expert FFN on each contiguous group, each copy's hidden row times its combine weight.
-    copy_weights = combine_weights.reshape(ROUTED_ROWS)[order]
-    out = _expert_ffn(_copies_by_expert(tokens, order, inverse), weights, group_sizes, copy_weights)
+    # 2. Expert FFN on each contiguous group.
+    out = _expert_ffn(tokens[order // TOP_K], weights, group_sizes)
 
-    # 3. Undo the sort and sum each token's (weighted) copies in float32.
-    out = _permute(out, inverse, order).reshape(LOCAL_TOKENS, TOP_K, EMBED_DIM)
-    y = out.sum(axis=1, dtype=jnp.float32)
+    # 3. Undo the sort and sum each token's copies, weighted, in float32.
+    out = out[jnp.argsort(order)].reshape(LOCAL_TOKENS, TOP_K, EMBED_DIM)
+    y = jnp.einsum("tkd,tk->td", out, combine_weights, preferred_element_type=jnp.float32)
     return y.astype(COMPUTE_DTYPE)
-
-
-# The sort's row movements with gathers for gradients: a gather's transpose is a scatter-add,
-# which XLA runs on TPU far slower than a gather by the inverse permutation.
-@jax.custom_vjp
-def _copies_by_expert(tokens: jax.Array, order: jax.Array, inverse: jax.Array) -> jax.Array:
-    """The token copies in expert order, tokens[order // TOP_K] (inverse: order's inverse)."""
-    return tokens[order // TOP_K]
-
-
-def _copies_by_expert_fwd(
-    tokens: jax.Array, order: jax.Array, inverse: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    return tokens[order // TOP_K], inverse
-
-
-def _copies_by_expert_bwd(inverse: jax.Array, grad: jax.Array) -> tuple[jax.Array, None, None]:
-    # each token's copies back in token order, summed over its TOP_K choices in float32
-    copies = grad[inverse].reshape(-1, TOP_K, grad.shape[1])
-    return copies.sum(axis=1, dtype=jnp.float32).astype(grad.dtype), None, None
-
-
-_copies_by_expert.defvjp(_copies_by_expert_fwd, _copies_by_expert_bwd)
-
-
-@jax.custom_vjp
-def _permute(rows: jax.Array, to: jax.Array, back: jax.Array) -> jax.Array:
-    """rows[to], where back is to's inverse permutation (the gradient: grad[back])."""
-    return rows[to]
-
-
-def _permute_fwd(rows: jax.Array, to: jax.Array, back: jax.Array) -> tuple[jax.Array, jax.Array]:
-    return rows[to], back
-
-
-def _permute_bwd(back: jax.Array, grad: jax.Array) -> tuple[jax.Array, None, None]:
-    return grad[back], None, None
-
-
-_permute.defvjp(_permute_fwd, _permute_bwd)
 
 
 def _check_shapes(params: Params, x: jax.Array) -> None:

@@ -38,6 +38,10 @@ def test_a_narrow_ffn_weighs_its_hidden_rows_and_sums_the_copies() -> None:
         ({"weighting": "input"}, "the combine weights scale the experts' input"),
         ({"expert_output_norm_eps": 1e-6}, "each expert's output is normalised"),
         ({"ffn_chunks": 2}, "the FFN runs in slices"),
+        (
+            {"hardware": "gpu-h100", "topology": 2, "kernel": "xla"},
+            "measured on TPU only",
+        ),
     ],
 )
 def test_the_weights_stay_on_the_outputs_where_moving_them_changes_or_costs(changes, why):
