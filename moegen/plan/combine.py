@@ -39,12 +39,17 @@ class CombinePlan:
     # its backward moves fewer bytes (no weighted output gradient written, no output rows
     # read back for the weights' gradient, which comes from the hidden rows instead).
     weights_on_hidden: bool = False
-    # The sort's two row permutations (token copies in expert order, outputs back in token
-    # order) get gathers by the inverse permutation as gradients: a gather's transpose is a
-    # scatter-add, which XLA runs on TPU far slower (2.2 ms of the layer's 40.5 above). Only
-    # with weights_on_hidden (combine_plan says why).
-    gather_gradients: bool = False
     why: str = "only the replicated strategy's path keeping every copy"  # '' where on
+
+    @property
+    def gather_gradients(self) -> bool:
+        """The sort's two row permutations (token copies in expert order, outputs back in
+        token order) get gathers by the inverse permutation as gradients: a gather's transpose
+        is a scatter-add, which XLA runs on TPU far slower (2.2 ms of the layer's 40.5 above).
+        Only with weights_on_hidden: alone they paid on Llama 4 Scout's one-chip layer (99.0 ->
+        89.6 ms forward+backward) but not on Mixtral's or gpt-oss's, and cost
+        mixtral_8x7b_v5e's compiled training step 1.1 GB more (6.07 -> 7.18 GB)."""
+        return self.weights_on_hidden
 
 
 def combine_plan(
@@ -68,10 +73,7 @@ def combine_plan(
         why = "" if weights_on_hidden else "pinned off"
     else:
         why = why or _hidden_wider(loaded, ffn)
-    # The gathers go with the weights on the hidden rows: alone they paid on Llama 4 Scout's
-    # one-chip layer (99.0 -> 89.6 ms forward+backward) but not on Mixtral's or gpt-oss's, and
-    # cost mixtral_8x7b_v5e's compiled training step 1.1 GB more (6.07 -> 7.18 GB).
-    return CombinePlan(weights_on_hidden=not why, gather_gradients=not why, why=why)
+    return CombinePlan(weights_on_hidden=not why, why=why)
 
 
 def _output_not_linear(router: RouterPlan, ffn: FfnPlan) -> str:
